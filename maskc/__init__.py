@@ -1,0 +1,34 @@
+"""maskc: an attention-mask compiler for JAX.
+
+Write a mask as text, `causal & chunk(8192) | bidirectional(img)`, or with
+Python builders; maskc parses it into an IR, simplifies it, evaluates it
+densely, and lowers it to block-sparsity metadata for attention kernels.
+
+>>> import maskc
+>>> m = maskc.parse("causal & chunk(8192)")
+>>> m == maskc.causal() & maskc.chunk(8192)
+True
+"""
+
+from maskc._errors import (BackendError as BackendError, MaskError as MaskError,
+                           MaskLimitError as MaskLimitError, MaskNameError as MaskNameError,
+                           MaskRecursionError as MaskRecursionError,
+                           MaskSyntaxError as MaskSyntaxError, MaskTypeError as MaskTypeError,
+                           MaskValueError as MaskValueError, OperandError as OperandError,
+                           Span as Span)
+from maskc._ir import (And as And, Arith as Arith, BoolConst as BoolConst, Call as Call,
+                       Compare as Compare, Const as Const, Definition as Definition, Fn as Fn,
+                       Mask as Mask, Neg as Neg, Node as Node, Not as Not, Operand as Operand,
+                       OperandSpec as OperandSpec, Or as Or, PairRead as PairRead, Pos as Pos,
+                       Read as Read, Scalar as Scalar, Term as Term, Truth as Truth, Xor as Xor)
+from maskc._parse import parse as parse
+from maskc._builders import (bidirectional as bidirectional, causal as causal, chunk as chunk,
+                             compare as compare, document as document, empty as empty,
+                             full as full, global_ as global_, k as k, local as local,
+                             maximum as maximum, minimum as minimum, operand as operand,
+                             prefix as prefix, q as q, runs as runs, scalar as scalar,
+                             sink as sink, sliding as sliding, truth as truth)
+from maskc._bind import (ComputableMask as ComputableMask, additive_bias as additive_bias,
+                         materialize as materialize)
+
+__version__ = "0.1.0"

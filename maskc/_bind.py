@@ -1,0 +1,387 @@
+"""Binding a mask to a shape and operands: `ComputableMask`, `materialize`, `additive_bias`.
+
+Positions follow DESIGN.md §3: row `i` has `q = q_offset + i`, column `j` has
+`k = j`, and `q_offset` defaults to `kv_len - q_len` (bottom-right alignment).
+Operands are checked here once, against the kinds the mask reads and the
+positions it reads them at, so evaluation never indexes out of bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _splash
+
+from maskc import _ir as ir
+from maskc._errors import MaskTypeError, MaskValueError, OperandError
+from maskc._evaluate import Env, evaluate, evaluate_mask
+
+MaskLike = ir.Mask | str
+
+
+def as_mask(mask: Any) -> ir.Mask:
+  """A `Mask` from a mask or its text."""
+  if isinstance(mask, ir.Mask):
+    return mask
+  if isinstance(mask, str):
+    from maskc._parse import parse
+    return parse(mask)
+  raise MaskTypeError(f"expected a mask or mask text, got {type(mask).__name__}",
+                      hint='Pass `maskc.parse("causal")`, `maskc.causal()` or "causal".')
+
+
+def _int(name: str, value: Any, *, minimum: int | None = None) -> int:
+  try:
+    v = operator.index(value)
+  except TypeError:
+    raise MaskTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+  if minimum is not None and v < minimum:
+    raise MaskValueError(f"{name} must be >= {minimum}, got {name}={v}")
+  return v
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  """A mask's shape and the position of its first query row."""
+  q_len: int
+  kv_len: int
+  q_offset: Any  # int, or a traced scalar under jit
+
+  @staticmethod
+  def of(q_len: Any, kv_len: Any = None, q_offset: Any = None) -> "Shape":
+    q_len = _int("q_len", q_len, minimum=1)
+    kv_len = q_len if kv_len is None else _int("kv_len", kv_len, minimum=1)
+    if q_offset is None:
+      q_offset = kv_len - q_len
+    elif not isinstance(q_offset, jax.core.Tracer):
+      q_offset = _int("q_offset", q_offset)
+    return Shape(q_len, kv_len, q_offset)
+
+  @property
+  def static(self) -> bool:
+    return not isinstance(self.q_offset, jax.core.Tracer)
+
+
+def is_traced(value: Any) -> bool:
+  """Whether `value` is a JAX array (concrete or traced) rather than static data."""
+  return isinstance(value, jax.Array)
+
+
+def runs_of(xp, x):
+  """`runs(x)` along the last axis: 1-based index of each run of true values, 0 outside."""
+  x = x != 0
+  prev = xp.concatenate([xp.zeros_like(x[..., :1]), x[..., :-1]], axis=-1)
+  starts = xp.logical_and(x, xp.logical_not(prev))
+  return xp.where(x, xp.cumsum(starts, axis=-1, dtype=xp.int32), 0).astype(xp.int32)
+
+
+_EXPECT = {"scalar": "[] or [B]", "token": "[L] or [B, L]", "pair": "[Lq, Lk] or [B, Lq, Lk]"}
+_NDIM = {"scalar": 0, "token": 1, "pair": 2}
+
+
+@dataclasses.dataclass
+class Operands:
+  """Operands checked against a mask and normalized to a leading batch axis.
+
+  Attributes:
+    arrays: by name (and `"runs(x)"` for each `runs(x)` read), batch axis first.
+    batch: the batch size, or None when no operand has a batch axis.
+    xp: `numpy` when every operand is static, else `jax.numpy`.
+  """
+  arrays: dict[str, Any]
+  batch: int | None
+  xp: Any
+
+  def static_bytes(self) -> tuple:
+    """A hashable digest of static operand values, for caches."""
+    return tuple(sorted((n, a.shape, str(a.dtype), a.tobytes()) for n, a in self.arrays.items()
+                        if not n.startswith("runs(")))
+
+
+def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
+                     *, allow_traced: bool = True, xp=None) -> Operands:
+  """Checks `operands` against what `m` reads at `shape` and normalizes them."""
+  operands = dict(operands or {})
+  specs = m.operands
+  traced = any(is_traced(operands.get(s.name)) for s in specs)
+  if traced and not allow_traced:
+    raise OperandError("this needs static operand values (NumPy arrays or ints), got JAX arrays",
+                       hint="Use `maskc.materialize` or `maskc.compile` under jit for traced "
+                            "operands.")
+  xp = xp or (jnp if traced else np)
+  arrays: dict[str, Any] = {}
+  batch: int | None = None
+  batch_from = None
+  for spec in specs:
+    if spec.name not in operands:
+      raise OperandError(
+          f"missing operand `{spec.name}`: the mask reads it as a {spec.kind} operand of "
+          f"shape {_EXPECT[spec.kind]}",
+          hint=f"Pass operands={{'{spec.name}': ...}}.")
+    value = operands[spec.name]
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and \
+        spec.kind == "scalar":
+      value = np.asarray(value)
+    if not is_traced(value):
+      value = np.asarray(value)
+    dtype = value.dtype
+    if not (jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_)):
+      raise OperandError(f"operand `{spec.name}` must hold integers or booleans, got {dtype}",
+                         hint="Cast it: `seg.astype(np.int32)`.")
+    nd = _NDIM[spec.kind]
+    if value.ndim not in (nd, nd + 1):
+      raise OperandError(
+          f"operand `{spec.name}` has shape {tuple(value.shape)}; as a {spec.kind} operand it "
+          f"must have shape {_EXPECT[spec.kind]}")
+    if value.ndim == nd + 1:
+      b = int(value.shape[0])
+      if batch is not None and b != batch:
+        raise OperandError(
+            f"operands disagree on the batch size: `{batch_from}` has {batch}, "
+            f"`{spec.name}` has {b}", hint="Give every batched operand the same leading size.")
+      batch, batch_from = b, spec.name
+    else:
+      value = value[None]
+    if xp is jnp:
+      value = jnp.asarray(value)
+      if value.dtype == jnp.bool_:
+        value = value.astype(jnp.int32)
+    elif value.dtype == np.bool_:
+      value = value.astype(np.int8)
+    if spec.kind == "scalar":
+      value = value.astype(xp.int32 if xp is jnp else np.int64)
+    arrays[spec.name] = value
+  for n in ir.walk(m):
+    if isinstance(n, ir.Read) and n.runs:
+      key = f"runs({n.operand.name})"
+      if key not in arrays:
+        arrays[key] = runs_of(xp, arrays[n.operand.name])
+  result = Operands(arrays, batch, xp)
+  _check_reads(m, shape, result)
+  return result
+
+
+def _check_reads(m: ir.Mask, shape: Shape, ops: Operands) -> None:
+  """Raises when a read would index an operand outside its length."""
+  if not shape.static:
+    return
+  qpos = np.arange(shape.q_len, dtype=np.int64) + shape.q_offset
+  kpos = np.arange(shape.kv_len, dtype=np.int64)
+  scalars = {n: a for n, a in ops.arrays.items() if a.ndim == 1}
+  if any(is_traced(a) for a in scalars.values()):
+    return
+  for n in ir.walk(m):
+    if isinstance(n, ir.Read):
+      checks = [(n.index, n.operand.name, -1, "")]
+    elif isinstance(n, ir.PairRead):
+      checks = [(n.q_index, n.operand.name, -2, "first "), (n.k_index, n.operand.name, -1,
+                                                          "second ")]
+    else:
+      continue
+    for index, name, axis, which in checks:
+      if any(isinstance(x, ir.Scalar) and is_traced(ops.arrays.get(x.name))
+             for x in ir.walk(index)):
+        continue
+      axes = ir.positions_of(index)
+      pos = qpos if "q" in axes else kpos
+      batch = np.arange(ops.batch or 1)[:, None]
+      env = Env(np, pos[None, :], pos[None, :], scalars, batch if ops.batch else 0)
+      values = np.asarray(evaluate(index, env))
+      length = ops.arrays[name].shape[axis]
+      lo, hi = int(values.min()), int(values.max())
+      if lo < 0 or hi >= length:
+        where = (f"positions q in [{int(qpos[0])}, {int(qpos[-1])}]" if "q" in axes
+                 else f"positions k in [0, {shape.kv_len - 1}]")
+        raise OperandError(
+            f"operand `{name}` has length {length} on its {which}axis, but the mask reads "
+            f"`{n}` at indices {lo}..{hi} (for {where})",
+            hint=f"Give `{name}` at least {hi + 1} entries on that axis"
+                 if lo >= 0 else "Indices below 0 cannot be read; check the offset.")
+
+
+class ComputableMask(_splash.Mask):
+  """A mask bound to a shape, an offset and static operands; lazy and sliceable.
+
+  `cm[q0:q1, k0:k1]` evaluates only that tile (a NumPy bool array), so a
+  ComputableMask can be handed to JAX's splash attention wherever a splash
+  `Mask` is accepted (`MultiHeadMask`, `process_mask`). Masks that read no
+  array operands also expose `q_sequence` and `mask_function(q_ids, kv_ids)`
+  (row and column indices), which splash evaluates inside its kernel.
+
+  >>> import maskc
+  >>> cm = maskc.parse("causal").bind(4)
+  >>> cm[1:3, :].astype(int)
+  array([[1, 1, 0, 0],
+         [1, 1, 1, 0]])
+  """
+
+  def __init__(self, mask: MaskLike, q_len: int, kv_len: int | None = None, *,
+               q_offset: int | None = None, operands: dict[str, Any] | None = None):
+    self.mask = as_mask(mask)
+    self.bound = Shape.of(q_len, kv_len, q_offset)
+    self.ops = prepare_operands(self.mask, self.bound, operands, allow_traced=False)
+
+  @property
+  def q_len(self) -> int:
+    return self.bound.q_len
+
+  @property
+  def kv_len(self) -> int:
+    return self.bound.kv_len
+
+  @property
+  def q_offset(self) -> int:
+    return self.bound.q_offset
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    lead = () if self.ops.batch is None else (self.ops.batch,)
+    return lead + (self.bound.q_len, self.bound.kv_len)
+
+  def __getitem__(self, idx) -> np.ndarray:
+    if not isinstance(idx, tuple):
+      idx = (idx,)
+    if len(idx) > len(self.shape):
+      raise IndexError(f"too many indices for a mask of shape {self.shape}")
+    idx = idx + (slice(None),) * (len(self.shape) - len(idx))
+    *lead, qi, ki = idx
+    rows = _index_array(qi, self.bound.q_len)
+    cols = _index_array(ki, self.bound.kv_len)
+    if self.ops.batch is None:
+      batch = 0
+    else:
+      batch = _index_array(lead[0], self.ops.batch)
+    b = batch if np.isscalar(batch) or np.ndim(batch) == 0 else np.asarray(batch)[:, None, None]
+    q = (np.asarray(rows, dtype=np.int64) + self.bound.q_offset)
+    k = np.asarray(cols, dtype=np.int64)
+    qa, ka = q.reshape(q.shape + (1,)), k.reshape((1,) * q.ndim + k.shape)
+    out = evaluate_mask(self.mask, Env(np, qa, ka, self.ops.arrays, b))
+    return np.array(out, dtype=bool)
+
+  @property
+  def q_sequence(self) -> np.ndarray:
+    self._require_in_kernel()
+    return np.arange(self.bound.q_len, dtype=np.int32)
+
+  @property
+  def mask_function(self):
+    """`f(q_ids, kv_ids)`: the mask at row and column indices (NumPy or jax.numpy arrays)."""
+    self._require_in_kernel()
+    mask, offset, arrays = self.mask, self.bound.q_offset, self.ops.arrays
+
+    def mask_function(q_ids, kv_ids):
+      xp = jnp if (is_traced(q_ids) or is_traced(kv_ids)) else np
+      scalars = {n: (jnp.asarray(a) if xp is jnp else a) for n, a in arrays.items()}
+      return evaluate_mask(mask, Env(xp, q_ids + offset, kv_ids, scalars, 0))
+
+    return mask_function
+
+  def _require_in_kernel(self) -> None:
+    if any(s.kind != "scalar" for s in self.mask.operands) or self.ops.batch is not None:
+      raise AttributeError("a mask that reads array operands has no in-kernel mask_function")
+
+  def _key(self):
+    return (self.mask, self.bound.q_len, self.bound.kv_len, self.bound.q_offset,
+            self.ops.static_bytes())
+
+  def __eq__(self, other: object) -> bool:
+    if not isinstance(other, ComputableMask):
+      return NotImplemented
+    return self._key() == other._key()
+
+  def __hash__(self) -> int:
+    return hash(self._key())
+
+  def __bool__(self):
+    raise MaskTypeError("a ComputableMask has no truth value",
+                        hint="Slice it (`cm[:, :]`) for the dense array.")
+
+  def __repr__(self) -> str:
+    ops = ", ".join(self.ops.arrays)
+    return (f"ComputableMask({str(self.mask)!r}, q_len={self.q_len}, kv_len={self.kv_len}, "
+            f"q_offset={self.q_offset}" + (f", operands=[{ops}]" if ops else "") + ")")
+
+
+def _index_array(i, n: int) -> np.ndarray | int:
+  if isinstance(i, slice):
+    return np.arange(*i.indices(n))
+  if isinstance(i, (int, np.integer)):
+    j = int(i)
+    if not -n <= j < n:
+      raise IndexError(f"index {j} is out of bounds for size {n}")
+    return np.asarray(j % n)
+  arr = np.asarray(i)
+  if arr.dtype == bool:
+    return np.nonzero(arr)[0]
+  if arr.size and (arr.min() < -n or arr.max() >= n):
+    raise IndexError(f"index out of bounds for size {n}")
+  return arr % n
+
+
+def _masks(mask: Any) -> tuple[list[ir.Mask], bool]:
+  if isinstance(mask, (ir.Mask, str)):
+    return [as_mask(mask)], False
+  if isinstance(mask, Sequence) and mask:
+    return [as_mask(m) for m in mask], True
+  raise MaskTypeError(f"expected a mask, mask text or a sequence of them, got {mask!r}")
+
+
+def materialize(mask: Any, q_len: int, kv_len: int | None = None, *,
+                q_offset: int | None = None, operands: dict[str, Any] | None = None):
+  """The mask as a dense bool array `[..., q_len, kv_len]`.
+
+  Works under `jax.jit` with traced operands (per-token `[L]` / `[B, L]`, scalars
+  `[]` / `[B]`); a batch axis on any operand gives the result a leading `B`. A
+  sequence of masks (one per head) adds a head axis before the last two.
+
+  Args:
+    mask: a Mask, mask text, or a sequence of them (one per head).
+    q_len: query rows. kv_len: key columns (default `q_len`).
+    q_offset: position of row 0 (default `kv_len - q_len`).
+    operands: runtime operand values by name.
+
+  Returns:
+    A NumPy bool array when every operand is static, else a jax.Array.
+
+  >>> import maskc
+  >>> maskc.materialize("sliding(2)", 3).astype(int)
+  array([[1, 0, 0],
+         [1, 1, 0],
+         [0, 1, 1]])
+  """
+  masks, multi = _masks(mask)
+  shape = Shape.of(q_len, kv_len, q_offset)
+  outs = []
+  for m in masks:
+    ops = prepare_operands(m, shape, operands, xp=jnp if (not shape.static or any(
+        is_traced(v) for v in (operands or {}).values())) else None)
+    xp = ops.xp
+    q = xp.arange(shape.q_len, dtype=xp.int32 if xp is jnp else np.int64) + shape.q_offset
+    k = xp.arange(shape.kv_len, dtype=xp.int32 if xp is jnp else np.int64)
+    batch = 0 if ops.batch is None else xp.arange(ops.batch)[:, None, None]
+    out = evaluate_mask(m, Env(xp, q[:, None], k[None, :], ops.arrays, batch))
+    outs.append(out)
+  xp = jnp if any(is_traced(o) for o in outs) else np
+  if multi:
+    lead = max((o.ndim for o in outs))
+    outs = [xp.broadcast_to(o, outs[[p.ndim for p in outs].index(lead)].shape) for o in outs]
+    return xp.stack(outs, axis=-3)
+  return outs[0]
+
+
+def additive_bias(mask: Any, q_len: int, kv_len: int | None = None, *,
+                  q_offset: int | None = None, operands: dict[str, Any] | None = None,
+                  dtype=jnp.float32) -> jax.Array:
+  """The mask as an additive attention bias: 0 where allowed, a large negative elsewhere.
+
+  The negative is `-0.7 * finfo(dtype).max`, finite so that fully masked rows
+  do not produce NaN. Same arguments as `materialize`.
+  """
+  dense = materialize(mask, q_len, kv_len, q_offset=q_offset, operands=operands)
+  neg = -0.7 * float(jnp.finfo(dtype).max)
+  return jnp.where(jnp.asarray(dense), jnp.asarray(0, dtype), jnp.asarray(neg, dtype))

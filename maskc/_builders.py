@@ -1,0 +1,93 @@
+"""Python builders: the same IR as text, written in Python.
+
+`maskc.causal() & maskc.chunk(8192)` equals `maskc.parse("causal & chunk(8192)")`.
+Each prelude mask has a builder of the same name (`global_` for `global`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from maskc import _ir as ir
+from maskc._parse import prelude
+
+q = ir.Pos("q")
+k = ir.Pos("k")
+
+
+def scalar(name: str) -> ir.Scalar:
+  """A runtime scalar operand (shape `[]` or `[B]`): `maskc.k < maskc.scalar("kv_len")`."""
+  return ir.term(name)
+
+
+class _Indexable:
+  def __init__(self, name: str, runs: bool):
+    self.name, self.runs = name, runs
+
+  def __getitem__(self, idx):
+    if isinstance(idx, tuple):
+      if self.runs or len(idx) != 2:
+        raise ir.MaskTypeError("runs(x) takes one index; operands take one or two")
+      return ir.pair_read(self.name, idx[0], idx[1])
+    return ir.read(self.name, idx, self.runs)
+
+  def __repr__(self):
+    return f"maskc.{'runs' if self.runs else 'operand'}({self.name!r})"
+
+
+def operand(name: str) -> _Indexable:
+  """A per-token or pairwise operand to index: `maskc.operand("seg")[maskc.q]`."""
+  ir.operand(name)
+  return _Indexable(name, False)
+
+
+def runs(name: str) -> _Indexable:
+  """`runs(x)`: per position, the 1-based index of its run of true values, 0 outside."""
+  ir.operand(name)
+  return _Indexable(name, True)
+
+
+def truth(read: ir.Term) -> ir.Truth:
+  """A boolean operand read as a mask: `maskc.truth(maskc.operand("img")[maskc.q])`."""
+  return ir.truth(read)
+
+
+def compare(terms: Sequence[Any], ops: Sequence[str]) -> ir.Compare:
+  """A chained comparison: `compare((q - w, k, q), ("<", "<="))` is `q - w < k <= q`."""
+  return ir.compare(terms, ops)
+
+
+def minimum(*args: Any) -> ir.Term:
+  """`min(a, b, ...)`."""
+  return ir.fn("min", args)
+
+
+def maximum(*args: Any) -> ir.Term:
+  """`max(a, b, ...)`."""
+  return ir.fn("max", args)
+
+
+def _builder(name: str):
+  definition = prelude()[name]
+
+  def build(*args: Any) -> ir.Mask:
+    return ir.call(definition, args)
+
+  params = ", ".join(definition.params)
+  build.__name__ = build.__qualname__ = name if name != "global" else "global_"
+  build.__doc__ = (f"The prelude mask `{name}{f'({params})' if params else ''}` = "
+                   f"`{definition.body}`.\n\nArguments are ints, operand names (str) or terms.")
+  return build
+
+
+full = _builder("full")
+empty = _builder("empty")
+causal = _builder("causal")
+sliding = _builder("sliding")
+local = _builder("local")
+chunk = _builder("chunk")
+prefix = _builder("prefix")
+sink = _builder("sink")
+global_ = _builder("global")
+document = _builder("document")
+bidirectional = _builder("bidirectional")

@@ -1,0 +1,780 @@
+"""The mask IR: immutable, hashable nodes for integer terms and masks.
+
+Nodes are data. Frozen, slotted dataclasses with structural equality and a
+cached hash, so masks can be compared, cached, simplified and checked for
+equivalence. Source spans ride along but take no part in equality.
+
+Every node is built through the constructors at the bottom of this module
+(`arith`, `compare`, `read`, `call`, ...). The parser, the Python builders and
+template substitution all go through them, so the three give the same IR and
+the same errors. Named masks (the prelude, user definitions) stay as `Call`
+nodes holding their `Definition`; `expand(call)` gives the body with arguments
+substituted, which is what evaluation and analysis look at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Literal, Sequence
+
+from maskc._errors import MaskNameError, MaskTypeError, MaskValueError, Span
+
+CompareOp = Literal["<", "<=", "==", "!=", ">=", ">"]
+ArithOp = Literal["+", "-", "*", "//", "%"]
+COMPARE_OPS = ("<", "<=", "==", "!=", ">=", ">")
+NEGATED_OP = {"<": ">=", "<=": ">", "==": "!=", "!=": "==", ">=": "<", ">": "<="}
+
+
+def _node(cls):
+  """Makes `cls` a frozen slotted dataclass with a cached structural hash."""
+  cls = dataclasses.dataclass(frozen=True, slots=True, repr=False)(cls)
+  generated_hash = cls.__hash__
+  generated_eq = cls.__eq__
+
+  def __hash__(self):
+    try:
+      return self._h
+    except AttributeError:
+      h = generated_hash(self)
+      object.__setattr__(self, "_h", h)
+      return h
+
+  def __eq__(self, other):
+    if self is other:
+      return True
+    if type(other) is not type(self):
+      return NotImplemented
+    if hash(self) != hash(other):
+      return False
+    return generated_eq(self, other)
+
+  cls.__hash__ = __hash__
+  cls.__eq__ = __eq__
+  return cls
+
+
+def _span_field():
+  return dataclasses.field(default=None, compare=False, repr=False)
+
+
+class Node:
+  """Base of every IR node."""
+
+  __slots__ = ("_h",)
+
+  def children(self) -> tuple["Node", ...]:
+    """The IR nodes directly below this one (not a Call's expansion)."""
+    out = []
+    for f in dataclasses.fields(self):
+      v = getattr(self, f.name)
+      if isinstance(v, Node):
+        out.append(v)
+      elif isinstance(v, tuple):
+        out.extend(x for x in v if isinstance(x, Node))
+    return tuple(out)
+
+  def __str__(self) -> str:
+    from maskc._printer import to_text
+    return to_text(self)
+
+  def __repr__(self) -> str:
+    from maskc._printer import to_python
+    return to_python(self)
+
+
+class Term(Node):
+  """An integer term of the positions `q`, `k`, constants and operands.
+
+  Python operators build terms: `maskc.q - maskc.k < 128` is a `Compare`.
+  """
+
+  __slots__ = ()
+
+  def __add__(self, other): return arith("+", self, other)
+  def __radd__(self, other): return arith("+", other, self)
+  def __sub__(self, other): return arith("-", self, other)
+  def __rsub__(self, other): return arith("-", other, self)
+  def __mul__(self, other): return arith("*", self, other)
+  def __rmul__(self, other): return arith("*", other, self)
+  def __floordiv__(self, other): return arith("//", self, other)
+  def __rfloordiv__(self, other): return arith("//", other, self)
+  def __mod__(self, other): return arith("%", self, other)
+  def __rmod__(self, other): return arith("%", other, self)
+  def __neg__(self): return neg(self)
+  def __abs__(self): return fn("abs", (self,))
+  def __lt__(self, other): return compare((self, other), ("<",))
+  def __le__(self, other): return compare((self, other), ("<=",))
+  def __gt__(self, other): return compare((self, other), (">",))
+  def __ge__(self, other): return compare((self, other), (">=",))
+
+  def __and__(self, other): return and_((mask(self), mask(other)))
+  def __rand__(self, other): return and_((mask(other), mask(self)))
+  def __or__(self, other): return or_((mask(self), mask(other)))
+  def __ror__(self, other): return or_((mask(other), mask(self)))
+  def __invert__(self): return not_(mask(self))
+
+  def eq(self, other) -> "Compare":
+    """`self == other` as a mask (Python's `==` stays structural equality)."""
+    return compare((self, other), ("==",))
+
+  def ne(self, other) -> "Compare":
+    """`self != other` as a mask."""
+    return compare((self, other), ("!=",))
+
+  def __bool__(self):
+    raise MaskTypeError(
+        "an integer term has no truth value",
+        hint="Compare it to make a mask: `maskc.q - maskc.k < 128`.")
+
+
+class Mask(Node):
+  """A boolean predicate over a query position `q` and a key position `k`.
+
+  Combine masks with `&` (intersection), `|` (union), `^` (symmetric
+  difference) and `~` (complement). `str(mask)` is its canonical text.
+
+  >>> import maskc
+  >>> str(maskc.causal() & maskc.chunk(8192))
+  'causal & chunk(8192)'
+  """
+
+  __slots__ = ()
+
+  def __and__(self, other): return and_((self, _as_mask(other)))
+  def __rand__(self, other): return and_((_as_mask(other), self))
+  def __or__(self, other): return or_((self, _as_mask(other)))
+  def __ror__(self, other): return or_((_as_mask(other), self))
+  def __xor__(self, other): return xor((self, _as_mask(other)))
+  def __rxor__(self, other): return xor((_as_mask(other), self))
+  def __invert__(self): return not_(self)
+
+  def __bool__(self):
+    raise MaskTypeError(
+        "a mask has no truth value",
+        hint="Use `&`, `|` and `~` to combine masks, not `and`, `or` and `not`; "
+             "for a chained comparison write `maskc.parse('a < b <= c')` or "
+             "`(a < b) & (b <= c)`.")
+
+  @property
+  def operands(self) -> tuple["OperandSpec", ...]:
+    """The runtime operands the mask needs, sorted by name."""
+    from maskc._operands import collect_operands
+    return collect_operands(self)
+
+  def simplify(self) -> "Mask":
+    """An equivalent mask in canonical simplified form (see `maskc._simplify`)."""
+    from maskc._simplify import simplify
+    return simplify(self)
+
+  def bind(self, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
+           operands: dict[str, Any] | None = None):
+    """This mask at a shape with static operands: a lazy `ComputableMask`."""
+    from maskc._bind import ComputableMask
+    return ComputableMask(self, q_len, kv_len, q_offset=q_offset, operands=operands)
+
+  def to_dense(self, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
+               operands: dict[str, Any] | None = None):
+    """The mask as a NumPy bool array `[..., q_len, kv_len]`."""
+    return self.bind(q_len, kv_len, q_offset=q_offset, operands=operands)[:, :]
+
+
+def _as_mask(value) -> Mask:
+  if isinstance(value, Mask):
+    return value
+  if isinstance(value, str):
+    from maskc._parse import parse
+    return parse(value)
+  raise MaskTypeError(f"cannot combine a mask with {type(value).__name__} {value!r}",
+                      hint="Combine masks with masks: `maskc.causal() & maskc.chunk(8192)`.")
+
+
+# ----------------------------------------------------------------------------- terms
+
+
+@_node
+class Const(Term):
+  """An integer literal or a parameter bound at parse time."""
+  value: int
+  span: Span | None = _span_field()
+
+
+@_node
+class Pos(Term):
+  """The query position `q` or the key position `k`."""
+  axis: Literal["q", "k"]
+  span: Span | None = _span_field()
+
+
+@_node
+class Operand(Node):
+  """A runtime operand by name, as passed to a definition: `document(seg)`."""
+  name: str
+  span: Span | None = _span_field()
+
+
+@_node
+class Param(Term, Mask):
+  """A definition's parameter inside its body; replaced when the call expands."""
+  name: str
+  span: Span | None = _span_field()
+
+
+@_node
+class Scalar(Term):
+  """A runtime scalar operand (shape `[]` or `[B]`): `k < kv_len`."""
+  name: str
+  span: Span | None = _span_field()
+
+
+@_node
+class Read(Term):
+  """A per-token operand read at a term of one position: `seg[q]`, `doc[q // 2]`.
+
+  With `runs=True` it reads `runs(x)`: the 1-based index of the run of true
+  values of `x` the position lies in, 0 outside runs.
+  """
+  operand: Operand | Param
+  index: Term
+  runs: bool = False
+  span: Span | None = _span_field()
+
+
+@_node
+class PairRead(Term):
+  """A pairwise operand read: `allowed[q, k]`, `topk[q // 64, k // 64]`."""
+  operand: Operand | Param
+  q_index: Term
+  k_index: Term
+  span: Span | None = _span_field()
+
+
+@_node
+class Neg(Term):
+  """`-t`."""
+  arg: Term
+  span: Span | None = _span_field()
+
+
+@_node
+class Arith(Term):
+  """`lhs op rhs`; `*`, `//` and `%` take a constant on one side (the right for `//`, `%`)."""
+  op: ArithOp
+  lhs: Term
+  rhs: Term
+  span: Span | None = _span_field()
+
+
+@_node
+class Fn(Term):
+  """`abs(t)`, `min(a, b, ...)` or `max(a, b, ...)`."""
+  name: Literal["abs", "min", "max"]
+  args: tuple[Term, ...]
+  span: Span | None = _span_field()
+
+
+# ----------------------------------------------------------------------------- masks
+
+
+@_node
+class BoolConst(Mask):
+  """`true` or `false` (the prelude names them `full` and `empty`)."""
+  value: bool
+  span: Span | None = _span_field()
+
+
+@_node
+class Compare(Mask):
+  """A chain of comparisons `t0 op0 t1 op1 t2 ...`: true where every link holds.
+
+  >>> import maskc
+  >>> maskc.parse("q - k < 2").to_dense(3, 3).astype(int)
+  array([[1, 1, 1],
+         [1, 1, 1],
+         [0, 1, 1]])
+  """
+  terms: tuple[Term, ...]
+  ops: tuple[CompareOp, ...]
+  span: Span | None = _span_field()
+
+
+@_node
+class Truth(Mask):
+  """A boolean operand read used as a mask: `img[q]`, `allowed[q, k]` (nonzero is true)."""
+  read: Term
+  span: Span | None = _span_field()
+
+
+@_node
+class And(Mask):
+  """Intersection of two or more masks."""
+  items: tuple[Mask, ...]
+  span: Span | None = _span_field()
+
+
+@_node
+class Or(Mask):
+  """Union of two or more masks."""
+  items: tuple[Mask, ...]
+  span: Span | None = _span_field()
+
+
+@_node
+class Xor(Mask):
+  """Symmetric difference: true where an odd number of the masks is true."""
+  items: tuple[Mask, ...]
+  span: Span | None = _span_field()
+
+
+@_node
+class Not(Mask):
+  """Complement."""
+  item: Mask
+  span: Span | None = _span_field()
+
+
+@_node
+class Definition(Node):
+  """A named definition `name(params) = body where requirements`.
+
+  The body and requirements are templates: they hold `Param` nodes for the
+  parameters. `prelude` marks the standard masks of `grammar/prelude.mask`.
+  """
+  name: str
+  params: tuple[str, ...]
+  body: Node
+  requirements: tuple[tuple[Mask, str], ...] = ()
+  prelude: bool = False
+
+
+@_node
+class Call(Mask):
+  """A named mask applied to arguments: `causal`, `chunk(8192)`, `document(seg)`.
+
+  The canonical printer keeps the name; `expand(call)` gives its meaning.
+  """
+  name: str
+  args: tuple[Node, ...]
+  definition: Definition = dataclasses.field(repr=False)
+  span: Span | None = _span_field()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OperandSpec:
+  """A runtime operand a mask needs.
+
+  Attributes:
+    name: the operand's name in the mask text.
+    kind: "scalar" (shape `[]` or `[B]`), "token" (`[L]` or `[B, L]`, indexed by
+      position) or "pair" (`[Lq', Lk']` or `[B, Lq', Lk']`, indexed by a term of
+      `q` and one of `k`).
+    boolean: whether it is read as a truth value (`img[q]`, `runs(img)`).
+  """
+  name: str
+  kind: Literal["scalar", "token", "pair"]
+  boolean: bool = False
+
+
+# ----------------------------------------------------------------------------- constructors
+
+MAX_ABS_CONST = 2**40
+
+
+def _const(value: int, span: Span | None) -> Const:
+  if abs(value) > MAX_ABS_CONST:
+    raise MaskValueError(f"integer {value} is out of range (|n| <= 2**40)", span=span)
+  return Const(int(value), span)
+
+
+def term(value: Any, span: Span | None = None) -> Term:
+  """Coerces a Python int, operand name or term to a `Term`."""
+  if isinstance(value, bool):
+    raise MaskTypeError(f"expected an integer term, got the boolean {value}", span=span,
+                        hint="Use `full` or `empty` for constant masks.")
+  if isinstance(value, int):
+    return _const(value, span)
+  if isinstance(value, Term):
+    return value
+  if isinstance(value, Operand):
+    return Scalar(value.name, value.span or span)
+  if isinstance(value, str):
+    return Scalar(value, span)
+  if isinstance(value, Mask):
+    raise MaskTypeError(f"expected an integer term, got the mask `{value}`", span=span,
+                        hint="Masks combine with `&`, `|`, `^`, `~`; integer terms compare with "
+                             "`<`, `<=`, `==`, ...")
+  raise MaskTypeError(f"expected an integer term, got {type(value).__name__} {value!r}", span=span)
+
+
+def mask(value: Any, span: Span | None = None) -> Mask:
+  """Coerces a value to a `Mask`, with a hint when it is something else."""
+  if isinstance(value, Mask):
+    return value
+  if isinstance(value, (Read, PairRead)):
+    return Truth(value, span)
+  if isinstance(value, Term):
+    raise MaskTypeError("expected a mask, got an integer term", span=span,
+                        hint="Compare the term to make a mask, e.g. `q - k < 128`; a boolean "
+                             "operand is a mask when indexed: `img[q]`.")
+  if isinstance(value, Operand):
+    raise MaskNameError(f"`{value.name}` is not a known mask", span=value.span or span,
+                        hint=_mask_name_hint(value.name))
+  raise MaskTypeError(f"expected a mask, got {type(value).__name__} {value!r}", span=span)
+
+
+def _mask_name_hint(name: str) -> str:
+  from maskc._parse import known_mask_names, nearest
+  guess = nearest(name, known_mask_names())
+  tail = (f"If `{name}` is a boolean operand, index it: `{name}[q]` or `{name}[k]`.")
+  return f"Did you mean `{guess}`? {tail}" if guess else tail
+
+
+def operand(value: Any, span: Span | None = None) -> Operand | Param:
+  """Coerces a name or `Operand` to the operand a read indexes."""
+  if isinstance(value, (Operand, Param)):
+    return value
+  if isinstance(value, str) and value.isidentifier():
+    return Operand(value, span)
+  if isinstance(value, Scalar):
+    return Operand(value.name, value.span or span)
+  raise MaskTypeError(f"only a named operand can be indexed, not `{value}`", span=span,
+                      hint="Index an operand by name: `seg[q]`, `allowed[q, k]`.")
+
+
+def positions_of(t: Node) -> frozenset[str]:
+  """The positions (`q`, `k`) a term depends on."""
+  if isinstance(t, Pos):
+    return frozenset(t.axis)
+  out = frozenset()
+  for c in t.children():
+    if not isinstance(c, Operand):
+      out |= positions_of(c)
+  return out
+
+
+def _has_read(t: Node) -> bool:
+  return isinstance(t, (Read, PairRead)) or any(_has_read(c) for c in t.children())
+
+
+def _check_index(index: Term, allowed: str, what: str, span: Span | None) -> None:
+  pos = positions_of(index)
+  if not pos <= {allowed}:
+    raise MaskTypeError(
+        f"{what} must be a term of `{allowed}` alone, but it uses {', '.join(sorted(pos))}",
+        span=index.span or span,
+        hint="A per-token operand is indexed by one position (`seg[q]`, `doc[k // 2]`); "
+             "a pairwise operand by a term of q and a term of k: `allowed[q, k]`.")
+  if _has_read(index):
+    raise MaskTypeError(f"{what} cannot read another operand", span=index.span or span,
+                        hint="Index operands with terms of q or k, constants and scalars.")
+
+
+def read(opnd: Any, index: Any, runs: bool = False, span: Span | None = None) -> Read:
+  """`opnd[index]`, or `runs(opnd)[index]`."""
+  index = term(index, span)
+  opnd = operand(opnd, span)
+  if not isinstance(index, Param):
+    pos = positions_of(index)
+    axis = next(iter(pos)) if pos else "q"
+    _check_index(index, axis, f"the index of `{_name(opnd)}`", span)
+  return Read(opnd, index, runs, span)
+
+
+def pair_read(opnd: Any, q_index: Any, k_index: Any, span: Span | None = None) -> PairRead:
+  """`opnd[q_index, k_index]`."""
+  q_index, k_index = term(q_index, span), term(k_index, span)
+  opnd = operand(opnd, span)
+  if not isinstance(q_index, Param):
+    _check_index(q_index, "q", f"the first index of `{_name(opnd)}`", span)
+  if not isinstance(k_index, Param):
+    _check_index(k_index, "k", f"the second index of `{_name(opnd)}`", span)
+  return PairRead(opnd, q_index, k_index, span)
+
+
+def _name(opnd: Operand | Param) -> str:
+  return opnd.name
+
+
+def _floordiv(a: int, b: int) -> int:
+  return a // b
+
+
+_FOLD = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+         "//": _floordiv, "%": lambda a, b: a % b}
+
+
+def arith(op: ArithOp, lhs: Any, rhs: Any, span: Span | None = None) -> Term:
+  """`lhs op rhs`, folding constants and checking that `*`, `//`, `%` have one."""
+  lhs, rhs = term(lhs, span), term(rhs, span)
+  if op in ("//", "%") and isinstance(rhs, Const) and rhs.value == 0:
+    raise MaskValueError(f"division by zero in `{lhs} {op} 0`", span=rhs.span or span,
+                         hint="Divide by a positive constant, e.g. `q // 64`.")
+  if isinstance(lhs, Const) and isinstance(rhs, Const):
+    return _const(_FOLD[op](lhs.value, rhs.value), span)
+  if op == "*" and not (isinstance(lhs, (Const, Param)) or isinstance(rhs, (Const, Param))):
+    raise MaskTypeError(
+        f"`*` needs a constant on one side, got `{lhs}` and `{rhs}`", span=span,
+        hint="Multiply by a literal or a parameter bound at parse time: `q * 2`, or "
+             "`maskc.parse(text, W=64)` for `q * W`.")
+  if op in ("//", "%") and not isinstance(rhs, (Const, Param)):
+    raise MaskTypeError(
+        f"`{op}` needs a constant divisor, got `{rhs}`", span=rhs.span or span,
+        hint=f"Divide by a literal or a parameter bound at parse time, e.g. "
+             f"`maskc.parse(text, {rhs}=8192)`." if isinstance(rhs, Scalar) else
+             "Divide by a literal or a parameter bound at parse time.")
+  return Arith(op, lhs, rhs, span)
+
+
+def neg(arg: Any, span: Span | None = None) -> Term:
+  """`-arg`."""
+  arg = term(arg, span)
+  if isinstance(arg, Const):
+    return _const(-arg.value, span)
+  return Neg(arg, span)
+
+
+def fn(name: str, args: Sequence[Any], span: Span | None = None) -> Term:
+  """`abs(t)`, `min(...)`, `max(...)`."""
+  args = tuple(term(a, span) for a in args)
+  if name == "abs" and len(args) != 1:
+    raise MaskTypeError(f"abs takes 1 argument, got {len(args)}", span=span)
+  if name in ("min", "max") and len(args) < 2:
+    raise MaskTypeError(f"{name} takes 2 or more arguments, got {len(args)}", span=span)
+  if all(isinstance(a, Const) for a in args):
+    vals = [a.value for a in args]
+    return _const(abs(vals[0]) if name == "abs" else (min(vals) if name == "min" else max(vals)),
+                  span)
+  return Fn(name, args, span)
+
+
+def compare(terms: Sequence[Any], ops: Sequence[str], span: Span | None = None) -> Compare:
+  """A (possibly chained) comparison of integer terms."""
+  terms = tuple(term(t, span) for t in terms)
+  ops = tuple(ops)
+  if len(terms) != len(ops) + 1 or len(ops) < 1 or any(o not in COMPARE_OPS for o in ops):
+    raise MaskTypeError(f"malformed comparison {terms} {ops}", span=span)
+  return Compare(terms, ops, span)
+
+
+def truth(value: Any, span: Span | None = None) -> Truth:
+  """A boolean operand read as a mask."""
+  if isinstance(value, Truth):
+    return value
+  if not isinstance(value, (Read, PairRead)):
+    raise MaskTypeError(f"`{value}` is an integer term, not a mask", span=span,
+                        hint="Compare it: `x < n`.")
+  return Truth(value, span)
+
+
+def _flatten(cls, items: Sequence[Any], span) -> tuple[Mask, ...]:
+  out = []
+  for it in items:
+    it = mask(it, span)
+    if type(it) is cls:
+      out.extend(it.items)
+    else:
+      out.append(it)
+  return tuple(out)
+
+
+def and_(items: Sequence[Any], span: Span | None = None) -> Mask:
+  """Intersection; nested intersections are flattened."""
+  items = _flatten(And, items, span)
+  return items[0] if len(items) == 1 else And(items, span)
+
+
+def or_(items: Sequence[Any], span: Span | None = None) -> Mask:
+  """Union; nested unions are flattened."""
+  items = _flatten(Or, items, span)
+  return items[0] if len(items) == 1 else Or(items, span)
+
+
+def xor(items: Sequence[Any], span: Span | None = None) -> Mask:
+  """Symmetric difference; nested ones are flattened."""
+  items = _flatten(Xor, items, span)
+  return items[0] if len(items) == 1 else Xor(items, span)
+
+
+def not_(item: Any, span: Span | None = None) -> Mask:
+  """Complement."""
+  return Not(mask(item, span), span)
+
+
+def call(definition: Definition, args: Sequence[Any], span: Span | None = None) -> Node:
+  """Applies a definition to arguments, checking arity and its `where` requirements.
+
+  Mask-valued definitions become `Call` nodes (so printing keeps the name);
+  term-valued ones are substituted in place.
+  """
+  args = tuple(_call_arg(a, span) for a in args)
+  if len(args) != len(definition.params):
+    raise MaskTypeError(
+        f"`{definition.name}` takes {len(definition.params)} argument"
+        f"{'s' if len(definition.params) != 1 else ''}, got {len(args)}", span=span,
+        hint=f"Write `{_signature(definition)}`.")
+  env = dict(zip(definition.params, args))
+  for requirement, message in definition.requirements:
+    verdict = const_truth(instantiate(requirement, env, span))
+    if verdict is False:
+      shown = f"{definition.name}({', '.join(_arg_text(a) for a in args)})"
+      raise MaskValueError(f"{message}, got {shown}", span=span,
+                           hint=f"`{definition.name}` requires `{requirement}`.")
+  if is_mask_definition(definition):
+    return Call(definition.name, args, definition, span)
+  return instantiate(definition.body, env, span)
+
+
+def _arg_text(a: Node) -> str:
+  return str(a) if not isinstance(a, Operand) else a.name
+
+
+def _signature(d: Definition) -> str:
+  return d.name + (f"({', '.join(d.params)})" if d.params else "")
+
+
+def _call_arg(a: Any, span) -> Node:
+  if isinstance(a, bool):
+    return BoolConst(a, span)
+  if isinstance(a, int):
+    return _const(a, span)
+  if isinstance(a, str):
+    return Operand(a, span)
+  if isinstance(a, Node):
+    return a
+  raise MaskTypeError(f"cannot pass {type(a).__name__} {a!r} to a mask definition", span=span)
+
+
+def is_mask_definition(d: Definition) -> bool:
+  return isinstance(d.body, Mask) and not isinstance(d.body, Param)
+
+
+def const_truth(m: Node) -> bool | None:
+  """The truth of a mask that needs no positions or operands, else None."""
+  if isinstance(m, BoolConst):
+    return m.value
+  if isinstance(m, Compare) and all(isinstance(t, Const) for t in m.terms):
+    vals = [t.value for t in m.terms]
+    return all(_CMP[o](a, b) for o, a, b in zip(m.ops, vals, vals[1:]))
+  if isinstance(m, Not):
+    v = const_truth(m.item)
+    return None if v is None else not v
+  if isinstance(m, (And, Or)):
+    vals = [const_truth(i) for i in m.items]
+    if isinstance(m, And):
+      return False if False in vals else (True if all(v is True for v in vals) else None)
+    return True if True in vals else (False if all(v is False for v in vals) else None)
+  return None
+
+
+_CMP = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
+        "!=": lambda a, b: a != b, ">=": lambda a, b: a >= b, ">": lambda a, b: a > b}
+
+
+def instantiate(node: Node, env: dict[str, Node], span: Span | None = None) -> Node:
+  """`node` with each `Param` replaced by its value in `env`, rebuilt and re-checked."""
+  memo: dict[int, Node] = {}
+
+  def go(n: Node) -> Node:
+    key = id(n)
+    if key in memo:
+      return memo[key]
+    out = _rebuild(n, go, env, span)
+    memo[key] = out
+    return out
+
+  return go(node)
+
+
+def _rebuild(n: Node, go, env, span) -> Node:
+  s = n.span if getattr(n, "span", None) is not None else span
+  if isinstance(n, Param):
+    return env.get(n.name, n)
+  if isinstance(n, (Const, Pos, Scalar, Operand, BoolConst, Definition)):
+    return n
+  if isinstance(n, Read):
+    return read(go(n.operand), go(n.index), n.runs, span or s)
+  if isinstance(n, PairRead):
+    return pair_read(go(n.operand), go(n.q_index), go(n.k_index), span or s)
+  if isinstance(n, Neg):
+    return neg(go(n.arg), s)
+  if isinstance(n, Arith):
+    return arith(n.op, go(n.lhs), go(n.rhs), span or s)
+  if isinstance(n, Fn):
+    return fn(n.name, [go(a) for a in n.args], s)
+  if isinstance(n, Compare):
+    return compare([go(t) for t in n.terms], n.ops, s)
+  if isinstance(n, Truth):
+    return truth(go(n.read), s)
+  if isinstance(n, And):
+    return and_([go(i) for i in n.items], s)
+  if isinstance(n, Or):
+    return or_([go(i) for i in n.items], s)
+  if isinstance(n, Xor):
+    return xor([go(i) for i in n.items], s)
+  if isinstance(n, Not):
+    return not_(go(n.item), s)
+  if isinstance(n, Call):
+    return call(n.definition, [go(a) for a in n.args], span or s)
+  raise TypeError(f"unknown IR node {type(n).__name__}")
+
+
+@functools.lru_cache(maxsize=4096)
+def expand(c: Call) -> Mask:
+  """The meaning of a named mask: its body with the arguments substituted."""
+  body = instantiate(c.definition.body, dict(zip(c.definition.params, c.args)), c.span)
+  return mask(body, c.span)
+
+
+def walk(node: Node, *, into_calls: bool = True):
+  """Yields every node below `node` once (by identity), expanding calls if asked."""
+  seen: set[int] = set()
+  stack = [node]
+  while stack:
+    n = stack.pop()
+    if id(n) in seen:
+      continue
+    seen.add(id(n))
+    yield n
+    if isinstance(n, Call) and into_calls:
+      stack.append(expand(n))
+    elif isinstance(n, Definition):
+      continue
+    else:
+      stack.extend(n.children())
+
+
+def expanded_size(node: Node, limit: int) -> int:
+  """The node count of `node` with every call expanded, stopping once over `limit`."""
+  sizes: dict[int, int] = {}
+
+  def size(n: Node) -> int:
+    k = id(n)
+    if k in sizes:
+      return sizes[k]
+    if isinstance(n, Call):
+      s = 1 + size(expand(n))
+    elif isinstance(n, Definition):
+      s = 0
+    else:
+      s = 1
+      for c in n.children():
+        s += size(c)
+        if s > limit:
+          break
+    s = min(s, limit + 1)
+    sizes[k] = s
+    return s
+
+  return size(node)
+
+
+def is_prelude_only(m: Mask) -> bool:
+  """Whether `m` is built from prelude masks with `& | ^ ~` alone."""
+  if isinstance(m, Call):
+    return m.definition.prelude
+  if isinstance(m, (And, Or, Xor)):
+    return all(is_prelude_only(i) for i in m.items)
+  if isinstance(m, Not):
+    return is_prelude_only(m.item)
+  return isinstance(m, BoolConst)
+

@@ -1,0 +1,532 @@
+"""From text to IR: the lark parser, limits, and the elaborator.
+
+`parse(text, **params)` reads a program (definitions, then one mask), checks
+it against the size limits, and elaborates the syntax tree into IR through the
+constructors of `maskc._ir`, so text and Python builders give equal masks.
+Definitions are elaborated lazily, once, into templates with `Param` nodes;
+recursion is found by tracking the definitions in progress.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from typing import Any, Iterator
+
+import lark
+
+from maskc import _ir as ir
+from maskc._errors import (MaskError, MaskLimitError, MaskNameError, MaskRecursionError,
+                           MaskSyntaxError, MaskTypeError, Span)
+from maskc.grammar import grammar_text, prelude_text
+
+MAX_TEXT_CHARS = 100_000
+MAX_NESTING = 128
+MAX_EXPANDED_NODES = 50_000
+
+RESERVED = {"q", "k", "true", "false", "where"}
+BUILTINS = {"abs", "min", "max", "runs"}
+
+
+_CONTINUES = {"|", "^", "&", "+", "*", "//", "%", "where", "<", "<=", "==", "!=", ">=", ">"}
+
+
+class _Separators:
+  """Post-lexer: folds newlines and `;` into one `_SEP`.
+
+  Newlines inside brackets are dropped, and so is a newline before a line that
+  starts with `where` or a binary operator, which continues the line above.
+  """
+
+  always_accept = ("NEWLINE", "SEMICOLON")
+
+  def process(self, stream: Iterator[lark.Token]) -> Iterator[lark.Token]:
+    depth = 0
+    pending = None
+    started = False
+    for tok in stream:
+      if tok.type in ("NEWLINE", "SEMICOLON"):
+        if depth > 0 and tok.type == "NEWLINE":
+          continue
+        if started and pending is None:
+          pending = lark.Token.new_borrow_pos("_SEP", "\n" if tok.type == "NEWLINE" else ";",
+                                              tok)
+        elif pending is not None and tok.type == "SEMICOLON":
+          pending = lark.Token.new_borrow_pos("_SEP", ";", tok)
+        continue
+      if tok in ("(", "["):
+        depth += 1
+      elif tok in (")", "]"):
+        depth = max(0, depth - 1)
+      if pending is not None and not (pending == "\n" and tok in _CONTINUES):
+        yield pending
+      pending = None
+      started = True
+      yield tok
+
+
+@functools.lru_cache(maxsize=1)
+def _parser() -> lark.Lark:
+  return lark.Lark(grammar_text(), parser="lalr", lexer="basic", propagate_positions=True,
+                   maybe_placeholders=False, postlex=_Separators())
+
+
+_TOKEN_TEXT = {"LPAR": "(", "RPAR": ")", "LSQB": "[", "RSQB": "]", "COMMA": ",", "EQUAL": "=",
+               "VBAR": "|", "CIRCUMFLEX": "^", "AMPERSAND": "&", "TILDE": "~", "PLUS": "+",
+               "MINUS": "-", "STAR": "*", "SLASH": "/", "PERCENT": "%", "__ANON_0": "//",
+               "COMP_OP": "a comparison", "INT": "a number", "NAME": "a name",
+               "STRING": "a quoted message", "_SEP": "a new line or `;`", "$END": "the end"}
+
+
+def _describe_expected(expected) -> str:
+  names = []
+  for e in sorted(expected):
+    text = _TOKEN_TEXT.get(e)
+    if text is None:
+      try:
+        pattern = _parser().get_terminal(e).pattern
+        text = pattern.value if pattern.type == "str" else e.lower()
+      except (KeyError, AttributeError):
+        text = e.lower()
+    if len(text) <= 2 and text.isascii() and not text.isalnum():
+      text = f"`{text}`"
+    names.append(text)
+  names = sorted(set(names))
+  if not names:
+    return ""
+  return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _span(text: str, line: int, column: int, start: int, end: int) -> Span:
+  return Span(line, column, start, max(end, start + 1), text)
+
+
+def _syntax_error(text: str, err: lark.exceptions.UnexpectedInput) -> MaskSyntaxError:
+  pos = getattr(err, "pos_in_stream", None)
+  line, column = getattr(err, "line", None), getattr(err, "column", None)
+  if isinstance(err, lark.exceptions.UnexpectedEOF) or line in (None, -1):
+    stripped = text.rstrip()
+    line = stripped.count("\n") + 1
+    column = len(stripped) - (stripped.rfind("\n") + 1) + 1
+    pos = len(stripped)
+    return MaskSyntaxError(
+        "the mask ends too early" + (f"; expected {_describe_expected(err.expected)}"
+                                     if getattr(err, "expected", None) else ""),
+        span=_span(text, line, column, pos, pos + 1),
+        hint="Close every bracket and finish the last operator's operand.")
+  if isinstance(err, lark.exceptions.UnexpectedCharacters):
+    ch = text[pos] if pos is not None and pos < len(text) else "?"
+    return MaskSyntaxError(f"unexpected character {ch!r}",
+                           span=_span(text, line, column, pos or 0, (pos or 0) + 1),
+                           hint=_char_hint(ch))
+  tok = err.token
+  start = tok.start_pos if tok.start_pos is not None else (pos or 0)
+  end = tok.end_pos if tok.end_pos is not None else start + 1
+  shown = "end of the mask" if tok.type == "$END" else (
+      "a new line or `;`" if tok.type == "_SEP" else f"`{tok}`")
+  expected = _describe_expected(getattr(err, "expected", set()) or set())
+  return MaskSyntaxError(f"unexpected {shown}" + (f"; expected {expected}" if expected else ""),
+                         span=_span(text, line, column, start, end), hint=_token_hint(tok))
+
+
+def _char_hint(ch: str) -> str | None:
+  return {"!": "Complement a mask with `~`, not `!`.",
+          "/": "Integer division is `//`.",
+          "'": "Operands are bare names: `document(seg)`, not strings.",
+          "&": None}.get(ch, "Masks use `& | ^ ~`, comparisons, `+ - * // %` and calls.")
+
+
+def _token_hint(tok) -> str | None:
+  if tok == "=":
+    return "Comparison is `==`; `name = mask` defines a name on its own line."
+  if tok in ("and", "or", "not"):
+    return "Use `&`, `|` and `~` to combine masks."
+  return None
+
+
+def parse_tree(text: str) -> lark.Tree:
+  """The syntax tree of `text`, after the size and nesting limits."""
+  if not isinstance(text, str):
+    raise MaskTypeError(f"a mask text must be a str, got {type(text).__name__}")
+  if len(text) > MAX_TEXT_CHARS:
+    raise MaskLimitError(f"the mask text has {len(text)} characters; the limit is "
+                         f"{MAX_TEXT_CHARS}", hint="Name repeated parts with definitions.")
+  try:
+    tree = _parser().parse(text)
+  except lark.exceptions.UnexpectedInput as e:
+    raise _syntax_error(text, e) from None
+  except lark.exceptions.LarkError as e:  # anything else lark may raise on odd input
+    raise MaskSyntaxError(f"cannot parse the mask: {e}") from None
+  _check_nesting(tree, text)
+  return tree
+
+
+def _check_nesting(tree: lark.Tree, text: str) -> None:
+  stack = [(tree, 1)]
+  while stack:
+    node, depth = stack.pop()
+    if depth > MAX_NESTING:
+      m = node.meta
+      raise MaskLimitError(
+          f"the mask nests deeper than {MAX_NESTING} levels",
+          span=_span(text, m.line, m.column, m.start_pos, m.end_pos) if not m.empty else None,
+          hint="Long chains of `+` or `-` and deep brackets nest; name parts with definitions.")
+    stack.extend((c, depth + 1) for c in node.children if isinstance(c, lark.Tree))
+
+
+def nearest(name: str, candidates) -> str | None:
+  """The candidate closest to `name`, if any is close."""
+  found = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+  return found[0] if found else None
+
+
+class _Runs:
+  """`runs(x)` before it is indexed."""
+
+  def __init__(self, operand, span):
+    self.operand, self.span = operand, span
+
+
+class _Pending:
+  def __init__(self, name, params, body, requirements, span):
+    self.name, self.params, self.body = name, params, body
+    self.requirements, self.span = requirements, span
+
+
+class _Program:
+  """Elaborates one program's syntax trees into IR, with its definitions in scope."""
+
+  def __init__(self, text: str, library: dict[str, ir.Definition], params: dict[str, Any],
+               prelude: bool = False):
+    self.text = text
+    self.library = library
+    self.params = params
+    self.prelude = prelude
+    self.pending: dict[str, _Pending] = {}
+    self.done: dict[str, ir.Definition] = {}
+    self.in_progress: list[str] = []
+
+  # ---------------------------------------------------------------- positions
+
+  def span(self, node) -> Span | None:
+    if isinstance(node, lark.Token):
+      return _span(self.text, node.line, node.column, node.start_pos, node.end_pos)
+    m = node.meta
+    if m.empty:
+      return None
+    return _span(self.text, m.line, m.column, m.start_pos, m.end_pos)
+
+  # ---------------------------------------------------------------- program
+
+  def program(self, tree: lark.Tree, *, library_only: bool = False) -> ir.Mask | None:
+    statements = tree.children
+    for i, st in enumerate(statements):
+      last = i == len(statements) - 1
+      if isinstance(st, lark.Tree) and st.data == "definition":
+        if last and not library_only:
+          name = self._lhs(st.children[0])[0]
+          raise MaskSyntaxError(
+              "the program ends with a definition; its last line must be the mask",
+              span=self.span(st), hint=f"Add the mask on a last line, e.g. `{name}`.")
+        self._declare(st)
+      elif library_only or not last:
+        raise MaskSyntaxError("only the last line may be a mask; the lines before it define names",
+                              span=self.span(st), hint="Name this line: `m = ...`.")
+    if library_only:
+      for name in list(self.pending):
+        self.definition(name, None)
+      return None
+    result = self._mask(self.expr(statements[-1], {}), statements[-1])
+    if ir.expanded_size(result, MAX_EXPANDED_NODES) > MAX_EXPANDED_NODES:
+      raise MaskLimitError(f"the mask expands to more than {MAX_EXPANDED_NODES} nodes",
+                           span=self.span(statements[-1]),
+                           hint="Definitions used many times multiply; simplify the mask.")
+    result.operands  # raises on an operand used as two kinds
+    return result
+
+  def _lhs(self, node) -> tuple[str, tuple[str, ...], tuple]:
+    if isinstance(node, lark.Tree) and node.data == "name":
+      return str(node.children[0]), (), ()
+    if isinstance(node, lark.Tree) and node.data == "call":
+      name, args = node.children[0], node.children[1:]
+      params = []
+      for a in args:
+        if not (isinstance(a, lark.Tree) and a.data == "name"):
+          raise MaskSyntaxError("a definition's parameters must be plain names",
+                                span=self.span(a), hint=f"Write `{name}(a, b) = ...`.")
+        params.append(a.children[0])
+      return str(name), tuple(str(p) for p in params), tuple(params)
+    raise MaskSyntaxError("the left of `=` must be a name or `name(params)`",
+                          span=self.span(node),
+                          hint="Comparison is `==`; a definition reads `name = mask`.")
+
+  def _declare(self, st: lark.Tree) -> None:
+    lhs, body, *reqs = st.children
+    name, params, param_tokens = self._lhs(lhs)
+    where = self.span(lhs)
+    if name in RESERVED or name in BUILTINS:
+      raise MaskNameError(f"`{name}` is a reserved name and cannot be defined", span=where,
+                          hint="Choose another name.")
+    if name in self.pending:
+      raise MaskNameError(f"`{name}` is defined twice", span=where,
+                          hint="Remove or rename one of the definitions.")
+    seen = set()
+    for p, tok in zip(params, param_tokens):
+      if p in RESERVED or p in BUILTINS or p in seen:
+        raise MaskNameError(f"parameter `{p}` of `{name}` is reserved or repeated",
+                            span=self.span(tok), hint="Choose another parameter name.")
+      seen.add(p)
+    self.pending[name] = _Pending(name, params, body, reqs, where)
+
+  def definition(self, name: str, span: Span | None) -> ir.Definition:
+    if name in self.done:
+      return self.done[name]
+    if name in self.in_progress:
+      cycle = " -> ".join(self.in_progress[self.in_progress.index(name):] + [name])
+      raise MaskRecursionError(f"recursive definition: {cycle}", span=span,
+                               hint="A mask cannot be defined in terms of itself.")
+    p = self.pending[name]
+    self.in_progress.append(name)
+    try:
+      env = {x: ir.Param(x, p.span) for x in p.params}
+      body = self.expr(p.body, env)
+      if isinstance(body, (ir.Read, ir.PairRead)):
+        body = ir.truth(body, self.span(p.body))
+      if isinstance(body, (ir.Operand, _Runs)):
+        raise MaskTypeError(f"`{name}` must be a mask or an integer term",
+                            span=self.span(p.body))
+      reqs = []
+      for r in p.requirements:
+        cond = self._mask(self.expr(r.children[0], env), r.children[0])
+        message = str(r.children[1])[1:-1] if len(r.children) > 1 else f"requires `{cond}`"
+        reqs.append((cond, message))
+    finally:
+      self.in_progress.pop()
+    d = ir.Definition(name, p.params, body, tuple(reqs), self.prelude)
+    self.done[name] = d
+    return d
+
+  def lookup(self, name: str, span: Span | None) -> ir.Definition | None:
+    if name in self.pending:
+      return self.definition(name, span)
+    return self.library.get(name)
+
+  def known_names(self) -> list[str]:
+    return list(self.pending) + list(self.library) + list(self.params)
+
+  # ---------------------------------------------------------------- expressions
+
+  def _mask(self, value, node) -> ir.Mask:
+    span = self.span(node) if node is not None else None
+    if isinstance(value, ir.Operand):
+      guess = nearest(value.name, self.known_names())
+      tail = f"If `{value.name}` is a boolean operand, index it: `{value.name}[q]`."
+      raise MaskNameError(f"unknown mask `{value.name}`", span=value.span or span,
+                          hint=(f"Did you mean `{guess}`? " if guess else "") + tail)
+    if isinstance(value, _Runs):
+      raise MaskTypeError("`runs(x)` is a per-token value; index it", span=value.span,
+                          hint="Compare runs at two positions: `runs(x)[q] == runs(x)[k]`.")
+    if isinstance(value, (ir.Read, ir.PairRead)):
+      return ir.truth(value, span)
+    return ir.mask(value, span)
+
+  def _term(self, value, node) -> ir.Term:
+    if isinstance(value, _Runs):
+      raise MaskTypeError("`runs(x)` is a per-token value; index it", span=value.span,
+                          hint="`runs(x)[q]`.")
+    return ir.term(value, self.span(node))
+
+  def expr(self, node, env: dict[str, ir.Param]):
+    kind = node.data
+    ch = node.children
+    span = self.span(node)
+    if kind in ("or_", "xor", "and_"):
+      items = [self._mask(self.expr(c, env), c) for c in ch]
+      return {"or_": ir.or_, "xor": ir.xor, "and_": ir.and_}[kind](items, span)
+    if kind == "not_":
+      return ir.not_(self._mask(self.expr(ch[0], env), ch[0]), span)
+    if kind == "compare":
+      terms = [self._term(self.expr(c, env), c) for c in ch[0::2]]
+      return ir.compare(terms, [str(o) for o in ch[1::2]], span)
+    if kind in ("add", "sub", "mul", "floordiv", "mod"):
+      op = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}[kind]
+      return ir.arith(op, self._term(self.expr(ch[0], env), ch[0]),
+                      self._term(self.expr(ch[1], env), ch[1]), span)
+    if kind == "neg":
+      return ir.neg(self._term(self.expr(ch[0], env), ch[0]), span)
+    if kind == "int_lit":
+      return ir.term(int(str(ch[0]).replace("_", "")), span)
+    if kind == "name":
+      return self.name(str(ch[0]), span, env)
+    if kind == "call":
+      return self.call(node, env)
+    if kind == "index":
+      return self.index(node, env)
+    if kind == "kwarg":
+      raise MaskSyntaxError("a keyword argument outside a call", span=span)
+    raise MaskSyntaxError(f"unexpected `{kind}`", span=span)
+
+  def name(self, name: str, span: Span | None, env):
+    if name in env:
+      return env[name]
+    if name in ("q", "k"):
+      return ir.Pos(name, span)
+    if name in ("true", "false"):
+      return ir.BoolConst(name == "true", span)
+    if name in self.params:
+      return _param_value(name, self.params[name], span)
+    d = self.lookup(name, span)
+    if d is not None:
+      if d.params:
+        raise MaskTypeError(f"`{name}` takes {len(d.params)} argument"
+                            f"{'s' if len(d.params) > 1 else ''}", span=span,
+                            hint=f"Write `{name}({', '.join(d.params)})`.")
+      return ir.call(d, (), span)
+    if name in BUILTINS:
+      raise MaskTypeError(f"`{name}` is a function", span=span, hint=f"Call it: `{name}(...)`.")
+    return ir.Operand(name, span)
+
+  def call(self, node: lark.Tree, env):
+    name_tok, args = node.children[0], node.children[1:]
+    name = str(name_tok)
+    span = self.span(node)
+    positional, keywords = [], {}
+    for a in args:
+      if isinstance(a, lark.Tree) and a.data == "kwarg":
+        key = str(a.children[0])
+        if key in keywords:
+          raise MaskTypeError(f"argument `{key}` given twice", span=self.span(a))
+        keywords[key] = (self.expr(a.children[1], env), a)
+      else:
+        if keywords:
+          raise MaskSyntaxError("a positional argument after a keyword argument",
+                                span=self.span(a), hint="Put positional arguments first.")
+        positional.append((self.expr(a, env), a))
+    if name in BUILTINS:
+      if keywords:
+        raise MaskTypeError(f"`{name}` takes no keyword arguments", span=span)
+      if name == "runs":
+        if len(positional) != 1:
+          raise MaskTypeError(f"runs takes 1 argument, got {len(positional)}", span=span,
+                              hint="`runs(img)[q]`.")
+        value, a = positional[0]
+        if not isinstance(value, (ir.Operand, ir.Param)):
+          raise MaskTypeError("runs takes the name of a boolean per-token operand",
+                              span=self.span(a), hint="`runs(img)`.")
+        return _Runs(value, span)
+      return ir.fn(name, [self._term(v, a) for v, a in positional], span)
+    if name in env or name in self.params or name in ("q", "k", "true", "false"):
+      raise MaskTypeError(f"`{name}` is not a function", span=self.span(name_tok))
+    d = self.lookup(name, span)
+    if d is None:
+      guess = nearest(name, [n for n in self.known_names()] + sorted(BUILTINS))
+      raise MaskNameError(f"unknown function `{name}`", span=self.span(name_tok),
+                          hint=f"Did you mean `{guess}`?" if guess else
+                          "Define it first: `name(a, b) = ...`.")
+    values = [v for v, _ in positional]
+    for key, (v, a) in keywords.items():
+      if key not in d.params:
+        raise MaskTypeError(f"`{name}` has no parameter `{key}`", span=self.span(a),
+                            hint=f"Its parameters are ({', '.join(d.params)}).")
+    if keywords:
+      if len(values) + len(keywords) != len(d.params):
+        raise MaskTypeError(f"`{name}` takes {len(d.params)} arguments, got "
+                            f"{len(values) + len(keywords)}", span=span,
+                            hint=f"Write `{name}({', '.join(d.params)})`.")
+      for p in d.params[len(values):]:
+        if p not in keywords:
+          raise MaskTypeError(f"`{name}` is missing argument `{p}`", span=span)
+        values.append(keywords[p][0])
+      for p in d.params[:len(positional)]:
+        if p in keywords:
+          raise MaskTypeError(f"argument `{p}` given twice", span=span)
+    values = [v.operand if isinstance(v, _Runs) else v for v in values]
+    return ir.call(d, values, span)
+
+  def index(self, node: lark.Tree, env):
+    base = self.expr(node.children[0], env)
+    idx = [self._term(self.expr(c, env), c) for c in node.children[1:]]
+    span = self.span(node)
+    if isinstance(base, _Runs):
+      if len(idx) != 1:
+        raise MaskTypeError("runs(x) takes one index", span=span, hint="`runs(x)[q]`.")
+      return ir.read(base.operand, idx[0], True, span)
+    if not isinstance(base, (ir.Operand, ir.Param)):
+      raise MaskTypeError(f"only operands can be indexed, not `{base}`", span=span,
+                          hint="Index an operand by name: `seg[q]`, `allowed[q, k]`.")
+    if len(idx) == 1:
+      return ir.read(base, idx[0], False, span)
+    if len(idx) == 2:
+      return ir.pair_read(base, idx[0], idx[1], span)
+    raise MaskTypeError(f"operands take one or two indices, got {len(idx)}", span=span)
+
+
+def _param_value(name: str, value: Any, span: Span | None):
+  if isinstance(value, bool):
+    return ir.BoolConst(value, span)
+  if isinstance(value, int) or (hasattr(value, "__index__") and not isinstance(value, str)):
+    try:
+      return ir.term(int(value.__index__()) if not isinstance(value, int) else value, span)
+    except TypeError:
+      pass
+  if isinstance(value, ir.Node):
+    return value
+  if isinstance(value, str) and value.isidentifier():
+    return ir.Operand(value, span)
+  raise MaskTypeError(f"parameter `{name}` must be an int, a mask or an operand name, got "
+                      f"{type(value).__name__} {value!r}", span=span)
+
+
+@functools.lru_cache(maxsize=1)
+def prelude() -> dict[str, ir.Definition]:
+  """The standard named masks, parsed once from `grammar/prelude.mask`."""
+  text = prelude_text()
+  program = _Program(text, {}, {}, prelude=True)
+  program.program(parse_tree(text), library_only=True)
+  return dict(program.done)
+
+
+def known_mask_names() -> list[str]:
+  """Names of the prelude masks."""
+  return sorted(prelude())
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_cached(text: str, params: tuple) -> ir.Mask:
+  program = _Program(text, prelude(), dict(params))
+  return program.program(parse_tree(text))
+
+
+def parse(text: str, **params: Any) -> ir.Mask:
+  """Parses mask text into IR.
+
+  Args:
+    text: a program: optional definitions (`name = ...`, `name(a, b) = ...`), one per
+      line or separated by `;`, then the mask. `#` starts a comment.
+    **params: values for free names: ints (`C=8192` for `chunk(C)`), masks, or
+      operand names (strings) to rename an operand.
+
+  Returns:
+    The mask IR. `str()` of it is its canonical text.
+
+  Raises:
+    MaskError: a subclass naming what is wrong, with line, column and a caret.
+
+  >>> import maskc
+  >>> maskc.parse("causal & chunk(C)", C=8192) == maskc.causal() & maskc.chunk(8192)
+  True
+  """
+  if not isinstance(text, str):
+    raise MaskTypeError(f"parse takes a str, got {type(text).__name__}")
+  try:
+    key = tuple(sorted(params.items()))
+    hash(key)
+  except TypeError:
+    return _Program(text, prelude(), params).program(parse_tree(text))
+  try:
+    return _parse_cached(text, key)
+  except RecursionError:
+    raise MaskLimitError("the mask is too deeply nested to process",
+                         hint="Name parts of it with definitions.") from None
+  except MaskError:
+    raise

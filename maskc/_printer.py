@@ -1,0 +1,180 @@
+"""The canonical printer: IR back to text that parses to an equal mask.
+
+Named masks keep their names (`causal & chunk(8192)`), user definitions are
+printed before the mask that uses them, and parentheses appear only where the
+grammar's precedence needs them. `to_python` gives the Python builder form
+used by `repr`.
+"""
+
+from __future__ import annotations
+
+from maskc import _ir as ir
+
+_OR, _XOR, _AND, _NOT, _CMP, _SUM, _PROD, _UNARY, _ATOM = range(1, 10)
+
+
+def _prec(n: ir.Node) -> int:
+  if isinstance(n, ir.Or):
+    return _OR
+  if isinstance(n, ir.Xor):
+    return _XOR
+  if isinstance(n, ir.And):
+    return _AND
+  if isinstance(n, ir.Not):
+    return _NOT
+  if isinstance(n, ir.Compare):
+    return _CMP
+  if isinstance(n, ir.Arith):
+    return _SUM if n.op in "+-" else _PROD
+  if isinstance(n, ir.Neg) or (isinstance(n, ir.Const) and n.value < 0):
+    return _UNARY
+  return _ATOM
+
+
+def _text(n: ir.Node, min_prec: int = 0) -> str:
+  s = _bare(n)
+  return f"({s})" if _prec(n) < min_prec else s
+
+
+def _bare(n: ir.Node) -> str:
+  if isinstance(n, ir.Or):
+    return " | ".join(_text(i, _OR + 1) for i in n.items)
+  if isinstance(n, ir.Xor):
+    return " ^ ".join(_text(i, _XOR + 1) for i in n.items)
+  if isinstance(n, ir.And):
+    return " & ".join(_text(i, _AND + 1) for i in n.items)
+  if isinstance(n, ir.Not):
+    return "~" + _text(n.item, _NOT)
+  if isinstance(n, ir.Compare):
+    out = [_text(n.terms[0], _SUM)]
+    for op, t in zip(n.ops, n.terms[1:]):
+      out += [op, _text(t, _SUM)]
+    return " ".join(out)
+  if isinstance(n, ir.Arith):
+    if n.op in "+-":
+      return f"{_text(n.lhs, _SUM)} {n.op} {_text(n.rhs, _PROD)}"
+    return f"{_text(n.lhs, _PROD)} {n.op} {_text(n.rhs, _UNARY)}"
+  if isinstance(n, ir.Neg):
+    return "-" + _text(n.arg, _UNARY)
+  if isinstance(n, ir.Const):
+    return str(n.value)
+  if isinstance(n, ir.Pos):
+    return n.axis
+  if isinstance(n, (ir.Scalar, ir.Operand, ir.Param)):
+    return n.name
+  if isinstance(n, ir.BoolConst):
+    return "true" if n.value else "false"
+  if isinstance(n, ir.Fn):
+    return f"{n.name}({', '.join(_text(a) for a in n.args)})"
+  if isinstance(n, ir.Read):
+    base = f"runs({n.operand.name})" if n.runs else n.operand.name
+    return f"{base}[{_text(n.index)}]"
+  if isinstance(n, ir.PairRead):
+    return f"{n.operand.name}[{_text(n.q_index)}, {_text(n.k_index)}]"
+  if isinstance(n, ir.Truth):
+    return _bare(n.read)
+  if isinstance(n, ir.Call):
+    return n.name + (f"({', '.join(_text(a) for a in n.args)})" if n.args else "")
+  if isinstance(n, ir.Definition):
+    return _definition_text(n)
+  raise TypeError(f"cannot print {type(n).__name__}")
+
+
+def _definition_text(d: ir.Definition) -> str:
+  head = d.name + (f"({', '.join(d.params)})" if d.params else "")
+  lines = [f"{head} = {_text(d.body)}"]
+  for cond, message in d.requirements:
+    lines.append(f'  where {_text(cond)} "{message}"')
+  return "\n".join(lines)
+
+
+def user_definitions(n: ir.Node) -> list[ir.Definition]:
+  """The non-prelude definitions `n` uses, each after those it depends on."""
+  order: list[ir.Definition] = []
+  seen: set[int] = set()
+
+  def visit(node: ir.Node) -> None:
+    for m in ir.walk(node, into_calls=False):
+      if isinstance(m, ir.Call) and not m.definition.prelude and id(m.definition) not in seen:
+        seen.add(id(m.definition))
+        visit(m.definition.body)
+        for cond, _ in m.definition.requirements:
+          visit(cond)
+        order.append(m.definition)
+
+  visit(n)
+  unique: dict[ir.Definition, None] = dict.fromkeys(order)
+  return list(unique)
+
+
+def to_text(n: ir.Node) -> str:
+  """Canonical text: user definitions first (one per line), then the mask."""
+  defs = user_definitions(n) if isinstance(n, ir.Mask) else []
+  return "\n".join([_definition_text(d) for d in defs] + [_text(n)])
+
+
+# ----------------------------------------------------------------------------- python form
+
+_PY_NAMES = {"global": "global_"}
+
+
+def to_python(n: ir.Node) -> str:
+  """The Python builder expression that constructs `n`."""
+  s = _py(n)
+  return s[1:-1] if s.startswith("(") and s.endswith(")") and _balanced(s[1:-1]) else s
+
+
+def _balanced(s: str) -> bool:
+  depth = 0
+  for ch in s:
+    depth += ch == "("
+    depth -= ch == ")"
+    if depth < 0:
+      return False
+  return depth == 0
+
+
+def _py(n: ir.Node) -> str:
+  if isinstance(n, (ir.And, ir.Or, ir.Xor)):
+    op = {ir.And: " & ", ir.Or: " | ", ir.Xor: " ^ "}[type(n)]
+    return "(" + op.join(_py(i) for i in n.items) + ")"
+  if isinstance(n, ir.Not):
+    return "~" + _py(n.item)
+  if isinstance(n, ir.Compare):
+    terms = ", ".join(_py(t) for t in n.terms)
+    if len(n.ops) == 1 and not isinstance(n.terms[0], ir.Const):
+      a, b = _py(n.terms[0]), _py(n.terms[1])
+      op = n.ops[0]
+      if op in ("==", "!="):
+        return f"{a}.{'eq' if op == '==' else 'ne'}({b})"
+      return f"({a} {op} {b})"
+    return f"maskc.compare(({terms},), {n.ops!r})"
+  if isinstance(n, ir.Arith):
+    return f"({_py(n.lhs)} {n.op} {_py(n.rhs)})"
+  if isinstance(n, ir.Neg):
+    return f"(-{_py(n.arg)})"
+  if isinstance(n, ir.Const):
+    return str(n.value)
+  if isinstance(n, ir.Pos):
+    return f"maskc.{n.axis}"
+  if isinstance(n, ir.Scalar):
+    return f"maskc.scalar({n.name!r})"
+  if isinstance(n, ir.Operand):
+    return repr(n.name)
+  if isinstance(n, ir.Param):
+    return f"<param {n.name}>"
+  if isinstance(n, ir.Fn):
+    name = {"abs": "abs", "min": "maskc.minimum", "max": "maskc.maximum"}[n.name]
+    return f"{name}({', '.join(_py(a) for a in n.args)})"
+  if isinstance(n, ir.Read):
+    base = "runs" if n.runs else "operand"
+    return f"maskc.{base}({n.operand.name!r})[{_py(n.index)}]"
+  if isinstance(n, ir.PairRead):
+    return f"maskc.operand({n.operand.name!r})[{_py(n.q_index)}, {_py(n.k_index)}]"
+  if isinstance(n, ir.Truth):
+    return f"maskc.truth({_py(n.read)})"
+  if isinstance(n, ir.Call) and n.definition.prelude:
+    return f"maskc.{_PY_NAMES.get(n.name, n.name)}({', '.join(_py(a) for a in n.args)})"
+  if isinstance(n, ir.Definition):
+    return f"<definition {n.name}>"
+  return f"maskc.parse({to_text(n)!r})"

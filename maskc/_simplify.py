@@ -1,0 +1,128 @@
+"""The simplifier: an equivalent mask in a canonical form.
+
+Folds constants, applies the identities of `full`/`empty`, idempotence,
+absorption and complementation, removes double complements, pushes `~` to the
+leaves (negating comparisons, De Morgan through `&`/`|`), and flattens and
+sorts the operands of `&`, `|` and `^` by their canonical text, so masks equal
+up to commutativity print and hash the same. Named masks stay as leaves.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from maskc import _ir as ir
+
+
+def _full() -> ir.Mask:
+  from maskc._parse import prelude
+  return ir.call(prelude()["full"], ())
+
+
+def _empty() -> ir.Mask:
+  from maskc._parse import prelude
+  return ir.call(prelude()["empty"], ())
+
+
+def _const(m: ir.Mask) -> bool | None:
+  if isinstance(m, ir.BoolConst):
+    return m.value
+  if isinstance(m, ir.Call) and m.definition.prelude and m.name in ("full", "empty"):
+    return m.name == "full"
+  return None
+
+
+def _key(m: ir.Mask) -> str:
+  return str(m)
+
+
+@functools.lru_cache(maxsize=4096)
+def simplify(m: ir.Mask) -> ir.Mask:
+  """An equivalent, canonical mask (see the module docstring)."""
+  out = _simplify(m, negate=False)
+  c = _const(out)
+  if c is not None:
+    return _full() if c else _empty()
+  return out
+
+
+def _simplify(m: ir.Mask, negate: bool) -> ir.Mask:
+  if isinstance(m, ir.Not):
+    return _simplify(m.item, not negate)
+  c = _const(m) if not isinstance(m, ir.Compare) else ir.const_truth(m)
+  if c is not None:
+    return ir.BoolConst(c != negate)
+  if isinstance(m, ir.Compare):
+    if not negate:
+      return m
+    if len(m.ops) == 1:
+      return ir.compare(m.terms, (ir.NEGATED_OP[m.ops[0]],))
+    links = [ir.compare(m.terms[i:i + 2], (ir.NEGATED_OP[op],)) for i, op in enumerate(m.ops)]
+    return _combine(ir.Or, links)
+  if isinstance(m, (ir.And, ir.Or)):
+    cls = type(m)
+    if negate:
+      cls = ir.Or if cls is ir.And else ir.And
+    return _combine(cls, [_simplify(i, negate) for i in m.items])
+  if isinstance(m, ir.Xor):
+    items = [_simplify(i, False) for i in m.items]
+    return _xor(items, negate)
+  # Leaves: named masks, operand truths.
+  return ir.Not(m) if negate else m
+
+
+def _complement(m: ir.Mask) -> ir.Mask:
+  return _simplify(m, True)
+
+
+def _combine(cls, items: list[ir.Mask]) -> ir.Mask:
+  absorbing = cls is ir.Or  # true absorbs a union, false an intersection
+  flat: list[ir.Mask] = []
+  for it in items:
+    if type(it) is cls:
+      flat.extend(it.items)
+    else:
+      flat.append(it)
+  unique: dict[ir.Mask, None] = {}
+  for it in flat:
+    c = _const(it)
+    if c is not None:
+      if c == absorbing:
+        return ir.BoolConst(absorbing)
+      continue  # identity element
+    unique[it] = None
+  members = set(unique)
+  for it in members:
+    if _complement(it) in members:
+      return ir.BoolConst(absorbing)  # x & ~x = false, x | ~x = true
+  dual = ir.And if cls is ir.Or else ir.Or
+  kept = [it for it in unique
+          if not (type(it) is dual and any(x in members for x in it.items))]  # absorption
+  if not kept:
+    return ir.BoolConst(not absorbing)
+  if len(kept) == 1:
+    return kept[0]
+  return cls(tuple(sorted(kept, key=_key)))
+
+
+def _xor(items: list[ir.Mask], negate: bool) -> ir.Mask:
+  flat: list[ir.Mask] = []
+  for it in items:
+    if isinstance(it, ir.Xor):
+      flat.extend(it.items)
+    else:
+      flat.append(it)
+  parity = negate
+  counts: dict[ir.Mask, int] = {}
+  for it in flat:
+    c = _const(it)
+    if c is not None:
+      parity ^= c
+      continue
+    counts[it] = counts.get(it, 0) + 1
+  kept = sorted((it for it, n in counts.items() if n % 2), key=_key)
+  if not kept:
+    return ir.BoolConst(parity)
+  if parity:
+    kept[0] = _complement(kept[0])
+  return kept[0] if len(kept) == 1 else ir.Xor(tuple(kept))
