@@ -31,4 +31,7 @@ from maskc._builders import (bidirectional as bidirectional, causal as causal, c
 from maskc._bind import (ComputableMask as ComputableMask, additive_bias as additive_bias,
                          materialize as materialize)
 
+from maskc._blockmap import BlockMap as BlockMap
+from maskc._lower import compile as compile
+
 __version__ = "0.1.0"

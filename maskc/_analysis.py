@@ -1,0 +1,367 @@
+"""Range analysis: what a mask can be over whole rectangles of positions.
+
+For a batch of rectangles `q in [ql, qh] × k in [kl, kh]` (arrays, one entry per
+rectangle) every integer term yields an interval `[lo, hi]` that holds all its
+values, and every predicate a three-valued truth: EMPTY (0, false everywhere),
+PARTIAL (1), FULL (2, true everywhere). The analysis is sound for every IR node:
+one mechanism serves every primitive and user definition, with no code for any
+named mask.
+
+Two flags make it exact on the prelude. An interval is *tight* when both ends
+are attained somewhere in the rectangle, and *dense* when every integer between
+them is. A PARTIAL verdict is *certain* when the rectangle provably holds both
+a true and a false position: a comparison whose difference of sides is tight
+(dense for `==`, `!=`) gives certainty, as does an operand read whose any/all is
+known exactly. `&`, `|`, `^` keep certainty only when at most one operand is
+PARTIAL; otherwise the verdict is ambiguous and the lowering may refine it by
+evaluating the tile.
+
+Operands contribute through precomputed tables: per-token operands through
+sparse tables of range minima and maxima (any index interval in O(1)), pairwise
+operands through 2-D prefix sums of their nonzero entries. Everything is
+written against an array module `xp` (NumPy or jax.numpy), so the static and
+the traced lowering share it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from maskc import _ir as ir
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+
+
+@dataclasses.dataclass
+class Interval:
+  """Values of an integer term over each rectangle: `lo <= value <= hi`."""
+  lo: Any
+  hi: Any
+  tight: Any  # bool or bool array: lo and hi are attained
+  dense: Any  # bool or bool array: every integer in [lo, hi] is attained
+  axes: frozenset  # which positions the term depends on ("q", "k")
+  source: tuple | None = None  # ("read", operand name) for a monotone-aware read
+
+
+@dataclasses.dataclass
+class Truth3:
+  """A predicate over each rectangle: EMPTY / PARTIAL / FULL, and whether PARTIAL is certain."""
+  state: Any
+  certain: Any
+
+
+class Tables:
+  """Operand tables for the analysis, built once per lowering.
+
+  Attributes:
+    xp: the array module.
+    arrays: operands as prepared by `maskc._bind.prepare_operands`.
+  """
+
+  def __init__(self, xp, arrays: dict[str, Any]):
+    self.xp = xp
+    self.arrays = arrays
+    self._sparse: dict[str, tuple] = {}
+    self._prefix: dict[str, Any] = {}
+    self._mono: dict[str, Any] = {}
+
+  def sparse(self, name: str):
+    """Stacked sparse tables `(mins, maxs)`: `[J, B, L]`, level j covers 2**j entries."""
+    if name not in self._sparse:
+      xp = self.xp
+      a = self.arrays[name].astype(xp.int32)
+      mins, maxs = [a], [a]
+      length = a.shape[-1]
+      span = 1
+      while 2 * span <= length:
+        lo, hi = mins[-1], maxs[-1]
+        pad_lo = xp.full(lo.shape[:-1] + (span,), 2**31 - 1, xp.int32)
+        pad_hi = xp.full(hi.shape[:-1] + (span,), -(2**31), xp.int32)
+        mins.append(xp.minimum(lo, xp.concatenate([lo[..., span:], pad_lo], axis=-1)))
+        maxs.append(xp.maximum(hi, xp.concatenate([hi[..., span:], pad_hi], axis=-1)))
+        span *= 2
+      self._sparse[name] = (xp.stack(mins), xp.stack(maxs))
+    return self._sparse[name]
+
+  def range_min_max(self, name: str, b, lo, hi):
+    """Min and max of operand `name` over indices `[lo, hi]` (clipped to its length)."""
+    xp = self.xp
+    mins, maxs = self.sparse(name)
+    length = mins.shape[-1]
+    lo = xp.clip(lo, 0, length - 1)
+    hi = xp.clip(hi, 0, length - 1)
+    hi = xp.maximum(hi, lo)
+    n = hi - lo + 1
+    j = xp.floor(xp.log2(n.astype(xp.float64 if xp.__name__ == "numpy" else xp.float32)))
+    j = xp.clip(j.astype(xp.int32), 0, mins.shape[0] - 1)
+    j = xp.where((1 << (j + 1)) <= n, j + 1, j)  # guard float rounding
+    j = xp.where((1 << j) > n, j - 1, j)
+    j = xp.clip(j, 0, mins.shape[0] - 1)
+    second = hi - (1 << j) + 1
+    vmin = xp.minimum(mins[j, b, lo], mins[j, b, second])
+    vmax = xp.maximum(maxs[j, b, lo], maxs[j, b, second])
+    return vmin, vmax
+
+  def monotone(self, name: str):
+    """Per batch row: whether the operand is nondecreasing (`[B]` bool)."""
+    if name not in self._mono:
+      xp = self.xp
+      a = self.arrays[name]
+      self._mono[name] = xp.all(a[..., 1:] >= a[..., :-1], axis=-1)
+    return self._mono[name]
+
+  def prefix(self, name: str):
+    """2-D prefix sums of `operand != 0`: `[B, Q+1, K+1]`."""
+    if name not in self._prefix:
+      xp = self.xp
+      a = (self.arrays[name] != 0).astype(xp.int32)
+      c = xp.cumsum(xp.cumsum(a, axis=-1), axis=-2)
+      c = xp.concatenate([xp.zeros(c.shape[:-2] + (1, c.shape[-1]), c.dtype), c], axis=-2)
+      c = xp.concatenate([xp.zeros(c.shape[:-1] + (1,), c.dtype), c], axis=-1)
+      self._prefix[name] = c
+    return self._prefix[name]
+
+
+class Analyzer:
+  """Analyzes one mask over many rectangles at once.
+
+  Args:
+    xp: the array module.
+    tables: operand tables.
+    ql, qh, kl, kh: inclusive position bounds of each rectangle (broadcastable arrays).
+    b: batch row of each rectangle (array) or 0.
+  """
+
+  def __init__(self, xp, tables: Tables, ql, qh, kl, kh, b=0):
+    self.xp, self.tables = xp, tables
+    self.ql, self.qh, self.kl, self.kh, self.b = ql, qh, kl, kh, b
+    self.memo: dict[int, Any] = {}
+
+  def truth(self, m: ir.Mask) -> Truth3:
+    key = id(m)
+    if key not in self.memo:
+      self.memo[key] = self._truth(m)
+    return self.memo[key]
+
+  def term(self, t: ir.Term) -> Interval:
+    key = id(t)
+    if key not in self.memo:
+      self.memo[key] = self._term(t)
+    return self.memo[key]
+
+  # ------------------------------------------------------------------ terms
+
+  def _term(self, t: ir.Term) -> Interval:
+    xp = self.xp
+    if isinstance(t, ir.Const):
+      return Interval(t.value, t.value, True, True, frozenset())
+    if isinstance(t, ir.Pos):
+      if t.axis == "q":
+        return Interval(self.ql, self.qh, True, True, frozenset("q"))
+      return Interval(self.kl, self.kh, True, True, frozenset("k"))
+    if isinstance(t, ir.Scalar):
+      v = self.tables.arrays[t.name][self.b]
+      return Interval(v, v, True, True, frozenset())
+    if isinstance(t, ir.Read):
+      idx = self.term(t.index)
+      name = f"runs({t.operand.name})" if t.runs else t.operand.name
+      lo, hi = self.tables.range_min_max(name, self.b, idx.lo, idx.hi)
+      tight = idx.dense
+      source = ("read", name) if not t.runs else None
+      return Interval(lo, hi, tight, False, idx.axes, source if _is_true(idx.dense) else None)
+    if isinstance(t, ir.PairRead):
+      a = self.tables.arrays[t.operand.name]
+      lo, hi = xp.min(a, axis=(-2, -1))[self.b], xp.max(a, axis=(-2, -1))[self.b]
+      axes = self.term(t.q_index).axes | self.term(t.k_index).axes
+      return Interval(lo, hi, False, False, axes)
+    if isinstance(t, ir.Neg):
+      a = self.term(t.arg)
+      return Interval(-a.hi, -a.lo, a.tight, a.dense, a.axes)
+    if isinstance(t, ir.Arith):
+      return self._arith(t)
+    if isinstance(t, ir.Fn):
+      return self._fn(t)
+    raise TypeError(f"cannot analyze term {type(t).__name__}")
+
+  def _arith(self, t: ir.Arith) -> Interval:
+    xp = self.xp
+    a, b = self.term(t.lhs), self.term(t.rhs)
+    if t.op in "+-":
+      if t.op == "-":
+        b = Interval(-b.hi, -b.lo, b.tight, b.dense, b.axes)
+      independent = not (a.axes & b.axes)
+      return Interval(a.lo + b.lo, a.hi + b.hi, _and(xp, independent, a.tight, b.tight),
+                      _and(xp, independent, a.dense, b.dense), a.axes | b.axes)
+    if t.op == "*":
+      const, other = (t.lhs, b) if isinstance(t.lhs, ir.Const) else (t.rhs, a)
+      c = const.value
+      lo, hi = (other.lo * c, other.hi * c) if c >= 0 else (other.hi * c, other.lo * c)
+      return Interval(lo, hi, other.tight, _and(xp, abs(c) <= 1, other.dense), other.axes)
+    c = t.rhs.value
+    if t.op == "//":
+      lo, hi = xp.floor_divide(a.lo, c), xp.floor_divide(a.hi, c)
+      if c < 0:
+        lo, hi = hi, lo
+      return Interval(lo, hi, a.tight, a.dense, a.axes)
+    # `%`: Python semantics, the result takes the divisor's sign.
+    m = abs(c)
+    if c > 0:
+      x_lo, x_hi = a.lo, a.hi
+    else:
+      x_lo, x_hi = -a.hi, -a.lo
+    r_lo, r_hi = xp.mod(x_lo, m), xp.mod(x_hi, m)
+    covers = (x_hi - x_lo + 1) >= m
+    no_wrap = xp.logical_and(xp.logical_not(covers), r_lo <= r_hi)
+    lo = xp.where(no_wrap, r_lo, 0)
+    hi = xp.where(no_wrap, r_hi, m - 1)
+    tight = xp.where(no_wrap, a.tight, a.dense)
+    dense = xp.where(no_wrap, a.dense, xp.logical_and(covers, a.dense))
+    if c < 0:
+      lo, hi = -hi, -lo
+    return Interval(lo, hi, tight, dense, a.axes)
+
+  def _fn(self, t: ir.Fn) -> Interval:
+    xp = self.xp
+    args = [self.term(a) for a in t.args]
+    if t.name == "abs":
+      a = args[0]
+      pos = a.lo >= 0
+      neg = a.hi <= 0
+      lo = xp.where(pos, a.lo, xp.where(neg, -a.hi, 0))
+      hi = xp.where(pos, a.hi, xp.where(neg, -a.lo, xp.maximum(-a.lo, a.hi)))
+      straddle = xp.logical_not(xp.logical_or(pos, neg))
+      tight = xp.where(straddle, a.dense, a.tight)
+      return Interval(lo, hi, tight, a.dense, a.axes)
+    pick = xp.minimum if t.name == "min" else xp.maximum
+    lo, hi, axes = args[0].lo, args[0].hi, args[0].axes
+    tight, dense = args[0].tight, args[0].dense
+    for a in args[1:]:
+      independent = not (axes & a.axes)
+      lo, hi = pick(lo, a.lo), pick(hi, a.hi)
+      tight = _and(xp, independent, tight, a.tight)
+      dense = _and(xp, independent, dense, a.dense)
+      axes = axes | a.axes
+    return Interval(lo, hi, tight, dense, axes)
+
+  # ------------------------------------------------------------------ predicates
+
+  def _truth(self, m: ir.Mask) -> Truth3:
+    xp = self.xp
+    if isinstance(m, ir.BoolConst):
+      return Truth3(FULL if m.value else EMPTY, True)
+    if isinstance(m, ir.Call):
+      return self.truth(ir.expand(m))
+    if isinstance(m, ir.Compare):
+      links = [self._link(op, a, b) for op, a, b in zip(m.ops, m.terms, m.terms[1:])]
+      return _conjoin(xp, links)
+    if isinstance(m, ir.Truth):
+      return self._operand_truth(m.read)
+    if isinstance(m, ir.Not):
+      t = self.truth(m.item)
+      return Truth3(FULL - t.state, t.certain)
+    if isinstance(m, ir.And):
+      return _conjoin(xp, [self.truth(i) for i in m.items])
+    if isinstance(m, ir.Or):
+      parts = [self.truth(i) for i in m.items]
+      neg = _conjoin(xp, [Truth3(FULL - p.state, p.certain) for p in parts])
+      return Truth3(FULL - neg.state, neg.certain)
+    if isinstance(m, ir.Xor):
+      return self._xor([self.truth(i) for i in m.items])
+    raise TypeError(f"cannot analyze mask {type(m).__name__}")
+
+  def _link(self, op: str, lhs: ir.Term, rhs: ir.Term) -> Truth3:
+    xp = self.xp
+    a, b = self.term(lhs), self.term(rhs)
+    independent = not (a.axes & b.axes)
+    lo, hi = a.lo - b.hi, a.hi - b.lo  # the difference lhs - rhs
+    tight = _and(xp, independent, a.tight, b.tight)
+    dense = _and(xp, independent, a.dense, b.dense)
+    if op in ("==", "!="):
+      eq_full = xp.logical_and(lo == 0, hi == 0)
+      eq_empty = xp.logical_or(lo > 0, hi < 0)
+      certain = dense
+      if (a.source is not None and a.source == b.source and independent):
+        # Both sides read one nondecreasing operand over whole index ranges: the
+        # value sets are the operand's values within [lo, hi], and they meet
+        # exactly when the intervals overlap.
+        certain = xp.logical_or(certain, self.tables.monotone(a.source[1])[self.b])
+      state = xp.where(eq_full, FULL, xp.where(eq_empty, EMPTY, PARTIAL))
+      if op == "!=":
+        state = FULL - state
+      return Truth3(state, certain)
+    if op == "<":
+      full, empty = hi < 0, lo >= 0
+    elif op == "<=":
+      full, empty = hi <= 0, lo > 0
+    elif op == ">":
+      full, empty = lo > 0, hi <= 0
+    else:
+      full, empty = lo >= 0, hi < 0
+    return Truth3(xp.where(full, FULL, xp.where(empty, EMPTY, PARTIAL)), tight)
+
+  def _operand_truth(self, r: ir.Term) -> Truth3:
+    xp = self.xp
+    if isinstance(r, ir.PairRead):
+      qi, ki = self.term(r.q_index), self.term(r.k_index)
+      p = self.tables.prefix(r.operand.name)
+      rows, cols = p.shape[-2] - 1, p.shape[-1] - 1
+      q0 = xp.clip(qi.lo, 0, rows - 1)
+      q1 = xp.clip(qi.hi, 0, rows - 1) + 1
+      k0 = xp.clip(ki.lo, 0, cols - 1)
+      k1 = xp.clip(ki.hi, 0, cols - 1) + 1
+      count = p[self.b, q1, k1] - p[self.b, q0, k1] - p[self.b, q1, k0] + p[self.b, q0, k0]
+      area = (q1 - q0) * (k1 - k0)
+      state = xp.where(count == 0, EMPTY, xp.where(count == area, FULL, PARTIAL))
+      return Truth3(state, _and(xp, True, qi.dense, ki.dense))
+    v = self.term(r)
+    all_nonzero = xp.logical_or(v.lo > 0, v.hi < 0)
+    all_zero = xp.logical_and(v.lo == 0, v.hi == 0)
+    state = xp.where(all_nonzero, FULL, xp.where(all_zero, EMPTY, PARTIAL))
+    # min and max are attained; one of them is 0 or they straddle 0 without
+    # proof that 0 occurs, unless the range is dense.
+    certain = xp.logical_and(v.tight, xp.logical_or(xp.logical_or(v.lo == 0, v.hi == 0), v.dense))
+    return Truth3(state, certain)
+
+  def _xor(self, parts: list[Truth3]) -> Truth3:
+    xp = self.xp
+    state, certain = parts[0].state, parts[0].certain
+    for p in parts[1:]:
+      a_known = state != PARTIAL
+      b_known = p.state != PARTIAL
+      both = xp.logical_and(a_known, b_known)
+      known_state = xp.where((state == FULL) != (p.state == FULL), FULL, EMPTY)
+      new_state = xp.where(both, known_state, PARTIAL)
+      new_certain = xp.where(a_known, p.certain, xp.where(b_known, certain, False))
+      state, certain = new_state, new_certain
+    return Truth3(state, certain)
+
+
+def _is_true(x) -> bool:
+  return x is True
+
+
+def _and(xp, flag: bool, *arrays):
+  if not flag:
+    return False
+  out = True
+  for a in arrays:
+    if a is False:
+      return False
+    if a is True:
+      continue
+    out = a if out is True else xp.logical_and(out, a)
+  return out
+
+
+def _conjoin(xp, parts: list[Truth3]) -> Truth3:
+  """Intersection: EMPTY if any is, FULL if all are; certain if one PARTIAL and the rest FULL."""
+  state = parts[0].state
+  partials = xp.asarray(parts[0].state == PARTIAL).astype(xp.int32)
+  certain_partial = xp.logical_and(parts[0].state == PARTIAL, parts[0].certain)
+  for p in parts[1:]:
+    state = xp.minimum(state, p.state)
+    partials = partials + (p.state == PARTIAL)
+    certain_partial = xp.logical_or(certain_partial, xp.logical_and(p.state == PARTIAL, p.certain))
+  certain = xp.logical_and(partials == 1, certain_partial)
+  return Truth3(state, certain)

@@ -1,0 +1,342 @@
+"""Lowering: a mask at a shape → `BlockMap`.
+
+Static path (every operand a NumPy value): for all q tiles at once, classify the
+whole run of key tiles with range analysis, keep runs that are EMPTY or FULL,
+and bisect the PARTIAL ones, until every run is decided or a single tile. The
+work is proportional to the tiles on the mask's boundary times the log of the
+grid width, the tile grid is never allocated, and no `q_len × kv_len` array
+ever exists. The same runs are computed per key tile for the backward pass.
+
+Dynamic path (traced operands, under `jit`): the same analysis over the whole
+tile grid in jax.numpy, with shapes from the lengths and tile sizes only.
+
+Both paths refine *ambiguous* PARTIAL tiles (where the analysis cannot prove
+the tile mixed) by evaluating them, by default for prelude-only masks and
+always with `exact=True`. The dynamic path refines at most `refine_budget`
+tiles (static shapes), leaving any beyond it PARTIAL, which is still sound.
+"""
+
+from __future__ import annotations
+
+import collections
+import operator
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maskc import _ir as ir
+from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
+from maskc._bind import Operands, Shape, as_mask, prepare_operands
+from maskc._blockmap import BlockMap, Runs, grid_from_runs, runs_from_grid
+from maskc._errors import MaskTypeError, MaskValueError
+from maskc._evaluate import Env, evaluate_mask
+
+_CACHE: "collections.OrderedDict[Any, BlockMap]" = collections.OrderedDict()
+_CACHE_SIZE = 32
+_EVAL_CHUNK = 1 << 22  # elements evaluated at once when refining tiles
+
+
+def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 128,
+            block_kv: int = 128, q_offset: int | None = None,
+            operands: dict[str, Any] | None = None, exact: bool = False,
+            refine_budget: int | None = None) -> BlockMap:
+  """Lowers a mask to block-sparsity metadata.
+
+  Args:
+    mask: a Mask, mask text, or a sequence of them (one per head; identical heads
+      are compiled and stored once).
+    q_len: query rows. kv_len: key columns (default `q_len`). Neither needs to be
+      a multiple of its tile size.
+    block_q, block_kv: tile sizes.
+    q_offset: position of row 0 (default `kv_len - q_len`).
+    operands: runtime operand values. NumPy values take the static path; traced
+      JAX values (inside `jax.jit`) take the dynamic path.
+    exact: refine ambiguous tiles of any mask by evaluating them (prelude-only
+      masks are refined anyway).
+    refine_budget: dynamic path only: how many ambiguous tiles may be refined.
+
+  Returns:
+    A `BlockMap`. Static results are cached by (masks, shape, tiles, operand bytes).
+
+  >>> import maskc
+  >>> maskc.compile("causal & chunk(256)", 512, block_q=128, block_kv=128).grid.tolist()
+  [[1, 0, 0, 0], [2, 1, 0, 0], [0, 0, 1, 0], [0, 0, 2, 1]]
+  """
+  masks, multi = _masks(mask)
+  block_q = _positive("block_q", block_q)
+  block_kv = _positive("block_kv", block_kv)
+  shape = Shape.of(q_len, kv_len, q_offset)
+  operands = dict(operands or {})
+  traced = not shape.static or any(isinstance(v, jax.core.Tracer) for v in operands.values())
+  if not traced:
+    operands = {n: (np.asarray(v) if isinstance(v, jax.Array) else v) for n, v in operands.items()}
+  unique: dict[ir.Mask, int] = {}
+  head_index = [unique.setdefault(m, len(unique)) for m in masks]
+  uniq = list(unique)
+  prepared = [prepare_operands(m, shape, operands, xp=jnp if traced else np) for m in uniq]
+  batches = {p.batch for p in prepared} - {None}
+  if len(batches) > 1:
+    raise MaskValueError(f"the heads' operands disagree on the batch size: {sorted(batches)}")
+  batch = batches.pop() if batches else None
+  refine = [exact or ir.is_prelude_only(m) for m in uniq]
+  if traced:
+    return _compile_dynamic(uniq, head_index if multi else None, shape, block_q, block_kv,
+                            prepared, batch, refine, refine_budget)
+  key = (tuple(uniq), tuple(head_index) if multi else None, shape.q_len, shape.kv_len,
+         shape.q_offset, block_q, block_kv, tuple(refine),
+         tuple(p.static_bytes() for p in prepared))
+  if key in _CACHE:
+    _CACHE.move_to_end(key)
+    return _CACHE[key]
+  bm = _compile_static(uniq, head_index if multi else None, shape, block_q, block_kv, prepared,
+                       batch, refine)
+  _CACHE[key] = bm
+  if len(_CACHE) > _CACHE_SIZE:
+    _CACHE.popitem(last=False)
+  return bm
+
+
+def _positive(name: str, value: Any) -> int:
+  try:
+    v = operator.index(value)
+  except TypeError:
+    raise MaskTypeError(f"{name} must be an int, got {value!r}") from None
+  if v < 1:
+    raise MaskValueError(f"{name} must be positive, got {name}={v}")
+  return v
+
+
+def _masks(mask: Any) -> tuple[list[ir.Mask], bool]:
+  if isinstance(mask, (ir.Mask, str)):
+    return [as_mask(mask)], False
+  if isinstance(mask, Sequence) and len(mask) > 0:
+    return [as_mask(m) for m in mask], True
+  raise MaskTypeError(f"expected a mask, mask text or a non-empty sequence of them, got {mask!r}")
+
+
+def _merge_operands(prepared: list[Operands], batch: int | None) -> dict[str, Any]:
+  out = {}
+  for p in prepared:
+    for n, a in p.arrays.items():
+      if batch is not None and a.shape[0] == 1:
+        a = p.xp.broadcast_to(a, (batch,) + a.shape[1:])
+      out[n] = a
+  return out
+
+
+# ----------------------------------------------------------------------------- static
+
+
+class _Tile:
+  """Tile geometry: inclusive position bounds of runs of tiles."""
+
+  def __init__(self, shape: Shape, block_q: int, block_kv: int):
+    self.shape, self.bq, self.bk = shape, block_q, block_kv
+    self.nq = -(-shape.q_len // block_q)
+    self.nk = -(-shape.kv_len // block_kv)
+
+  def q_bounds(self, a, z):
+    lo = a * self.bq
+    hi = np.minimum(z * self.bq, self.shape.q_len) - 1
+    return lo + self.shape.q_offset, hi + self.shape.q_offset
+
+  def k_bounds(self, a, z):
+    return a * self.bk, np.minimum(z * self.bk, self.shape.kv_len) - 1
+
+
+def _evaluate_tiles(m: ir.Mask, geo: _Tile, tables: Tables, xp, b, i, j):
+  """Exact states of tiles `(b, i, j)` by evaluating them, in chunks."""
+  bq, bk = geo.bq, geo.bk
+  per_chunk = max(1, _EVAL_CHUNK // (bq * bk))
+  out = []
+  for s in range(0, len(i), per_chunk):
+    ii, jj = i[s:s + per_chunk], j[s:s + per_chunk]
+    rows = ii[:, None, None] * bq + xp.arange(bq)[None, :, None]
+    cols = jj[:, None, None] * bk + xp.arange(bk)[None, None, :]
+    valid = (rows < geo.shape.q_len) & (cols < geo.shape.kv_len)
+    q = xp.minimum(rows, geo.shape.q_len - 1) + geo.shape.q_offset
+    k = xp.minimum(cols, geo.shape.kv_len - 1)
+    bb = b[s:s + per_chunk][:, None, None] if not np.isscalar(b) else 0
+    v = evaluate_mask(m, Env(xp, q, k, tables.arrays, bb))
+    any_ = xp.any(v & valid, axis=(1, 2))
+    all_ = xp.all(v | ~valid, axis=(1, 2))
+    out.append(xp.where(all_, FULL, xp.where(any_, PARTIAL, EMPTY)).astype(xp.int8))
+  return xp.concatenate(out) if out else xp.zeros(0, xp.int8)
+
+
+def _frontier(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, along_rows: bool):
+  """Decided runs `(b, line, a, z, state, ambiguous)` covering every line of tiles."""
+  n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
+  nb = batch or 1
+  line = np.tile(np.arange(n_lines, dtype=np.int64), nb)
+  b = np.repeat(np.arange(nb, dtype=np.int64), n_lines)
+  a = np.zeros_like(line)
+  z = np.full_like(line, n_span)
+  done = []
+  while line.size:
+    if along_rows:
+      ql, qh = geo.q_bounds(line, line + 1)
+      kl, kh = geo.k_bounds(a, z)
+    else:
+      ql, qh = geo.q_bounds(a, z)
+      kl, kh = geo.k_bounds(line, line + 1)
+    t = Analyzer(np, tables, ql, qh, kl, kh, b if batch else 0).truth(m)
+    state = np.broadcast_to(np.asarray(t.state, np.int8), line.shape)
+    certain = np.broadcast_to(np.asarray(t.certain, bool), line.shape)
+    single = (z - a) == 1
+    fin = (state != PARTIAL) | single
+    done.append((b[fin], line[fin], a[fin], z[fin], state[fin], (~certain[fin]) &
+                 (state[fin] == PARTIAL)))
+    split = ~fin
+    mid = (a[split] + z[split]) // 2
+    line = np.concatenate([line[split], line[split]])
+    b = np.concatenate([b[split], b[split]])
+    a, z = np.concatenate([a[split], mid]), np.concatenate([mid, z[split]])
+  return [np.concatenate(c) for c in zip(*done)]
+
+
+def _pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
+  """Sorted, merged runs of non-empty tiles packed into `[nb, n_lines, R]` arrays."""
+  keep = state != EMPTY
+  b, line, a, z, state = b[keep], line[keep], a[keep], z[keep], state[keep]
+  order = np.lexsort((a, line, b))
+  b, line, a, z, state = b[order], line[order], a[order], z[order], state[order]
+  if b.size:
+    new = np.ones(b.size, bool)
+    new[1:] = (b[1:] != b[:-1]) | (line[1:] != line[:-1]) | (state[1:] != state[:-1]) | (
+        a[1:] != z[:-1])
+    starts = np.flatnonzero(new)
+    b, line, state, a = b[starts], line[starts], state[starts], a[starts]
+    z = np.maximum.reduceat(z, starts)
+  flat_line = b * n_lines + line
+  count = np.bincount(flat_line, minlength=nb * n_lines).astype(np.int32)
+  r = max(1, int(count.max()) if count.size else 1)
+  first = np.concatenate([[0], np.cumsum(count)[:-1]])
+  slot = np.arange(flat_line.size) - first[flat_line]
+  shape = (nb * n_lines, r)
+  start = np.zeros(shape, np.int32)
+  stop = np.zeros(shape, np.int32)
+  st = np.zeros(shape, np.int8)
+  start[flat_line, slot] = a
+  stop[flat_line, slot] = z
+  st[flat_line, slot] = state
+  return Runs(start.reshape(nb, n_lines, r), stop.reshape(nb, n_lines, r),
+              st.reshape(nb, n_lines, r), count.reshape(nb, n_lines))
+
+
+def _static_runs(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None,
+                 refine: bool) -> tuple[Runs, Runs]:
+  nb = batch or 1
+  packed = []
+  refined: dict[tuple[int, int, int], int] = {}
+  for along_rows in (True, False):
+    b, line, a, z, state, ambiguous = _frontier(m, geo, tables, batch, along_rows)
+    if refine and ambiguous.any():
+      idx = np.flatnonzero(ambiguous)
+      tiles = [(int(b[x]), int(line[x]), int(a[x])) if along_rows else
+               (int(b[x]), int(a[x]), int(line[x])) for x in idx]
+      todo = [t for t in tiles if t not in refined]
+      if todo:
+        tb, ti, tj = (np.asarray(c, np.int64) for c in zip(*todo))
+        new = _evaluate_tiles(m, geo, tables, np, tb if batch else 0, ti, tj)
+        refined.update(zip(todo, new.tolist()))
+      state = state.copy()
+      state[idx] = [refined[t] for t in tiles]
+    packed.append(_pack_runs(b, line, a, z, state, nb, geo.nq if along_rows else geo.nk))
+  return packed[0], packed[1]
+
+
+def _stack_runs(runs: list[Runs]) -> Runs:
+  r = max(x.start.shape[-1] for x in runs)
+  def pad(arr):
+    return np.pad(arr, [(0, 0)] * (arr.ndim - 1) + [(0, r - arr.shape[-1])])
+  return Runs(*(np.stack([pad(getattr(x, f)) for x in runs], axis=1) for f in ("start", "stop",
+                                                                                "state")),
+              np.stack([x.count for x in runs], axis=1))
+
+
+def _compile_static(uniq, head_index, shape, block_q, block_kv, prepared, batch, refine):
+  geo = _Tile(shape, block_q, block_kv)
+  rows, cols = [], []
+  for m, p, ref in zip(uniq, prepared, refine):
+    arrays = _merge_operands([p], batch)
+    r, c = _static_runs(m, geo, Tables(np, arrays), batch, ref)
+    rows.append(r)
+    cols.append(c)
+  return BlockMap(masks=uniq, head_index=head_index, q_len=shape.q_len, kv_len=shape.kv_len,
+                  q_offset=shape.q_offset, block_q=block_q, block_kv=block_kv, batch=batch,
+                  rows=_stack_runs(rows), cols=_stack_runs(cols),
+                  operands=_merge_operands(prepared, batch))
+
+
+# ----------------------------------------------------------------------------- dynamic
+
+
+def _dynamic_grid(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, refine: bool,
+                  budget: int | None):
+  nb = batch or 1
+  i = jnp.arange(geo.nq)[None, :, None]
+  j = jnp.arange(geo.nk)[None, None, :]
+  q_lo = i * geo.bq + geo.shape.q_offset
+  q_hi = jnp.minimum((i + 1) * geo.bq, geo.shape.q_len) - 1 + geo.shape.q_offset
+  k_lo = j * geo.bk
+  k_hi = jnp.minimum((j + 1) * geo.bk, geo.shape.kv_len) - 1
+  b = jnp.arange(nb)[:, None, None] if batch else 0
+  t = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b).truth(m)
+  full_shape = (nb, geo.nq, geo.nk)
+  state = jnp.broadcast_to(jnp.asarray(t.state, jnp.int8), full_shape)
+  if not refine:
+    return state
+  certain = jnp.broadcast_to(jnp.asarray(t.certain, bool), full_shape)
+  ambiguous = ((state == PARTIAL) & ~certain).reshape(-1)
+  total = ambiguous.size
+  if budget is None:
+    budget = total if total <= 4096 else max(4096, 4 * nb * (geo.nq + geo.nk))
+  budget = max(1, min(int(budget), total))
+
+  def refine_tiles(flat_state):
+    (idx,) = jnp.nonzero(ambiguous, size=budget, fill_value=total)
+    valid = idx < total
+    safe = jnp.where(valid, idx, 0)
+    tb, rest = jnp.divmod(safe, geo.nq * geo.nk)
+    ti, tj = jnp.divmod(rest, geo.nk)
+    new = _evaluate_tiles(m, geo, tables, jnp, tb if batch else 0, ti, tj) if budget <= (
+        _EVAL_CHUNK // (geo.bq * geo.bk)) else _evaluate_tiles_scan(m, geo, tables, batch, tb,
+                                                                     ti, tj)
+    return flat_state.at[safe].set(jnp.where(valid, new, flat_state[safe]))
+
+  flat = state.reshape(-1)
+  flat = jax.lax.cond(ambiguous.any(), refine_tiles, lambda s: s, flat)
+  return flat.reshape(full_shape)
+
+
+def _evaluate_tiles_scan(m, geo, tables, batch, tb, ti, tj):
+  per_chunk = max(1, _EVAL_CHUNK // (geo.bq * geo.bk))
+  n = tb.shape[0]
+  pad = (-n) % per_chunk
+  tb, ti, tj = (jnp.pad(x, (0, pad)) for x in (tb, ti, tj))
+  chunks = [x.reshape(-1, per_chunk) for x in (tb, ti, tj)]
+
+  def body(_, xs):
+    b, i, j = xs
+    return None, _evaluate_tiles(m, geo, tables, jnp, b if batch else 0, i, j)
+
+  _, out = jax.lax.scan(body, None, tuple(chunks))
+  return out.reshape(-1)[:n]
+
+
+def _compile_dynamic(uniq, head_index, shape, block_q, block_kv, prepared, batch, refine,
+                     budget):
+  geo = _Tile(shape, block_q, block_kv)
+  grids = []
+  for m, p, ref in zip(uniq, prepared, refine):
+    arrays = _merge_operands([p], batch)
+    grids.append(_dynamic_grid(m, geo, Tables(jnp, arrays), batch, ref, budget))
+  grid = jnp.stack(grids, axis=1)
+  rows = runs_from_grid(jnp, grid)
+  cols = runs_from_grid(jnp, jnp.swapaxes(grid, -1, -2))
+  return BlockMap(masks=uniq, head_index=head_index, q_len=shape.q_len, kv_len=shape.kv_len,
+                  q_offset=shape.q_offset, block_q=block_q, block_kv=block_kv, batch=batch,
+                  rows=rows, cols=cols, operands=_merge_operands(prepared, batch), grid=grid)
