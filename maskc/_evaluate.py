@@ -49,16 +49,17 @@ def _eval(m: ir.Node, env: Env):
   if isinstance(m, ir.Pos):
     return env.q if m.axis == "q" else env.k
   if isinstance(m, ir.Scalar):
-    return env.operands[m.name][env.batch]
+    arr = env.operands[m.name]
+    return arr[_row(arr, env)]
   if isinstance(m, ir.Read):
     arr = env.operands[f"runs({m.operand.name})" if m.runs else m.operand.name]
     idx = xp.clip(evaluate(m.index, env), 0, arr.shape[-1] - 1)
-    return arr[env.batch, idx]
+    return arr[_row(arr, env), idx]
   if isinstance(m, ir.PairRead):
     arr = env.operands[m.operand.name]
     qi = xp.clip(evaluate(m.q_index, env), 0, arr.shape[-2] - 1)
     ki = xp.clip(evaluate(m.k_index, env), 0, arr.shape[-1] - 1)
-    return arr[env.batch, qi, ki]
+    return arr[_row(arr, env), qi, ki]
   if isinstance(m, ir.Neg):
     return -evaluate(m.arg, env)
   if isinstance(m, ir.Arith):
@@ -111,6 +112,11 @@ def _eval(m: ir.Node, env: Env):
   if isinstance(m, ir.Call):
     return evaluate(ir.expand(m), env)
   raise TypeError(f"cannot evaluate {type(m).__name__}")
+
+
+def _row(arr, env: Env):
+  """The batch rows to read: operands without a batch axis (size 1) serve every row."""
+  return env.batch if arr.shape[0] > 1 else 0
 
 
 _COMPARE = {

@@ -82,6 +82,9 @@ class Node:
     from maskc._printer import to_python
     return to_python(self)
 
+  def _repr_pretty_(self, p, cycle) -> None:  # IPython and hypothesis
+    p.text(repr(self))
+
 
 class Term(Node):
   """An integer term of the positions `q`, `k`, constants and operands.

@@ -12,8 +12,9 @@ tile grid in jax.numpy, with shapes from the lengths and tile sizes only.
 
 Both paths refine *ambiguous* PARTIAL tiles (where the analysis cannot prove
 the tile mixed) by evaluating them, by default for prelude-only masks and
-always with `exact=True`. The dynamic path refines at most `refine_budget`
-tiles (static shapes), leaving any beyond it PARTIAL, which is still sound.
+always with `exact=True`. The dynamic path refines them in rounds of a fixed
+number of tiles inside a `while_loop`, so its cost follows the number of
+ambiguous tiles; `refine_budget` caps it, leaving any beyond PARTIAL (sound).
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
       JAX values (inside `jax.jit`) take the dynamic path.
     exact: refine ambiguous tiles of any mask by evaluating them (prelude-only
       masks are refined anyway).
-    refine_budget: dynamic path only: how many ambiguous tiles may be refined.
+    refine_budget: traced path only: at most how many ambiguous tiles to refine by
+      evaluation (default: all, so the map equals the static one); tiles beyond
+      it stay PARTIAL, which is still sound.
 
   Returns:
     A `BlockMap`. Static results are cached by (masks, shape, tiles, operand bytes).
@@ -292,39 +295,28 @@ def _dynamic_grid(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, ref
   certain = jnp.broadcast_to(jnp.asarray(t.certain, bool), full_shape)
   ambiguous = ((state == PARTIAL) & ~certain).reshape(-1)
   total = ambiguous.size
-  if budget is None:
-    budget = total if total <= 4096 else max(4096, 4 * nb * (geo.nq + geo.nk))
-  budget = max(1, min(int(budget), total))
+  chunk = max(1, min(total, _EVAL_CHUNK // (geo.bq * geo.bk)))
+  max_rounds = -(-total // chunk) if budget is None else max(0, -(-int(budget) // chunk))
 
-  def refine_tiles(flat_state):
-    (idx,) = jnp.nonzero(ambiguous, size=budget, fill_value=total)
+  def body(carry):
+    flat_state, todo, rounds = carry
+    (idx,) = jnp.nonzero(todo, size=chunk, fill_value=total)
     valid = idx < total
     safe = jnp.where(valid, idx, 0)
     tb, rest = jnp.divmod(safe, geo.nq * geo.nk)
     ti, tj = jnp.divmod(rest, geo.nk)
-    new = _evaluate_tiles(m, geo, tables, jnp, tb if batch else 0, ti, tj) if budget <= (
-        _EVAL_CHUNK // (geo.bq * geo.bk)) else _evaluate_tiles_scan(m, geo, tables, batch, tb,
-                                                                     ti, tj)
-    return flat_state.at[safe].set(jnp.where(valid, new, flat_state[safe]))
+    new = _evaluate_tiles(m, geo, tables, jnp, tb if batch else 0, ti, tj)
+    flat_state = flat_state.at[safe].set(jnp.where(valid, new, flat_state[safe]))
+    todo = todo.at[safe].set(jnp.where(valid, False, todo[safe]))
+    return flat_state, todo, rounds + 1
 
-  flat = state.reshape(-1)
-  flat = jax.lax.cond(ambiguous.any(), refine_tiles, lambda s: s, flat)
+  def more(carry):
+    _, todo, rounds = carry
+    return jnp.logical_and(todo.any(), rounds < max_rounds)
+
+  # Cost follows the number of ambiguous tiles: `chunk` tiles per round.
+  flat, _, _ = jax.lax.while_loop(more, body, (state.reshape(-1), ambiguous, 0))
   return flat.reshape(full_shape)
-
-
-def _evaluate_tiles_scan(m, geo, tables, batch, tb, ti, tj):
-  per_chunk = max(1, _EVAL_CHUNK // (geo.bq * geo.bk))
-  n = tb.shape[0]
-  pad = (-n) % per_chunk
-  tb, ti, tj = (jnp.pad(x, (0, pad)) for x in (tb, ti, tj))
-  chunks = [x.reshape(-1, per_chunk) for x in (tb, ti, tj)]
-
-  def body(_, xs):
-    b, i, j = xs
-    return None, _evaluate_tiles(m, geo, tables, jnp, b if batch else 0, i, j)
-
-  _, out = jax.lax.scan(body, None, tuple(chunks))
-  return out.reshape(-1)[:n]
 
 
 def _compile_dynamic(uniq, head_index, shape, block_q, block_kv, prepared, batch, refine,

@@ -1,0 +1,135 @@
+"""Static lowering speed: maskc.compile against JAX splash `process_mask`, side by side.
+
+For each mask and length, both build block-sparsity metadata for the same mask
+and tiles in the same run; the table shows both times and their ratio. Where
+splash has a mask class (causal, local windows, chunked causal) it gets that
+class; elsewhere it gets maskc's `ComputableMask`, which splash accepts as a
+lazy `Mask`. Then maskc alone at 1M tokens with 128-tiles (peak memory by
+tracemalloc), and the traced path under `jax.jit`.
+
+Splash at 128K takes minutes per mask on a 2-core machine, so by default it
+runs there for `causal` only; `--splash-128k-all` runs every mask.
+
+  python benchmarks/compile_speed.py [--block 512] [--lengths 8192,32768,131072]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import tracemalloc
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as smi
+
+import maskc
+from maskc import _lower
+
+MASKS = ["causal", "sliding(1024)", "causal & chunk(8192)", "causal | prefix(4096)",
+         "sliding(4096) | sink(4)", "causal & document(seg)"]
+
+
+def packed_segments(n: int, seed: int = 0) -> np.ndarray:
+  """Segment ids of documents of 1K-8K tokens packed into `n` tokens."""
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1024, 8192, n // 1024 + 1)
+  return np.repeat(np.arange(lengths.size), lengths)[:n].astype(np.int32)
+
+
+def splash_mask(text: str, n: int, operands: dict) -> sm.Mask:
+  shape = (n, n)
+  if text == "causal":
+    return sm.CausalMask(shape)
+  if text == "sliding(1024)":
+    return sm.LocalMask(shape, window_size=(1023, 0), offset=0)
+  if text == "causal & chunk(8192)":
+    return sm.ChunkedCausalMask(shape, chunk_size=8192)
+  return maskc.parse(text).bind(n, operands=operands)
+
+
+def time_splash(text: str, n: int, block: int, operands: dict) -> float:
+  mask = sm.MultiHeadMask((splash_mask(text, n, operands),))
+  smi._process_mask.cache_clear()
+  t0 = time.perf_counter()
+  smi.process_mask(mask, (block, block))
+  return time.perf_counter() - t0
+
+
+def time_maskc(text: str, n: int, block: int, operands: dict, repeat: int = 3) -> float:
+  best = float("inf")
+  for _ in range(repeat):
+    _lower._CACHE.clear()
+    t0 = time.perf_counter()
+    maskc.compile(text, n, block_q=block, block_kv=block, operands=operands)
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
+def fmt(seconds: float) -> str:
+  return f"{seconds * 1e3:9.2f} ms" if seconds < 10 else f"{seconds:9.1f} s "
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--block", type=int, default=512)
+  ap.add_argument("--lengths", default="8192,32768,131072")
+  ap.add_argument("--splash-128k-all", action="store_true")
+  ap.add_argument("--skip-splash", action="store_true")
+  args = ap.parse_args()
+  lengths = [int(x) for x in args.lengths.split(",")]
+  maskc.parse("causal")  # load the prelude outside the timings
+
+  print(f"# Static lowering, {args.block}x{args.block} tiles: maskc vs splash process_mask\n")
+  print(f"| mask | tokens | maskc | splash | speed-up |")
+  print(f"|---|---:|---:|---:|---:|")
+  for n in lengths:
+    ops = {"seg": packed_segments(n)}
+    for text in MASKS:
+      operands = ops if "seg" in text else {}
+      t_m = time_maskc(text, n, args.block, operands)
+      run_splash = not args.skip_splash and (n < 100_000 or text == "causal" or
+                                             args.splash_128k_all)
+      if run_splash:
+        t_s = time_splash(text, n, args.block, operands)
+        print(f"| `{text}` | {n // 1024}K | {fmt(t_m)} | {fmt(t_s)} | {t_s / t_m:,.0f}x |",
+              flush=True)
+      else:
+        print(f"| `{text}` | {n // 1024}K | {fmt(t_m)} | (not run) | |", flush=True)
+
+  print("\n# maskc alone at 1M tokens, 128x128 tiles (8192 x 8192 tiles)\n")
+  print("| mask | time | peak memory | tile grid size |")
+  print("|---|---:|---:|---:|")
+  n = 1 << 20
+  for text in ["causal & chunk(8192)", "sliding(4096) | sink(4)", "causal"]:
+    _lower._CACHE.clear()
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    bm = maskc.compile(text, n, block_q=128, block_kv=128)
+    dt = time.perf_counter() - t0
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    grid = bm.n_q_tiles * bm.n_kv_tiles
+    print(f"| `{text}` | {fmt(dt)} | {peak / 2**20:.1f} MiB | {grid / 2**20:.0f} MiB (int8) |",
+          flush=True)
+
+  print("\n# Traced path under jax.jit: `causal & document(seg)`, 32K tokens, batch 8\n")
+  n, batch = 32768, 8
+  segs = np.stack([packed_segments(n, seed) for seed in range(batch)])
+  for block in (128, 512):
+    fn = jax.jit(lambda s: maskc.compile("causal & document(seg)", n, block_q=block,
+                                         block_kv=block, operands={"seg": s}).rows)
+    jax.block_until_ready(fn(jnp.asarray(segs)))  # trace and compile once
+    best = float("inf")
+    for seed in range(3):
+      s = jnp.asarray(np.roll(segs, 1000 * (seed + 1), axis=-1))
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(s))
+      best = min(best, time.perf_counter() - t0)
+    print(f"- {block}x{block} tiles: {fmt(best)} per call (after one compilation)", flush=True)
+
+
+if __name__ == "__main__":
+  main()
