@@ -35,3 +35,7 @@ from maskc._blockmap import BlockMap as BlockMap
 from maskc._lower import compile as compile
 
 __version__ = "0.1.0"
+from maskc._config import (ConfigError as ConfigError, ConfigWarning as ConfigWarning,
+                           MaskConfig as MaskConfig, MaskSpec as MaskSpec,
+                           OperandDecl as OperandDecl, load_config as load_config,
+                           mask_field as mask_field)

@@ -1,0 +1,922 @@
+"""Model configs: which mask each attention layer uses, written in YAML, JSON, TOML or a dict.
+
+A model config names its masks once, says which layer uses which (an explicit
+list or a repeating pattern, optionally per head), binds the parameters, and
+declares the runtime operands the model will pass. `load_config` checks all of
+it before any model runs: every expression parses with the file's definitions
+in scope, every operand read is declared (and every declared one read), and the
+layer count matches. Errors name the file and the key path (`layers[3].mask`),
+and for text the line, column and a caret inside that expression.
+
+The schema (every key optional except what the layers need):
+
+```yaml
+num_layers: 8                 # required with a `pattern`, checked against a list
+num_heads: 2                  # optional; per-head lists must have this many masks
+params: {C: 8192, W: 4096}    # integers for free names; callers may override them
+definitions:                  # shared by every mask below (or one text block)
+  local: causal & chunk(C)
+  streaming(w): sliding(w) | sink(4)
+default: causal               # the mask of layers given as null or not listed
+layers:                       # a pattern repeated (and cut) to num_layers ...
+  pattern: [local, local, local, causal]
+  overrides: {0: streaming(W)}        # ... with single layers replaced
+# layers: [local, {mask: causal}, {heads: [causal, "sliding(W)"]}, null]   # ... or a list
+operands:                     # runtime inputs: kind token | scalar | pair, and a dtype
+  seg: {kind: token, dtype: int32}
+  prompt_len: scalar
+```
+
+A layer entry is mask text, `{mask: text}`, `{heads: [text, ...]}` (one mask
+per head) or null (the default). Mask text is a program of the mask language:
+it may hold its own definitions before its last line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import warnings
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from maskc import _ir as ir
+from maskc._errors import MaskError, MaskLimitError, MaskTypeError, OperandError, Span
+from maskc._parse import BUILTINS, RESERVED, _Program, nearest, parse, parse_tree, prelude
+
+Layer = ir.Mask | tuple[ir.Mask, ...]
+
+_TOP_KEYS = ("num_layers", "num_heads", "params", "definitions", "default", "layers",
+             "operands")
+_KINDS = {"token": "token", "per_token": "token", "per-token": "token", "scalar": "scalar",
+          "pair": "pair", "pairwise": "pair"}
+_SHAPES = {"token": "[L] or [B, L]", "scalar": "[] or [B]", "pair": "[Lq, Lk] or [B, Lq, Lk]"}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class ConfigError(MaskError, ValueError):
+  """A model config is malformed: a wrong key, type or count, or an undeclared operand.
+
+  Errors in mask text inside a config keep their own class (`MaskSyntaxError`,
+  `MaskNameError`, ...); both kinds carry `path` (the key path, `layers[3].mask`)
+  and `file` (the config file, or None for a dict).
+  """
+
+  def __init__(self, message: str, *, path: str | None = None, file: str | None = None,
+               span: Span | None = None, hint: str | None = None):
+    self.path = path
+    self.file = file
+    super().__init__(message, span=span, hint=hint, source=_where(file, path))
+
+  def _render(self) -> str:
+    if self.span is None and self.source:
+      head, *rest = super()._render().split("\n", 1)
+      return "\n".join([f"{head} ({self.source})", *rest])
+    return super()._render()
+
+
+class ConfigWarning(UserWarning):
+  """A config declares something no mask uses: an operand or a parameter."""
+
+
+def _where(file: str | None, path: str | None) -> str | None:
+  if file and path:
+    return f"{file}: {path}"
+  return file or path
+
+
+def _key(path: str, key: Any) -> str:
+  if isinstance(key, int):
+    return f"{path}[{key}]"
+  if isinstance(key, str) and key.isidentifier():
+    return f"{path}.{key}" if path else key
+  return f"{path}[{json.dumps(str(key))}]"
+
+
+# ----------------------------------------------------------------------------- the result
+
+
+@dataclasses.dataclass(frozen=True)
+class OperandDecl:
+  """A runtime operand a config's masks read, as declared under `operands:`.
+
+  Attributes:
+    name: the operand's name in the mask text.
+    kind: "token" (shape `[L]` or `[B, L]`), "scalar" (`[]` or `[B]`) or "pair"
+      (`[Lq, Lk]` or `[B, Lq, Lk]`).
+    dtype: a NumPy dtype name, `int32` or `bool` when not declared.
+  """
+  name: str
+  kind: str
+  dtype: str
+
+  @property
+  def shape(self) -> str:
+    """The accepted shapes, as text."""
+    return _SHAPES[self.kind]
+
+
+@dataclasses.dataclass(frozen=True, eq=True)
+class MaskConfig:
+  """The masks of a model's attention layers, loaded and checked by `load_config`.
+
+  Attributes:
+    layers: per layer, a Mask or a tuple of Masks (one per head). Equal layers
+      hold equal masks, so they compile once.
+    operands: the declared runtime operands, sorted by name.
+    params: the parameter values the masks were parsed with, sorted by name.
+    num_heads: the head count of per-head layers, when given.
+    definitions: the shared definitions, as mask-language text.
+    source: the file the config came from, or None.
+
+  >>> import maskc
+  >>> cfg = maskc.load_config({"num_layers": 4, "params": {"C": 8192},
+  ...                          "layers": {"pattern": ["causal & chunk(C)"] * 3 + ["causal"]}})
+  >>> str(cfg.mask(0)), str(cfg.mask(3))
+  ('causal & chunk(8192)', 'causal')
+  """
+  layers: tuple[Layer, ...]
+  operands: tuple[OperandDecl, ...] = ()
+  params: tuple[tuple[str, Any], ...] = ()
+  num_heads: int | None = None
+  definitions: str = ""
+  source: str | None = dataclasses.field(default=None, compare=False)
+
+  @property
+  def num_layers(self) -> int:
+    return len(self.layers)
+
+  def mask(self, layer: int) -> Layer:
+    """The mask of `layer` (negative counts from the end): a Mask, or a tuple per head."""
+    n = self.num_layers
+    if not isinstance(layer, (int, np.integer)) or isinstance(layer, bool):
+      raise ConfigError(f"a layer index must be an int, got {layer!r}", file=self.source)
+    if not -n <= layer < n:
+      raise ConfigError(f"layer {layer} is out of range for {n} layers", file=self.source,
+                        hint=f"Layers are numbered 0 to {n - 1}.")
+    return self.layers[layer]
+
+  @property
+  def masks(self) -> tuple[Layer, ...]:
+    """Every layer's mask, in order."""
+    return self.layers
+
+  def groups(self) -> dict[Layer, tuple[int, ...]]:
+    """The distinct layer masks, each with the layers that use it, in first-use order."""
+    out: dict[Layer, list[int]] = {}
+    for i, m in enumerate(self.layers):
+      out.setdefault(m, []).append(i)
+    return {m: tuple(v) for m, v in out.items()}
+
+  def compile(self, q_len: int, kv_len: int | None = None, *, block_q: int = 128,
+              block_kv: int = 128, q_offset: int | None = None,
+              operands: Mapping[str, Any] | None = None, exact: bool = False,
+              refine_budget: int | None = None) -> list:
+    """Lowers every distinct layer mask once, for one shape and tiling.
+
+    Args:
+      q_len, kv_len, block_q, block_kv, q_offset, exact, refine_budget: as in
+        `maskc.compile`.
+      operands: values for the declared operands; static (NumPy) or traced (under jit).
+
+    Returns:
+      A list with one `BlockMap` per layer; layers with equal masks share one
+      BlockMap object (`bms[0] is bms[1]`). Per-head layers give a BlockMap with
+      a head dimension.
+
+    Raises:
+      OperandError: a declared operand is missing or misshapen.
+    """
+    from maskc._lower import compile as compile_mask
+    operands = dict(operands or {})
+    missing = [d for d in self.operands if d.name not in operands]
+    if missing:
+      names = ", ".join(f"`{d.name}` ({d.kind}, shape {d.shape}, {d.dtype})" for d in missing)
+      raise OperandError(f"missing operand{'s' if len(missing) > 1 else ''} {names}",
+                         source=self.source,
+                         hint="Pass operands={" + ", ".join(f"'{d.name}': ..." for d in missing)
+                         + "}.")
+    done: dict[Layer, Any] = {}
+    out = []
+    for m in self.layers:
+      if m not in done:
+        done[m] = compile_mask(m if isinstance(m, ir.Mask) else list(m), q_len, kv_len,
+                               block_q=block_q, block_kv=block_kv, q_offset=q_offset,
+                               operands=operands, exact=exact, refine_budget=refine_budget)
+      out.append(done[m])
+    return out
+
+  def __str__(self) -> str:
+    lines = [f"MaskConfig({self.source or 'dict'}): {self.num_layers} layers"]
+    for m, idx in self.groups().items():
+      lines.append(f"  layers {_ranges(idx)}: {_one_line(m)}")
+    if self.operands:
+      lines.append("  operands: " + ", ".join(f"{d.name} ({d.kind} {d.dtype})"
+                                              for d in self.operands))
+    return "\n".join(lines)
+
+
+def _one_line(m: Layer) -> str:
+  if isinstance(m, ir.Mask):
+    return str(m).splitlines()[-1]
+  return "heads [" + ", ".join(_one_line(h) for h in m) + "]"
+
+
+def _ranges(idx: Sequence[int]) -> str:
+  parts, start = [], idx[0]
+  for a, b in zip(idx, list(idx[1:]) + [None]):
+    if b != a + 1:
+      parts.append(str(start) if start == a else f"{start}-{a}")
+      start = b
+  return ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------- reading files
+
+
+def _read(config: Any, section: str | None) -> tuple[Any, str | None, str]:
+  """The config as plain data, its file name (or None), and the key path of its root."""
+  file = None
+  if isinstance(config, (str, os.PathLike)):
+    file = os.fspath(config)
+    suffix = os.path.splitext(file)[1].lower()
+    if suffix not in (".yaml", ".yml", ".json", ".toml"):
+      raise ConfigError(f"cannot tell the format of {file!r} from its suffix", file=file,
+                        hint="Name it .yaml, .yml, .json or .toml, or pass the loaded dict.")
+    try:
+      with open(file, encoding="utf-8") as f:
+        text = f.read()
+    except OSError as e:
+      raise ConfigError(f"cannot read the config file: {e.strerror or e}", file=file) from None
+    data = {".json": _load_json, ".toml": _load_toml}.get(suffix, _load_yaml)(text, file)
+  elif isinstance(config, Mapping):
+    data = config
+  else:
+    raise ConfigError(f"a config is a file path or a mapping, got {type(config).__name__}",
+                      hint="Pass a .yaml/.json/.toml path or a dict.")
+  root = ""
+  for part in (section.split(".") if section else []):
+    if not isinstance(data, Mapping) or part not in data:
+      raise ConfigError(f"the config has no section `{part}`", file=file, path=root or None,
+                        hint=f"section={section!r} names nested keys separated by dots.")
+    data, root = data[part], _key(root, part)
+  return data, file, root
+
+
+def _file_span(text: str, line: int, column: int) -> Span:
+  lines = text.splitlines(keepends=True)
+  start = sum(len(x) for x in lines[:line - 1]) + column - 1
+  return Span(line, column, start, start + 1, text)
+
+
+def _load_json(text: str, file: str) -> Any:
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ConfigError(f"invalid JSON: {e.msg}", file=file,
+                      span=_file_span(text, e.lineno, e.colno)) from None
+
+
+def _load_toml(text: str, file: str) -> Any:
+  import tomllib
+  try:
+    return tomllib.loads(text)
+  except tomllib.TOMLDecodeError as e:
+    message = str(e)
+    m = re.search(r"\s*\(at line (\d+), column (\d+)\)$", message)
+    span = None
+    if m:
+      span = _file_span(text, int(m.group(1)), int(m.group(2)))
+      message = message[:m.start()]
+    raise ConfigError(f"invalid TOML: {message}", file=file, span=span) from None
+
+
+def _load_yaml(text: str, file: str) -> Any:
+  try:
+    import yaml
+  except ImportError:
+    raise ConfigError("reading a YAML config needs PyYAML, which is not installed", file=file,
+                      hint="Install it with `pip install 'maskc[yaml]'`, or write the config "
+                           "as JSON or TOML.") from None
+  try:
+    return yaml.safe_load(text)
+  except yaml.MarkedYAMLError as e:
+    mark = e.problem_mark
+    span = _file_span(text, mark.line + 1, mark.column + 1) if mark is not None else None
+    raise ConfigError(f"invalid YAML: {e.problem}", file=file, span=span,
+                      hint="Quote mask text that starts with `~`, `&`, `*`, `|` or `!`: YAML "
+                           "reads those characters itself.") from None
+  except yaml.YAMLError as e:
+    raise ConfigError(f"invalid YAML: {e}", file=file) from None
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+@dataclasses.dataclass(frozen=True)
+class _Segment:
+  """A piece of a synthesized program that came from one place in the config."""
+  start: int
+  text: str
+  path: str
+
+
+@dataclasses.dataclass
+class _Parsed:
+  mask: ir.Mask
+  program: str
+  segments: list[_Segment]
+  path: str
+
+
+class _Loader:
+  """Reads one config's plain data into a `MaskConfig`, checking it on the way."""
+
+  def __init__(self, data: Any, file: str | None, root: str, caller: dict[str, Any]):
+    self.data, self.file, self.root, self.caller = data, file, root, caller
+    self.warnings: list[str] = []
+    self.texts: list[str] = []  # every mask text read, to find which params are used
+    self.parsed: dict[str, _Parsed] = {}
+    self.defined: set[str] = set()
+
+  def error(self, message: str, path: str, hint: str | None = None) -> ConfigError:
+    return ConfigError(message, path=path or None, file=self.file, hint=hint)
+
+  def path(self, key: Any) -> str:
+    return _key(self.root, key)
+
+  # -------------------------------------------------------------------- top level
+
+  def load(self) -> MaskConfig:
+    data = self.data
+    if not isinstance(data, Mapping):
+      raise self.error(f"a mask config is a mapping of keys, got {type(data).__name__}",
+                       self.root, hint=f"Its keys are {', '.join(_TOP_KEYS)}.")
+    for key in data:
+      if key not in _TOP_KEYS:
+        guess = nearest(str(key), _TOP_KEYS)
+        raise self.error(f"unknown key `{key}`", self.path(str(key)),
+                         hint=(f"Did you mean `{guess}`? " if guess else "")
+                         + f"A mask config's keys are {', '.join(_TOP_KEYS)}.")
+    num_layers = self.count("num_layers")
+    num_heads = self.count("num_heads")
+    self.params = self.read_params()
+    self.operand_decls = self.read_operands()
+    self.definitions, self.def_segments = self.read_definitions()
+    self.check_names()
+    default = None
+    if data.get("default") is not None:
+      default = self.entry(data["default"], self.path("default"))
+    layers = self.read_layers(num_layers)
+    if any(e is None for e, _ in layers) and default is None:
+      i = next(i for i, (e, _) in enumerate(layers) if e is None)
+      raise self.error(f"layer {i} has no mask and the config gives no default",
+                       layers[i][1] or self.path("default"),
+                       hint="Add `default: causal` (or the mask these layers use).")
+    masks = tuple(default if e is None else e for e, _ in layers)
+    self.check_heads(masks, layers, num_heads, default)
+    decls = self.check_operands(masks, layers)
+    self.check_params_used()
+    return MaskConfig(layers=masks, operands=decls, params=tuple(sorted(self.params.items())),
+                      num_heads=num_heads, definitions=self.definitions, source=self.file)
+
+  def count(self, key: str) -> int | None:
+    value = self.data.get(key)
+    if value is None:
+      return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise self.error(f"{key} must be a positive integer, got {value!r}", self.path(key))
+    return value
+
+  # -------------------------------------------------------------------- params
+
+  def check_name(self, name: Any, path: str, what: str) -> None:
+    if not isinstance(name, str) or not name.isidentifier():
+      raise self.error(f"{what} name {name!r} is not a name", path,
+                       hint="Names are letters, digits and `_`, not starting with a digit.")
+    if name in RESERVED or name in BUILTINS:
+      raise self.error(f"{what} name `{name}` is reserved in the mask language", path,
+                       hint="Choose another name.")
+    if name in prelude():
+      raise self.error(f"{what} name `{name}` would hide the prelude mask `{name}`", path,
+                       hint="Choose another name.")
+
+  def read_params(self) -> dict[str, Any]:
+    raw = self.data.get("params")
+    if raw is None:
+      raw = {}
+    if not isinstance(raw, Mapping):
+      raise self.error(f"params must be a mapping of names to integers, got "
+                       f"{type(raw).__name__}", self.path("params"),
+                       hint="params: {C: 8192}")
+    base = self.path("params")
+    params: dict[str, Any] = {}
+    self.config_params: dict[str, str] = {}
+    for name, value in raw.items():
+      p = _key(base, name)
+      self.check_name(name, p, "parameter")
+      if isinstance(value, bool) or not isinstance(value, int):
+        raise self.error(f"parameter `{name}` must be an integer, got {value!r}", p,
+                         hint="Masks belong under `definitions:`; operands under `operands:`.")
+      params[name] = value
+      self.config_params[name] = p
+    for name, value in self.caller.items():
+      self.check_name(name, f"load_config({name}=...)", "parameter")
+      params[name] = value
+    return params
+
+  # -------------------------------------------------------------------- operands
+
+  def read_operands(self) -> dict[str, OperandDecl | tuple[str, str | None]]:
+    raw = self.data.get("operands")
+    if raw is None:
+      return {}
+    base = self.path("operands")
+    if not isinstance(raw, Mapping):
+      raise self.error(f"operands must be a mapping of names to kinds, got "
+                       f"{type(raw).__name__}", base,
+                       hint="operands: {seg: {kind: token, dtype: int32}, prompt_len: scalar}")
+    out = {}
+    for name, spec in raw.items():
+      p = _key(base, name)
+      self.check_name(name, p, "operand")
+      if name in self.params:
+        raise self.error(f"`{name}` is both a parameter and an operand", p,
+                         hint="A parameter is fixed when the config loads; an operand is an "
+                              "array the model passes. Keep one.")
+      dtype = None
+      kind_path = p
+      if isinstance(spec, str):
+        kind = spec
+      elif isinstance(spec, Mapping):
+        for key in spec:
+          if key not in ("kind", "dtype", "doc"):
+            raise self.error(f"unknown key `{key}` in operand `{name}`", _key(p, str(key)),
+                             hint="An operand has `kind`, `dtype` and `doc`.")
+        if "kind" not in spec:
+          raise self.error(f"operand `{name}` needs a kind", p,
+                           hint="kind: token (per token), scalar or pair (pairwise).")
+        kind, dtype, kind_path = spec["kind"], spec.get("dtype"), _key(p, "kind")
+      else:
+        raise self.error(f"operand `{name}` must be a kind or a mapping, got {spec!r}", p,
+                         hint=f"{name}: {{kind: token, dtype: int32}}")
+      if kind not in _KINDS:
+        raise self.error(f"operand `{name}` has unknown kind {kind!r}", kind_path,
+                         hint="Kinds are token (per token, [L] or [B, L]), scalar ([] or [B]) "
+                              "and pair (pairwise, [Lq, Lk] or [B, Lq, Lk]).")
+      if dtype is not None:
+        try:
+          dt = np.dtype(dtype)
+        except TypeError:
+          dt = None
+        if dt is None or not (np.issubdtype(dt, np.integer) or dt == np.bool_):
+          raise self.error(f"operand `{name}` has dtype {dtype!r}; operands hold integers or "
+                           f"booleans", _key(p, "dtype"), hint="dtype: int32 or dtype: bool.")
+        dtype = dt.name
+      out[name] = (_KINDS[kind], dtype, p)
+    return out
+
+  # -------------------------------------------------------------------- definitions
+
+  def read_definitions(self) -> tuple[str, list[_Segment]]:
+    raw = self.data.get("definitions")
+    base = self.path("definitions")
+    if raw is None:
+      return "", []
+    if isinstance(raw, str):
+      text, segments = raw, [_Segment(0, raw, base)]
+    elif isinstance(raw, Mapping):
+      parts, segments, pos = [], [], 0
+      for lhs, body in raw.items():
+        p = _key(base, str(lhs))
+        if not isinstance(lhs, str) or not _NAME.match(lhs.strip()):
+          raise self.error(f"definition name {lhs!r} is not a name or `name(params)`", p)
+        if not isinstance(body, str) or not body.strip():
+          raise self.error(f"definition `{lhs}` must be mask text, got {body!r}", p,
+                           hint=f"{lhs}: causal & chunk(C)")
+        line = f"{lhs} = {body}"
+        segments.append(_Segment(pos, lhs, p))
+        segments.append(_Segment(pos + len(lhs) + 3, body, p))
+        parts.append(line)
+        pos += len(line) + 1
+      text = "\n".join(parts)
+    else:
+      raise self.error(f"definitions must be a mapping or a text block, got "
+                       f"{type(raw).__name__}", base,
+                       hint="definitions: {local: causal & chunk(C)}")
+    self.texts.append(text)
+    if text.strip():
+      try:
+        program = _Program(text, prelude(), dict(self.params))
+        program.program(parse_tree(text), library_only=True)
+      except RecursionError:
+        raise self.error("the definitions nest too deeply to process", base) from None
+      except MaskError as e:
+        raise self.relocate(e, text, segments, base) from None
+      self.defined = set(program.done)
+    return text, segments
+
+  def check_names(self) -> None:
+    for name in self.defined:
+      if name in self.params:
+        raise self.error(f"`{name}` is both a parameter and a definition",
+                         self.config_params.get(name, f"load_config({name}=...)"),
+                         hint="Rename one of them.")
+      if name in self.operand_decls:
+        raise self.error(f"`{name}` is both an operand and a definition",
+                         self.operand_decls[name][2], hint="Rename one of them.")
+
+  # -------------------------------------------------------------------- mask text
+
+  def expr(self, text: Any, path: str) -> ir.Mask:
+    if not isinstance(text, str):
+      raise self.error(f"expected mask text, got {type(text).__name__} {text!r}", path,
+                       hint="Write the mask as a string: \"causal & chunk(C)\".")
+    if not text.strip():
+      raise self.error("the mask text is empty", path, hint="Write a mask, e.g. `causal`.")
+    if text in self.parsed:
+      return self.parsed[text].mask
+    self.texts.append(text)
+    if self.definitions.strip():
+      glue = "\n;\n"  # `;` ends the definitions even if the mask starts with an operator
+      program = self.definitions + glue + text
+      segments = self.def_segments + [_Segment(len(self.definitions) + len(glue), text, path)]
+    else:
+      program, segments = text, [_Segment(0, text, path)]
+    try:
+      mask = _Program(program, prelude(), dict(self.params)).program(parse_tree(program))
+    except RecursionError:
+      raise self.error("the mask is too deeply nested to process", path) from None
+    except MaskError as e:
+      raise self.relocate(e, program, segments, path) from None
+    self.parsed[text] = _Parsed(mask, program, segments, path)
+    return mask
+
+  def relocate(self, err: MaskError, program: str, segments: list[_Segment], path: str,
+               name_hint: bool = True) -> MaskError:
+    """`err` with its span moved from the synthesized program into the config text."""
+    span, where = err.span, path
+    if span is not None and span.text == program and segments:
+      seg = segments[0]
+      for s in segments:
+        if s.start <= span.start:
+          seg = s
+      rel = min(span.start - seg.start, len(seg.text))
+      rel_end = max(rel + 1, min(span.end - seg.start, len(seg.text)))
+      line = seg.text.count("\n", 0, rel) + 1
+      column = rel - (seg.text.rfind("\n", 0, rel) + 1) + 1
+      span, where = Span(line, column, rel, rel_end, seg.text), seg.path
+      word = seg.text[rel:rel_end]
+      if name_hint and _NAME.fullmatch(word) and not self.known(word):
+        extra = (f"`{word}` is not a parameter, a definition or a declared operand: set it "
+                 f"under `params:` or pass `load_config(..., {word}=...)`.")
+        err.hint = f"{err.hint}\n{extra}" if err.hint else extra
+    err.span = span
+    err.path, err.file = where or None, self.file
+    if span is None:
+      err.message = f"{err.message} ({_where(self.file, where)})"
+    err.with_source(_where(self.file, where))
+    return err
+
+  def known(self, name: str) -> bool:
+    return (name in self.params or name in self.defined or name in prelude()
+            or name in self.operand_decls or name in RESERVED or name in BUILTINS)
+
+  # -------------------------------------------------------------------- layers
+
+  def entry(self, value: Any, path: str) -> Layer | None:
+    if value is None:
+      return None
+    if isinstance(value, str):
+      return self.expr(value, path)
+    if isinstance(value, Mapping):
+      for key in value:
+        if key not in ("mask", "heads"):
+          raise self.error(f"unknown key `{key}` in a layer entry", _key(path, str(key)),
+                           hint="A layer entry has `mask: text` or `heads: [text, ...]`.")
+      if ("mask" in value) == ("heads" in value):
+        raise self.error("a layer entry needs exactly one of `mask` and `heads`", path,
+                         hint="{mask: causal} or {heads: [causal, \"sliding(128)\"]}")
+      if "mask" in value:
+        return self.expr(value["mask"], _key(path, "mask"))
+      heads = value["heads"]
+      hp = _key(path, "heads")
+      if isinstance(heads, str) or not isinstance(heads, Sequence) or not heads:
+        raise self.error(f"heads must be a non-empty list of mask texts, got {heads!r}", hp)
+      return tuple(self.expr(h, _key(hp, i)) for i, h in enumerate(heads))
+    raise self.error(f"a layer entry is mask text, {{mask: ...}}, {{heads: [...]}} or null, "
+                     f"got {type(value).__name__} {value!r}", path)
+
+  def read_layers(self, num_layers: int | None) -> list[tuple[Layer | None, str]]:
+    raw = self.data.get("layers")
+    base = self.path("layers")
+    if raw is None:
+      if num_layers is None:
+        raise self.error("the config gives neither `layers` nor `num_layers`", self.root,
+                         hint="Add `num_layers: N` (every layer takes `default`) or a "
+                              "`layers` list.")
+      return [(None, "") for _ in range(num_layers)]
+    if isinstance(raw, Sequence) and not isinstance(raw, str):
+      if not raw:
+        raise self.error("layers is an empty list", base)
+      if num_layers is not None and len(raw) != num_layers:
+        raise self.error(f"layers lists {len(raw)} layers but num_layers is {num_layers}", base,
+                         hint="List one entry per layer, or use `layers: {pattern: [...]}` to "
+                              "repeat a pattern.")
+      return [(self.entry(v, _key(base, i)), _key(base, i)) for i, v in enumerate(raw)]
+    if not isinstance(raw, Mapping):
+      raise self.error(f"layers must be a list or {{pattern: [...]}}, got {type(raw).__name__}",
+                       base)
+    for key in raw:
+      if key not in ("pattern", "overrides"):
+        raise self.error(f"unknown key `{key}` in layers", _key(base, str(key)),
+                         hint="layers: {pattern: [...], overrides: {0: ...}}")
+    if num_layers is None:
+      raise self.error("a layer pattern needs num_layers", base,
+                       hint="Add `num_layers: N`; the pattern repeats to fill N layers.")
+    out: list[tuple[Layer | None, str]] = [(None, "") for _ in range(num_layers)]
+    pattern = raw.get("pattern")
+    if pattern is not None:
+      pp = _key(base, "pattern")
+      if isinstance(pattern, str) or not isinstance(pattern, Sequence) or not pattern:
+        raise self.error(f"pattern must be a non-empty list of layer entries, got {pattern!r}",
+                         pp, hint="pattern: [local, local, local, causal]")
+      entries = [(self.entry(v, _key(pp, i)), _key(pp, i)) for i, v in enumerate(pattern)]
+      out = [entries[i % len(entries)] for i in range(num_layers)]
+    overrides = raw.get("overrides")
+    if overrides is not None:
+      op = _key(base, "overrides")
+      if not isinstance(overrides, Mapping):
+        raise self.error(f"overrides must map layer numbers to entries, got {overrides!r}", op,
+                         hint="overrides: {0: causal}")
+      for key, v in overrides.items():
+        kp = _key(op, str(key))
+        try:
+          i = int(key) if not isinstance(key, bool) else None
+        except (TypeError, ValueError):
+          i = None
+        if i is None or not 0 <= i < num_layers:
+          raise self.error(f"override key {key!r} is not a layer number in 0..{num_layers - 1}",
+                           kp)
+        out[i] = (self.entry(v, kp), kp)
+    return out
+
+  def check_heads(self, masks, layers, num_heads, default) -> None:
+    seen = None
+    for (entry, path), m in zip(layers, masks):
+      if isinstance(m, tuple):
+        path = path or self.path("default")
+        n = len(m)
+        if num_heads is not None and n != num_heads:
+          raise self.error(f"the entry lists {n} head masks"
+                           f" but num_heads is {num_heads}", _key(path, "heads"),
+                           hint="Give one mask per head.")
+        if seen is not None and n != seen[0]:
+          raise self.error(f"this entry lists {n} head masks but {seen[1]} lists {seen[0]}",
+                           _key(path, "heads"), hint="Give every per-head layer the same "
+                                                     "number of heads, or set num_heads.")
+        seen = seen or (n, _key(path, "heads"))
+
+  # -------------------------------------------------------------------- operand checks
+
+  def check_operands(self, masks, layers) -> tuple[OperandDecl, ...]:
+    used: dict[str, bool] = {}
+    for parsed in self.parsed.values():
+      for spec in parsed.mask.operands:
+        decl = self.operand_decls.get(spec.name)
+        if decl is None:
+          raise self.operand_error(
+              parsed, spec.name, f"the mask reads operand `{spec.name}` as a {spec.kind} "
+              f"operand, but the config does not declare it",
+              hint=(f"Declare it: `operands: {{{spec.name}: {{kind: {spec.kind}, dtype: "
+                    f"{'bool' if spec.boolean else 'int32'}}}}}`. If `{spec.name}` is a "
+                    f"parameter, set it under `params:` or pass "
+                    f"`load_config(..., {spec.name}=...)`."))
+        kind, _, p = decl
+        if kind != spec.kind:
+          raise self.operand_error(
+              parsed, spec.name, f"operand `{spec.name}` is declared as a {kind} operand "
+              f"({p}) but the mask reads it as a {spec.kind} operand",
+              hint=f"Declare `{spec.name}` with kind: {spec.kind}, or index it as a {kind} "
+                   f"operand.")
+        used[spec.name] = used.get(spec.name, False) or spec.boolean
+    out = []
+    for name, (kind, dtype, p) in sorted(self.operand_decls.items()):
+      if name not in used:
+        self.warnings.append(f"operand `{name}` is declared ({_where(self.file, p)}) but no "
+                             f"layer's mask reads it")
+      out.append(OperandDecl(name, kind, dtype or ("bool" if used.get(name) else "int32")))
+    return tuple(out)
+
+  def operand_error(self, parsed: _Parsed, name: str, message: str, hint: str) -> MaskError:
+    span = None
+    for into_calls in (False, True):
+      for n in ir.walk(parsed.mask, into_calls=into_calls):
+        nm = getattr(n, "name", None) if isinstance(n, (ir.Operand, ir.Scalar)) else (
+            n.operand.name if isinstance(n, (ir.Read, ir.PairRead)) else None)
+        s = getattr(n, "span", None)
+        if nm == name and s is not None and s.text == parsed.program:
+          span = s if span is None or s.start < span.start else span
+      if span is not None:
+        break
+    err = ConfigError(message, path=parsed.path, file=self.file, span=span, hint=hint)
+    if span is None:
+      return err
+    return self.relocate(err, parsed.program, parsed.segments, parsed.path, name_hint=False)
+
+  def check_params_used(self) -> None:
+    words = set()
+    for t in self.texts:
+      words.update(_NAME.findall(re.sub(r"#[^\n]*", "", t)))
+    for name in self.params:
+      if name in words:
+        continue
+      where = self.config_params.get(name)
+      if where is not None and name not in self.caller:
+        self.warnings.append(f"parameter `{name}` ({_where(self.file, where)}) is not used by "
+                             f"any mask")
+      else:
+        self.warnings.append(f"parameter `{name}` passed to load_config is not used by any "
+                             f"mask of {self.file or 'the config'}")
+
+
+def load_config(config: Any, /, *, section: str | None = None, **params: Any) -> MaskConfig:
+  """Loads and checks the attention masks of a model config.
+
+  Args:
+    config: a path to a `.yaml`/`.yml` (needs PyYAML: `pip install 'maskc[yaml]'`),
+      `.json` or `.toml` file, or a mapping with the same keys (see the schema in
+      `maskc._config`'s docstring).
+    section: a dotted key path to the mask config inside a larger file
+      (`section="model.attention"`).
+    **params: parameter values; they override the config's `params:`. Ints,
+      masks, or strings to rename an operand, as in `maskc.parse`.
+
+  Returns:
+    A `MaskConfig`: `config.mask(i)` per layer, `config.compile(q_len, ...)` for
+    BlockMaps, `config.operands` for the runtime inputs.
+
+  Raises:
+    ConfigError: a malformed config (a wrong key, type or count, an undeclared
+      or misused operand), naming the file and the key path.
+    MaskError: mask text that does not parse or check, with the key path and a
+      caret inside that text.
+
+  Warns:
+    ConfigWarning: a declared operand or a parameter that no mask uses.
+
+  >>> import maskc
+  >>> cfg = maskc.load_config({"num_layers": 6, "params": {"W": 512},
+  ...                          "definitions": {"local": "sliding(W)"},
+  ...                          "layers": {"pattern": ["local"] * 5 + ["causal"]}}, W=1024)
+  >>> [str(cfg.mask(i)).splitlines()[-1] for i in (0, 5)], str(cfg.mask(0)).splitlines()[0]
+  (['local', 'causal'], 'local = sliding(1024)')
+  """
+  if isinstance(config, MaskConfig):
+    if params or section:
+      raise ConfigError("a loaded MaskConfig cannot take new parameters or a section",
+                        file=config.source, hint="Load the file again with the parameters.")
+    return config
+  data, file, root = _read(config, section)
+  loader = _Loader(data, file, root, dict(params))
+  result = loader.load()
+  for message in loader.warnings:
+    warnings.warn(message, ConfigWarning, stacklevel=2)
+  return result
+
+
+# ----------------------------------------------------------------------------- dataclass fields
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class MaskSpec:
+  """Mask text with its parameters, parsed and checked when built: a model-config field.
+
+  Frozen and hashable, so it can be a static field of a flax or plain dataclass
+  and a `jax.jit` static argument; registered with JAX as a static pytree node
+  (no leaves). A sequence of texts is a per-head mask.
+
+  Attributes:
+    text: the mask text, or a tuple of texts (one per head).
+    params: the parameter values, as sorted (name, value) pairs.
+
+  >>> import maskc
+  >>> spec = maskc.MaskSpec("causal & chunk(C)", C=8192)
+  >>> spec.mask == maskc.causal() & maskc.chunk(8192), spec == maskc.MaskSpec(spec.text, C=8192)
+  (True, True)
+  """
+  text: str | tuple[str, ...]
+  params: tuple[tuple[str, Any], ...]
+
+  def __init__(self, text: Any, params: Mapping[str, Any] | None = None, /, **kw_params: Any):
+    merged = dict(params or {})
+    merged.update(kw_params)
+    if isinstance(text, MaskSpec):
+      merged = {**dict(text.params), **merged}
+      text = text.text
+    if isinstance(text, ir.Mask):
+      text = str(text)
+    elif not isinstance(text, str):
+      if not isinstance(text, Sequence) or not text:
+        raise MaskTypeError(f"a MaskSpec holds mask text or a list of texts (one per head), "
+                            f"got {type(text).__name__} {text!r}")
+      text = tuple(str(t) if isinstance(t, ir.Mask) else t for t in text)
+    object.__setattr__(self, "text", text)
+    object.__setattr__(self, "params", tuple(sorted(merged.items())))
+    if isinstance(text, str):
+      mask = parse(text, **merged)
+    else:
+      mask = tuple(parse(t, **merged) for t in text)
+    object.__setattr__(self, "_mask", mask)
+
+  @property
+  def mask(self) -> Layer:
+    """The parsed mask, or a tuple of masks for a per-head spec."""
+    return self._mask
+
+  @property
+  def operands(self) -> tuple[ir.OperandSpec, ...]:
+    """The runtime operands the mask (all heads) reads, sorted by name."""
+    masks = (self._mask,) if isinstance(self._mask, ir.Mask) else self._mask
+    return tuple(sorted({s for m in masks for s in m.operands}, key=lambda s: s.name))
+
+  def compile(self, q_len: int, kv_len: int | None = None, **kw: Any):
+    """`maskc.compile` of this mask; keywords as there."""
+    from maskc._lower import compile as compile_mask
+    m = self._mask
+    return compile_mask(m if isinstance(m, ir.Mask) else list(m), q_len, kv_len, **kw)
+
+  @classmethod
+  def coerce(cls, value: Any) -> "MaskSpec":
+    """`value` as a MaskSpec: a MaskSpec, mask text, a Mask, or a list of them per head."""
+    return value if isinstance(value, MaskSpec) else cls(value)
+
+  def __reduce__(self):
+    return (_spec_from, (self.text, self.params))
+
+  def __str__(self) -> str:
+    return self.text if isinstance(self.text, str) else "[" + ", ".join(self.text) + "]"
+
+
+def _spec_from(text, params):
+  return MaskSpec(text, dict(params))
+
+
+class _MaskField:
+  """The descriptor behind `mask_field`: turns what is assigned into a checked MaskSpec."""
+
+  def __init__(self, default: Any, params: dict[str, Any]):
+    self.default = None if default is dataclasses.MISSING else MaskSpec(default, params)
+    self.params = params
+    self.name = self.attr = "?"
+
+  def __set_name__(self, owner, name: str) -> None:
+    self.name, self.attr = name, f"_maskc_field_{name}"
+
+  def __get__(self, obj, owner=None):
+    if obj is None:
+      if self.default is None:
+        raise AttributeError(self.name)  # dataclasses reads this as "no default"
+      return self.default
+    try:
+      return obj.__dict__[self.attr]
+    except KeyError:
+      raise AttributeError(self.name) from None
+
+  def __set__(self, obj, value) -> None:
+    try:
+      spec = value if isinstance(value, MaskSpec) else MaskSpec(value, self.params)
+    except MaskError as e:
+      raise e.with_source(f"{type(obj).__name__}.{self.name}") from None
+    obj.__dict__[self.attr] = spec
+
+
+def mask_field(default: Any = dataclasses.MISSING, **params: Any) -> Any:
+  """A dataclass field holding a `MaskSpec`, checked whenever the dataclass is built.
+
+  Assign it as the field's default (`attn: maskc.MaskSpec = maskc.mask_field("causal")`).
+  Mask text given to the constructor (`Model(attn="sliding(W)")`) is parsed with
+  `params` right away, so a bad mask fails when the config is made, not when the
+  model runs. Works with plain and frozen dataclasses (not `slots=True`).
+
+  Args:
+    default: the default mask text (or Mask, or list of texts per head); omit it to
+      make the field required.
+    **params: parameter values for the field's masks.
+
+  >>> import dataclasses, maskc
+  >>> @dataclasses.dataclass(frozen=True)
+  ... class Attn:
+  ...   mask: maskc.MaskSpec = maskc.mask_field("causal & chunk(C)", C=64)
+  >>> str(Attn(mask="sliding(C)").mask.mask)
+  'sliding(64)'
+  """
+  return _MaskField(default, dict(params))
+
+
+jax.tree_util.register_static(MaskSpec)
+jax.tree_util.register_static(MaskConfig)
