@@ -39,3 +39,4 @@ from maskc._config import (ConfigError as ConfigError, ConfigWarning as ConfigWa
                            MaskConfig as MaskConfig, MaskSpec as MaskSpec,
                            OperandDecl as OperandDecl, load_config as load_config,
                            mask_field as mask_field)
+from maskc._show import MaskView as MaskView, show as show

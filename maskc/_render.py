@@ -616,6 +616,7 @@ def _plot_panel(bm, ax, panel: Panel, max_cells: int, colors, legend: bool,
     handles = [patches.Patch(facecolor=COLORS[v], edgecolor="#777", linewidth=0.5,
                              label=f"{STATE_NAMES[v]} ({st[STATE_NAMES[v]]:,})")
                for v in (FULL, PARTIAL, EMPTY)]
-    ax.legend(handles=handles, loc="upper right", fontsize=8, framealpha=0.9,
-              title=f"{bm.block_q}×{bm.block_kv} tiles, density {_percent(st['density'])}",
-              title_fontsize=8)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=3,
+              fontsize=8, frameon=False, handlelength=1.2, columnspacing=1.2,
+              title=f"{bm.block_q}×{bm.block_kv} tiles, density {_percent(st['density'])}, "
+                    f"{_percent(st['flops_saved'])} of FLOPs saved", title_fontsize=8)
