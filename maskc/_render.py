@@ -268,8 +268,8 @@ def render_text(bm, width: int = 80, *, max_rows: int = 48, max_panels: int = MA
   empty, `░░` partial, `██` full (`..`, `++`, `##` with `ascii=True`). Rows are
   labelled with the q positions they cover (`start:stop`, half open), and a
   ruler on top gives k positions. When there are more tiles than fit, a cell
-  covers `rq × ck` tiles (powers of two, `rq` chosen so cells are about square
-  in tokens, at most `max_rows` rows) and follows the rule in this module's
+  covers `rq × ck` tiles (powers of two, which line up with chunks and
+  windows; `rq` chosen so cells are about square in tokens, at most `max_rows` rows) and follows the rule in this module's
   docstring. At most `max_panels` panels (batch rows × distinct head masks)
   are drawn; a last line says how many were left out.
 
@@ -294,7 +294,7 @@ def render_text(bm, width: int = 80, *, max_rows: int = 48, max_panels: int = MA
   ps = panels(bm)
   label_width = max(len(_row_label(bm, 0, bm.q_len)), 4)
   avail = max(2, (width - label_width - 2) // 2)
-  ck = power_of_two_scale(bm.n_kv_tiles, avail)
+  ck = power_of_two_scale(bm.n_kv_tiles, avail)  # powers of two line up with chunks, windows
   target = max(1, (ck * bm.block_kv) // bm.block_q)
   rq = max(1 << (target.bit_length() - 1), power_of_two_scale(bm.n_q_tiles, max_rows))
   lines.append(f"legend   {glyphs[FULL]} full  {glyphs[PARTIAL]} partial  {glyphs[EMPTY]} empty")

@@ -1,0 +1,103 @@
+"""`maskc show`: a mask's header and picture on the command line, or as PNG/SVG files.
+
+    maskc show "causal & chunk(8192) | bidirectional(img)" --q-len 32768 \\
+        --operand img=32768:0,1:1000-3000
+
+Small shapes (up to 256 x 512) are drawn element by element with the tile grid
+over them; larger ones, or any with `--tiles`, as the compiled tile map.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from typing import TextIO
+
+import maskc
+from maskc._show import MAX_ELEMENT_COLS, MAX_ELEMENT_ROWS, MaskView
+
+
+def add_show(subparsers) -> None:
+  """Declares the `show` subcommand on `subparsers` (an argparse subparsers action)."""
+  p = subparsers.add_parser(
+      "show", help="draw a mask's tile map (or its elements, for small shapes) with its statistics",
+      description="Compile a mask at a shape and print a header (shape, tiles, density, FLOPs "
+                  "saved) and text art: element by element with tile boundaries up to "
+                  f"{MAX_ELEMENT_ROWS} x {MAX_ELEMENT_COLS}, else the tile map, downsampled to "
+                  "--width. --png and --svg write pictures too.",
+      epilog="Operand values: a bare integer is a scalar (kv_len=10); comma-separated items "
+             "make a per-token array, each an integer or v*n for v repeated n times "
+             "(img=0*3,1*5,0*4); LEN:DEFAULT,VALUE:START-STOP,... sets half-open ranges in an "
+             "array of LEN (img=32768:0,1:1000-3000); @file.npy loads any array.")
+  p.add_argument("expr", metavar="EXPR", help="mask text")
+  p.add_argument("--q-len", type=int, required=True, metavar="N", help="query rows")
+  p.add_argument("--kv-len", type=int, metavar="M", help="key columns (default: N)")
+  p.add_argument("--offset", type=int, metavar="O",
+                 help="position of query row 0 (default: M - N, bottom-right aligned)")
+  p.add_argument("--block-q", type=int, metavar="B",
+                 help="query tile size (default: 128, or a few tiles per axis for small shapes)")
+  p.add_argument("--block-kv", type=int, metavar="B", help="key tile size (default: --block-q)")
+  p.add_argument("--operand", action="append", default=[], metavar="NAME=VALUES",
+                 help="a runtime operand; repeat for several")
+  p.add_argument("--tiles", action="store_true",
+                 help="draw the tile map even when the shape is small enough for elements")
+  p.add_argument("--width", type=int, metavar="W",
+                 help="the widest line of the tile map (default: the terminal's, at most 120)")
+  p.add_argument("--ascii", action="store_true", help="draw with ASCII characters only")
+  p.add_argument("--png", metavar="PATH", help="also write a PNG (needs matplotlib)")
+  p.add_argument("--svg", metavar="PATH", help="also write an SVG")
+  p.set_defaults(run=run_show)
+
+
+def run_show(args: argparse.Namespace, out: TextIO) -> int:
+  """Runs `maskc show` with parsed `args`, writing text to `out`; returns the exit status."""
+  from maskc.cli import _can_encode, _operands
+  for name, value in (("--q-len", args.q_len), ("--kv-len", args.kv_len),
+                      ("--block-q", args.block_q), ("--block-kv", args.block_kv)):
+    if value is not None and value < 1:
+      raise maskc.MaskValueError(f"{name} must be at least 1, got {value}")
+  width = args.width if args.width is not None else min(120, shutil.get_terminal_size().columns)
+  if width < 20:
+    raise maskc.MaskValueError(f"--width must be at least 20, got {width}")
+  m = maskc.parse(args.expr)
+  operands = _operands(args.operand)
+  view = maskc.show(m, args.q_len, args.kv_len, q_offset=args.offset, operands=operands,
+                    block_q=args.block_q, block_kv=args.block_kv)
+  if args.tiles and view.elements:
+    view = MaskView(view.blockmap)
+  ascii = args.ascii or not _can_encode(out, "█▓░·─│┌")
+  out.write(view.to_text(width=width, ascii=ascii))
+  if args.svg:
+    _write(args.svg, lambda path: open(path, "w", encoding="utf-8").write(view.to_svg()))
+    out.write(f"wrote {args.svg}\n")
+  if args.png:
+    _write(args.png, lambda path: _save_png(view, path))
+    out.write(f"wrote {args.png}\n")
+  return 0
+
+
+def _write(path: str, write) -> None:
+  """Writes a picture, turning file-system errors into a MaskError the CLI reports."""
+  try:
+    write(path)
+  except OSError as e:
+    raise maskc.MaskValueError(f"cannot write {path}: {e.strerror or e}",
+                               hint=f"Check that {os.path.dirname(path) or '.'} exists and is "
+                                    "writable.") from None
+
+
+def _save_png(view: MaskView, path: str) -> None:
+  from maskc._render import _matplotlib
+  _matplotlib()  # a MaskError naming the `plot` extra when matplotlib is missing
+  import matplotlib
+  if "matplotlib.pyplot" not in sys.modules:
+    matplotlib.use("Agg")  # no window from a command line tool
+  import matplotlib.pyplot as plt
+  ax = view.plot()
+  fig = (ax.flat[0] if hasattr(ax, "flat") else ax).figure
+  try:
+    fig.savefig(path, dpi=120)
+  finally:
+    plt.close(fig)
