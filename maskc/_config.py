@@ -45,7 +45,7 @@ import jax
 import numpy as np
 
 from maskc import _ir as ir
-from maskc._errors import MaskError, MaskLimitError, MaskTypeError, OperandError, Span
+from maskc._errors import MaskError, MaskTypeError, MaskValueError, OperandError, Span
 from maskc._parse import BUILTINS, RESERVED, _Program, nearest, parse, parse_tree, prelude
 
 Layer = ir.Mask | tuple[ir.Mask, ...]
@@ -213,7 +213,7 @@ class MaskConfig:
   def __str__(self) -> str:
     lines = [f"MaskConfig({self.source or 'dict'}): {self.num_layers} layers"]
     for m, idx in self.groups().items():
-      lines.append(f"  layers {_ranges(idx)}: {_one_line(m)}")
+      lines.append(f"  layer{'s' if len(idx) > 1 else ''} {_ranges(idx)}: {_one_line(m)}")
     if self.operands:
       lines.append("  operands: " + ", ".join(f"{d.name} ({d.kind} {d.dtype})"
                                               for d in self.operands))
@@ -571,7 +571,9 @@ class _Loader:
       column = rel - (seg.text.rfind("\n", 0, rel) + 1) + 1
       span, where = Span(line, column, rel, rel_end, seg.text), seg.path
       word = seg.text[rel:rel_end]
-      if name_hint and _NAME.fullmatch(word) and not self.known(word):
+      # A free name where an integer belongs became a scalar operand: say how to bind it.
+      if (name_hint and isinstance(err, (MaskTypeError, MaskValueError))
+          and _NAME.fullmatch(word) and not self.known(word)):
         extra = (f"`{word}` is not a parameter, a definition or a declared operand: set it "
                  f"under `params:` or pass `load_config(..., {word}=...)`.")
         err.hint = f"{err.hint}\n{extra}" if err.hint else extra
