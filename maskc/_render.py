@@ -355,17 +355,17 @@ class _Svg:
     self.parts: list[str] = []
 
   def rect(self, x, y, w, h, fill, **attrs):
-    extra = "".join(f' {k.replace("_", "-")}="{html.escape(str(v))}"' for k, v in attrs.items())
+    extra = "".join(f' {k.rstrip("_").replace("_", "-")}="{html.escape(str(v))}"' for k, v in attrs.items())
     self.parts.append(f'<rect x="{x:.6g}" y="{y:.6g}" width="{w:.6g}" height="{h:.6g}" '
                       f'fill="{fill}"{extra}/>')
 
   def text(self, x, y, s, size=11, anchor="start", weight="normal", fill="#222", **attrs):
-    extra = "".join(f' {k.replace("_", "-")}="{html.escape(str(v))}"' for k, v in attrs.items())
+    extra = "".join(f' {k.rstrip("_").replace("_", "-")}="{html.escape(str(v))}"' for k, v in attrs.items())
     self.parts.append(f'<text x="{x:.6g}" y="{y:.6g}" font-size="{size}" text-anchor="{anchor}" '
                       f'font-weight="{weight}" fill="{fill}"{extra}>{html.escape(s)}</text>')
 
   def path(self, d, stroke, width=1.0, **attrs):
-    extra = "".join(f' {k.replace("_", "-")}="{html.escape(str(v))}"' for k, v in attrs.items())
+    extra = "".join(f' {k.rstrip("_").replace("_", "-")}="{html.escape(str(v))}"' for k, v in attrs.items())
     self.parts.append(f'<path d="{d}" stroke="{stroke}" stroke-width="{width:.3g}" fill="none"'
                       f'{extra}/>')
 
@@ -451,10 +451,10 @@ def render_svg(bm, *, max_panels: int = MAX_PANELS, max_cells: int = MAX_SVG_CEL
   ck = power_of_two_scale(bm.n_kv_tiles, max_cells)
   rq = power_of_two_scale(bm.n_q_tiles, max_cells)
   pics = [picture(bm, p, rq, ck) for p in shown]
-  while sum(len(_runs_of_cells(p.cells)[0]) for p in pics) > max_runs and (rq > 1 or ck > 1) \
-      and max(pics[0].cells.shape) > 1:
-    rq, ck = rq * 2 if pics[0].cells.shape[0] > 1 else rq, ck * 2 if pics[0].cells.shape[1] > 1 \
-        else ck
+  while sum(len(_runs_of_cells(p.cells)[0]) for p in pics) > max_runs and \
+      max(pics[0].cells.shape) > 1:  # coarser until the rects fit the budget
+    rq *= 2 if pics[0].cells.shape[0] > 1 else 1
+    ck *= 2 if pics[0].cells.shape[1] > 1 else 1
     pics = [picture(bm, p, rq, ck) for p in shown]
   pw, ph = _panel_size(bm.q_len, bm.kv_len, panel_side)
   n_grid_cols = min(len(shown), max(1, int(1200 // (pw + 90))))
