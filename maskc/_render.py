@@ -415,11 +415,13 @@ def svg_axes(s: _Svg, x0: float, y0: float, pw: float, ph: float, q_lo: int, q_l
   s.rect(x0, y0, pw, ph, "none", stroke="#888", stroke_width="0.8")
 
 
-def svg_legend(s: _Svg, x: float, y: float, items: Sequence[tuple[str, str]]) -> None:
+def svg_legend(s: _Svg, x: float, y: float, items: Sequence[tuple[str, str]]) -> float:
+  """Colour swatches with labels in a row from `(x, y)`; returns the x where the row ends."""
   for fill, label in items:
     s.rect(x, y - 9, 11, 11, fill, stroke="#777", stroke_width="0.5", class_="legend")
     s.text(x + 15, y, label, size=11, fill="#333")
     x += 22 + 6.2 * len(label)
+  return x
 
 
 def render_svg(bm, *, max_panels: int = MAX_PANELS, max_cells: int = MAX_SVG_CELLS,
@@ -467,7 +469,7 @@ def render_svg(bm, *, max_panels: int = MAX_PANELS, max_cells: int = MAX_SVG_CEL
   for i, line in enumerate(head[1:]):
     s.text(12, 40 + 16 * i, line, size=11, fill="#444")
   legend_y = 40 + 16 * (len(head) - 1) + 2
-  svg_legend(s, 12, legend_y, [(COLORS[FULL], f"full ({st['full']:,})"),
+  legend_end = svg_legend(s, 12, legend_y, [(COLORS[FULL], f"full ({st['full']:,})"),
                                (COLORS[PARTIAL], f"partial ({st['partial']:,})"),
                                (COLORS[EMPTY], f"empty ({st['empty']:,})")])
   note = f"cells: {_cell_note(bm, rq, ck)}"
@@ -490,7 +492,8 @@ def render_svg(bm, *, max_panels: int = MAX_PANELS, max_cells: int = MAX_SVG_CEL
     s.text(12, height, f"… {len(ps) - max_panels} more panels not shown "
            f"(max_panels={max_panels})", size=11, fill="#a33")
     height += 14
-  width = max(margin_l + n_grid_cols * (pw + gap_x), 12 + 6.4 * max(len(x) for x in head + [note]))
+  width = max(margin_l + n_grid_cols * (pw + gap_x), legend_end,
+              12 + 6.4 * max(len(x) for x in head + [note]))
   return s.document(width, height, head[0])
 
 

@@ -222,7 +222,7 @@ def element_svg(bm: BlockMap, dense: np.ndarray, *, max_panels: int = render.MAX
   planes = _planes(bm, dense)
   shown = planes[:max_panels]
   q_len, kv_len = bm.q_len, bm.kv_len
-  cell = max(1.0, min(14.0, 560.0 / kv_len, 420.0 / q_len))
+  cell = max(1.0, min(24.0, 560.0 / kv_len, 420.0 / q_len))
   pw, ph = cell * kv_len, cell * q_len
   n_grid_cols = min(len(shown), max(1, int(1200 // (pw + 90))))
   n_grid_rows = -(-len(shown) // n_grid_cols)
@@ -233,7 +233,7 @@ def element_svg(bm: BlockMap, dense: np.ndarray, *, max_panels: int = render.MAX
   for i, line in enumerate(head[1:]):
     s.text(12, 40 + 16 * i, line, size=11, fill="#444")
   legend_y = 40 + 16 * (len(head) - 1) + 2
-  render.svg_legend(s, 12, legend_y, LEGEND)
+  legend_end = render.svg_legend(s, 12, legend_y, LEGEND)
   top = legend_y + 50
   for n, (p, el, tiles) in enumerate(shown):
     x0 = margin_l + (n % n_grid_cols) * (pw + gap_x)
@@ -251,7 +251,8 @@ def element_svg(bm: BlockMap, dense: np.ndarray, *, max_panels: int = render.MAX
     s.text(12, height, f"… {len(planes) - max_panels} more panels not shown "
            f"(max_panels={max_panels})", size=11, fill="#a33")
     height += 14
-  width = max(margin_l + n_grid_cols * (pw + gap_x), 12 + 6.4 * max(len(x) for x in head))
+  width = max(margin_l + n_grid_cols * (pw + gap_x), legend_end,
+              12 + 6.4 * max(len(x) for x in head))
   return s.document(width, height, head[0])
 
 
