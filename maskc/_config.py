@@ -286,11 +286,15 @@ def _load_toml(text: str, file: str) -> Any:
   try:
     return tomllib.loads(text)
   except tomllib.TOMLDecodeError as e:
-    message = str(e)
-    m = re.search(r"\s*\(at line (\d+), column (\d+)\)$", message)
-    span = None
+    message, span = str(e), None
+    m = re.search(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)$", message)
     if m:
-      span = _file_span(text, int(m.group(1)), int(m.group(2)))
+      if m.group(1):
+        span = _file_span(text, int(m.group(1)), int(m.group(2)))
+      else:
+        body = text.rstrip()
+        line = body.count("\n") + 1
+        span = _file_span(text, line, len(body) - (body.rfind("\n") + 1) + 1)
       message = message[:m.start()]
     raise ConfigError(f"invalid TOML: {message}", file=file, span=span) from None
 
@@ -378,8 +382,8 @@ class _Loader:
                        layers[i][1] or self.path("default"),
                        hint="Add `default: causal` (or the mask these layers use).")
     masks = tuple(default if e is None else e for e, _ in layers)
-    self.check_heads(masks, layers, num_heads, default)
-    decls = self.check_operands(masks, layers)
+    self.check_heads(masks, layers, num_heads)
+    decls = self.check_operands()
     self.check_params_used()
     return MaskConfig(layers=masks, operands=decls, params=tuple(sorted(self.params.items())),
                       num_heads=num_heads, definitions=self.definitions, source=self.file)
@@ -667,9 +671,9 @@ class _Loader:
         out[i] = (self.entry(v, kp), kp)
     return out
 
-  def check_heads(self, masks, layers, num_heads, default) -> None:
+  def check_heads(self, masks, layers, num_heads) -> None:
     seen = None
-    for (entry, path), m in zip(layers, masks):
+    for (_, path), m in zip(layers, masks):
       if isinstance(m, tuple):
         path = path or self.path("default")
         n = len(m)
@@ -685,7 +689,7 @@ class _Loader:
 
   # -------------------------------------------------------------------- operand checks
 
-  def check_operands(self, masks, layers) -> tuple[OperandDecl, ...]:
+  def check_operands(self) -> tuple[OperandDecl, ...]:
     used: dict[str, bool] = {}
     for parsed in self.parsed.values():
       for spec in parsed.mask.operands:
