@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import os
 import re
 import warnings
@@ -56,6 +57,7 @@ _KINDS = {"token": "token", "per_token": "token", "per-token": "token", "scalar"
           "pair": "pair", "pairwise": "pair"}
 _SHAPES = {"token": "[L] or [B, L]", "scalar": "[] or [B]", "pair": "[Lq, Lk] or [B, Lq, Lk]"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MAX_COUNT = 100_000  # layers or heads: a bound, so a typo cannot allocate without limit
 
 
 class ConfigError(MaskError, ValueError):
@@ -392,8 +394,9 @@ class _Loader:
     value = self.data.get(key)
     if value is None:
       return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise self.error(f"{key} must be a positive integer, got {value!r}", self.path(key))
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_COUNT:
+      raise self.error(f"{key} must be a positive integer up to {_MAX_COUNT}, got {value!r}",
+                       self.path(key))
     return value
 
   # -------------------------------------------------------------------- params
@@ -429,13 +432,21 @@ class _Loader:
       params[name] = value
       self.config_params[name] = p
     for name, value in self.caller.items():
-      self.check_name(name, f"load_config({name}=...)", "parameter")
+      where = f"load_config({name}=...)"
+      self.check_name(name, where, "parameter")
+      if not isinstance(value, (int, str, ir.Node)):
+        try:
+          value = operator.index(value)  # NumPy integers
+        except TypeError:
+          raise self.error(f"parameter `{name}` must be an int, a mask or an operand name, got "
+                           f"{type(value).__name__} {value!r}", where) from None
       params[name] = value
     return params
 
   # -------------------------------------------------------------------- operands
 
-  def read_operands(self) -> dict[str, OperandDecl | tuple[str, str | None]]:
+  def read_operands(self) -> dict[str, tuple[str, str | None, str]]:
+    """Declared operands by name: (kind, dtype or None, key path)."""
     raw = self.data.get("operands")
     if raw is None:
       return {}
@@ -468,14 +479,14 @@ class _Loader:
       else:
         raise self.error(f"operand `{name}` must be a kind or a mapping, got {spec!r}", p,
                          hint=f"{name}: {{kind: token, dtype: int32}}")
-      if kind not in _KINDS:
+      if not isinstance(kind, str) or kind not in _KINDS:
         raise self.error(f"operand `{name}` has unknown kind {kind!r}", kind_path,
                          hint="Kinds are token (per token, [L] or [B, L]), scalar ([] or [B]) "
                               "and pair (pairwise, [Lq, Lk] or [B, Lq, Lk]).")
       if dtype is not None:
         try:
-          dt = np.dtype(dtype)
-        except TypeError:
+          dt = np.dtype(dtype) if isinstance(dtype, str) else None
+        except (TypeError, ValueError, SyntaxError):
           dt = None
         if dt is None or not (np.issubdtype(dt, np.integer) or dt == np.bool_):
           raise self.error(f"operand `{name}` has dtype {dtype!r}; operands hold integers or "
@@ -661,10 +672,8 @@ class _Loader:
                          hint="overrides: {0: causal}")
       for key, v in overrides.items():
         kp = _key(op, str(key))
-        try:
-          i = int(key) if not isinstance(key, bool) else None
-        except (TypeError, ValueError):
-          i = None
+        i = key if isinstance(key, int) and not isinstance(key, bool) else (
+            int(key) if isinstance(key, str) and key.strip().isdigit() else None)
         if i is None or not 0 <= i < num_layers:
           raise self.error(f"override key {key!r} is not a layer number in 0..{num_layers - 1}",
                            kp)

@@ -11,10 +11,13 @@ import json
 import pathlib
 import pickle
 import sys
+import warnings
 
+import hypothesis.strategies as st
 import jax
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 import maskc
 from maskc import _ir as ir
@@ -411,6 +414,8 @@ def test_unused_operand_and_params_warn():
     ({"seg": {"kind": "token", "dtype": "nonsense"}}, "has dtype 'nonsense'",
      "operands.seg.dtype"),
     ({"seg": 3}, "must be a kind or a mapping", "operands.seg"),
+    ({"seg": {"kind": ["token"]}}, "unknown kind ['token']", "operands.seg.kind"),
+    ({"seg": {"kind": "token", "dtype": ["i4"]}}, "has dtype ['i4']", "operands.seg.dtype"),
     ({"q": "token"}, "reserved", "operands.q"),
     ({"causal": "token"}, "would hide the prelude mask", "operands.causal"),
     (["seg"], "operands must be a mapping", "operands"),
@@ -427,6 +432,7 @@ def test_bad_operand_declarations(operands, message, path):
 @pytest.mark.parametrize("config, message, path", [
     ({"num_layer": 4, "default": "causal"}, "unknown key `num_layer`", "num_layer"),
     ({"num_layers": 0, "default": "causal"}, "num_layers must be a positive integer", "num_layers"),
+    ({"num_layers": 10**9, "default": "causal"}, "up to 100000", "num_layers"),
     ({"num_layers": True, "default": "causal"}, "must be a positive integer", "num_layers"),
     ({"num_heads": "2", "layers": ["causal"]}, "num_heads must be a positive", "num_heads"),
     ({"default": "causal"}, "neither `layers` nor `num_layers`", None),
@@ -441,6 +447,8 @@ def test_bad_operand_declarations(operands, message, path):
      "layers.patern"),
     ({"num_layers": 2, "default": "causal", "layers": {"overrides": {"2": "full"}}},
      "override key '2' is not a layer number in 0..1", 'layers.overrides["2"]'),
+    ({"num_layers": 2, "default": "causal", "layers": {"overrides": {1.5: "full"}}},
+     "override key 1.5 is not a layer number", "layers.overrides[\"1.5\"]"),
     ({"num_layers": 2, "default": "causal", "layers": {"overrides": ["full"]}},
      "overrides must map", "layers.overrides"),
     ({"num_layers": 2, "layers": [None, "causal"]}, "layer 0 has no mask", "layers[0]"),
@@ -491,8 +499,10 @@ def test_caller_param_errors():
   err = error_of(LLAMA4, exc=maskc.ConfigError, causal=3)
   assert "would hide the prelude mask `causal`" in str(err)
   assert "(load_config(causal=...))" in str(err)
-  err = error_of(LLAMA4, exc=maskc.MaskTypeError, C=[1])
-  assert "parameter `C` must be an int" in str(err) and "layers.pattern[0]" in str(err)
+  err = error_of(LLAMA4, exc=maskc.ConfigError, C=[1])
+  assert "parameter `C` must be an int, a mask or an operand name, got list" in str(err)
+  assert err.path == "load_config(C=...)"
+  assert maskc.load_config(LLAMA4, C=np.int64(16)).mask(0) == maskc.causal() & maskc.chunk(16)
 
 
 # ----------------------------------------------------------------------------- files
@@ -652,3 +662,32 @@ def test_example_model_runs_forward_and_backward():
   assert any(float(abs(g).max()) > 0 for g in leaves)
   assert blockmaps[0] is blockmaps[2] and blockmaps[0] is not blockmaps[1]
   assert len({id(b) for b in blockmaps}) == 3
+
+
+# ----------------------------------------------------------------------------- fuzz
+
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 40), st.floats(allow_nan=False),
+                  st.sampled_from(["causal", "local", "sliding(W)", "document(seg)", "token",
+                                   "scalar", "int32", "float32", "causal &", "chunk(C)", "",
+                                   "streaming(w)", "1", "-1", "q", "pattern", "heads"]))
+_junk = st.recursive(_leaf, lambda inner: st.one_of(
+    st.lists(inner, max_size=4),
+    st.dictionaries(st.one_of(st.sampled_from(
+        ["pattern", "overrides", "mask", "heads", "kind", "dtype", "seg", "local", "W", "C",
+         "streaming(w)", "0", "1"]), st.integers(0, 3)), inner, max_size=4)), max_leaves=12)
+_configs = st.dictionaries(
+    st.sampled_from(["num_layers", "num_heads", "params", "definitions", "default", "layers",
+                     "operands"]), _junk, max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_configs)
+def test_fuzzed_configs_raise_only_mask_errors(config):
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", maskc.ConfigWarning)
+    try:
+      cfg = maskc.load_config(config)
+    except maskc.MaskError:
+      return
+  assert all(isinstance(m, (maskc.Mask, tuple)) for m in cfg.masks)
+  hash(cfg)
