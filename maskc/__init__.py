@@ -40,3 +40,4 @@ from maskc._config import (ConfigError as ConfigError, ConfigWarning as ConfigWa
                            OperandDecl as OperandDecl, load_config as load_config,
                            mask_field as mask_field)
 from maskc._show import MaskView as MaskView, show as show
+from maskc._equivalence import equivalent as equivalent
