@@ -129,6 +129,7 @@ def stats(bm) -> dict[str, Any]:
   The same numbers as `bm.counts` and `bm.flops_saved`, without building the grid.
   """
   start, stop, state, count = _static(bm, "describe")
+  start, stop = start.astype(np.int64), stop.astype(np.int64)
   valid = np.arange(start.shape[-1]) < count[..., None]
   length = np.where(valid, stop - start, 0).astype(np.int64)
   weight = np.ones(start.shape[1], np.int64)  # heads per distinct mask
