@@ -1,0 +1,426 @@
+"""Testing helpers for users' own test suites: strategies and `assert_masks_equal`.
+
+`assert_masks_equal(a, b, q_len, ...)` checks that two masks (text, `Mask`, or a
+dense NumPy bool reference) agree at a shape, and fails with the first differing
+position, both masks as text, and a small picture of the differences:
+
+    from maskc.testing import assert_masks_equal
+
+    def test_prefix_lm():
+      assert_masks_equal("causal | prefix(16)", "causal | q < 16 & k < 16", 4096)
+
+The hypothesis strategies draw random valid masks, shapes and operand values, for
+property tests of code that consumes masks:
+
+    from hypothesis import given, strategies as st
+    from maskc import testing
+
+    @given(st.data())
+    def test_my_kernel(data):
+      mask = data.draw(testing.masks())
+      shape = data.draw(testing.shapes(max_len=64))
+      operands = data.draw(testing.operand_values(mask, shape))
+      ...
+
+hypothesis is a test dependency only: this module imports without it, and the
+strategies raise an `ImportError` that says how to install it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from maskc import _ir as ir
+from maskc._bind import Shape, as_mask
+from maskc._equivalence import Equivalence, equivalent
+from maskc._errors import MaskValueError
+from maskc._evaluate import Env, evaluate
+
+__all__ = ["assert_masks_equal", "masks", "operand_values", "shapes", "OPERAND_KINDS"]
+
+OPERAND_KINDS = {
+    "segments": "integer ids per token: `document(x)`, `x[q] == x[k]`, `x[q] < x[k]`",
+    "image": "booleans per token: `bidirectional(x)`, `x[q]`, `x[k]`, `runs(x)[q] == runs(x)[k]`",
+    "scalar": "a non-negative int: `prefix(x)`, `sink(x)`, `global(x)`, `k < x`",
+    "pairwise": "a boolean [Lq, Lk] matrix: `x[q, k]`",
+}
+_DEFAULT_KINDS = {"seg": "segments", "segment_ids": "segments", "doc": "segments",
+                  "img": "image", "image": "image", "n": "scalar", "plen": "scalar",
+                  "prompt_len": "scalar", "allowed": "pairwise"}
+
+
+def _strategies():
+  try:
+    import hypothesis.strategies as st
+  except ImportError as e:  # pragma: no cover - exercised only without hypothesis
+    raise ImportError(
+        "maskc.testing's strategies need hypothesis, a test dependency: "
+        "`pip install hypothesis` (or `pip install maskc[test]`). assert_masks_equal works "
+        "without it.") from e
+  return st
+
+
+# ----------------------------------------------------------------------------- masks
+
+
+def _operand_kinds(operands: Sequence[str] | Mapping[str, str]) -> dict[str, str]:
+  if isinstance(operands, str):
+    operands = (operands,)
+  if isinstance(operands, Mapping):
+    kinds = dict(operands)
+  else:
+    kinds = {}
+    for name in operands:
+      if name not in _DEFAULT_KINDS:
+        raise MaskValueError(
+            f"cannot tell what kind of operand `{name}` is",
+            hint=f"Pass a mapping of names to kinds, e.g. operands={{'{name}': 'segments'}}; "
+                 f"kinds: {', '.join(OPERAND_KINDS)}.")
+      kinds[name] = _DEFAULT_KINDS[name]
+  for name, kind in kinds.items():
+    if kind not in OPERAND_KINDS:
+      raise MaskValueError(f"unknown operand kind {kind!r} for `{name}`",
+                           hint=f"Use one of {', '.join(OPERAND_KINDS)}.")
+    ir.operand(name)  # a valid identifier
+  return kinds
+
+
+def _terms(st):
+  """Integer terms of q and k whose values stay small over small shapes."""
+  q, k = ir.Pos("q"), ir.Pos("k")
+  c = st.integers(-8, 8)
+  pos = st.sampled_from([q, k])
+  return st.one_of(
+      pos,
+      st.sampled_from([q - k, k - q, abs(q - k), ir.fn("min", (q, k)), ir.fn("max", (q, k))]),
+      st.builds(lambda p, n: p + n, pos, c),
+      st.builds(lambda p, n: p // n, pos, st.integers(1, 6)),
+      st.builds(lambda p, n: p % n, pos, st.integers(1, 6)),
+      st.builds(lambda n, p: n * p, st.integers(-2, 3), pos),
+      st.builds(lambda a, b, n: a - b + n, pos, pos, c))
+
+
+_OPS = ("<", "<=", "==", "!=", ">=", ">")
+
+
+def _comparisons(st):
+  t = _terms(st)
+  op = st.sampled_from(_OPS)
+  return st.one_of(
+      st.builds(lambda a, o, b: ir.compare((a, b), (o,)), t, op, t),
+      st.builds(lambda a, o1, b, o2, c: ir.compare((a, b, c), (o1, o2)), t, op, t, op, t))
+
+
+def _leaves(st, kinds: dict[str, str], allow_comparisons: bool):
+  from maskc import _builders as mb
+  small = st.integers(0, 12)
+  q, k = ir.Pos("q"), ir.Pos("k")
+  options = [
+      st.sampled_from([mb.full(), mb.empty(), mb.causal()]),
+      st.builds(mb.sliding, st.integers(1, 12)),
+      st.builds(mb.local, st.integers(0, 8), st.integers(0, 8)),
+      st.builds(mb.chunk, st.integers(1, 12)),
+      st.builds(mb.prefix, small),
+      st.builds(mb.sink, small),
+      st.builds(mb.global_, small),
+  ]
+  for name, kind in kinds.items():
+    if kind == "segments":
+      options.append(st.sampled_from([
+          mb.document(name), ir.read(name, q) < ir.read(name, k),
+          ir.compare((ir.read(name, k), ir.read(name, q)), ("<=",)),
+          ir.compare((ir.read(name, q), ir.read(name, k)), ("!=",))]))
+    elif kind == "image":
+      options.append(st.sampled_from([
+          mb.bidirectional(name), ir.truth(ir.read(name, q)), ir.truth(ir.read(name, k)),
+          ir.compare((ir.read(name, q, runs=True), ir.read(name, k, runs=True)), ("==",))]))
+    elif kind == "scalar":
+      options.append(st.sampled_from([
+          mb.prefix(name), mb.sink(name), mb.global_(name), k < ir.Scalar(name),
+          ir.compare((q, ir.Scalar(name)), (">=",))]))
+    else:
+      options.append(st.just(ir.truth(ir.pair_read(name, q, k))))
+  if allow_comparisons:
+    options.append(_comparisons(st))
+  return st.one_of(options)
+
+
+def masks(max_depth: int = 3, operands: Sequence[str] | Mapping[str, str] = ("seg", "img"),
+          allow_comparisons: bool = True, as_text: bool = False):
+  """A hypothesis strategy for random valid masks.
+
+  Leaves are the prelude masks (`full empty causal sliding local chunk prefix
+  sink global document bidirectional`) with small arguments, reads of the given
+  operands, and (with `allow_comparisons`) comparisons of terms of `q` and `k`
+  (`q - k + 3 < k // 2`, chained ones too); they combine with `& | ^ ~` up to
+  `max_depth` levels. Every mask drawn parses from its text, prints and compiles.
+
+  Args:
+    max_depth: levels of `& | ^ ~` above the leaves (0 draws leaves only).
+    operands: operand names the masks may read: a sequence of known names
+      (`seg`, `doc` → segment ids; `img` → image flags; `n`, `plen` → scalars;
+      `allowed` → a pairwise matrix) or a mapping name → kind, kinds being
+      the keys of `OPERAND_KINDS`. Pass `()` for masks without operands.
+    allow_comparisons: include comparisons of integer terms.
+    as_text: draw the masks' canonical text instead of `Mask` objects.
+
+  Returns:
+    A strategy of `Mask` (or `str`). Draw values for its operands with
+    `operand_values(mask, shape)`.
+
+  >>> from maskc import testing
+  >>> strategy = testing.masks(max_depth=2, operands=(), as_text=True)
+  """
+  st = _strategies()
+  if max_depth < 0:
+    raise MaskValueError(f"max_depth must be >= 0, got {max_depth=}")
+  leaves = _leaves(st, _operand_kinds(operands), allow_comparisons)
+  tree = leaves
+  for _ in range(max_depth):
+    sub = tree
+    tree = st.one_of(
+        leaves,
+        st.builds(lambda a, b: a & b, sub, sub),
+        st.builds(lambda a, b: a | b, sub, sub),
+        st.builds(lambda a, b: a ^ b, sub, sub),
+        st.builds(lambda a: ~a, sub))
+  return tree.map(str) if as_text else tree
+
+
+# ----------------------------------------------------------------------------- shapes
+
+
+def shapes(max_len: int = 64):
+  """A hypothesis strategy for `(q_len, kv_len, q_offset)`.
+
+  Draws square shapes, ragged ones (`q_len < kv_len`: chunked prefill), decode
+  (1 to 4 queries against a longer cache), more queries than keys, and explicit
+  offsets. `q_offset` is None (the default, `kv_len - q_len`) only where that
+  default is non-negative, and explicit offsets are non-negative too, so every
+  query position is >= 0 and operand reads at `q` stay in bounds with operands
+  from `operand_values`.
+
+  Args:
+    max_len: the largest `q_len` and `kv_len` drawn.
+  """
+  st = _strategies()
+  if max_len < 1:
+    raise MaskValueError(f"max_len must be >= 1, got {max_len=}")
+  n = st.integers(1, max_len)
+
+  @st.composite
+  def draw_shape(draw):
+    kind = draw(st.sampled_from(["square", "ragged", "decode", "offset", "more_queries"]))
+    kv_len = draw(n)
+    if kind == "square":
+      return kv_len, kv_len, None
+    if kind == "ragged":
+      return draw(st.integers(1, kv_len)), kv_len, None
+    if kind == "decode":
+      return draw(st.integers(1, min(4, kv_len))), kv_len, None
+    q_len = draw(n) if kind == "offset" else draw(st.integers(kv_len, max_len))
+    return q_len, kv_len, draw(st.integers(0, max_len))
+
+  return draw_shape()
+
+
+# ----------------------------------------------------------------------------- operands
+
+
+def _needed_length(m: ir.Mask, shape: Shape, scalars: dict[str, np.ndarray]):
+  """Per operand axis `(name, axis)`: the largest index the mask reads plus one, and the least."""
+  qpos = np.arange(shape.q_len, dtype=np.int64) + shape.q_offset
+  kpos = np.arange(shape.kv_len, dtype=np.int64)
+  nb = max([v.shape[0] for v in scalars.values()] + [1])
+  arrays = {n: np.broadcast_to(v, (nb,)) for n, v in scalars.items()}
+  env_b = np.arange(nb)[:, None]
+  need: dict[tuple[str, int], int] = {}
+  low = 0
+  for n in ir.walk(m):
+    if isinstance(n, ir.Read):
+      checks = [(n.index, (n.operand.name, -1))]
+    elif isinstance(n, ir.PairRead):
+      checks = [(n.q_index, (n.operand.name, -2)), (n.k_index, (n.operand.name, -1))]
+    else:
+      continue
+    for index, key in checks:
+      pos = qpos if "q" in ir.positions_of(index) else kpos
+      values = np.asarray(evaluate(index, Env(np, pos[None, :], pos[None, :], arrays, env_b)))
+      need[key] = max(need.get(key, 1), int(values.max()) + 1)
+      low = min(low, int(values.min()))
+  return need, low
+
+
+def operand_values(mask: Any, shape: tuple[int, int, int | None], *,
+                   batch: int | None | bool = False):
+  """A hypothesis strategy for values of every operand `mask` reads, at `shape`.
+
+  Segment ids are small non-negative ints, sorted (packed documents) or not;
+  image flags are bool arrays made of runs or drawn freely; scalars are ints in
+  `[0, max(kv_len, q_len + q_offset)]`; pairwise operands are bool matrices.
+  Lengths cover every index the mask reads at the shape. Batched variants give
+  some operands a leading batch axis of one common size.
+
+  Args:
+    mask: the mask (or its text) whose operands to draw.
+    shape: `(q_len, kv_len, q_offset)` as drawn by `shapes()`.
+    batch: False (the default) draws unbatched or batched values; None draws
+      unbatched values only; an int draws values batched with that size.
+
+  Returns:
+    A strategy of `{name: value}` for `operands=`. Masks that read an operand
+    at negative indices (queries before position 0) are rejected.
+  """
+  st = _strategies()
+  from hypothesis import reject
+  from hypothesis.extra import numpy as hnp
+  m = as_mask(mask)
+  bound = Shape.of(*shape)
+  specs = m.operands
+  span = max(bound.kv_len, bound.q_len + max(int(bound.q_offset), 0))
+
+  @st.composite
+  def draw_values(draw):
+    nb = draw(st.sampled_from([None, None, 1, 2, 3])) if batch is False else batch
+    batched = {s.name: nb is not None and draw(st.booleans()) for s in specs}
+    if nb is not None and specs and not any(batched.values()):
+      batched[specs[0].name] = True
+    values: dict[str, Any] = {}
+    for s in specs:
+      if s.kind == "scalar":
+        ints = st.integers(0, span)
+        values[s.name] = (np.asarray(draw(st.lists(ints, min_size=nb, max_size=nb)), np.int32)
+                          if batched[s.name] else draw(ints))
+    scalars = {n: np.atleast_1d(np.asarray(v)) for n, v in values.items()}
+    need, low = _needed_length(m, bound, scalars)
+    if low < 0:
+      reject()
+    for s in specs:
+      if s.kind == "scalar":
+        continue
+      lead = (nb,) if batched[s.name] else ()
+      if s.kind == "pair":
+        dims = (need.get((s.name, -2), 1), need.get((s.name, -1), 1))
+        values[s.name] = draw(hnp.arrays(np.bool_, lead + dims))
+        continue
+      length = max(need.get((s.name, -1), 1), bound.kv_len)
+      rows = [_token_values(draw, st, hnp, s.boolean, length) for _ in range(nb or 1)]
+      values[s.name] = np.stack(rows) if batched[s.name] else rows[0]
+    return values
+
+  return draw_values()
+
+
+def _token_values(draw, st, hnp, boolean: bool, length: int) -> np.ndarray:
+  if boolean:
+    if draw(st.booleans()):  # runs of equal flags, as image tokens come
+      out, value = [], draw(st.booleans())
+      while len(out) < length:
+        out.extend([value] * draw(st.integers(1, max(1, length // 2))))
+        value = not value
+      return np.asarray(out[:length], bool)
+    return draw(hnp.arrays(np.bool_, (length,)))
+  ids = draw(hnp.arrays(np.int32, (length,), elements=st.integers(0, 4)))
+  return np.sort(ids) if draw(st.booleans()) else ids
+
+
+# ----------------------------------------------------------------------------- assertions
+
+
+def assert_masks_equal(a: Any, b: Any, q_len: int | None = None, kv_len: int | None = None, *,
+                       q_offset: int | None = None, operands: dict[str, Any] | None = None,
+                       block_q: int = 128, block_kv: int = 128) -> Equivalence:
+  """Asserts that two masks agree at a shape; fails with a picture of where they do not.
+
+  Cheap at long sequences (see `maskc.equivalent`): only tiles where the masks'
+  block maps disagree or are partial are evaluated.
+
+  Args:
+    a, b: masks: `Mask`, mask text, or a dense bool array (a reference built
+      by hand; it gives the shape when `q_len` is None).
+    q_len, kv_len, q_offset, operands: the shape and operand values to check at;
+      `q_len` may be left out only when a dense array gives it.
+    block_q, block_kv: tile sizes of the check.
+
+  Returns:
+    The `Equivalence` (truthy), for further inspection.
+
+  Raises:
+    AssertionError: the masks differ. The message gives the first differing
+      position (row-major), both masks as text, and a window of at most 16 rows
+      by 32 columns around it, with `#` where both are true, `.` where both are
+      false, `a` where only a is true and `b` where only b is.
+
+  >>> from maskc.testing import assert_masks_equal
+  >>> _ = assert_masks_equal("sliding(4)", "causal & local(3, 0)", 64)
+  """
+  __tracebackhide__ = True  # pytest shows the caller's line
+  result = equivalent(a, b, q_len, kv_len, q_offset=q_offset, operands=operands,
+                      block_q=block_q, block_kv=block_kv)
+  if result.equal is None:
+    raise AssertionError(f"cannot decide whether `{result.a}` and `{result.b}` are equal without "
+                         f"a shape: pass q_len (and operands). {result.reason}")
+  if result.equal:
+    return result
+  raise AssertionError(_failure_message(result, a, b, operands))
+
+
+def _failure_message(result: Equivalence, a: Any, b: Any, operands) -> str:
+  cx = result.counterexample
+  q_len, kv_len, q_offset = result.shape
+  r0 = max(0, min(cx.row - 3, q_len - 16))
+  r1 = min(q_len, r0 + 16)
+  c0 = max(0, min(cx.col - 8, kv_len - 32))
+  c1 = min(kv_len, c0 + 32)
+  va = _window(a, result, cx, operands, r0, r1, c0, c1)
+  vb = _window(b, result, cx, operands, r0, r1, c0, c1)
+  where = "" if cx.batch is None else f"batch {cx.batch}, "
+  lines = [
+      f"masks differ at {where}row {cx.row}, col {cx.col} (q={cx.q}, k={cx.k}): "
+      f"a is {str(cx.a).lower()}, b is {str(cx.b).lower()}",
+      f"  a: {result.a}",
+      f"  b: {result.b}",
+      f"  at q_len={q_len}, kv_len={kv_len}, q_offset={q_offset}; tile {cx.tile} = rows "
+      f"{cx.tile_rows[0]}:{cx.tile_rows[1]}, cols {cx.tile_cols[0]}:{cx.tile_cols[1]} of "
+      f"{result.block_q}x{result.block_kv}",
+      f"  rows {r0}:{r1}, cols {c0}:{c1}: {int((va != vb).sum())} of {va.size} differ "
+      f"('#' both true, '.' neither, 'a' only a, 'b' only b):",
+  ]
+  width = len(str(q_len + q_offset))
+  lines.append((" " * (width * 2 + 13) + _ruler(c0, c1)).rstrip())
+  for i, r in enumerate(range(r0, r1)):
+    cells = "".join("#" if x and y else "." if not x and not y else "a" if x else "b"
+                    for x, y in zip(va[i], vb[i]))
+    lines.append(f"    row {r:>{width}} q={r + q_offset:<{width}} |{cells}|")
+    if r == cx.row:
+      lines.append(" " * (width * 2 + 13 + cx.col - c0) + "^ first difference")
+  return "\n".join(lines)
+
+
+def _ruler(c0: int, c1: int) -> str:
+  """Column numbers over the picture: the first column and every multiple of 10 that fits."""
+  cells = [" "] * (c1 - c0)
+  for c in range(c0, c1):
+    label = str(c)
+    at = c - c0
+    if (c == c0 or c % 10 == 0) and at + len(label) <= len(cells) and \
+        all(x == " " for x in cells[max(0, at - 1):at + len(label)]):
+      cells[at:at + len(label)] = label
+  return "".join(cells)
+
+
+def _window(x: Any, result: Equivalence, cx, operands, r0, r1, c0, c1) -> np.ndarray:
+  """Values of one side in the window (its batch row of the counterexample)."""
+  q_len, kv_len, q_offset = result.shape
+  if isinstance(x, (ir.Mask, str)):
+    cm = as_mask(x).bind(q_len, kv_len, q_offset=q_offset, operands=operands)
+    idx = (slice(r0, r1), slice(c0, c1))
+    if len(cm.shape) == 3:
+      idx = (cx.batch or 0,) + idx
+    return np.asarray(cm[idx], bool)
+  arr = np.asarray(x).astype(bool)
+  if arr.ndim == 3:
+    arr = arr[cx.batch or 0]
+  return arr[r0:r1, c0:c1]
