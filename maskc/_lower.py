@@ -169,6 +169,62 @@ def _evaluate_tiles(m: ir.Mask, geo: _Tile, tables: Tables, xp, b, i, j):
   return xp.concatenate(out) if out else xp.zeros(0, xp.int8)
 
 
+def _subdivide(m: ir.Mask, geo: _Tile, tables: Tables, xp, b, i, j, parts: int):
+  """Decides tiles `(b, i, j)` from their `parts × parts` sub-rectangles, without evaluating.
+
+  A sub-rectangle that is FULL (or certainly PARTIAL) witnesses a true
+  position, one that is EMPTY (or certainly PARTIAL) a false one. Returns the
+  tiles' states and whether each is still ambiguous (no witness of one kind).
+  """
+  n = i.shape[0]
+  sub = xp.arange(parts)
+  q0 = i * geo.bq
+  q_len = xp.minimum(geo.bq, geo.shape.q_len - q0)
+  k0 = j * geo.bk
+  k_len = xp.minimum(geo.bk, geo.shape.kv_len - k0)
+  # sub-rectangle bounds, [n, parts] per axis; empty ones (tile smaller than parts) are dropped
+  q_lo = q0[:, None] + (sub[None, :] * q_len[:, None]) // parts
+  q_hi = q0[:, None] + ((sub[None, :] + 1) * q_len[:, None]) // parts - 1
+  k_lo = k0[:, None] + (sub[None, :] * k_len[:, None]) // parts
+  k_hi = k0[:, None] + ((sub[None, :] + 1) * k_len[:, None]) // parts - 1
+  shape = (n, parts, parts)
+  ql = xp.broadcast_to(q_lo[:, :, None], shape) + geo.shape.q_offset
+  qh = xp.broadcast_to(q_hi[:, :, None], shape) + geo.shape.q_offset
+  kl = xp.broadcast_to(k_lo[:, None, :], shape)
+  kh = xp.broadcast_to(k_hi[:, None, :], shape)
+  real = (qh >= ql) & (kh >= kl)
+  bb = xp.broadcast_to(b[:, None, None], shape) if not np.isscalar(b) else 0
+  t = Analyzer(xp, tables, ql, xp.maximum(qh, ql), kl, xp.maximum(kh, kl), bb).truth(m)
+  state = xp.broadcast_to(xp.asarray(t.state), shape)
+  certain = xp.broadcast_to(xp.asarray(t.certain, bool), shape) & (state == PARTIAL)
+  has_true = xp.any(real & ((state == FULL) | certain), axis=(1, 2))
+  has_false = xp.any(real & ((state == EMPTY) | certain), axis=(1, 2))
+  all_full = xp.all(~real | (state == FULL), axis=(1, 2))
+  all_empty = xp.all(~real | (state == EMPTY), axis=(1, 2))
+  out = xp.where(all_full, FULL, xp.where(all_empty, EMPTY, PARTIAL)).astype(xp.int8)
+  ambiguous = (out == PARTIAL) & ~(has_true & has_false)
+  return out, ambiguous
+
+
+def _decide_tiles(m: ir.Mask, geo: _Tile, tables: Tables, b, i, j):
+  """Exact states of ambiguous tiles: by finer analysis where it suffices, else by evaluation."""
+  out = np.full(i.shape, PARTIAL, np.int8)
+  todo = np.ones(i.shape, bool)
+  for parts in (4, 16):
+    if not todo.any() or parts > max(geo.bq, geo.bk):
+      break
+    idx = np.flatnonzero(todo)
+    bb = b[idx] if not np.isscalar(b) else 0
+    state, ambiguous = _subdivide(m, geo, tables, np, bb, i[idx], j[idx], parts)
+    out[idx] = state
+    todo[idx] = ambiguous
+  idx = np.flatnonzero(todo)
+  if idx.size:
+    out[idx] = _evaluate_tiles(m, geo, tables, np, b[idx] if not np.isscalar(b) else 0, i[idx],
+                               j[idx])
+  return out
+
+
 def _frontier(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, along_rows: bool):
   """Decided runs `(b, line, a, z, state, ambiguous)` covering every line of tiles."""
   n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
@@ -243,7 +299,7 @@ def _static_runs(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None,
       todo = [t for t in tiles if t not in refined]
       if todo:
         tb, ti, tj = (np.asarray(c, np.int64) for c in zip(*todo))
-        new = _evaluate_tiles(m, geo, tables, np, tb if batch else 0, ti, tj)
+        new = _decide_tiles(m, geo, tables, tb if batch else 0, ti, tj)
         refined.update(zip(todo, new.tolist()))
       state = state.copy()
       state[idx] = [refined[t] for t in tiles]
@@ -295,27 +351,52 @@ def _dynamic_grid(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, ref
   certain = jnp.broadcast_to(jnp.asarray(t.certain, bool), full_shape)
   ambiguous = ((state == PARTIAL) & ~certain).reshape(-1)
   total = ambiguous.size
-  chunk = max(1, min(total, _EVAL_CHUNK // (geo.bq * geo.bk)))
-  max_rounds = -(-total // chunk) if budget is None else max(0, -(-int(budget) // chunk))
+  tiles = geo.nq * geo.nk
 
-  def body(carry):
-    flat_state, todo, rounds = carry
-    (idx,) = jnp.nonzero(todo, size=chunk, fill_value=total)
-    valid = idx < total
-    safe = jnp.where(valid, idx, 0)
-    tb, rest = jnp.divmod(safe, geo.nq * geo.nk)
+  def coords(idx):
+    tb, rest = jnp.divmod(idx, tiles)
     ti, tj = jnp.divmod(rest, geo.nk)
-    new = _evaluate_tiles(m, geo, tables, jnp, tb if batch else 0, ti, tj)
-    flat_state = flat_state.at[safe].set(jnp.where(valid, new, flat_state[safe]))
-    todo = todo.at[safe].set(jnp.where(valid, False, todo[safe]))
-    return flat_state, todo, rounds + 1
+    return (tb if batch else 0), ti, tj
 
-  def more(carry):
-    _, todo, rounds = carry
-    return jnp.logical_and(todo.any(), rounds < max_rounds)
+  def rounds(decide, chunk, budget_tiles):
+    """Applies `decide` to the ambiguous tiles, `chunk` at a time, in a while_loop."""
+    chunk = max(1, min(total, chunk))
+    limit = -(-total // chunk) if budget_tiles is None else max(0, -(-int(budget_tiles) // chunk))
 
-  # Cost follows the number of ambiguous tiles: `chunk` tiles per round.
-  flat, _, _ = jax.lax.while_loop(more, body, (state.reshape(-1), ambiguous, 0))
+    def body(carry):
+      flat_state, todo, left, n = carry
+      (idx,) = jnp.nonzero(todo, size=chunk, fill_value=total)
+      valid = idx < total
+      safe = jnp.where(valid, idx, 0)
+      new, unresolved = decide(*coords(safe))
+      flat_state = flat_state.at[safe].set(jnp.where(valid, new, flat_state[safe]))
+      todo = todo.at[safe].set(jnp.where(valid, False, todo[safe]))
+      left = left.at[safe].set(jnp.where(valid, unresolved, left[safe]))
+      return flat_state, todo, left, n + 1
+
+    def more(carry):
+      return jnp.logical_and(carry[1].any(), carry[3] < limit)
+
+    return body, more
+
+  def by_analysis(b, i, j):
+    out, amb = _subdivide(m, geo, tables, jnp, b, i, j, 4)
+    if max(geo.bq, geo.bk) >= 16:
+      out16, amb16 = _subdivide(m, geo, tables, jnp, b, i, j, 16)
+      out = jnp.where(amb, out16, out)
+      amb = amb & amb16
+    return out, amb
+
+  def by_evaluation(b, i, j):
+    return _evaluate_tiles(m, geo, tables, jnp, b, i, j), jnp.zeros(i.shape, bool)
+
+  flat = state.reshape(-1)
+  none_left = jnp.zeros_like(ambiguous)
+  # Cost follows the number of ambiguous tiles: finer analysis first, then evaluation.
+  body, more = rounds(by_analysis, max(1, (1 << 16) // 256), None)
+  flat, _, left, _ = jax.lax.while_loop(more, body, (flat, ambiguous, none_left, 0))
+  body, more = rounds(by_evaluation, _EVAL_CHUNK // (geo.bq * geo.bk), budget)
+  flat, _, _, _ = jax.lax.while_loop(more, body, (flat, left, none_left, 0))
   return flat.reshape(full_shape)
 
 
