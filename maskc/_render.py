@@ -297,7 +297,8 @@ def render_text(bm, width: int = 80, *, max_rows: int = 48, max_panels: int = MA
   avail = max(2, (width - label_width - 2) // 2)
   ck = power_of_two_scale(bm.n_kv_tiles, avail)  # powers of two line up with chunks, windows
   target = max(1, (ck * bm.block_kv) // bm.block_q)
-  rq = max(1 << (target.bit_length() - 1), power_of_two_scale(bm.n_q_tiles, max_rows))
+  rq = min(max(1 << (target.bit_length() - 1), power_of_two_scale(bm.n_q_tiles, max_rows)),
+           bm.n_q_tiles)  # a short map (decode) is one row of cells, not a taller block
   lines.append(f"legend   {glyphs[FULL]} full  {glyphs[PARTIAL]} partial  {glyphs[EMPTY]} empty")
   lines.append(f"cells    {_cell_note(bm, rq, ck)}")
   for panel in ps[:max_panels]:
@@ -404,16 +405,23 @@ def svg_axes(s: _Svg, x0: float, y0: float, pw: float, ph: float, q_lo: int, q_l
              kv_len: int) -> None:
   """Tick marks and labels in tokens around a panel at `(x0, y0)` of size `pw × ph`."""
   ticks = []
-  for t in nice_ticks(0, kv_len, max(2, int(pw // 56))):
+  for t in nice_ticks(0, kv_len, max(1, int(pw // 56))):
     x = x0 + pw * t / kv_len
     ticks.append(f"M{x:.6g} {y0:.6g}v-4")
     s.text(x, y0 - 7, tokens(t), size=10, anchor="middle", fill="#444")
-  for t in nice_ticks(q_lo, q_lo + q_len, max(2, int(ph // 56))):
+  for t in nice_ticks(q_lo, q_lo + q_len, max(1, int(ph // 56))):
     y = y0 + ph * (t - q_lo) / q_len
     ticks.append(f"M{x0:.6g} {y:.6g}h-4")
     s.text(x0 - 7, y + 3.5, tokens(t), size=10, anchor="end", fill="#444")
   s.path("".join(ticks), "#666")
   s.rect(x0, y0, pw, ph, "none", stroke="#888", stroke_width="0.8")
+
+
+def svg_axis_titles(s: _Svg, x0: float, y0: float, pw: float, ph: float) -> None:
+  """`k (key position)` under a panel and `q (query position)` (or `q` when short) beside it."""
+  s.text(x0 + pw / 2, y0 + ph + 16, "k (key position)", size=10, anchor="middle", fill="#666")
+  s.text(x0 - 48, y0 + ph / 2, "q (query position)" if ph >= 130 else "q", size=10,
+         anchor="middle", fill="#666", transform=f"rotate(-90 {x0 - 48:.6g} {y0 + ph / 2:.6g})")
 
 
 def svg_legend(s: _Svg, x: float, y: float, items: Sequence[tuple[str, str]]) -> float:
@@ -485,9 +493,7 @@ def render_svg(bm, *, max_panels: int = MAX_PANELS, max_cells: int = MAX_SVG_CEL
              fill="#222")
     _svg_cells(s, bm, pic, x0, y0, pw, ph)
     svg_axes(s, x0, y0, pw, ph, int(bm.q_offset), bm.q_len, bm.kv_len)
-    s.text(x0 + pw / 2, y0 + ph + 16, "k (key position)", size=10, anchor="middle", fill="#666")
-    s.text(x0 - 48, y0 + ph / 2, "q (query position)", size=10, anchor="middle", fill="#666",
-           transform=f"rotate(-90 {x0 - 48:.6g} {y0 + ph / 2:.6g})")
+    svg_axis_titles(s, x0, y0, pw, ph)
   height = top + n_grid_rows * (ph + gap_y) - 10
   if len(ps) > max_panels:
     s.text(12, height, f"… {len(ps) - max_panels} more panels not shown "

@@ -243,9 +243,7 @@ def element_svg(bm: BlockMap, dense: np.ndarray, *, max_panels: int = render.MAX
              weight="bold", fill="#222")
     _element_cells(s, bm, el, tiles, x0, y0, cell)
     render.svg_axes(s, x0, y0, pw, ph, int(bm.q_offset), q_len, kv_len)
-    s.text(x0 + pw / 2, y0 + ph + 16, "k (key position)", size=10, anchor="middle", fill="#666")
-    s.text(x0 - 48, y0 + ph / 2, "q (query position)", size=10, anchor="middle", fill="#666",
-           transform=f"rotate(-90 {x0 - 48:.6g} {y0 + ph / 2:.6g})")
+    render.svg_axis_titles(s, x0, y0, pw, ph)
   height = top + n_grid_rows * (ph + gap_y) - 10
   if len(planes) > max_panels:
     s.text(12, height, f"… {len(planes) - max_panels} more panels not shown "
