@@ -1,0 +1,26 @@
+"""Test configuration: hypothesis profiles, CPU-only JAX, and `tests/` on the import path.
+
+Profiles: "ci" is derandomized and bounded (the same examples every run);
+"dev" explores more. Pick one with `HYPOTHESIS_PROFILE=ci`; the default is "dev".
+"""
+
+import os
+import sys
+
+import hypothesis
+import jax
+
+# Tests compare against NumPy and run kernels in interpret mode: CPU is enough,
+# and pinning it keeps results the same on machines with an accelerator.
+jax.config.update("jax_platforms", "cpu")
+
+# `from strategies import masks` in any test file, whatever pytest's import mode.
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+if _TESTS not in sys.path:
+  sys.path.insert(0, _TESTS)
+
+hypothesis.settings.register_profile(
+    "ci", derandomize=True, max_examples=60, deadline=None, print_blob=True,
+    suppress_health_check=[hypothesis.HealthCheck.too_slow])
+hypothesis.settings.register_profile("dev", max_examples=100, deadline=None)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))

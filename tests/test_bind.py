@@ -1,0 +1,295 @@
+"""Binding masks to shapes: lazy `ComputableMask` tiles, splash interop, `materialize` under jit.
+
+A `ComputableMask` must slice like the dense mask, evaluate its
+`mask_function` with NumPy and jax.numpy, and be accepted by JAX's splash
+`MultiHeadMask` / `process_mask` with the same block metadata as splash's own
+masks. `materialize` must give the NumPy answer under `jax.jit` with traced
+operands of every supported shape.
+"""
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_mask_info as mask_info_lib)
+
+import maskc
+from strategies import masks, operand_values, shapes
+
+
+def dense(m, q_len, kv_len=None, q_offset=None, operands=None):
+  return np.asarray(maskc.materialize(m, q_len, kv_len, q_offset=q_offset, operands=operands))
+
+
+# ----------------------------------------------------------------------------- lazy tiles
+
+TILE_CASES = [
+    ("causal", 16, 16, None, {}),
+    ("sliding(3) | sink(1)", 8, 12, None, {}),
+    ("causal & chunk(4) | bidirectional(img)", 12, 12, None,
+     {"img": np.array([0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0], dtype=bool)}),
+    ("local(2, 1) & document(seg)", 6, 10, 3, {"seg": np.repeat(np.arange(5), 2)}),
+    ("causal & k < n", 9, 9, None, {"n": 5}),
+]
+
+
+@pytest.mark.parametrize("text,q_len,kv_len,q_offset,operands", TILE_CASES,
+                         ids=[c[0] for c in TILE_CASES])
+def test_tiles_equal_slices_of_the_dense_mask(text, q_len, kv_len, q_offset, operands):
+  cm = maskc.parse(text).bind(q_len, kv_len, q_offset=q_offset, operands=operands)
+  full = dense(text, q_len, kv_len, q_offset, operands)
+  assert cm.shape == (q_len, kv_len)
+  np.testing.assert_array_equal(cm[:, :], full)
+  for q0, q1, k0, k1 in [(0, 1, 0, kv_len), (1, 4, 2, 7), (q_len - 2, q_len, 0, 3),
+                         (0, q_len, kv_len - 1, kv_len)]:
+    tile = cm[q0:q1, k0:k1]
+    assert tile.dtype == np.bool_
+    np.testing.assert_array_equal(tile, full[q0:q1, k0:k1])
+  np.testing.assert_array_equal(cm[2], full[2])
+  np.testing.assert_array_equal(cm[::2, 1::3], full[::2, 1::3])
+  np.testing.assert_array_equal(cm[-1, -3:], full[-1, -3:])
+
+
+@given(masks(6), shapes(), st.integers(0, 3))
+def test_random_tiles(m, shape, seed):
+  q_len, kv_len = shape
+  ops = operand_values(kv_len, seed)
+  cm = m.bind(q_len, kv_len, operands=ops)
+  full = dense(m, q_len, kv_len, operands=ops)
+  np.testing.assert_array_equal(cm[:, :], full)
+  q0, k0 = q_len // 3, kv_len // 2
+  np.testing.assert_array_equal(cm[q0:, k0:], full[q0:, k0:])
+
+
+def test_bound_shape_and_offset():
+  cm = maskc.parse("causal").bind(4, 10)
+  assert cm.shape == (4, 10)
+  assert (cm.q_len, cm.kv_len, cm.q_offset) == (4, 10, 6)
+  assert maskc.parse("causal").bind(4, 10, q_offset=1).q_offset == 1
+  assert maskc.parse("causal").bind(5).shape == (5, 5)
+
+
+def test_batched_bind_has_a_leading_batch_axis():
+  seg = np.array([[0, 0, 1, 1, 1, 2], [0, 1, 1, 1, 2, 2]])
+  cm = maskc.parse("causal & document(seg)").bind(6, operands={"seg": seg})
+  full = dense("causal & document(seg)", 6, operands={"seg": seg})
+  assert cm.shape == (2, 6, 6)
+  np.testing.assert_array_equal(cm[:, :, :], full)
+  np.testing.assert_array_equal(cm[1, 2:4, :], full[1, 2:4, :])
+  np.testing.assert_array_equal(cm[:, 1:3, 2:5], full[:, 1:3, 2:5])
+
+
+def test_to_dense_equals_materialize():
+  m = maskc.parse("sliding(4) | sink(2)")
+  np.testing.assert_array_equal(m.to_dense(6, 9), dense(m, 6, 9))
+
+
+def test_bind_checks_operands():
+  with pytest.raises(maskc.OperandError):
+    maskc.parse("document(seg)").bind(4)
+  with pytest.raises(maskc.OperandError):
+    maskc.parse("document(seg)").bind(4, operands={"seg": jnp.zeros(4, jnp.int32)})
+  with pytest.raises(maskc.MaskValueError):
+    maskc.parse("causal").bind(0)
+
+
+def test_bound_masks_compare_by_value():
+  a = maskc.parse("document(seg)").bind(4, operands={"seg": np.array([0, 0, 1, 1])})
+  b = maskc.parse("document(seg)").bind(4, operands={"seg": np.array([0, 0, 1, 1])})
+  c = maskc.parse("document(seg)").bind(4, operands={"seg": np.array([0, 1, 1, 1])})
+  assert a == b and hash(a) == hash(b)
+  assert a != c
+  assert "document(seg)" in repr(a)
+  with pytest.raises(maskc.MaskTypeError):
+    bool(a)
+
+
+# ----------------------------------------------------------------------------- mask_function
+
+
+@pytest.mark.parametrize("text,operands", [("causal", {}), ("sliding(3) | sink(1)", {}),
+                                           ("local(2, 3) & chunk(5)", {}),
+                                           ("causal & k < n", {"n": 7})])
+def test_mask_function_with_numpy_and_jnp(text, operands):
+  cm = maskc.parse(text).bind(8, 12, operands=operands)
+  full = cm[:, :]
+  q_ids, kv_ids = np.arange(8)[:, None], np.arange(12)[None, :]
+  f = cm.mask_function
+  np.testing.assert_array_equal(np.asarray(f(q_ids, kv_ids)), full)
+  got = f(jnp.asarray(q_ids), jnp.asarray(kv_ids))
+  assert isinstance(got, jax.Array)
+  np.testing.assert_array_equal(np.asarray(got), full)
+  got = jax.jit(f)(jnp.asarray(q_ids), jnp.asarray(kv_ids))
+  np.testing.assert_array_equal(np.asarray(got), full)
+  np.testing.assert_array_equal(cm.q_sequence, np.arange(8))
+
+
+def test_mask_function_with_scalar_ids():
+  f = maskc.parse("causal").bind(4).mask_function
+  assert bool(f(np.int32(2), np.int32(1))) and not bool(f(np.int32(1), np.int32(2)))
+
+
+def test_no_mask_function_for_array_operands():
+  cm = maskc.parse("document(seg)").bind(4, operands={"seg": np.array([0, 0, 1, 1])})
+  assert not hasattr(cm, "mask_function")
+  assert not hasattr(cm, "q_sequence")
+
+
+# ----------------------------------------------------------------------------- splash interop
+
+
+def process(mask, block_shape):
+  multi = mask_lib.MultiHeadMask(tuple(mask) if isinstance(mask, (list, tuple)) else (mask,))
+  if hasattr(mask_info_lib, "process_mask"):
+    info, _ = mask_info_lib.process_mask(multi, block_shape)
+  else:
+    info, _ = mask_info_lib._process_mask(multi, block_shape, is_dkv=False)
+  return info
+
+
+def assert_same_info(a, b):
+  for name in ("block_mask", "data_next", "mask_next", "partial_mask_blocks"):
+    x, y = getattr(a, name), getattr(b, name)
+    if x is None or y is None:
+      assert x is None and y is None, name
+    else:
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
+
+
+@pytest.mark.parametrize("q_len,kv_len,block", [(256, 256, (64, 64)), (128, 256, (64, 128)),
+                                                (256, 256, (128, 64))])
+def test_splash_causal(q_len, kv_len, block):
+  cm = maskc.parse("causal").bind(q_len, kv_len)
+  theirs = mask_lib.CausalMask((q_len, kv_len), offset=kv_len - q_len)
+  assert_same_info(process(cm, block), process(theirs, block))
+
+
+@pytest.mark.parametrize("window", [(32, 0), (100, 20), (0, 64)])
+def test_splash_local(window):
+  cm = maskc.parse(f"local({window[0]}, {window[1]})").bind(256)
+  theirs = mask_lib.LocalMask((256, 256), window, offset=0)
+  assert_same_info(process(cm, (64, 64)), process(theirs, (64, 64)))
+
+
+def test_splash_chunked_causal():
+  cm = maskc.parse("causal & chunk(64)").bind(256)
+  theirs = mask_lib.ChunkedCausalMask((256, 256), chunk_size=64)
+  assert_same_info(process(cm, (32, 32)), process(theirs, (32, 32)))
+
+
+def test_splash_multi_head():
+  heads = [maskc.parse("causal").bind(256), maskc.parse("local(64, 0)").bind(256)]
+  theirs = [mask_lib.CausalMask((256, 256)), mask_lib.LocalMask((256, 256), (64, 0), 0)]
+  assert_same_info(process(heads, (64, 64)), process(theirs, (64, 64)))
+
+
+def test_splash_with_array_operands():
+  seg = np.repeat(np.arange(4), 64)
+  cm = maskc.parse("causal & document(seg)").bind(256, operands={"seg": seg})
+  assert_same_info(process(cm, (64, 64)), process(mask_lib.NumpyMask(cm[:, :]), (64, 64)))
+
+
+def test_splash_combines_computable_masks():
+  cm = maskc.parse("sliding(48)").bind(128)
+  ours = mask_lib.LogicalAnd(cm, mask_lib.CausalMask((128, 128)))
+  np.testing.assert_array_equal(ours[:, :], cm[:, :])
+
+
+# ----------------------------------------------------------------------------- materialize, jit
+
+SEG = np.array([[0, 0, 0, 1, 1, 2, 2, 2], [0, 1, 1, 1, 1, 1, 2, 3]], dtype=np.int32)
+IMG = np.array([[0, 1, 1, 0, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0, 1, 1]], dtype=bool)
+
+JIT_CASES = [
+    ("causal & document(seg)", {"seg": SEG[0]}),
+    ("causal & document(seg)", {"seg": SEG}),
+    ("causal | bidirectional(img)", {"img": IMG[0]}),
+    ("causal | bidirectional(img)", {"img": IMG}),
+    ("causal & k < n", {"n": np.int32(5)}),
+    ("causal & k < n", {"n": np.array([3, 8], dtype=np.int32)}),
+    ("causal | prefix(n) & document(seg)", {"n": np.array([2, 4], dtype=np.int32),
+                                            "seg": SEG}),
+    ("document(seg) & k < n", {"seg": SEG[1], "n": np.array([1, 6, 8], dtype=np.int32)}),
+    ("allowed[q, k] & causal", {"allowed": np.random.default_rng(0).random((2, 8, 8)) < 0.5}),
+    ("topk[q // 4, k // 4]", {"topk": np.array([[1, 0], [1, 1]], dtype=bool)}),
+]
+
+
+@pytest.mark.parametrize("text,operands", JIT_CASES,
+                         ids=[f"{c[0]}-{','.join(f'{n}{v.shape}' for n, v in c[1].items())}"
+                              for c in JIT_CASES])
+def test_materialize_under_jit(text, operands):
+  expected = dense(text, 8, operands=operands)
+  names = sorted(operands)
+
+  @jax.jit
+  def f(*values):
+    return maskc.materialize(text, 8, operands=dict(zip(names, values)))
+
+  got = f(*[jnp.asarray(operands[n]) for n in names])
+  assert isinstance(got, jax.Array)
+  assert got.dtype == jnp.bool_
+  assert got.shape == expected.shape
+  np.testing.assert_array_equal(np.asarray(got), expected)
+
+
+def test_materialize_with_concrete_jax_operands():
+  seg = jnp.asarray(SEG)
+  got = maskc.materialize("causal & document(seg)", 8, operands={"seg": seg})
+  np.testing.assert_array_equal(np.asarray(got), dense("causal & document(seg)", 8,
+                                                       operands={"seg": SEG}))
+
+
+def test_materialize_with_traced_offset():
+  f = jax.jit(lambda off: maskc.materialize("causal", 4, 8, q_offset=off))
+  for off in (0, 2, 4):
+    np.testing.assert_array_equal(np.asarray(f(off)), dense("causal", 4, 8, off))
+
+
+def test_materialize_multi_head():
+  got = maskc.materialize(["causal", "sliding(2)", maskc.sink(1)], 5)
+  assert got.shape == (3, 5, 5)
+  for h, m in enumerate(["causal", "sliding(2)", "sink(1)"]):
+    np.testing.assert_array_equal(got[h], dense(m, 5))
+
+
+def test_materialize_multi_head_batched():
+  got = maskc.materialize(["causal", "document(seg)"], 8, operands={"seg": SEG})
+  assert got.shape == (2, 2, 8, 8)
+  np.testing.assert_array_equal(got[:, 0], np.broadcast_to(dense("causal", 8), (2, 8, 8)))
+  np.testing.assert_array_equal(got[:, 1], dense("document(seg)", 8, operands={"seg": SEG}))
+
+
+# ----------------------------------------------------------------------------- additive bias
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_additive_bias(dtype):
+  img = np.array([0, 1, 1, 0, 0, 0], dtype=bool)
+  allowed = dense("causal | bidirectional(img)", 6, operands={"img": img})
+  bias = maskc.additive_bias("causal | bidirectional(img)", 6, operands={"img": img},
+                             dtype=dtype)
+  assert bias.dtype == dtype and bias.shape == (6, 6)
+  bias = np.asarray(bias, dtype=np.float32)
+  np.testing.assert_array_equal(bias[allowed], 0.0)
+  neg = bias[~allowed]
+  assert np.all(np.isfinite(neg))
+  assert np.all(neg == neg[0]) and neg[0] < -1e4
+  assert neg[0] <= -0.5 * float(jnp.finfo(dtype).max)
+
+
+def test_additive_bias_softmax_has_no_nan():
+  bias = maskc.additive_bias("k < n", 4, operands={"n": 0})  # every row fully masked
+  assert np.all(np.isfinite(np.asarray(jax.nn.softmax(bias, axis=-1))))
+
+
+def test_additive_bias_under_jit():
+  f = jax.jit(lambda n: maskc.additive_bias("causal & k < n", 4, operands={"n": n}))
+  bias = np.asarray(f(jnp.array([2, 4], dtype=jnp.int32)))
+  allowed = dense("causal & k < n", 4, operands={"n": np.array([2, 4])})
+  assert bias.shape == (2, 4, 4)
+  np.testing.assert_array_equal(bias == 0, allowed)

@@ -1,0 +1,500 @@
+"""Parse errors: every bad input raises a located, actionable `maskc.MaskError` (DESIGN.md §7).
+
+Checks the error class, the message, and that the caret sits under the
+offending token; then fuzzes the parser with junk and mutated masks, which
+must raise `MaskError` or parse, never anything else.
+"""
+
+import re
+
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+from hypothesis import given
+
+import maskc
+
+
+def error_of(text, **params) -> maskc.MaskError:
+  with pytest.raises(maskc.MaskError) as info:
+    maskc.parse(text, **params)
+  return info.value
+
+
+def caret_columns(err: maskc.MaskError) -> tuple[int, int]:
+  """The 1-based columns of the first and last `^` in the rendered error."""
+  for line in str(err).splitlines():
+    if line.strip() and set(line.strip()) == {"^"}:
+      first = line.index("^") - 1  # the quoted line is indented by two spaces
+      return first, first + line.count("^") - 1
+  raise AssertionError(f"no caret line in:\n{err}")
+
+
+def quoted_line(err: maskc.MaskError) -> str:
+  lines = str(err).splitlines()
+  caret = next(i for i, line in enumerate(lines) if line.strip() and set(line.strip()) == {"^"})
+  return lines[caret - 1][2:]
+
+
+def assert_points_at(err: maskc.MaskError, text: str, token: str, occurrence: int = 0):
+  """The error's column and caret start at `token` (its `occurrence`-th appearance) in `text`."""
+  starts = [m.start() for m in re.finditer(re.escape(token), text)]
+  line_start = text.rfind("\n", 0, starts[occurrence]) + 1
+  column = starts[occurrence] - line_start + 1
+  assert err.column == column, f"column {err.column}, expected {column}:\n{err}"
+  assert caret_columns(err)[0] == column, str(err)
+  assert quoted_line(err) == text[line_start:].split("\n")[0]
+
+
+# ----------------------------------------------------------------------------- syntax errors
+
+
+@pytest.mark.parametrize("text,token", [
+    ("causal & | chunk(4)", "|"),
+    ("causal && chunk(4)", "&"),
+    ("chunk(4))", ")"),
+    ("causal chunk(4)", "chunk"),
+    ("q < < k", "<"),
+    ("sliding(4,)", ")"),
+    ("causal & chunk(4) |", "|"),
+])
+def test_syntax_error_is_located(text, token):
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskSyntaxError)
+  assert isinstance(err, SyntaxError)
+  assert "expected" in err.message or "ends too early" in err.message
+  assert err.line == 1
+  occurrence = 1 if text.count(token) > 1 and token in ("&", ")", "<") else 0
+  if text.endswith(token) and token == "|":
+    return  # the error is at the end of the text; checked below
+  assert_points_at(err, text, token, occurrence)
+
+
+def test_syntax_error_says_what_was_expected():
+  err = error_of("causal & | chunk(4)")
+  assert "unexpected `|`" in err.message
+  assert "expected" in err.message and "a name" in err.message
+
+
+def test_unclosed_bracket_points_at_the_end():
+  text = "causal & (chunk(4)"
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskSyntaxError)
+  assert "end" in err.message and "`)`" in err.message
+  assert err.column >= len(text)  # at the last token or just past it
+  assert caret_columns(err)[0] == err.column
+
+
+def test_syntax_error_on_a_later_line():
+  text = "local = causal & chunk(8)\nwide = local | | sink(4)\nwide"
+  err = error_of(text)
+  assert err.line == 2
+  assert err.column == len("wide = local | ") + 1
+  assert quoted_line(err) == "wide = local | | sink(4)"
+
+
+@pytest.mark.parametrize("text,char,hint", [
+    ("!causal", "!", "~"),
+    ("q / 2 < k", "/", "//"),
+    ("document('seg')", "'", "bare names"),
+    ("causal $ chunk(4)", "$", None),
+])
+def test_unexpected_character(text, char, hint):
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskSyntaxError)
+  assert repr(char) in err.message
+  assert_points_at(err, text, char)
+  if hint:
+    assert hint in str(err)
+
+
+def test_single_equals_hints_at_comparison():
+  err = error_of("causal & (q = k)")
+  assert "==" in str(err)
+  assert_points_at(err, "causal & (q = k)", "=")
+
+
+@pytest.mark.xfail(strict=True, reason="_parse._Program.program: a one-line `q = k & causal` is "
+                                       "taken for a definition, with no hint about `==`")
+def test_single_equals_on_one_line_hints_at_comparison():
+  err = error_of("q = k & causal")
+  assert "==" in str(err)
+
+
+@pytest.mark.parametrize("text", ["causal and chunk(4)", "causal or sink(4)"])
+def test_python_boolean_words_hint_at_operators(text):
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskSyntaxError)
+  assert "&" in str(err)
+
+
+def test_mask_must_come_last():
+  err = error_of("a = causal")
+  assert isinstance(err, maskc.MaskSyntaxError)
+  assert "last line must be the mask" in err.message
+  err = error_of("causal\nsink(4)")
+  assert "only the last line may be a mask" in err.message
+
+
+def test_leading_operator_continues_the_line():
+  m = maskc.parse("causal & chunk(4)\n  | bidirectional(img)")
+  assert m == maskc.parse("causal & chunk(4) | bidirectional(img)")
+
+
+@pytest.mark.xfail(strict=True, reason="_parse._syntax_error says 'unexpected a new line or `;`'")
+def test_unexpected_newline_message_reads_well():
+  err = error_of("causal &\nchunk(4) )")
+  assert "unexpected a new line" not in err.message
+
+
+# ----------------------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize("text,wrong,guess", [
+    ("causl & chunk(4)", "causl", "causal"),
+    ("causal & chunck(4)", "chunck", "chunk"),
+    ("slidng(4) | sink(4)", "slidng", "sliding"),
+    ("causal | bidirectionl(img)", "bidirectionl", "bidirectional"),
+    ("local = causal & chunk(4)\nlocl | sink(2)", "locl", "local"),
+    ("docment(seg)", "docment", "document"),
+])
+def test_unknown_name_suggests_the_nearest(text, wrong, guess):
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskNameError)
+  assert isinstance(err, NameError)
+  assert f"`{wrong}`" in err.message
+  assert f"Did you mean `{guess}`?" in str(err)
+  assert_points_at(err, text, wrong)
+
+
+def test_unknown_name_without_a_near_match():
+  err = error_of("zzzzzz(3)")
+  assert isinstance(err, maskc.MaskNameError)
+  assert "Did you mean" not in str(err)
+
+
+def test_bare_operand_used_as_a_mask_hints_at_indexing():
+  err = error_of("causal & img")
+  assert isinstance(err, maskc.MaskNameError)
+  assert "img[q]" in str(err)
+  assert_points_at(err, "causal & img", "img")
+
+
+@pytest.mark.parametrize("text", ["q = causal; q", "where = causal; where", "abs = causal; abs",
+                                  "f(q) = causal; f(1)", "f(a, a) = causal; f(1, 2)"])
+def test_reserved_and_repeated_names(text):
+  with pytest.raises(maskc.MaskError):
+    maskc.parse(text)
+
+
+def test_duplicate_definition():
+  err = error_of("a = causal\na = sink(2)\na")
+  assert isinstance(err, maskc.MaskNameError)
+  assert "defined twice" in err.message
+  assert err.line == 2
+
+
+# ----------------------------------------------------------------------------- arity and types
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("chunk(1, 2)", "takes 1 argument, got 2"),
+    ("local(3)", "takes 2 arguments, got 1"),
+    ("chunk", "takes 1 argument"),
+    ("causal(3)", "takes 0 arguments, got 1"),
+    ("sliding(w=3, w=4)", "given twice"),
+    ("sliding(x=3)", "no parameter `x`"),
+    ("runs(img)", "index it"),
+    ("runs(img, seg)[q]", "runs takes 1 argument"),
+    ("abs(q, k) < 3", "abs takes 1 argument"),
+    ("min(q) < 3", "min takes 2 or more arguments"),
+    ("q * k < 3", "needs a constant on one side"),
+    ("q // k < 3", "constant divisor"),
+    ("q % n < 3", "constant divisor"),
+    ("q < true", "expected an integer term"),
+    ("seg[q + k] == 1", "alone, but it uses k, q"),
+    ("allowed[k, q]", "must be a term of `q` alone"),
+    ("allowed[q, k, q]", "one or two indices"),
+    ("seg[q] == seg[k] & k < seg", "both as a"),
+    ("causal[q]", "only operands can be indexed"),
+    ("q(3)", "not a function"),
+    ("q - k", "expected a mask, got an integer term"),
+])
+def test_type_errors(text, needle):
+  err = error_of(text)
+  assert isinstance(err, (maskc.MaskTypeError, maskc.MaskNameError, maskc.OperandError)), err
+  assert needle in str(err), str(err)
+  assert err.line == 1 and err.column is not None
+
+
+@pytest.mark.xfail(strict=True, reason="_ir.read picks the axis with next(iter(frozenset)), so the "
+                                       "message names `q` or `k` at random (string hashing)")
+def test_index_of_both_positions_message_is_stable():
+  message = error_of("seg[q + k] == 1").message
+  assert "`q` alone" not in message and "`k` alone" not in message
+
+
+def test_arity_error_shows_the_signature():
+  err = error_of("causal & local(3)")
+  assert "local(left, right)" in str(err)
+  assert_points_at(err, "causal & local(3)", "local")
+
+
+def test_keyword_arguments():
+  assert maskc.parse("local(left=2, right=1)") == maskc.local(2, 1)
+  assert maskc.parse("local(2, right=1)") == maskc.local(2, 1)
+  err = error_of("local(left=2, 1)")
+  assert isinstance(err, maskc.MaskSyntaxError)
+
+
+@pytest.mark.xfail(strict=True, reason="_ir.call: a bad argument's error points into the prelude "
+                                       "(line 22) instead of the user's text")
+def test_mask_argument_where_a_number_belongs_points_at_the_call():
+  text = "causal & chunk(causal)"
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskTypeError)
+  assert err.line == 1
+  assert quoted_line(err) == text
+
+
+def test_mask_argument_where_a_number_belongs_is_a_type_error():
+  err = error_of("causal & chunk(causal)")
+  assert isinstance(err, maskc.MaskTypeError)
+  assert "expected an integer term" in err.message
+
+
+# ----------------------------------------------------------------------------- values
+
+
+@pytest.mark.parametrize("text,token,needle", [
+    ("causal & chunk(0) | bidirectional(img)", "chunk", "c >= 1, got chunk(0)"),
+    ("sliding(-1)", "sliding", "w >= 1, got sliding(-1)"),
+    ("sliding(0) | sink(4)", "sliding", "got sliding(0)"),
+    ("causal & local(-1, 2)", "local", "left reach"),
+    ("causal & local(1, -2)", "local", "right reach"),
+    ("prefix(-3)", "prefix", "cannot be negative"),
+    ("sink(-1)", "sink", "cannot be negative"),
+    ("global(-2) | causal", "global", "cannot be negative"),
+    ("q // 0 < k", "0", "division by zero"),
+    ("q % 0 == 1", "0", "division by zero"),
+    ("q < 99999999999999999", "99999999999999999", "out of range"),
+])
+def test_bad_values(text, token, needle):
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskValueError)
+  assert isinstance(err, ValueError)
+  assert needle in err.message, str(err)
+  assert_points_at(err, text, token)
+
+
+def test_bad_value_through_a_parameter():
+  err = error_of("causal & chunk(C)", C=0)
+  assert isinstance(err, maskc.MaskValueError)
+  assert "chunk(0)" in err.message
+
+
+def test_user_requirements():
+  text = 'band(w) = q - w < k <= q\n  where w >= 2 "a band is at least two wide"\nband(1)'
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskValueError)
+  assert "a band is at least two wide, got band(1)" in err.message
+  assert maskc.parse(text.replace("band(1)", "band(2)")) is not None
+
+
+def test_bad_parameter_value():
+  with pytest.raises(maskc.MaskTypeError):
+    maskc.parse("chunk(C)", C=2.5)
+
+
+def test_parse_needs_a_string():
+  with pytest.raises(maskc.MaskTypeError):
+    maskc.parse(42)
+  with pytest.raises(maskc.MaskTypeError):
+    maskc.parse(b"causal")
+
+
+# ----------------------------------------------------------------------------- definitions
+
+
+@pytest.mark.parametrize("text,cycle", [
+    ("a = a & causal; a", "a -> a"),
+    ("a = b; b = a | causal; a", "a -> b -> a"),
+    ("f(x) = g(x); g(x) = sliding(x) | f(x); f(2)", "f -> g -> f"),
+])
+def test_recursive_definitions(text, cycle):
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskRecursionError)
+  assert cycle in err.message
+  assert err.column is not None
+
+
+def test_undefined_function():
+  err = error_of("causal & foo(3)")
+  assert isinstance(err, maskc.MaskNameError)
+  assert "unknown function `foo`" in err.message
+  assert_points_at(err, "causal & foo(3)", "foo")
+
+
+def test_definitions_may_come_in_any_order():
+  text = "outer = inner | sink(1); inner = causal & chunk(4); outer"
+  assert str(maskc.parse(text)).splitlines()[-1] == "outer"
+
+
+# ----------------------------------------------------------------------------- limits
+
+
+def test_huge_text():
+  err = error_of("causal | " * 20_000 + "causal")
+  assert isinstance(err, maskc.MaskLimitError)
+  assert "limit" in err.message
+
+
+@pytest.mark.parametrize("text", ["~" * 300 + "causal", "-" * 300 + "q < k",
+                                  "q" + " + 1" * 600 + " < k",
+                                  "(causal & " * 200 + "causal" + ")" * 200])
+def test_deep_nesting(text):
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskLimitError)
+
+
+def test_deep_brackets_alone_are_harmless():
+  assert maskc.parse("(" * 300 + "causal" + ")" * 300) == maskc.causal()
+
+
+def test_exponential_definitions():
+  lines = ["a0 = causal | causal"] + [f"a{i} = a{i - 1} | a{i - 1}" for i in range(1, 40)]
+  err = error_of("\n".join(lines + ["a39"]))
+  assert isinstance(err, maskc.MaskLimitError)
+  assert "expands" in err.message
+
+
+def test_exponential_parameterized_definitions():
+  lines = ["a0(x) = sliding(x) | sliding(x + 1)"] + [
+      f"a{i}(x) = a{i - 1}(x) & a{i - 1}(x + 1)" for i in range(1, 40)]
+  err = error_of("; ".join(lines + ["a39(3)"]))
+  assert isinstance(err, maskc.MaskLimitError)
+
+
+def test_limit_errors_are_value_errors():
+  assert issubclass(maskc.MaskLimitError, maskc.MaskValueError)
+  assert issubclass(maskc.MaskLimitError, ValueError)
+
+
+# ----------------------------------------------------------------------------- operands
+
+
+def materialize_error(text, q_len, operands, **kw) -> maskc.MaskError:
+  with pytest.raises(maskc.OperandError) as info:
+    maskc.materialize(text, q_len, operands=operands, **kw)
+  return info.value
+
+
+def test_missing_operand():
+  err = materialize_error("causal & document(seg)", 4, {})
+  assert "`seg`" in err.message and "[L] or [B, L]" in err.message
+  err = materialize_error("causal & k < kv_len", 4, {})
+  assert "`kv_len`" in err.message and "[] or [B]" in err.message
+  err = materialize_error("anc[q, k]", 4, {})
+  assert "`anc`" in err.message and "[Lq, Lk]" in err.message
+
+
+@pytest.mark.parametrize("text,name,value,needle", [
+    ("document(seg)", "seg", np.zeros((2, 3, 4), int), "[L] or [B, L]"),
+    ("document(seg)", "seg", np.zeros(3, int), "length 3"),
+    ("document(seg)", "seg", np.zeros(4), "integers or booleans"),
+    ("k < n", "n", np.zeros((2, 2), int), "[] or [B]"),
+    ("allowed[q, k]", "allowed", np.zeros(4, bool), "[Lq, Lk]"),
+    ("allowed[q, k]", "allowed", np.zeros((3, 4), bool), "length 3 on its first axis"),
+    ("allowed[q, k]", "allowed", np.zeros((4, 3), bool), "length 3 on its second axis"),
+    ("bidirectional(img)", "img", np.zeros(2, bool), "at least 4"),
+])
+def test_misshapen_operand(text, name, value, needle):
+  err = materialize_error(text, 4, {name: value})
+  assert f"`{name}`" in err.message
+  assert needle in str(err), str(err)
+
+
+def test_operands_disagree_on_batch():
+  err = materialize_error("document(seg) & k < n", 4,
+                          {"seg": np.zeros((2, 4), int), "n": np.array([1, 2, 3])})
+  assert "batch" in err.message and "`seg`" in err.message and "`n`" in err.message
+
+
+def test_negative_positions_cannot_read_operands():
+  err = materialize_error("document(seg)", 4, {"seg": np.zeros(4, int)}, kv_len=2)
+  assert "below 0" in str(err)
+
+
+# ----------------------------------------------------------------------------- fuzzing
+
+VALID = [
+    "causal & chunk(8192) | bidirectional(img)",
+    "local = causal & chunk(8192)\nstreaming(w, s) = sliding(w) | sink(s)\n"
+    "local | bidirectional(img)",
+    "abs(q // 8 - k // 8) <= 1 & abs(q % 8 - k % 8) <= 1",
+    "k < P | anc[q, k]",
+    "causal & (topk[q // 64, k // 64] | q // 64 == k // 64)",
+    "runs(img)[q] == runs(img)[k] & img[q]",
+    "local(left=2, right=1) ^ ~global(3)",
+    'band(w) = q - w < k <= q\n  where w >= 1 "at least one"\nband(4) & document(seg)',
+    "causal & q - k < 128 & k < kv_len",
+    "min(q, k) >= max(0, q - 4) # a comment",
+]
+ALPHABET = "qk()[],;=<>!&|^~+-*/%#\n \t0123456789_abcdefghijklmnopqrstuvwxyz\"'.@$é"
+
+
+def parse_or_mask_error(text: str) -> None:
+  """Parses `text`; a MaskError is fine, and a parsed mask must print and simplify."""
+  try:
+    m = maskc.parse(text)
+  except maskc.MaskError as e:
+    assert str(e)
+    return
+  assert isinstance(m, maskc.Mask)
+  assert maskc.parse(str(m)) == m
+  m.simplify()
+  m.operands
+
+
+@given(st.text(alphabet=ALPHABET, max_size=80))
+def test_junk_text_raises_only_mask_errors(text):
+  parse_or_mask_error(text)
+
+
+@given(st.text(max_size=40))
+def test_unicode_junk_raises_only_mask_errors(text):
+  parse_or_mask_error(text)
+
+
+@st.composite
+def mutated_masks(draw):
+  """A valid mask text with a few characters inserted, deleted or replaced."""
+  text = draw(st.sampled_from(VALID))
+  for _ in range(draw(st.integers(1, 4))):
+    i = draw(st.integers(0, len(text)))
+    c = draw(st.sampled_from(ALPHABET))
+    edit = draw(st.sampled_from(["insert", "delete", "replace"]))
+    if edit == "insert":
+      text = text[:i] + c + text[i:]
+    elif edit == "delete":
+      text = text[:i] + text[i + 1:]
+    else:
+      text = text[:i] + c + text[i + 1:]
+  return text
+
+
+@given(mutated_masks())
+def test_mutated_masks_raise_only_mask_errors(text):
+  parse_or_mask_error(text)
+
+
+@given(st.lists(st.sampled_from(VALID[:4] + ["(", ")", "&", "|", "~", "q", "<", "k", "\n"]),
+                max_size=12))
+def test_spliced_masks_raise_only_mask_errors(parts):
+  parse_or_mask_error(" ".join(parts))
+
+
+@pytest.mark.parametrize("text", VALID)
+def test_valid_examples_parse(text):
+  m = maskc.parse(text)
+  assert maskc.parse(str(m)) == m
