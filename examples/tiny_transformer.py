@@ -58,8 +58,8 @@ def init_params(rng: np.random.Generator, cfg: ModelConfig) -> dict[str, Any]:
 def attend(q, k, v, mask, blockmap, operands, backend: str):
   """`maskc.attention` under the layer's BlockMap; q `[B, L, H, D]`, k/v `[B, L, Hkv, D]`."""
   attention = getattr(maskc, "attention", None)
-  if attention is not None:
-    return attention(q, k, v, blockmap, operands=operands, backend=backend)
+  if attention is not None:  # the BlockMap was compiled with the operands and holds them
+    return attention(q, k, v, blockmap, backend=backend)
   # Fallback until `maskc.attention` lands: dense additive bias + softmax, GQA by repeat.
   length, h, hkv = q.shape[1], q.shape[2], k.shape[2]
   bias = maskc.additive_bias(mask, length, operands=operands)  # [B, L, L] or [B, H, L, L]
