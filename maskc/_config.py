@@ -592,6 +592,9 @@ class _Loader:
         extra = (f"`{word}` is not a parameter, a definition or a declared operand: set it "
                  f"under `params:` or pass `load_config(..., {word}=...)`.")
         err.hint = f"{err.hint}\n{extra}" if err.hint else extra
+    if where != path:  # the error sits in a definition: say which mask reached it
+      extra = f"The mask at {path} uses this definition."
+      err.hint = f"{err.hint}\n{extra}" if err.hint else extra
     err.span = span
     err.path, err.file = where or None, self.file
     if span is None:

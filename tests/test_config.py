@@ -325,10 +325,10 @@ def test_error_in_a_definition(tmp_path):
 
 
 def test_error_in_a_definitions_text_block():
-  err = error_of({"definitions": "a = causal\nb = a & ~ \nc = full", "layers": ["a"]},
+  err = error_of({"definitions": "a = causal\nb = a & & full\nc = full", "layers": ["a"]},
                  exc=maskc.MaskSyntaxError)
-  assert "(definitions, line 2, column" in str(err)
-  assert quoted_line(err) == "b = a & ~ "
+  assert "(definitions, line 2, column 9)" in str(err)
+  assert quoted_line(err) == "b = a & & full" and caret_column(err) == 9
   err = error_of({"definitions": "a = causal\ncausal", "layers": ["a"]},
                  exc=maskc.MaskSyntaxError)
   assert "only the last line may be a mask" in str(err) and "(definitions, line 2" in str(err)
@@ -346,6 +346,7 @@ def test_unbound_parameter_says_how_to_bind_it():
                  exc=maskc.MaskTypeError)
   assert "(definitions.local, line 1, column 16)" in str(err)
   assert "set it under `params:` or pass `load_config(..., C=...)`" in str(err)
+  assert "The mask at layers[0] uses this definition." in str(err)
 
 
 def test_recursive_and_duplicate_definitions():
