@@ -15,11 +15,11 @@ num_layers: 8                 # required with a `pattern`, checked against a lis
 num_heads: 2                  # optional; per-head lists must have this many masks
 params: {C: 8192, W: 4096}    # integers for free names; callers may override them
 definitions:                  # shared by every mask below (or one text block)
-  local: causal & chunk(C)
+  local: causal & chunk(C) & document(seg)
   streaming(w): sliding(w) | sink(4)
-default: causal               # the mask of layers given as null or not listed
+default: causal | prefix(prompt_len)  # the mask of layers given as null or not listed
 layers:                       # a pattern repeated (and cut) to num_layers ...
-  pattern: [local, local, local, causal]
+  pattern: [local, local, local, null]
   overrides: {0: streaming(W)}        # ... with single layers replaced
 # layers: [local, {mask: causal}, {heads: [causal, "sliding(W)"]}, null]   # ... or a list
 operands:                     # runtime inputs: kind token | scalar | pair, and a dtype
@@ -30,6 +30,11 @@ operands:                     # runtime inputs: kind token | scalar | pair, and 
 A layer entry is mask text, `{mask: text}`, `{heads: [text, ...]}` (one mask
 per head) or null (the default). Mask text is a program of the mask language:
 it may hold its own definitions before its last line.
+
+In YAML, quote mask text that starts with `~`, `&`, `*`, `|` or `!` (YAML reads
+those itself). In TOML, quote definition keys with brackets (`"streaming(w)" =
+"sliding(w) | sink(4)"`) and write a layer list as `[[layers]]` tables with
+`mask = "..."`, whose key paths then read `layers[3].mask` as in errors.
 """
 
 from __future__ import annotations

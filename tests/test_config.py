@@ -706,3 +706,13 @@ def test_example_fallback_matches_maskc_attention(monkeypatch):
   np.testing.assert_allclose(loss, loss_ref, rtol=1e-5)
   for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(grads_ref)):
     np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+
+
+def test_schema_example_in_the_docstring_loads():
+  yaml = pytest.importorskip("yaml")
+  import maskc._config as module
+  text = module.__doc__.split("```yaml\n")[1].split("```")[0]
+  cfg = maskc.load_config(yaml.safe_load(text))  # warnings are errors in the test suite
+  assert str(cfg.mask(3)) == "causal | prefix(prompt_len)"
+  assert ir.expand(cfg.mask(1)) == maskc.causal() & maskc.chunk(8192) & maskc.document("seg")
+  assert [d.name for d in cfg.operands] == ["prompt_len", "seg"]
