@@ -41,7 +41,7 @@ from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._bind import Shape, as_mask
 from maskc._blockmap import runs_from_grid
-from maskc._errors import MaskTypeError, MaskValueError
+from maskc._errors import MaskTypeError, MaskValueError, OperandError
 from maskc._evaluate import Env, evaluate_mask
 
 _LEAF = 1024  # rectangles of at most this many positions are evaluated, not split further
@@ -236,6 +236,9 @@ def equivalent(a: Any, b: Any, q_len: int | None = None, kv_len: int | None = No
           f"kv_len={shape.kv_len}",
           hint="Pass the shape the array was built for, or leave q_len out to take it from "
                "the array.")
+  if not shape.static or any(isinstance(v, jax.core.Tracer) for v in (operands or {}).values()):
+    raise OperandError("equivalent needs static operand values and q_offset, got traced values",
+                       hint="Call it outside jax.jit, with NumPy arrays or ints.")
   sides = [_DenseSide(d, shape, bq, bk) if d is not None else
            _MaskSide(m, shape, bq, bk, operands) for d, m in ((da, ma), (db, mb))]
   batch = _common_batch(sides)
@@ -467,12 +470,8 @@ def _decide(sides, shape: Shape, bq: int, bk: int, batch: int | None, *, trust: 
   lengths = (j1 - j0)[undecided]
   stats["tiles_undecided"] = int(lengths.sum())
   stats["tiles_by_map"] = n_tiles - stats["tiles_undecided"]
-  tile_key = np.repeat(key[undecided], lengths)
-  first = np.repeat(np.cumsum(lengths) - lengths, lengths)
-  tile_j = np.repeat(j0[undecided], lengths) + (np.arange(tile_key.size) - first)
   per_chunk = max(1, _TILE_CHUNK // (bq * bk))
-  for s in range(0, tile_key.size, per_chunk):
-    kk, jj = tile_key[s:s + per_chunk], tile_j[s:s + per_chunk]
+  for kk, jj in _tiles(key[undecided], j0[undecided], lengths, per_chunk):
     tb, ti = kk // nq, kk % nq
     if search.order(tb[:1], ti[:1] * bq, jj[:1] * bk)[0] >= search.best:
       break
@@ -495,6 +494,21 @@ def _decide(sides, shape: Shape, bq: int, bk: int, batch: int | None, *, trust: 
                                       f"; found after {stats['positions_evaluated']} evaluated "
                                       f"positions"))
   return {"counterexample": cx, "reason": reason, "stats": stats}
+
+
+def _tiles(key, j0, lengths, per_chunk: int):
+  """Yields the tiles of segments `(key, j0, j0 + length)` in order, `per_chunk` at a time."""
+  ends = np.cumsum(lengths)
+  total = int(ends[-1]) if ends.size else 0
+  for s in range(0, total, per_chunk):
+    e = min(s + per_chunk, total)
+    lo, hi = np.searchsorted(ends, s, "right"), np.searchsorted(ends, e, "left") + 1
+    seg_len, seg_first = lengths[lo:hi], ends[lo:hi] - lengths[lo:hi]
+    kk = np.repeat(key[lo:hi], seg_len)
+    index = np.arange(kk.size) + seg_first[0]  # global tile index
+    jj = np.repeat(j0[lo:hi] - seg_first, seg_len) + index
+    keep = (index >= s) & (index < e)
+    yield kk[keep], jj[keep]
 
 
 def _tile_state(side, batch, ti: int, tj: int) -> str:

@@ -217,6 +217,18 @@ def test_unsorted_segments_and_images():
   assert r.counterexample.index == (150, 3)
 
 
+def test_traced_operands_are_refused():
+  import jax
+
+  @jax.jit
+  def f(seg):
+    with pytest.raises(maskc.OperandError, match="static operand values"):
+      equivalent("document(seg)", "seg[q] == seg[k] & causal", 8, operands={"seg": seg})
+    return seg
+
+  f(np.zeros(8, np.int32))
+
+
 def test_missing_operands_are_reported():
   with pytest.raises(maskc.OperandError, match="missing operand `seg`"):
     equivalent("document(seg) & causal", "causal", 16)
@@ -339,17 +351,91 @@ def test_verdict_matches_dense_comparison(case):
 # ----------------------------------------------------------------------------- known bugs
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "simplify is not idempotent: with an odd number of constant `full` items under `^` it "
-    "complements the first sorted item after sorting, so `causal ^ full ^ allowed[q, k]` "
-    "simplifies to `~allowed[q, k] ^ causal`, which simplifies again to "
-    "`causal ^ ~allowed[q, k]` (maskc/_simplify.py `_xor`). equivalent() iterates simplify to a "
-    "fixed point, so its verdicts are unaffected."))
 def test_simplify_is_idempotent_under_xor_with_full():
+  # Found by these tests: `_xor` complemented the first item after sorting, so this gave
+  # `~allowed[q, k] ^ causal`, which simplified again to `causal ^ ~allowed[q, k]`.
   s = maskc.parse("causal ^ full ^ allowed[q, k]").simplify()
   assert s.simplify() == s
 
 
 def test_equivalent_is_robust_to_non_idempotent_simplify():
+  # equivalent() iterates simplify to a fixed point, so such a bug cannot turn a proof to unknown.
   m = maskc.parse("causal ^ full ^ allowed[q, k]")
   assert equivalent(m, m.simplify()).equal is True
+
+
+def tile_states(dense: np.ndarray, bq: int, bk: int) -> np.ndarray:
+  """EMPTY (0) / PARTIAL (1) / FULL (2) of each tile of a dense mask, by brute force."""
+  nq, nk = -(-dense.shape[0] // bq), -(-dense.shape[1] // bk)
+  out = np.zeros((nq, nk), np.int8)
+  for i in range(nq):
+    for j in range(nk):
+      t = dense[i * bq:(i + 1) * bq, j * bk:(j + 1) * bk]
+      out[i, j] = 2 if t.all() else (1 if t.any() else 0)
+  return out
+
+
+def assert_sound(grid: np.ndarray, dense: np.ndarray, bq: int, bk: int):
+  truth = tile_states(dense, bq, bk)
+  assert not ((grid == 2) & (truth != 2)).any(), f"FULL tiles that are not all true:\n{grid}"
+  assert not ((grid == 0) & (truth != 0)).any(), f"EMPTY tiles with a true position:\n{grid}"
+
+
+BIG_IDS = np.array([0, 0, 0, 0, 2**32, 2**32, 2**32, 2**32], np.int64)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "maskc.compile is unsound for per-token operand values outside int32: the range-analysis "
+    "tables cast them to int32 (maskc/_analysis.py Tables.sparse), so document(seg) with "
+    "seg=[0]*4 + [2**32]*4 at q_len=8, tiles 4x4 gives grid [[2, 2], [2, 2]] although tiles "
+    "(0, 1) and (1, 0) are all false."))
+def test_compile_is_sound_for_int64_segment_ids():
+  ops = {"seg": BIG_IDS}
+  bm = maskc.compile("document(seg)", 8, block_q=4, block_kv=4, operands=ops)
+  assert_sound(np.asarray(bm.grid), maskc.materialize("document(seg)", 8, operands=ops), 4, 4)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "consequence of the int32 cast in compile's range analysis: both block maps claim FULL "
+    "everywhere, so equivalent('document(seg)', 'full', 8, ...) with seg=[0]*4 + [2**32]*4 says "
+    "equal. equivalent trusts tiles that both maps call FULL."))
+def test_equivalent_with_int64_segment_ids():
+  r = equivalent("document(seg)", "full", 8, block_q=4, block_kv=4, operands={"seg": BIG_IDS})
+  assert r.equal is False
+
+
+NARROW_DTYPES = [
+    # uint8 segment ids: seg[q] - seg[k] wraps around instead of going negative.
+    ("seg[q] - seg[k] < 0", {"seg": np.array([0, 0, 0, 0, 1, 1, 1, 1], np.uint8)},
+     lambda v, q, k: v["seg"][q] - v["seg"][k] < 0),
+    # bool flags become int8 for evaluation: 100 + 100 overflows to -56.
+    ("img[q] * 100 + img[k] * 100 > 150", {"img": np.ones(8, bool)},
+     lambda v, q, k: v["img"][q] * 100 + v["img"][k] * 100 > 150),
+    # int16 ids: 300 * 200 overflows.
+    ("seg[q] * 200 > 1000", {"seg": np.array([0, 0, 0, 0, 300, 300, 300, 300], np.int16)},
+     lambda v, q, k: v["seg"][q] * 200 > 1000 + 0 * k),
+]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "evaluation (materialize, ComputableMask, tile refinement) computes integer terms in the "
+    "operands' own narrow dtypes (uint8, int16, and int8 for bool operands, see "
+    "maskc/_bind.py prepare_operands), so `seg[q] - seg[k] < 0` with uint8 ids and "
+    "`img[q] * 100 + img[k] * 100 > 150` with bool flags wrap around; integer terms should "
+    "be computed in int64 (int32 under jit)."))
+@pytest.mark.parametrize("mask, values, formula", NARROW_DTYPES)
+def test_integer_terms_do_not_wrap_in_narrow_operand_dtypes(mask, values, formula):
+  q, k = positions(8, 8, None)
+  wide = {n: v.astype(np.int64) for n, v in values.items()}
+  expected = np.broadcast_to(formula(wide, q, k), (8, 8))
+  assert np.array_equal(maskc.materialize(mask, 8, operands=values), expected)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "compile's range analysis computes in int32 but evaluation in the operands' narrow dtypes, "
+    "so for `seg[q] - seg[k] < 0` with uint8 ids (tiles 4x4, q_len=8) compile marks tile "
+    "(0, 1) FULL where materialize is all false; likewise for the other narrow-dtype masks."))
+@pytest.mark.parametrize("mask, values, formula", NARROW_DTYPES)
+def test_compile_agrees_with_evaluation_for_narrow_operand_dtypes(mask, values, formula):
+  bm = maskc.compile(mask, 8, block_q=4, block_kv=4, operands=values)
+  assert_sound(np.asarray(bm.grid), maskc.materialize(mask, 8, operands=values), 4, 4)
