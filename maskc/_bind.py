@@ -18,10 +18,11 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _splash
 
 from maskc import _ir as ir
-from maskc._errors import MaskTypeError, MaskValueError, OperandError
+from maskc._errors import MaskLimitError, MaskTypeError, MaskValueError, OperandError
 from maskc._evaluate import Env, evaluate, evaluate_mask
 
 MaskLike = ir.Mask | str
+MAX_DENSE_ELEMENTS = 1 << 32
 
 
 def as_mask(mask: Any) -> ir.Mask:
@@ -356,6 +357,11 @@ def materialize(mask: Any, q_len: int, kv_len: int | None = None, *,
   """
   masks, multi = _masks(mask)
   shape = Shape.of(q_len, kv_len, q_offset)
+  if shape.q_len * shape.kv_len * len(masks) > MAX_DENSE_ELEMENTS:
+    raise MaskLimitError(
+        f"a dense {shape.q_len} x {shape.kv_len} mask{' per head' if multi else ''} is over "
+        f"{MAX_DENSE_ELEMENTS:,} elements", hint="Use `maskc.compile` for block-sparse metadata, "
+        "or bind the mask and slice the tiles you need: `mask.bind(...)[q0:q1, k0:k1]`.")
   outs = []
   for m in masks:
     ops = prepare_operands(m, shape, operands, xp=jnp if (not shape.static or any(

@@ -115,6 +115,8 @@ class Term(Node):
   def __rand__(self, other): return and_((mask(other), mask(self)))
   def __or__(self, other): return or_((mask(self), mask(other)))
   def __ror__(self, other): return or_((mask(other), mask(self)))
+  def __xor__(self, other): return xor((mask(self), mask(other)))
+  def __rxor__(self, other): return xor((mask(other), mask(self)))
   def __invert__(self): return not_(mask(self))
 
   def eq(self, other) -> "Compare":
@@ -183,8 +185,8 @@ class Mask(Node):
 
 
 def _as_mask(value) -> Mask:
-  if isinstance(value, Mask):
-    return value
+  if isinstance(value, (Mask, Read, PairRead)):
+    return mask(value)
   if isinstance(value, str):
     from maskc._parse import parse
     return parse(value)
@@ -478,8 +480,12 @@ def read(opnd: Any, index: Any, runs: bool = False, span: Span | None = None) ->
   opnd = operand(opnd, span)
   if not isinstance(index, Param):
     pos = positions_of(index)
-    axis = next(iter(pos)) if pos else "q"
-    _check_index(index, axis, f"the index of `{_name(opnd)}`", span)
+    if len(pos) > 1:
+      raise MaskTypeError(
+          f"the index of `{_name(opnd)}` uses both q and k", span=index.span or span,
+          hint="A per-token operand is indexed by one position (`seg[q]`, `doc[k // 2]`); "
+               "a pairwise operand by a term of q and a term of k: `allowed[q, k]`.")
+    _check_index(index, min(pos) if pos else "q", f"the index of `{_name(opnd)}`", span)
   return Read(opnd, index, runs, span)
 
 
@@ -689,7 +695,8 @@ def instantiate(node: Node, env: dict[str, Node], span: Span | None = None) -> N
 
 
 def _rebuild(n: Node, go, env, span) -> Node:
-  s = n.span if getattr(n, "span", None) is not None else span
+  # Errors inside an expanded body point at the call the user wrote.
+  s = span if span is not None else getattr(n, "span", None)
   if isinstance(n, Param):
     return env.get(n.name, n)
   if isinstance(n, (Const, Pos, Scalar, Operand, BoolConst, Definition)):

@@ -28,6 +28,8 @@ RESERVED = {"q", "k", "true", "false", "where"}
 BUILTINS = {"abs", "min", "max", "runs"}
 
 
+_OPEN_ENDED = {"|", "^", "&", "+", "-", "*", "//", "%", "~", "=", ",", "<", "<=", "==", "!=",
+               ">=", ">", "where"}
 _CONTINUES = {"|", "^", "&", "+", "*", "//", "%", "where", "<", "<=", "==", "!=", ">=", ">"}
 
 
@@ -44,10 +46,13 @@ class _Separators:
     depth = 0
     pending = None
     started = False
+    last = None
     for tok in stream:
       if tok.type in ("NEWLINE", "SEMICOLON"):
         if depth > 0 and tok.type == "NEWLINE":
           continue
+        if tok.type == "NEWLINE" and last in _OPEN_ENDED:
+          continue  # a line ending in an operator continues on the next
         if started and pending is None:
           pending = lark.Token.new_borrow_pos("_SEP", "\n" if tok.type == "NEWLINE" else ";",
                                               tok)
@@ -62,6 +67,7 @@ class _Separators:
         yield pending
       pending = None
       started = True
+      last = str(tok)
       yield tok
 
 
@@ -123,7 +129,7 @@ def _syntax_error(text: str, err: lark.exceptions.UnexpectedInput) -> MaskSyntax
   start = tok.start_pos if tok.start_pos is not None else (pos or 0)
   end = tok.end_pos if tok.end_pos is not None else start + 1
   shown = "end of the mask" if tok.type == "$END" else (
-      "a new line or `;`" if tok.type == "_SEP" else f"`{tok}`")
+      "new line or `;`" if tok.type == "_SEP" else f"`{tok}`")
   expected = _describe_expected(getattr(err, "expected", set()) or set())
   return MaskSyntaxError(f"unexpected {shown}" + (f"; expected {expected}" if expected else ""),
                          span=_span(text, line, column, start, end), hint=_token_hint(tok))
@@ -227,7 +233,8 @@ class _Program:
           name = self._lhs(st.children[0])[0]
           raise MaskSyntaxError(
               "the program ends with a definition; its last line must be the mask",
-              span=self.span(st), hint=f"Add the mask on a last line, e.g. `{name}`.")
+              span=self.span(st), hint=f"Add the mask on a last line, e.g. `{name}`; to "
+                                       "compare, write `==`.")
         self._declare(st)
       elif library_only or not last:
         raise MaskSyntaxError("only the last line may be a mask; the lines before it define names",

@@ -57,7 +57,8 @@ def _simplify(m: ir.Mask, negate: bool) -> ir.Mask:
       return m
     if len(m.ops) == 1:
       return ir.compare(m.terms, (ir.NEGATED_OP[m.ops[0]],))
-    links = [ir.compare(m.terms[i:i + 2], (ir.NEGATED_OP[op],)) for i, op in enumerate(m.ops)]
+    links = [_simplify(ir.compare(m.terms[i:i + 2], (ir.NEGATED_OP[op],)), False)
+             for i, op in enumerate(m.ops)]
     return _combine(ir.Or, links)
   if isinstance(m, (ir.And, ir.Or)):
     cls = type(m)
@@ -75,8 +76,19 @@ def _complement(m: ir.Mask) -> ir.Mask:
   return _simplify(m, True)
 
 
+def _parts(item: ir.Mask, dual) -> tuple[ir.Mask, ...]:
+  """The operands of `item` under the dual operation (a chain's links under `&`)."""
+  if type(item) is dual:
+    return tuple(p for child in item.items for p in _parts(child, dual))
+  if dual is ir.And and isinstance(item, ir.Compare) and len(item.ops) > 1:
+    return tuple(_simplify(ir.compare(item.terms[i:i + 2], (op,)), False)
+                 for i, op in enumerate(item.ops))
+  return (item,)
+
+
 def _combine(cls, items: list[ir.Mask]) -> ir.Mask:
   absorbing = cls is ir.Or  # true absorbs a union, false an intersection
+  dual = ir.And if cls is ir.Or else ir.Or
   flat: list[ir.Mask] = []
   for it in items:
     if type(it) is cls:
@@ -92,17 +104,32 @@ def _combine(cls, items: list[ir.Mask]) -> ir.Mask:
       continue  # identity element
     unique[it] = None
   members = set(unique)
-  for it in members:
-    if _complement(it) in members:
-      return ir.BoolConst(absorbing)  # x & ~x = false, x | ~x = true
-  dual = ir.And if cls is ir.Or else ir.Or
-  kept = [it for it in unique
-          if not (type(it) is dual and any(x in members for x in it.items))]  # absorption
+  parts = {it: frozenset(_parts(it, dual)) for it in unique}
+  for it in unique:
+    # x | ~x = true and x & ~x = false, also for compound x: (a & b) | ~a | ~b.
+    if all(_complement(p) in members for p in parts[it]):
+      return ir.BoolConst(absorbing)
+  # Absorption: a | (a & b) = a, also (a & b) | (a & b & c) = a & b.
+  kept = [it for it in unique if not any(other != it and parts[other] < parts[it]
+                                         for other in unique)]
   if not kept:
     return ir.BoolConst(not absorbing)
   if len(kept) == 1:
     return kept[0]
   return cls(tuple(sorted(kept, key=_key)))
+
+
+def _positive(m: ir.Mask) -> tuple[ir.Mask, bool]:
+  """`m` as (a canonical polarity, whether it was complemented to get there)."""
+  if isinstance(m, ir.Not):
+    return m.item, True
+  if isinstance(m, ir.Compare) and len(m.ops) == 1 and m.ops[0] in (">=", ">", "!="):
+    return ir.compare(m.terms, (ir.NEGATED_OP[m.ops[0]],)), True
+  return m, False
+
+
+def _is_leaf(m: ir.Mask) -> bool:
+  return isinstance(m, (ir.Call, ir.Truth)) or (isinstance(m, ir.Compare) and len(m.ops) == 1)
 
 
 def _xor(items: list[ir.Mask], negate: bool) -> ir.Mask:
@@ -119,10 +146,18 @@ def _xor(items: list[ir.Mask], negate: bool) -> ir.Mask:
     if c is not None:
       parity ^= c
       continue
+    it, flipped = _positive(it)
+    parity ^= flipped
     counts[it] = counts.get(it, 0) + 1
   kept = sorted((it for it, n in counts.items() if n % 2), key=_key)
   if not kept:
     return ir.BoolConst(parity)
   if parity:
-    kept[0] = _complement(kept[0])
+    # Complement the first leaf (its positive form sorts the same on the next pass,
+    # so simplify stays idempotent); with no leaf, keep the parity as a `full` term.
+    leaf = next((n for n, it in enumerate(kept) if _is_leaf(it)), None)
+    if leaf is None:
+      kept.append(_full())
+    else:
+      kept[leaf] = _complement(kept[leaf])
   return kept[0] if len(kept) == 1 else ir.Xor(tuple(kept))

@@ -146,16 +146,11 @@ def test_builder_constructs_check_values():
     q * k
 
 
-@pytest.mark.xfail(strict=True, reason="_ir.Mask.__and__ (_as_mask) rejects an operand read: "
-                                       "`causal() & operand('img')[q]` raises MaskTypeError while "
-                                       "`operand('img')[q] & causal()` works")
 def test_mask_and_operand_read():
   img = maskc.operand("img")
   assert maskc.causal() & img[q] == maskc.parse("causal & img[q]")
 
 
-@pytest.mark.xfail(strict=True, reason="_ir.Term has no __xor__: `img[q] ^ img[k]` raises a plain "
-                                       "TypeError, not a MaskError")
 def test_xor_of_operand_reads():
   img = maskc.operand("img")
   assert (img[q] ^ img[k]) == maskc.parse("img[q] ^ img[k]")
@@ -277,35 +272,19 @@ def test_simplify_preserves_meaning_at_random_shapes(m, shape, seed):
   np.testing.assert_array_equal(dense(m.simplify(), *shape, seed), dense(m, *shape, seed))
 
 
-def _hits_known_bugs(m) -> bool:
-  """Whether `m` reaches a simplifier bug pinned by an xfail test below."""
-  # `^` is not canonical under `~`; a negated chain's constant links are not folded.
-  if "^" in str(m):
-    return True
-  return any(isinstance(n, maskc.Compare) and len(n.ops) > 1
-             and any(isinstance(a, maskc.Const) and isinstance(b, maskc.Const)
-                     for a, b in zip(n.terms, n.terms[1:]))
-             for n in walk(m))
-
-
 @given(masks())
 def test_simplify_is_idempotent(m):
-  assume(not _hits_known_bugs(m))
   s = m.simplify()
   assert s.simplify() == s, (str(m), str(s), str(s.simplify()))
   assert maskc.parse(str(s)) == s
 
 
-@pytest.mark.xfail(strict=True, reason="_simplify._xor complements kept[0] after sorting, so the "
-                                       "result is not sorted and a second pass reorders it")
 def test_simplify_is_idempotent_on_negated_xor():
   m = ~(maskc.causal() ^ maskc.sliding(1))
   s = m.simplify()
   assert s.simplify() == s, (str(s), str(s.simplify()))
 
 
-@pytest.mark.xfail(strict=True, reason="_simplify._simplify: the links of a negated chained "
-                                       "comparison are not simplified, so constants stay")
 def test_negated_chain_folds_constant_links():
   assert str(maskc.parse("~(q < 0 < 1)").simplify()) == "q >= 0"
   assert maskc.parse("~(q < 0 < 0)").simplify() == maskc.full()
@@ -316,8 +295,6 @@ def test_negated_chain_simplifies_again_to_a_fixed_point():
   assert str(s.simplify()) == "q >= 0"  # a second pass folds what the first left
 
 
-@pytest.mark.xfail(strict=True, reason="_simplify._xor does not pull `~` out of its items, so "
-                                       "`causal ^ ~causal` stays unsimplified instead of `full`")
 def test_xor_with_own_complement():
   assert (maskc.causal() ^ ~maskc.causal()).simplify() == maskc.full()
 
@@ -359,8 +336,6 @@ def test_absorption(a, b):
   assert (a & (a | b)).simplify() == a.simplify()
 
 
-@pytest.mark.xfail(strict=True, reason="_simplify._combine absorbs `a | a & b` only when `a` is "
-                                       "one item of the intersection, not when `a` is an `&`")
 def test_absorption_of_compound_masks():
   a = maskc.sliding(1) & maskc.chunk(1)
   assert (a | (a & maskc.causal())).simplify() == a.simplify()
@@ -369,8 +344,7 @@ def test_absorption_of_compound_masks():
 @given(masks())
 def test_complement_laws(m):
   assert (m ^ m).simplify() == maskc.empty()
-  if not _hits_known_bugs(m):
-    assert (m ^ maskc.empty()).simplify() == m.simplify()
+  assert (m ^ maskc.empty()).simplify() == m.simplify()
   assert (m & m).simplify() == m.simplify()
   assert (m | maskc.full()).simplify() == maskc.full()
   assert (m & maskc.empty()).simplify() == maskc.empty()
@@ -381,7 +355,6 @@ def test_complement_laws(m):
 def test_excluded_middle(m):
   # See the compound case below: a chained comparison's complement is a union, and one
   # such as `q < q >= q` is empty without the simplifier knowing it.
-  assume(not _hits_known_bugs(m))
   for s in (m.simplify(), (~m).simplify()):
     assume(not isinstance(s, (maskc.And, maskc.Or)))
     assume(not (isinstance(s, maskc.Compare) and len(s.ops) > 1))
@@ -389,8 +362,6 @@ def test_excluded_middle(m):
   assert (m | ~m).simplify() == maskc.full()
 
 
-@pytest.mark.xfail(strict=True, reason="_simplify._combine finds `x & ~x` only when x is one item; "
-                                       "a compound x is flattened into the `&` first")
 def test_excluded_middle_of_compound_masks():
   m = maskc.causal() & maskc.sliding(1)
   assert (m & ~m).simplify() == maskc.empty()
