@@ -1,0 +1,8 @@
+"""maskc.kernels: attention backends that consume compiled masks.
+
+`attention(q, k, v, mask, ...)` dispatches to a backend of `BACKENDS`: `dense`
+(the reference), `xla` (block-sparse jax.numpy, any platform), `flash` (Pallas,
+GPU) and `splash` (JAX's splash kernel, TPU). Backends are imported on first use.
+"""
+
+from maskc.kernels.api import BACKENDS as BACKENDS, Backend as Backend, attention as attention

@@ -1,0 +1,104 @@
+"""Dense masked dot-product attention: the reference every other backend is checked against.
+
+It materializes the whole `[Lq, Lkv]` mask and logits, in float32 at the highest
+matmul precision, so it is exact but costs `O(Lq × Lkv)` memory. Rows with no
+allowed key return zeros, and their gradients are zero, never NaN: masked logits
+take a finite large negative value and the softmax weights are zeroed where the
+mask is false before normalizing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from maskc.kernels import _common as common
+
+
+def attention(q, k, v, mask: Any, *, operands: dict[str, Any] | None = None,
+              scale: float | None = None, logits_soft_cap: float | None = None,
+              sinks=None, q_offset: int | None = None) -> jax.Array:
+  """Dense masked attention (the reference).
+
+  Args:
+    q: `[B, Lq, H, D]`. k, v: `[B, Lkv, Hkv, D]` and `[B, Lkv, Hkv, Dv]`, `H % Hkv == 0`.
+    mask: mask text, a `Mask`, a sequence of them (one per head), or a `BlockMap`.
+    operands: runtime operand values the mask reads (ignored for a BlockMap).
+    scale: logit scale, default `1 / sqrt(D)`.
+    logits_soft_cap: if set, logits become `cap * tanh(logits / cap)` before masking.
+    sinks: optional float `[H]` sink logits added to each softmax denominator.
+    q_offset: position of query row 0 (default `Lkv - Lq`).
+
+  Returns:
+    `[B, Lq, H, Dv]` in q's dtype.
+
+  >>> import jax.numpy as jnp
+  >>> from maskc.kernels import dense
+  >>> x = jnp.ones((1, 4, 1, 8))
+  >>> dense.attention(x, x, x, "causal").shape
+  (1, 4, 1, 8)
+  """
+  _, lq, _, lkv, _, _ = common.check_qkv(q, k, v)
+  if hasattr(mask, "rows"):
+    binding = mask
+  else:
+    binding = common.bind(mask, lq, lkv, q_offset=q_offset, operands=operands)
+  return run(q, k, v, binding, scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks)
+
+
+def run(q, k, v, binding, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
+  """The backend entry point: attention under a binding or BlockMap."""
+  del interpret
+  b, lq, h, lkv, _, d = common.check_qkv(q, k, v)
+  if (binding.q_len, binding.kv_len) != (lq, lkv):
+    raise common.MaskValueError(
+        f"the mask is bound to q_len={binding.q_len}, kv_len={binding.kv_len} but q and k have "
+        f"lengths {lq} and {lkv}")
+  common.check_batch(binding, b)
+  sinks = common.check_sinks(sinks, h)
+  scale = common.default_scale(d, scale)
+
+  def one(q, k, v, u, sinks):
+    return masked_attention(q, k, v, common.dense_allowed(binding, u)[:, None],
+                            scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks)
+
+  return common.per_mask(one, q, k, v, binding, sinks)
+
+
+def masked_attention(q, k, v, allowed, *, scale: float, logits_soft_cap: float | None = None,
+                     sinks=None) -> jax.Array:
+  """Attention with a dense bool mask `allowed` broadcastable to `[B, H, Lq, Lkv]`."""
+  b, lq, h, d = q.shape
+  hkv = k.shape[2]
+  g = h // hkv
+  f32 = jnp.float32
+  qf = q.astype(f32).reshape(b, lq, hkv, g, d)
+  s = jnp.einsum("bqhgd,bkhd->bhgqk", qf, k.astype(f32),
+                 precision=jax.lax.Precision.HIGHEST) * scale
+  if logits_soft_cap is not None:
+    s = logits_soft_cap * jnp.tanh(s / logits_soft_cap)
+  allowed = jnp.asarray(allowed, bool)
+  allowed = allowed.reshape(allowed.shape[:1] + _head_shape(allowed.shape[1], hkv, g) +
+                            allowed.shape[2:])
+  s = jnp.where(allowed, s, common.NEG)
+  m = jnp.max(s, axis=-1, keepdims=True)
+  if sinks is not None:
+    sk = sinks.reshape(1, hkv, g, 1, 1)
+    m = jnp.maximum(m, sk)
+  m = jax.lax.stop_gradient(m)
+  p = jnp.where(allowed, jnp.exp(s - m), 0.0)
+  denom = p.sum(-1, keepdims=True)
+  if sinks is not None:
+    denom = denom + jnp.exp(sk - m)
+  o = jnp.einsum("bhgqk,bkhd->bqhgd", p, v.astype(f32), precision=jax.lax.Precision.HIGHEST)
+  denom = jnp.where(denom == 0, 1.0, denom)
+  o = o / jnp.moveaxis(denom, (1, 2, 3), (2, 3, 1))
+  return o.reshape(b, lq, h, v.shape[-1]).astype(q.dtype)
+
+
+def _head_shape(n: int, hkv: int, g: int) -> tuple[int, int]:
+  if n == 1:
+    return (1, 1)
+  return (hkv, g)

@@ -1,0 +1,409 @@
+"""Every attention backend against the dense reference, forward and gradients.
+
+One shared base, `KernelTests`, holds the tests; each backend subclasses it and
+says what it supports with `supports_*` flags (tokamax style). The dense
+reference itself is checked against an independent float64 NumPy formula over a
+mask materialized by `maskc.materialize`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+
+import maskc
+from maskc.kernels import api, dense
+
+try:
+  from strategies import masks as random_masks
+  from strategies import operand_values
+except ImportError:  # pragma: no cover - the strategies helper is optional
+  random_masks = None
+  operand_values = None
+
+F32_TOL = 1e-5
+BF16_TOL = 2e-2
+HEADS = [(1, 1), (2, 1), (2, 2), (4, 2)]
+
+
+def prelude_texts(lengths_max: int) -> st.SearchStrategy:
+  """Prelude-based mask texts with drawn parameters (operands: seg, img)."""
+  n = st.integers(1, max(1, lengths_max))
+  small = st.integers(0, max(0, lengths_max // 2))
+  return st.one_of(
+      st.just("causal"), st.just("full"),
+      n.map(lambda w: f"sliding({w})"),
+      n.map(lambda c: f"causal & chunk({c})"),
+      small.map(lambda p: f"causal | prefix({p})"),
+      st.tuples(n, small).map(lambda a: f"sliding({a[0]}) | sink({a[1]})"),
+      st.tuples(small, small).map(lambda a: f"local({a[0]}, {a[1]})"),
+      st.just("causal & document(seg)"), st.just("document(seg)"),
+      st.just("causal | bidirectional(img)"))
+
+
+def token_operands(kv_len: int, seed: int, batch: int | None) -> dict:
+  """seg (sorted segment ids) and img (image-token flags) for masks of `kv_len` keys."""
+  rng = np.random.default_rng(seed)
+  lead = () if batch is None else (batch,)
+  seg = np.sort(rng.integers(0, 4, size=lead + (kv_len,)), axis=-1).astype(np.int32)
+  return {"seg": seg, "img": rng.random(lead + (kv_len,)) < 0.5}
+
+
+def qkv(seed: int, b: int, lq: int, lkv: int, h: int, hkv: int, d: int, dtype=jnp.float32):
+  kq, kk, kv, kw = jax.random.split(jax.random.key(seed), 4)
+  q = jax.random.normal(kq, (b, lq, h, d), jnp.float32).astype(dtype)
+  k = jax.random.normal(kk, (b, lkv, hkv, d), jnp.float32).astype(dtype)
+  v = jax.random.normal(kv, (b, lkv, hkv, d), jnp.float32).astype(dtype)
+  w = jax.random.normal(kw, (b, lq, h, d), jnp.float32)
+  return q, k, v, w
+
+
+def out_and_grads(fn, q, k, v, w):
+  """`fn(q, k, v)` and its gradients for the cotangent `w`, in one jitted vjp."""
+  @jax.jit
+  def both(q, k, v, w):
+    out, vjp = jax.vjp(fn, q, k, v)
+    return out, vjp(w.astype(out.dtype))
+  return both(q, k, v, w)
+
+
+def assert_close(x, ref, tol: float, what: str = "") -> None:
+  """max |x - ref| <= tol × max |ref| (the output's scale), and x finite."""
+  x = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+  ref = np.asarray(jnp.asarray(ref, jnp.float32), np.float64)
+  assert np.isfinite(x).all(), f"{what}: non-finite values"
+  # Inputs are N(0, 1), so outputs and gradients are O(1): below 1 the scale is 1.
+  scale = max(float(np.abs(ref).max(initial=0.0)), 1.0)
+  err = float(np.abs(x - ref).max(initial=0.0))
+  assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol} × scale {scale:.3g}"
+
+
+class KernelTests:
+  """Shared tests; subclasses set `backend` and what it supports."""
+
+  backend: str = ""
+  blocks: tuple[int, ...] = (16, 32)
+  max_len: int = 96
+  max_examples: int = 10
+  supports_ragged = True           # lengths that are not multiples of the tiles
+  supports_random_masks = True     # any mask of tests/strategies.py
+  supports_batch_operands = True   # operands with a batch axis, any mask
+  supports_cross_lengths = True    # q_len != kv_len
+
+  def run(self, q, k, v, mask, **kw):
+    return api.attention(q, k, v, mask, backend=self.backend, **kw)
+
+  def supported(self, mask) -> bool:
+    """Whether this backend takes the drawn mask (others must raise BackendError)."""
+    return True
+
+  # --------------------------------------------------------------------- drawing
+
+  def draw_lengths(self, data) -> tuple[int, int]:
+    if not self.supports_ragged:
+      block = self.blocks[0]
+      kv_len = block * data.draw(st.integers(1, self.max_len // block), label="kv tiles")
+      q_len = kv_len if not self.supports_cross_lengths else block * data.draw(
+          st.integers(1, kv_len // block), label="q tiles")
+      return q_len, kv_len
+    kv_len = data.draw(st.integers(1, self.max_len), label="kv_len")
+    q_len = data.draw(st.integers(1, kv_len), label="q_len")
+    return q_len, kv_len
+
+  def draw_mask(self, data, kv_len: int):
+    choices = [prelude_texts(kv_len)]
+    if self.supports_random_masks and random_masks is not None:
+      choices.append(random_masks(max_leaves=4, term_leaves=3))
+    mask = data.draw(st.one_of(*choices), label="mask")
+    return mask
+
+  def draw_case(self, data):
+    q_len, kv_len = self.draw_lengths(data)
+    mask = self.draw_mask(data, kv_len)
+    m = maskc.parse(mask) if isinstance(mask, str) else mask
+    assume(self.supported(m))
+    batched = data.draw(st.booleans(), label="batched operands") and self.supports_batch_operands
+    b = 2
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    ops = (operand_values(kv_len, seed, b if batched else None) if operand_values else {})
+    ops.update(token_operands(kv_len, seed, b if batched else None))
+    ops = {s.name: ops[s.name] for s in m.operands}
+    h, hkv = data.draw(st.sampled_from(HEADS), label="heads")
+    block_q = data.draw(st.sampled_from(self.blocks), label="block_q")
+    block_kv = data.draw(st.sampled_from(self.blocks), label="block_kv")
+    kw = dict(block_q=block_q, block_kv=block_kv, operands=ops)
+    if data.draw(st.booleans(), label="soft cap"):
+      kw["logits_soft_cap"] = 2.0
+    if data.draw(st.booleans(), label="sinks"):
+      kw["sinks"] = jnp.linspace(-1.0, 1.0, h)
+    return dict(mask=m, b=b, q_len=q_len, kv_len=kv_len, h=h, hkv=hkv, seed=seed, kw=kw)
+
+  def compare(self, case, dtype, tol):
+    q, k, v, w = qkv(case["seed"], case["b"], case["q_len"], case["kv_len"], case["h"],
+                     case["hkv"], 16, dtype)
+    kw = dict(case["kw"])
+    mask = case["mask"]
+    bm = maskc.compile(mask, case["q_len"], case["kv_len"], block_q=kw.pop("block_q"),
+                       block_kv=kw.pop("block_kv"), operands=kw.pop("operands"))
+
+    ours = lambda q, k, v: self.run(q, k, v, bm, **kw)
+    ref = lambda q, k, v: dense.run(q.astype(jnp.float32), k.astype(jnp.float32),
+                                    v.astype(jnp.float32), bm, **kw)
+    out, grads = out_and_grads(ours, q, k, v, w)
+    out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
+    assert_close(out, out_ref, tol, f"{self.backend} output, {mask}")
+    for name, a, r in zip("qkv", grads, grads_ref):
+      assert_close(a, r, tol, f"{self.backend} d{name}, {mask}")
+
+  # --------------------------------------------------------------------- tests
+
+  def test_matches_dense_float32(self):
+    @settings(max_examples=self.max_examples, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @given(st.data())
+    def check(data):
+      self.compare(self.draw_case(data), jnp.float32, F32_TOL)
+    check()
+
+  def test_matches_dense_bfloat16(self):
+    @settings(max_examples=max(2, self.max_examples // 3), deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @given(st.data())
+    def check(data):
+      self.compare(self.draw_case(data), jnp.bfloat16, BF16_TOL)
+    check()
+
+  def lengths(self, q_len: int, kv_len: int) -> tuple[int, int]:
+    """Fixed-test lengths this backend takes (rounded up to its tiles if not ragged)."""
+    if self.supports_ragged:
+      return q_len, kv_len
+    t = self.blocks[0]
+    return -(-q_len // t) * t, -(-kv_len // t) * t
+
+  def test_empty_rows_are_zero_with_zero_gradients(self):
+    lq, lkv = self.lengths(70, 70)
+    t = self.blocks[0]
+    q, k, v, w = qkv(0, 1, lq, lkv, 2, 1, 16)
+    for mask in ("empty", f"causal & q >= {lq - 3}", f"k >= {2 * t} & q < {t + 3}"):
+      run = lambda q, k, v: self.run(q, k, v, mask, block_q=t, block_kv=t)
+      out, grads = out_and_grads(run, q, k, v, w)
+      empty = ~maskc.materialize(mask, lq, lkv).any(-1)
+      assert np.isfinite(np.asarray(out)).all()
+      np.testing.assert_array_equal(np.asarray(out)[:, empty], 0.0)
+      for g in grads:
+        assert np.isfinite(np.asarray(g)).all()
+      np.testing.assert_array_equal(np.asarray(grads[0])[:, empty], 0.0)
+      out_ref, grads_ref = out_and_grads(lambda q, k, v: dense.attention(q, k, v, mask), q, k, v,
+                                         w)
+      assert_close(out, out_ref, F32_TOL, mask)
+      for name, g, r in zip("qkv", grads, grads_ref):
+        assert_close(g, r, F32_TOL, f"d{name}, {mask}")
+
+  def test_gqa_soft_cap_and_sinks(self):
+    lq, lkv = self.lengths(64, 64)
+    t = self.blocks[0]
+    q, k, v, w = qkv(1, 2, lq, lkv, 4, 2, 16)
+    sinks = jnp.array([0.5, -1.0, 2.0, 0.0])
+    mask = f"sliding({t + 5}) | sink(3)"
+
+    def loss(fn):
+      return jax.jit(jax.value_and_grad(
+          lambda s, q: (fn(q, k, v, mask, logits_soft_cap=3.0, sinks=s) * w).sum(), (0, 1)))
+
+    ours = lambda *a, **kw: self.run(*a, block_q=t, block_kv=t, **kw)
+    (val, (g_s, g_q)) = loss(ours)(sinks, q)
+    (val_ref, (g_s_ref, g_q_ref)) = loss(dense.attention)(sinks, q)
+    assert_close(val, val_ref, F32_TOL * lq, "loss")
+    assert_close(g_s, g_s_ref, F32_TOL, "d sinks")
+    assert_close(g_q, g_q_ref, F32_TOL, "dq")
+
+  def test_mqa_and_cross_lengths(self):
+    if not self.supports_cross_lengths:
+      pytest.skip(f"{self.backend} needs q_len == kv_len")
+    lq, lkv = self.lengths(40, 100)
+    t = self.blocks[0]
+    q, k, v, _ = qkv(2, 1, lq, lkv, 3, 1, 16)
+    for mask in ("causal", "sliding(17)"):
+      out = jax.jit(lambda q, k, v: self.run(q, k, v, mask, block_q=t, block_kv=t))(q, k, v)
+      assert_close(out, dense.attention(q, k, v, mask), F32_TOL, mask)
+
+  def test_q_longer_than_kv_has_empty_rows(self):
+    if not self.supports_cross_lengths:
+      pytest.skip(f"{self.backend} needs q_len == kv_len")
+    lq, lkv = self.lengths(80, 48)
+    t = self.blocks[0]
+    q, k, v, _ = qkv(3, 1, lq, lkv, 2, 2, 16)
+    out = jax.jit(lambda q, k, v: self.run(q, k, v, "causal", block_q=t, block_kv=t))(q, k, v)
+    assert_close(out, dense.attention(q, k, v, "causal"), F32_TOL, "causal, q_len > kv_len")
+    np.testing.assert_array_equal(np.asarray(out)[:, :lq - lkv], 0.0)
+
+  def test_batched_segment_ids(self):
+    lq, lkv = self.lengths(64, 64)
+    t = self.blocks[0]
+    q, k, v, w = qkv(4, 2, lq, lkv, 2, 1, 16)
+    seg = np.stack([np.repeat(np.arange(4), lkv // 4 + 1)[:lkv],
+                    np.repeat(np.arange(2), lkv // 2 + 1)[:lkv]]).astype(np.int32)
+    mask = "causal & document(seg)"
+    run = lambda q, k, v: self.run(q, k, v, mask, operands={"seg": seg}, block_q=t, block_kv=t)
+    ref = lambda q, k, v: dense.attention(q, k, v, mask, operands={"seg": seg})
+    out, grads = out_and_grads(run, q, k, v, w)
+    out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
+    assert_close(out, out_ref, F32_TOL, mask)
+    for name, g, r in zip("qkv", grads, grads_ref):
+      assert_close(g, r, F32_TOL, f"d{name}, {mask}")
+
+  def test_traced_operands_under_jit(self):
+    lq, lkv = self.lengths(64, 64)
+    t = self.blocks[0]
+    q, k, v, w = qkv(5, 2, lq, lkv, 2, 2, 16)
+    seg = np.stack([np.repeat(np.arange(3), lkv // 3 + 1)[:lkv],
+                    np.repeat(np.arange(5), lkv // 5 + 1)[:lkv]]).astype(np.int32)
+    for mask in ("causal & document(seg)", "document(seg) & q - k < 40"):
+      run = lambda q, k, v, seg: self.run(q, k, v, mask, operands={"seg": seg}, block_q=t,
+                                          block_kv=t)
+      out, grads = out_and_grads(lambda q, k, v: run(q, k, v, jnp.asarray(seg)), q, k, v, w)
+      out2 = jax.jit(run)(q, k, v, jnp.asarray(seg))
+      ref = lambda q, k, v: dense.attention(q, k, v, mask, operands={"seg": seg})
+      out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
+      assert_close(out, out_ref, F32_TOL, mask)
+      assert_close(out2, out_ref, F32_TOL, mask)
+      for name, g, r in zip("qkv", grads, grads_ref):
+        assert_close(g, r, F32_TOL, f"d{name}, {mask}")
+
+  def test_jit_grad_vmap(self):
+    lq, lkv = self.lengths(48, 48)
+    t = self.blocks[0]
+    q, k, v, _ = qkv(6, 3, lq, lkv, 2, 1, 16)
+    mask = "causal & chunk(20)" if self.supports_ragged else f"causal & chunk({t})"
+    one = lambda q, k, v: self.run(q[None], k[None], v[None], mask, block_q=t, block_kv=t)[0]
+    out = jax.jit(jax.vmap(one))(q, k, v)
+    assert_close(out, dense.attention(q, k, v, mask), F32_TOL, "vmap")
+    g = jax.jit(jax.grad(lambda q: jax.vmap(one)(q, k, v).sum()))(q)
+    g_ref = jax.grad(lambda q: dense.attention(q, k, v, mask).sum())(q)
+    assert_close(g, g_ref, F32_TOL, "grad of vmap")
+
+  def test_per_head_masks(self):
+    lq, lkv = self.lengths(64, 64)
+    t = self.blocks[0]
+    q, k, v, _ = qkv(7, 1, lq, lkv, 4, 2, 16)
+    masks = ["causal", f"sliding({t})", "causal", "full"]
+    out = jax.jit(lambda q, k, v: self.run(q, k, v, masks, block_q=t, block_kv=t))(q, k, v)
+    assert_close(out, dense.attention(q, k, v, masks), F32_TOL, "per-head masks")
+
+
+class TestDenseReference:
+  """The dense reference against a float64 NumPy softmax over `maskc.materialize`."""
+
+  @staticmethod
+  def numpy_attention(q, k, v, allowed, scale, cap=None, sinks=None):
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    g = q.shape[2] // k.shape[2]
+    k, v = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if cap is not None:
+      s = cap * np.tanh(s / cap)
+    s = np.where(allowed, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    if sinks is not None:
+      m = np.maximum(m, np.asarray(sinks, np.float64)[None, :, None, None])
+    m = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - m)
+    denom = p.sum(-1, keepdims=True)
+    if sinks is not None:
+      denom = denom + np.exp(np.asarray(sinks, np.float64)[None, :, None, None] - m)
+    p = p / np.where(denom == 0, 1.0, denom)
+    return np.einsum("bhqk,bkhd->bqhd", p, v)
+
+  @settings(max_examples=15, deadline=None)
+  @given(st.data())
+  def test_dense_matches_numpy(self, data):
+    kv_len = data.draw(st.integers(1, 40))
+    q_len = data.draw(st.integers(1, kv_len))
+    mask = data.draw(prelude_texts(kv_len))
+    batched = data.draw(st.booleans())
+    ops = token_operands(kv_len, 0, 2 if batched else None)
+    ops = {s.name: ops[s.name] for s in maskc.parse(mask).operands}
+    h, hkv = data.draw(st.sampled_from(HEADS))
+    cap = data.draw(st.sampled_from([None, 1.5]))
+    sinks = data.draw(st.sampled_from([None, np.linspace(-1, 1, h)]))
+    q, k, v, _ = qkv(data.draw(st.integers(0, 99)), 2, q_len, kv_len, h, hkv, 8)
+    out = dense.attention(q, k, v, mask, operands=ops, logits_soft_cap=cap,
+                          sinks=None if sinks is None else jnp.asarray(sinks))
+    allowed = np.asarray(maskc.materialize(mask, q_len, kv_len, operands=ops))
+    allowed = allowed[:, None] if allowed.ndim == 3 else allowed[None, None]
+    ref = self.numpy_attention(q, k, v, allowed, 1 / math.sqrt(8), cap, sinks)
+    np.testing.assert_allclose(np.asarray(out), ref, atol=2e-6, rtol=1e-5)
+
+
+class TestDense(KernelTests):
+  backend = "dense"
+  max_examples = 5
+
+
+class TestXla(KernelTests):
+  backend = "xla"
+  blocks = (8, 16, 32)
+  max_examples = 12
+
+  def test_time_tracks_density_in_gathered_work(self):
+    # The number of gathered tiles per q tile is the densest q tile's, not n_kv_tiles.
+    from maskc.kernels import _common
+    bm = maskc.compile("sliding(64)", 1024, block_q=32, block_kv=32)
+    full, _, _ = _common.tile_lists(bm, 0, _common.FULL)
+    part, _, _ = _common.tile_lists(bm, 0, _common.PARTIAL)
+    assert full.shape[-1] + part.shape[-1] <= 4 < bm.n_kv_tiles
+
+  def test_traced_lists_are_bounded_by_the_static_part(self):
+    from maskc.kernels import _common
+    seen = {}
+
+    @jax.jit
+    def f(seg):
+      bm = maskc.compile("sliding(64) & document(seg)", 1024, block_q=32, block_kv=32,
+                         operands={"seg": seg})
+      idx, _, static = _common.tile_lists(bm, 0, _common.PARTIAL)
+      seen["m"], seen["static"] = idx.shape[-1], static
+      return idx
+
+    f(jnp.zeros(1024, jnp.int32))
+    assert not seen["static"] and seen["m"] <= 3
+
+
+def test_unknown_backend_names_the_known_ones():
+  x = jnp.ones((1, 8, 1, 8))
+  with pytest.raises(maskc.BackendError, match="xla"):
+    api.attention(x, x, x, "causal", backend="cuda")
+
+
+def test_bad_shapes_raise_mask_value_error():
+  x = jnp.ones((1, 8, 3, 8))
+  k = jnp.ones((1, 8, 2, 8))
+  with pytest.raises(maskc.MaskValueError, match="multiple"):
+    api.attention(x, k, k, "causal")
+  with pytest.raises(maskc.MaskValueError, match="shape"):
+    api.attention(x[0], k, k, "causal")
+
+
+def test_auto_picks_xla_on_cpu_and_dense_when_tiny(monkeypatch):
+  calls = []
+  for name in ("dense", "xla"):
+    mod = api.BACKENDS[name].load()
+    monkeypatch.setattr(mod, "run", (lambda n, f: lambda *a, **k: (calls.append(n), f(*a, **k))[1])(
+        name, mod.run))
+  x = jnp.ones((1, 64, 1, 8))
+  api.attention(x, x, x, "causal")
+  y = jnp.ones((1, 1024, 1, 8))
+  api.attention(y, y, y, "sliding(64)")
+  api.attention(y, y, y, "full")
+  assert calls == ["dense", "xla", "dense"]
+
+
+def test_registry_is_immutable():
+  with pytest.raises(TypeError):
+    api.BACKENDS["mine"] = api.Backend("mine", "x")  # type: ignore[index]
