@@ -18,6 +18,8 @@ demo: $(STAMP)
 	$(VENV)/bin/maskc check "causal & chunk(8192) | bidirectional(img)"
 	$(VENV)/bin/maskc dense "causal & chunk(4) | bidirectional(img)" --q-len 12 \
 	  --operand img=0,0,0,1,1,1,1,1,0,0,0,0
+	$(VENV)/bin/maskc show "causal & chunk(8192) | bidirectional(img)" --q-len 32768 \
+	  --operand img=32768:0,1:1000-3000,1:20000-22048 --width 80
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -59,8 +59,8 @@ def run_show(args: argparse.Namespace, out: TextIO) -> int:
     if value is not None and value < 1:
       raise maskc.MaskValueError(f"{name} must be at least 1, got {value}")
   width = args.width if args.width is not None else min(120, shutil.get_terminal_size().columns)
-  if width < 20:
-    raise maskc.MaskValueError(f"--width must be at least 20, got {width}")
+  if width < 10:
+    raise maskc.MaskValueError(f"--width must be at least 10, got {width}")
   m = maskc.parse(args.expr)
   operands = _operands(args.operand)
   view = maskc.show(m, args.q_len, args.kv_len, q_offset=args.offset, operands=operands,
@@ -70,7 +70,7 @@ def run_show(args: argparse.Namespace, out: TextIO) -> int:
   ascii = args.ascii or not _can_encode(out, "█▓░·─│┌")
   out.write(view.to_text(width=width, ascii=ascii))
   if args.svg:
-    _write(args.svg, lambda path: open(path, "w", encoding="utf-8").write(view.to_svg()))
+    _write(args.svg, lambda path: _save_svg(view, path))
     out.write(f"wrote {args.svg}\n")
   if args.png:
     _write(args.png, lambda path: _save_png(view, path))
@@ -86,6 +86,11 @@ def _write(path: str, write) -> None:
     raise maskc.MaskValueError(f"cannot write {path}: {e.strerror or e}",
                                hint=f"Check that {os.path.dirname(path) or '.'} exists and is "
                                     "writable.") from None
+
+
+def _save_svg(view: MaskView, path: str) -> None:
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(view.to_svg())
 
 
 def _save_png(view: MaskView, path: str) -> None:

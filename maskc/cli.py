@@ -21,6 +21,7 @@ import numpy as np
 
 import maskc
 from maskc._cli_operands import parse_operand_value
+from maskc._cli_show import add_show
 
 MAX_DENSE_ROWS = 256
 MAX_DENSE_COLS = 512
@@ -166,7 +167,7 @@ def _draw(dense: np.ndarray, q_offset: int, on: str, off: str) -> str:
 
 # ----------------------------------------------------------------------------- main
 
-SUBCOMMANDS: list[Callable] = [_add_check, _add_dense]
+SUBCOMMANDS: list[Callable] = [_add_check, _add_dense, add_show]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -366,3 +366,85 @@ def test_show_reports_bad_input_as_mask_errors():
     maskc.show("document(seg)", 8)
   with pytest.raises(maskc.MaskError):
     maskc.show("causal", 8, block_q=0)
+
+
+# ----------------------------------------------------------------------------- maskc show
+
+
+def _cli(argv, capsys):
+  from maskc import cli
+  code = cli.main(argv)
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def test_cli_show_prints_the_header_and_the_tile_map(capsys):
+  code, out, err = _cli(["show", "causal", "--q-len", "512", "--block-q", "128", "--tiles"],
+                        capsys)
+  assert code == 0 and err == ""
+  assert out == CAUSAL_512
+
+
+def test_cli_show_draws_small_shapes_element_by_element(capsys):
+  code, out, _ = _cli(["show", "causal", "--q-len", "4", "--block-q", "2"], capsys)
+  assert code == 0
+  assert out == SHOW_CAUSAL_4
+
+
+def test_cli_show_with_range_operands(capsys):
+  code, out, _ = _cli(["show", "causal & chunk(8192) | bidirectional(img)", "--q-len", "32768",
+                       "--operand", "img=32768:0,1:1000-3000", "--width", "80"], capsys)
+  assert code == 0
+  lines = out.splitlines()
+  assert lines[0] == "causal & chunk(8192) | bidirectional(img)"
+  assert "256 × 256 tiles" in out and "8 × 8 tiles (1K × 1K tokens) each" in out
+  assert lines[-1].startswith("31K:32K")
+  assert lines[9].startswith("   0:1K  ░░░░░░··")  # the image reaches over the causal edge
+
+
+def test_cli_show_ascii_and_width(capsys):
+  code, out, _ = _cli(["show", "causal", "--q-len", "16", "--block-q", "4", "--width", "13",
+                       "--tiles", "--ascii"], capsys)
+  assert code == 0
+  assert out == CAUSAL_8_TILES_4
+
+
+def test_cli_show_writes_svg_and_png(tmp_path, capsys):
+  svg, png = tmp_path / "map.svg", tmp_path / "map.png"
+  argv = ["show", "sliding(1024) | sink(4)", "--q-len", "8192", "--svg", str(svg)]
+  has_mpl = True
+  try:
+    import matplotlib  # noqa: F401
+  except ImportError:
+    has_mpl = False
+  if has_mpl:
+    argv += ["--png", str(png)]
+  code, out, _ = _cli(argv, capsys)
+  assert code == 0
+  assert f"wrote {svg}" in out
+  ET.parse(svg)
+  if has_mpl:
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["show", "causal &", "--q-len", "8"], "line 1, column"),
+    (["show", "document(seg)", "--q-len", "8"], "seg"),
+    (["show", "causal", "--q-len", "0"], "--q-len must be at least 1"),
+    (["show", "causal", "--q-len", "8", "--block-q", "0"], "--block-q must be at least 1"),
+    (["show", "causal", "--q-len", "8", "--width", "5"], "--width must be at least 10"),
+    (["show", "bidirectional(img)", "--q-len", "8", "--operand", "img=8:0,1:6-9"],
+     "reaches past the length 8"),
+    (["show", "causal", "--q-len", "8", "--svg", "/nonexistent/dir/x.svg"], "cannot write"),
+])
+def test_cli_show_errors_exit_1(argv, message, capsys):
+  code, out, err = _cli(argv, capsys)
+  assert code == 1
+  assert message in err and err.startswith("maskc show: error:")
+
+
+def test_cli_show_usage_errors_exit_2(capsys):
+  with pytest.raises(SystemExit) as info:
+    _cli(["show", "causal"], capsys)
+  assert info.value.code == 2
+  assert "--q-len" in capsys.readouterr().err
