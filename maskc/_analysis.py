@@ -70,14 +70,15 @@ class Tables:
     """Stacked sparse tables `(mins, maxs)`: `[J, B, L]`, level j covers 2**j entries."""
     if name not in self._sparse:
       xp = self.xp
-      a = self.arrays[name].astype(xp.int32)
+      a = self.arrays[name]
+      info = xp.iinfo(a.dtype)
       mins, maxs = [a], [a]
       length = a.shape[-1]
       span = 1
       while 2 * span <= length:
         lo, hi = mins[-1], maxs[-1]
-        pad_lo = xp.full(lo.shape[:-1] + (span,), 2**31 - 1, xp.int32)
-        pad_hi = xp.full(hi.shape[:-1] + (span,), -(2**31), xp.int32)
+        pad_lo = xp.full(lo.shape[:-1] + (span,), info.max, a.dtype)
+        pad_hi = xp.full(hi.shape[:-1] + (span,), info.min, a.dtype)
         mins.append(xp.minimum(lo, xp.concatenate([lo[..., span:], pad_lo], axis=-1)))
         maxs.append(xp.maximum(hi, xp.concatenate([hi[..., span:], pad_hi], axis=-1)))
         span *= 2

@@ -148,14 +148,16 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
       batch, batch_from = b, spec.name
     else:
       value = value[None]
+    # Integer terms are computed in one wide type (int64, or int32 under jit), never in
+    # an operand's own narrow dtype, where `seg[q] - seg[k]` would wrap around.
     if xp is jnp:
-      value = jnp.asarray(value)
-      if value.dtype == jnp.bool_:
-        value = value.astype(jnp.int32)
-    elif value.dtype == np.bool_:
-      value = value.astype(np.int8)
-    if spec.kind == "scalar":
-      value = value.astype(xp.int32 if xp is jnp else np.int64)
+      if not is_traced(value) and value.size and (value.min() < -2**31 or value.max() >= 2**31):
+        raise OperandError(f"operand `{spec.name}` holds values outside int32, which JAX "
+                           "computes in (with jax_enable_x64 off)",
+                           hint="Renumber the values to fit in int32.")
+      value = jnp.asarray(value).astype(jnp.int32)
+    else:
+      value = value.astype(np.int64)
     arrays[spec.name] = value
   for n in ir.walk(m):
     if isinstance(n, ir.Read) and n.runs:
