@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -270,8 +270,8 @@ def render_text(bm, width: int = 80, *, max_rows: int = 48, max_panels: int = MA
   labelled with the q positions they cover (`start:stop`, half open), and a
   ruler on top gives k positions. When there are more tiles than fit, a cell
   covers `rq × ck` tiles (powers of two, which line up with chunks and
-  windows; `rq` chosen so cells are about square in tokens, at most `max_rows` rows) and follows the rule in this module's
-  docstring. At most `max_panels` panels (batch rows × distinct head masks)
+  windows; `rq` chosen so cells are about square in tokens, at most
+  `max_rows` rows) and follows the rule in this module's docstring. At most `max_panels` panels (batch rows × distinct head masks)
   are drawn; a last line says how many were left out.
 
   Args:
@@ -350,6 +350,12 @@ def nice_ticks(lo: int, hi: int, n: int = 6) -> list[int]:
   return list(range(first, hi + 1, step))
 
 
+def _attrs(attrs: dict[str, Any]) -> str:
+  """Extra XML attributes: `class_` → `class`, `stroke_width` → `stroke-width`, values escaped."""
+  return "".join(f' {k.rstrip("_").replace("_", "-")}="{html.escape(str(v))}"'
+                 for k, v in attrs.items())
+
+
 class _Svg:
   """A tiny SVG writer: numbers rounded, text escaped, one element per call."""
 
@@ -357,17 +363,17 @@ class _Svg:
     self.parts: list[str] = []
 
   def rect(self, x, y, w, h, fill, **attrs):
-    extra = "".join(f' {k.rstrip("_").replace("_", "-")}="{html.escape(str(v))}"' for k, v in attrs.items())
+    extra = _attrs(attrs)
     self.parts.append(f'<rect x="{x:.6g}" y="{y:.6g}" width="{w:.6g}" height="{h:.6g}" '
                       f'fill="{fill}"{extra}/>')
 
   def text(self, x, y, s, size=11, anchor="start", weight="normal", fill="#222", **attrs):
-    extra = "".join(f' {k.rstrip("_").replace("_", "-")}="{html.escape(str(v))}"' for k, v in attrs.items())
+    extra = _attrs(attrs)
     self.parts.append(f'<text x="{x:.6g}" y="{y:.6g}" font-size="{size}" text-anchor="{anchor}" '
                       f'font-weight="{weight}" fill="{fill}"{extra}>{html.escape(s)}</text>')
 
   def path(self, d, stroke, width=1.0, **attrs):
-    extra = "".join(f' {k.rstrip("_").replace("_", "-")}="{html.escape(str(v))}"' for k, v in attrs.items())
+    extra = _attrs(attrs)
     self.parts.append(f'<path d="{d}" stroke="{stroke}" stroke-width="{width:.3g}" fill="none"'
                       f'{extra}/>')
 
@@ -392,8 +398,7 @@ def _panel_size(q_len: int, kv_len: int, side: float = 360.0) -> tuple[float, fl
 
 def _runs_of_cells(cells: np.ndarray):
   """`(row, start, stop, state)` of each maximal run of equal non-empty cells in a row."""
-  rows, cols = cells.shape
-  pad = np.zeros((rows, 1), cells.dtype)
+  pad = np.zeros((cells.shape[0], 1), cells.dtype)
   prev = np.concatenate([pad - 1, cells[:, :-1]], axis=1)
   nxt = np.concatenate([cells[:, 1:], pad - 1], axis=1)
   r0, c0 = np.nonzero((cells != prev) & (cells != EMPTY))
@@ -560,7 +565,7 @@ def plot(bm, ax=None, *, panel: int | None = None, max_cells: int = MAX_PLOT_CEL
   Raises:
     PlotDependencyError: matplotlib is not installed (`pip install 'maskc[plot]'`).
   """
-  colors, patches = _matplotlib()
+  colors, _ = _matplotlib()
   ps = panels(bm)
   if ax is None:
     import matplotlib.pyplot as plt

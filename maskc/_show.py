@@ -32,7 +32,7 @@ LEGEND = ((ALLOWED[FULL], "allowed, full tile"), (ALLOWED[PARTIAL], "allowed, pa
 
 def show(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
          operands: dict[str, Any] | None = None, block_q: int | None = None,
-         block_kv: int | None = None) -> "MaskView":
+         block_kv: int | None = None) -> MaskView:
   """Draws a mask at a shape: every element with the tile grid over it, or the tile map.
 
   For shapes up to 256 × 512 the picture shows each `(q, k)` element and the
@@ -167,9 +167,8 @@ def element_text(bm: BlockMap, dense: np.ndarray, *, ascii: bool = False,
                  max_panels: int = render.MAX_PANELS) -> str:
   """Text art of every element, one character each, with tile boundaries drawn between."""
   glyphs = ELEMENT_ASCII if ascii else ELEMENT_GLYPHS
-  box = dict(v="|", h="-", tl="+", tm="+", tr="+", ml="+", mm="+", mr="+", bl="+", bm="+",
-             br="+") if ascii else dict(v="│", h="─", tl="┌", tm="┬", tr="┐", ml="├", mm="┼",
-                                        mr="┤", bl="└", bm="┴", br="┘")
+  box = dict(zip(("v", "h", "tl", "tm", "tr", "ml", "mm", "mr", "bl", "bm", "br"),
+                 "|-+++++++++" if ascii else "│─┌┬┐├┼┤└┴┘"))
   lines = _element_header(bm, ascii)
   planes = _planes(bm, dense)
   for p, el, tiles in planes[:max_panels]:

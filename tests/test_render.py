@@ -139,8 +139,10 @@ def test_cells_follow_the_downsampling_rule(bm, rq, ck):
 def test_panels_group_heads_sharing_a_mask_and_batch_rows():
   bm = _maps()[4]
   titles = [p.title for p in render.panels(bm)]
-  assert titles == ["batch 0 · head 0: causal | bidirectional(img)", "batch 0 · head 1: sliding(50)",
-                    "batch 1 · head 0: causal | bidirectional(img)", "batch 1 · head 1: sliding(50)"]
+  assert titles == ["batch 0 · head 0: causal | bidirectional(img)",
+                    "batch 0 · head 1: sliding(50)",
+                    "batch 1 · head 0: causal | bidirectional(img)",
+                    "batch 1 · head 1: sliding(50)"]
   heads = render.panels(_maps()[3])
   assert [p.heads for p in heads] == [(0, 2), (1,)]
   text = _maps()[3].to_text()
@@ -231,7 +233,7 @@ def test_svg_downsampled_counts_runs_of_cells():
   bm = maskc.compile("sliding(300) | sink(4)", 8192, block_q=16, block_kv=16)  # 512 × 512 tiles
   svg = bm.to_svg()
   pic = render.picture(bm, render.panels(bm)[0], 2, 2)
-  r, _, _, state = render._runs_of_cells(pic.cells)
+  _, _, _, state = render._runs_of_cells(pic.cells)
   assert len(_rects(svg, "partial")) == int((state == 1).sum())
   assert len(_rects(svg, "full")) == int((state == 2).sum())
   assert "2 × 2 tiles (32 × 32 tokens) each" in svg
@@ -438,7 +440,7 @@ def test_cli_show_writes_svg_and_png(tmp_path, capsys):
     (["show", "causal", "--q-len", "8", "--svg", "/nonexistent/dir/x.svg"], "cannot write"),
 ])
 def test_cli_show_errors_exit_1(argv, message, capsys):
-  code, out, err = _cli(argv, capsys)
+  code, _, err = _cli(argv, capsys)
   assert code == 1
   assert message in err and err.startswith("maskc show: error:")
 
@@ -448,3 +450,16 @@ def test_cli_show_usage_errors_exit_2(capsys):
     _cli(["show", "causal"], capsys)
   assert info.value.code == 2
   assert "--q-len" in capsys.readouterr().err
+
+
+def test_range_operands():
+  from maskc._cli_operands import parse_operand_value, parse_ranges
+  np.testing.assert_array_equal(parse_operand_value("8:0,1:2-5,7:7"), [0, 0, 1, 1, 1, 0, 0, 7])
+  np.testing.assert_array_equal(parse_ranges("6:-1, 2:0-6, 3:1-3"), [2, 3, 3, 2, 2, 2])
+  img = parse_operand_value("32768:0,1:1000-2000")
+  assert img.shape == (32768,) and img.sum() == 1000 and img[999] == 0 and img[1000] == 1
+  for text, message in (("8:0", "cannot read item 1"), ("8:0,1:5-3", "is empty"),
+                        ("8:0,1:2-9", "reaches past the length 8"), ("8:0,x", "item 2"),
+                        (f"{1 << 30}:0,1:0-1", "length must be")):
+    with pytest.raises(maskc.MaskValueError, match=message):
+      parse_operand_value(text)
