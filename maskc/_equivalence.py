@@ -222,8 +222,8 @@ def equivalent(a: Any, b: Any, q_len: int | None = None, kv_len: int | None = No
         raise MaskValueError(f"kv_len or q_offset given without q_len ({kv_len=}, {q_offset=})",
                              hint="Pass q_len too, e.g. `maskc.equivalent(a, b, 4096)`.")
       return Equivalence(
-          None, "not symbolically equal (their simplified forms differ); pass a shape "
-          "(q_len, and operands if they read any) to decide", a=text_a, b=text_b,
+          None, "simplification does not prove them equal (their canonical forms differ); "
+          "pass a shape (q_len, and operands if they read any) to decide", a=text_a, b=text_b,
           stats={"seconds": time.perf_counter() - start})
     q_len = dense.shape[-2]
     kv_len = dense.shape[-1] if kv_len is None else kv_len
@@ -253,6 +253,7 @@ def equivalent(a: Any, b: Any, q_len: int | None = None, kv_len: int | None = No
         f"are {cx.a} there). This is a maskc bug; please report it. Deciding again by "
         f"evaluating every tile the maps do not decide alike."), stacklevel=2)
     result = _decide(sides, shape, bq, bk, batch, trust=False)
+    result["reason"] += " (decided again trusting no FULL/EMPTY disagreement; see the warning)"
   result["stats"]["seconds"] = time.perf_counter() - start
   shape_t = (shape.q_len, shape.kv_len, int(shape.q_offset))
   return Equivalence(result["counterexample"] is None, result["reason"],

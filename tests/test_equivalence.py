@@ -384,58 +384,45 @@ def assert_sound(grid: np.ndarray, dense: np.ndarray, bq: int, bk: int):
 BIG_IDS = np.array([0, 0, 0, 0, 2**32, 2**32, 2**32, 2**32], np.int64)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "maskc.compile is unsound for per-token operand values outside int32: the range-analysis "
-    "tables cast them to int32 (maskc/_analysis.py Tables.sparse), so document(seg) with "
-    "seg=[0]*4 + [2**32]*4 at q_len=8, tiles 4x4 gives grid [[2, 2], [2, 2]] although tiles "
-    "(0, 1) and (1, 0) are all false."))
 def test_compile_is_sound_for_int64_segment_ids():
+  # Regression: the range-analysis tables cast per-token operands to int32, so ids >= 2**31
+  # wrapped and `document(seg)` here had grid [[2, 2], [2, 2]] with tiles (0, 1), (1, 0) all false.
   ops = {"seg": BIG_IDS}
   bm = maskc.compile("document(seg)", 8, block_q=4, block_kv=4, operands=ops)
   assert_sound(np.asarray(bm.grid), maskc.materialize("document(seg)", 8, operands=ops), 4, 4)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "consequence of the int32 cast in compile's range analysis: both block maps claim FULL "
-    "everywhere, so equivalent('document(seg)', 'full', 8, ...) with seg=[0]*4 + [2**32]*4 says "
-    "equal. equivalent trusts tiles that both maps call FULL."))
 def test_equivalent_with_int64_segment_ids():
+  # Regression: with the int32 cast both maps claimed FULL everywhere and this said equal.
   r = equivalent("document(seg)", "full", 8, block_q=4, block_kv=4, operands={"seg": BIG_IDS})
-  assert r.equal is False
+  assert r.equal is False and r.counterexample.index == (0, 4)
 
 
 NARROW_DTYPES = [
-    # uint8 segment ids: seg[q] - seg[k] wraps around instead of going negative.
+    # uint8 segment ids: seg[q] - seg[k] must go negative, not wrap around.
     ("seg[q] - seg[k] < 0", {"seg": np.array([0, 0, 0, 0, 1, 1, 1, 1], np.uint8)},
      lambda v, q, k: v["seg"][q] - v["seg"][k] < 0),
-    # bool flags become int8 for evaluation: 100 + 100 overflows to -56.
+    # bool flags: 100 + 100 must not overflow an int8.
     ("img[q] * 100 + img[k] * 100 > 150", {"img": np.ones(8, bool)},
      lambda v, q, k: v["img"][q] * 100 + v["img"][k] * 100 > 150),
-    # int16 ids: 300 * 200 overflows.
+    # int16 ids: 300 * 200 must not overflow.
     ("seg[q] * 200 > 1000", {"seg": np.array([0, 0, 0, 0, 300, 300, 300, 300], np.int16)},
      lambda v, q, k: v["seg"][q] * 200 > 1000 + 0 * k),
+    # int32 ids: 30000 * 100000 must not overflow.
+    ("seg[q] * 100000 < 0", {"seg": np.array([0, 0, 0, 0, 30000, 30000, 30000, 30000], np.int32)},
+     lambda v, q, k: v["seg"][q] * 100000 < 0 * k),
 ]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "evaluation (materialize, ComputableMask, tile refinement) computes integer terms in the "
-    "operands' own narrow dtypes (uint8, int16, and int8 for bool operands, see "
-    "maskc/_bind.py prepare_operands), so `seg[q] - seg[k] < 0` with uint8 ids and "
-    "`img[q] * 100 + img[k] * 100 > 150` with bool flags wrap around; integer terms should "
-    "be computed in int64 (int32 under jit)."))
 @pytest.mark.parametrize("mask, values, formula", NARROW_DTYPES)
 def test_integer_terms_do_not_wrap_in_narrow_operand_dtypes(mask, values, formula):
+  # Regression: evaluation computed integer terms in the operands' own dtypes (uint8, int16,
+  # int8 for bool flags), and compile's analysis in int32, so the two disagreed.
   q, k = positions(8, 8, None)
   wide = {n: v.astype(np.int64) for n, v in values.items()}
   expected = np.broadcast_to(formula(wide, q, k), (8, 8))
   assert np.array_equal(maskc.materialize(mask, 8, operands=values), expected)
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "compile's range analysis computes in int32 but evaluation in the operands' narrow dtypes, "
-    "so for `seg[q] - seg[k] < 0` with uint8 ids (tiles 4x4, q_len=8) compile marks tile "
-    "(0, 1) FULL where materialize is all false; likewise for the other narrow-dtype masks."))
-@pytest.mark.parametrize("mask, values, formula", NARROW_DTYPES)
-def test_compile_agrees_with_evaluation_for_narrow_operand_dtypes(mask, values, formula):
-  bm = maskc.compile(mask, 8, block_q=4, block_kv=4, operands=values)
-  assert_sound(np.asarray(bm.grid), maskc.materialize(mask, 8, operands=values), 4, 4)
+  for tiles in ((4, 4), (8, 8), (3, 5)):
+    bm = maskc.compile(mask, 8, block_q=tiles[0], block_kv=tiles[1], operands=values)
+    assert_sound(np.asarray(bm.grid), expected, *tiles)
+    assert equivalent(mask, expected, operands=values, block_q=tiles[0], block_kv=tiles[1])
