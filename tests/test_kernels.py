@@ -236,8 +236,8 @@ class KernelTests:
   def test_q_longer_than_kv_has_empty_rows(self):
     if not self.supports_cross_lengths:
       pytest.skip(f"{self.backend} needs q_len == kv_len")
-    lq, lkv = self.lengths(80, 48)
     t = self.blocks[0]
+    lq, lkv = (80, 48) if self.supports_ragged else (2 * t, t)
     q, k, v, _ = qkv(3, 1, lq, lkv, 2, 2, 16)
     out = jax.jit(lambda q, k, v: self.run(q, k, v, "causal", block_q=t, block_kv=t))(q, k, v)
     assert_close(out, dense.attention(q, k, v, "causal"), F32_TOL, "causal, q_len > kv_len")
@@ -407,3 +407,54 @@ def test_auto_picks_xla_on_cpu_and_dense_when_tiny(monkeypatch):
 def test_registry_is_immutable():
   with pytest.raises(TypeError):
     api.BACKENDS["mine"] = api.Backend("mine", "x")  # type: ignore[index]
+
+
+class TestSplash(KernelTests):
+  backend = "splash"
+  blocks = (128,)
+  max_len = 256
+  max_examples = 4
+  supports_ragged = False
+  supports_batch_operands = False
+
+  def run(self, q, k, v, mask, **kw):
+    return api.attention(q, k, v, mask, backend=self.backend, interpret=True, **kw)
+
+  def supported(self, mask) -> bool:
+    return True
+
+  @pytest.mark.parametrize("name", ["causal", "local", "chunked"])
+  def test_matches_splash_built_from_its_own_mask(self, name):
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    lq = lkv = 256
+    text, their = {
+        "causal": ("causal", sm.CausalMask((lq, lkv))),
+        "local": ("local(100, 20)", sm.LocalMask((lq, lkv), (100, 20), 0)),
+        "chunked": ("causal & chunk(96)", sm.ChunkedCausalMask((lq, lkv), 96)),
+    }[name]
+    q, k, v, w = qkv(8, 1, lq, lkv, 2, 2, 32)
+    sizes = sk.BlockSizes(128, 128, 128, 128, 128, 128, 128, 128)
+    kernel = sk.make_splash_mha_single_device(sm.MultiHeadMask([their] * 2), block_sizes=sizes,
+                                              interpret=True)
+    scale = 1 / math.sqrt(32)
+    ref = lambda q, k, v: jnp.swapaxes(kernel(jnp.swapaxes(q[0] * scale, 0, 1),
+                                              jnp.swapaxes(k[0], 0, 1),
+                                              jnp.swapaxes(v[0], 0, 1)), 0, 1)[None]
+    ours = lambda q, k, v: self.run(q, k, v, text, block_q=128, block_kv=128)
+    out, grads = out_and_grads(ours, q, k, v, w)
+    out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
+    assert_close(out, out_ref, F32_TOL, text)
+    for n, a, r in zip("qkv", grads, grads_ref):
+      assert_close(a, r, F32_TOL, f"d{n}, {text}")
+
+  def test_unsupported_masks_name_the_backends_that_can(self):
+    x = jnp.ones((2, 256, 1, 16))
+    img = np.zeros((2, 256), bool)
+    with pytest.raises(maskc.BackendError, match="xla"):
+      self.run(x, x, x, "causal | bidirectional(img)", operands={"img": img}, block_q=128,
+               block_kv=128)
+    with pytest.raises(maskc.MaskValueError, match="multiples"):
+      self.run(x[:, :200], x[:, :200], x[:, :200], "causal", block_q=128, block_kv=128)
+    with pytest.raises(maskc.MaskValueError, match="128"):
+      self.run(x, x, x, "causal", block_q=64, block_kv=64)
