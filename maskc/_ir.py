@@ -781,7 +781,8 @@ def expanded_size(node: Node, limit: int) -> int:
 def is_prelude_only(m: Mask) -> bool:
   """Whether `m` is built from prelude masks with `& | ^ ~` alone."""
   if isinstance(m, Call):
-    return m.definition.prelude
+    # A user definition built from the prelude (`local = sliding(8) | sink(4)`) counts too.
+    return m.definition.prelude or is_prelude_only(expand(m))
   if isinstance(m, (And, Or, Xor)):
     return all(is_prelude_only(i) for i in m.items)
   if isinstance(m, Not):
