@@ -458,3 +458,29 @@ class TestSplash(KernelTests):
       self.run(x[:, :200], x[:, :200], x[:, :200], "causal", block_q=128, block_kv=128)
     with pytest.raises(maskc.MaskValueError, match="128"):
       self.run(x, x, x, "causal", block_q=64, block_kv=64)
+
+
+class TestFlash(KernelTests):
+  backend = "flash"
+  blocks = (16, 32)
+  max_len = 80
+  max_examples = 4
+
+  def run(self, q, k, v, mask, **kw):
+    return api.attention(q, k, v, mask, backend=self.backend, interpret=True, **kw)
+
+  def supported(self, mask) -> bool:
+    from maskc.kernels import flash
+    return flash.supports(mask)
+
+  def test_masks_it_cannot_slice_name_the_xla_backend(self):
+    x = jnp.ones((1, 32, 1, 16))
+    allowed = np.ones((32, 32), bool)
+    seg = np.zeros(32, np.int32)
+    for mask, ops in (("allowed[q, k]", {"allowed": allowed}),
+                      ("seg[q // 2] == seg[k // 2]", {"seg": seg})):
+      with pytest.raises(maskc.BackendError, match="xla"):
+        self.run(x, x, x, mask, operands=ops, block_q=16, block_kv=16)
+      # auto falls back to xla rather than failing
+      out = api.attention(x, x, x, mask, operands=ops, block_q=16, block_kv=16)
+      assert out.shape == x.shape

@@ -1,0 +1,489 @@
+"""Block-sparse flash attention in Pallas (Triton lowering on GPU; `interpret=True` anywhere).
+
+Forward: one program per (batch, head, q tile). It walks the q tile's FULL key
+tiles, then its PARTIAL ones, from index lists derived from the BlockMap's
+compact runs, with an online softmax; EMPTY tiles are never loaded. FULL tiles do
+no mask work (keys past `kv_len` aside, in a ragged last tile); PARTIAL tiles
+evaluate the compiled predicate in the kernel (`maskc._evaluate` with jax.numpy)
+on position iotas and the tile's slices of the operands.
+
+Backward (custom_vjp), FlashAttention-2 style in two passes: dq per q tile over
+the same lists, and dk/dv per key tile over the transposed lists (the BlockMap's
+`cols` runs), per query head and summed over GQA groups outside the kernel.
+
+Operands in the kernel: per-token operands read at `q` or `k` (`seg[q]`,
+`runs(img)[k]`) are gathered once per position outside the kernel and sliced per
+tile inside; scalars are loaded as scalars. Reads at other indices (`doc[q // 2]`)
+and pairwise operands (`allowed[q, k]`) cannot be sliced per tile: they raise
+`BackendError` naming the xla backend, which evaluates any mask.
+
+Rows with no allowed key return zeros; their log-sum-exp is +inf, so the backward
+pass gives them zero weight and zero gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from maskc import _ir as ir
+from maskc._errors import BackendError, MaskValueError
+from maskc._evaluate import Env, evaluate_mask
+from maskc.kernels import _common as common
+
+BLOCK_SIZES = (64, 64)
+
+
+def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
+  """Tile sizes: 64 × 64, smaller powers of two (at least 16) for short sequences."""
+  return (common.cap_block(BLOCK_SIZES[0], q_len, 16),
+          common.cap_block(BLOCK_SIZES[1], kv_len, 16))
+
+
+# ----------------------------------------------------------------------------- mask support
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reads:
+  """Where the kernel finds each operand read: rows of the q-side and k-side token arrays."""
+  q_rows: tuple[str, ...]        # operand keys read at q ("seg", "runs(img)")
+  k_rows: tuple[str, ...]        # operand keys read at k
+  scalars: tuple[str, ...]
+
+
+def kernel_reads(mask: ir.Mask) -> _Reads:
+  """The operand reads of `mask` the kernel slices, or BackendError if it cannot."""
+  q_rows, k_rows, scalars = [], [], []
+  for n in ir.walk(mask):
+    if isinstance(n, ir.PairRead):
+      raise BackendError(
+          f"the flash kernel cannot evaluate the pairwise operand read `{n}` in a tile",
+          hint="Use backend='xla', which evaluates pairwise operands, or dense.")
+    if isinstance(n, ir.Read):
+      key = f"runs({n.operand.name})" if n.runs else n.operand.name
+      if not isinstance(n.index, ir.Pos):
+        raise BackendError(
+            f"the flash kernel reads per-token operands at `q` or `k` only, not `{n}`",
+            hint="Use backend='xla', which evaluates reads at any index.")
+      rows = q_rows if n.index.axis == "q" else k_rows
+      if key not in rows:
+        rows.append(key)
+    elif isinstance(n, ir.Scalar) and n.name not in scalars:
+      scalars.append(n.name)
+  return _Reads(tuple(sorted(q_rows)), tuple(sorted(k_rows)), tuple(sorted(scalars)))
+
+
+def supports(mask: Any) -> bool:
+  """Whether the flash kernel evaluates `mask` in its tiles (else use xla)."""
+  from maskc._bind import as_mask
+  try:
+    kernel_reads(as_mask(mask))
+  except BackendError:
+    return False
+  return True
+
+
+def _tile_mask(mask, reads: _Reads, qpos, kpos, qtok, ktok, scal):
+  """The predicate on a tile: `qpos [bq, 1]`, `kpos [1, bk]`; reads come pre-sliced."""
+  env = Env(jnp, qpos, kpos, {}, 0)
+  for n in ir.walk(mask):
+    if isinstance(n, ir.Read):
+      key = f"runs({n.operand.name})" if n.runs else n.operand.name
+      if n.index.axis == "q":
+        env.memo[id(n)] = qtok(reads.q_rows.index(key))[:, None]
+      else:
+        env.memo[id(n)] = ktok(reads.k_rows.index(key))[None, :]
+    elif isinstance(n, ir.Scalar):
+      env.memo[id(n)] = scal(reads.scalars.index(n.name))
+  return evaluate_mask(mask, env)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  """Everything static about one kernel launch (hashable: custom_vjp's nondiff argument)."""
+  mask: ir.Mask
+  reads: _Reads
+  block_q: int
+  block_kv: int
+  q_len: int
+  kv_len: int
+  n_q_tiles: int
+  n_kv_tiles: int
+  groups: int                    # query heads per key head
+  scale: float
+  cap: float | None
+  has_sinks: bool
+  batched_meta: bool             # metadata/operands have a batch axis
+  fwd_width: tuple[int, int]     # (max FULL, max PARTIAL) key tiles per q tile
+  bwd_width: tuple[int, int]     # (max FULL, max PARTIAL) q tiles per key tile
+  interpret: bool
+
+
+def _meta(bm, u: int, transpose: bool):
+  """`[B', n_lines, 2 + Mf + Mp]` int32: counts of FULL and PARTIAL tiles, then both lists."""
+  fi, fc, _ = common.tile_lists(bm, u, common.FULL, transpose=transpose)
+  pi, pc, _ = common.tile_lists(bm, u, common.PARTIAL, transpose=transpose)
+  xp = np if isinstance(fi, np.ndarray) and isinstance(pi, np.ndarray) else jnp
+  meta = xp.concatenate([fc[..., None], pc[..., None], fi, pi], axis=-1).astype(xp.int32)
+  return meta, (fi.shape[-1], pi.shape[-1])
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+def _scores(q, k, cfg: _Config):
+  s = plgpu.dot(q, k, trans_b=True, precision=_precision(q)) * cfg.scale
+  t = None
+  if cfg.cap is not None:
+    t = jnp.tanh(s / cfg.cap)
+    s = cfg.cap * t
+  return s, t
+
+
+def _precision(x):
+  return lax.Precision.HIGHEST if x.dtype == jnp.float32 else None
+
+
+def _allowed(cfg: _Config, partial: bool, i, j, qtok, ktok, scal, qoff):
+  """The tile's mask (None when nothing needs masking)."""
+  kpos = j * cfg.block_kv + lax.broadcasted_iota(jnp.int32, (1, cfg.block_kv), 1)
+  in_range = kpos < cfg.kv_len
+  if not partial:
+    return in_range if cfg.kv_len % cfg.block_kv else None
+  qpos = i * cfg.block_q + lax.broadcasted_iota(jnp.int32, (cfg.block_q, 1), 0) + qoff
+  return _tile_mask(cfg.mask, cfg.reads, qpos, kpos, qtok, ktok, scal) & in_range
+
+
+def _fwd_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, sink_ref, q_ref, k_ref, v_ref,
+                o_ref, lse_ref, *, cfg: _Config):
+  h, i = pl.program_id(1), pl.program_id(2)
+  bq, bk = cfg.block_q, cfg.block_kv
+  mf, _ = cfg.fwd_width
+  q = q_ref[...]
+  ns = len(cfg.reads.scalars)
+  qoff = scal_ref[ns]
+  scal = lambda r: scal_ref[r]
+  qtok = lambda r: qtok_ref[r, :]
+  if cfg.has_sinks:
+    sink = sink_ref[h]
+    m0 = jnp.full((bq,), sink, jnp.float32)
+    l0 = jnp.ones((bq,), jnp.float32)
+  else:
+    m0 = jnp.full((bq,), common.NEG, jnp.float32)
+    l0 = jnp.zeros((bq,), jnp.float32)
+  acc0 = jnp.zeros((bq, v_ref.shape[-1]), jnp.float32)
+
+  def visit(partial: bool, base: int):
+    def body(t, carry):
+      m, l, acc = carry
+      j = meta_ref[base + t]
+      start = pl.multiple_of(j * bk, bk)
+      k = k_ref[pl.ds(start, bk), :]
+      v = v_ref[pl.ds(start, bk), :]
+      s, _ = _scores(q, k, cfg)
+      ktok = lambda r: ktok_ref[r, pl.ds(start, bk)]
+      allowed = _allowed(cfg, partial, i, j, qtok, ktok, scal, qoff)
+      if allowed is not None:
+        s = jnp.where(allowed, s, common.NEG)
+      m_new = jnp.maximum(m, s.max(axis=1))
+      alpha = jnp.exp(m - m_new)
+      p = jnp.exp(s - m_new[:, None])
+      l = alpha * l + p.sum(axis=1)
+      acc = alpha[:, None] * acc + plgpu.dot(p.astype(v.dtype), v, precision=_precision(v))
+      return m_new, l, acc
+    return body
+
+  carry = lax.fori_loop(0, meta_ref[0], visit(False, 2), (m0, l0, acc0))
+  m, l, acc = lax.fori_loop(0, meta_ref[1], visit(True, 2 + mf), carry)
+  if cfg.has_sinks:
+    o = acc / l[:, None]
+    lse = m + jnp.log(l)
+  else:
+    empty = m <= common.NEG / 2
+    o = jnp.where(empty[:, None], 0.0, acc / jnp.where(empty, 1.0, l)[:, None])
+    lse = jnp.where(empty, jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
+  o_ref[...] = o.astype(o_ref.dtype)
+  lse_ref[...] = lse
+
+
+def _dq_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, q_ref, k_ref, v_ref, do_ref, lse_ref,
+               delta_ref, dq_ref, *, cfg: _Config):
+  i = pl.program_id(2)
+  bk = cfg.block_kv
+  mf, _ = cfg.fwd_width
+  q, do = q_ref[...], do_ref[...]
+  lse, delta = lse_ref[...], delta_ref[...]
+  ns = len(cfg.reads.scalars)
+  qoff = scal_ref[ns]
+  scal = lambda r: scal_ref[r]
+  qtok = lambda r: qtok_ref[r, :]
+
+  def visit(partial: bool, base: int):
+    def body(t, dq):
+      j = meta_ref[base + t]
+      start = pl.multiple_of(j * bk, bk)
+      k = k_ref[pl.ds(start, bk), :]
+      v = v_ref[pl.ds(start, bk), :]
+      s, tanh = _scores(q, k, cfg)
+      ktok = lambda r: ktok_ref[r, pl.ds(start, bk)]
+      allowed = _allowed(cfg, partial, i, j, qtok, ktok, scal, qoff)
+      p = jnp.exp(s - lse[:, None])
+      if allowed is not None:
+        p = jnp.where(allowed, p, 0.0)
+      dp = plgpu.dot(do, v, trans_b=True, precision=_precision(v))
+      ds = p * (dp - delta[:, None])
+      if tanh is not None:
+        ds = ds * (1.0 - tanh * tanh)
+      return dq + plgpu.dot(ds.astype(k.dtype), k, precision=_precision(k))
+    return body
+
+  dq = jnp.zeros(q.shape, jnp.float32)
+  dq = lax.fori_loop(0, meta_ref[0], visit(False, 2), dq)
+  dq = lax.fori_loop(0, meta_ref[1], visit(True, 2 + mf), dq)
+  dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, q_ref, k_ref, v_ref, do_ref, lse_ref,
+                delta_ref, dk_ref, dv_ref, *, cfg: _Config):
+  j = pl.program_id(2)
+  bq = cfg.block_q
+  mf, _ = cfg.bwd_width
+  k, v = k_ref[...], v_ref[...]
+  ns = len(cfg.reads.scalars)
+  qoff = scal_ref[ns]
+  scal = lambda r: scal_ref[r]
+  ktok = lambda r: ktok_ref[r, :]
+
+  def visit(partial: bool, base: int):
+    def body(t, carry):
+      dk, dv = carry
+      i = meta_ref[base + t]
+      start = pl.multiple_of(i * bq, bq)
+      q = q_ref[pl.ds(start, bq), :]
+      do = do_ref[pl.ds(start, bq), :]
+      lse = lse_ref[pl.ds(start, bq)]
+      delta = delta_ref[pl.ds(start, bq)]
+      s, tanh = _scores(q, k, cfg)
+      qtok = lambda r: qtok_ref[r, pl.ds(start, bq)]
+      allowed = _allowed(cfg, partial, i, j, qtok, ktok, scal, qoff)
+      p = jnp.exp(s - lse[:, None])
+      if allowed is not None:
+        p = jnp.where(allowed, p, 0.0)
+      dv = dv + plgpu.dot(p.astype(do.dtype), do, trans_a=True, precision=_precision(do))
+      dp = plgpu.dot(do, v, trans_b=True, precision=_precision(v))
+      ds = p * (dp - delta[:, None])
+      if tanh is not None:
+        ds = ds * (1.0 - tanh * tanh)
+      dk = dk + plgpu.dot(ds.astype(q.dtype), q, trans_a=True, precision=_precision(q))
+      return dk, dv
+    return body
+
+  carry = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+  carry = lax.fori_loop(0, meta_ref[0], visit(False, 2), carry)
+  dk, dv = lax.fori_loop(0, meta_ref[1], visit(True, 2 + mf), carry)
+  dk_ref[...] = (dk * cfg.scale).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+# ----------------------------------------------------------------------------- launches
+
+
+def _b(cfg: _Config, b):
+  return b if cfg.batched_meta else 0
+
+
+def _compiler(cfg: _Config, d: int):
+  if cfg.interpret:
+    return None
+  return plgpu.CompilerParams(num_warps=4 if d <= 64 else 8, num_stages=2)
+
+
+def _forward(cfg: _Config, q, k, v, sinks, meta_f, scal, qtok, ktok):
+  b, lq_pad, h, d = q.shape
+  lkv_pad, dv = k.shape[1], v.shape[-1]
+  bq, g = cfg.block_q, cfg.groups
+  kernel = functools.partial(_fwd_kernel, cfg=cfg)
+  in_specs = [
+      pl.BlockSpec((None, None, meta_f.shape[-1]), lambda b_, h_, i: (_b(cfg, b_), i, 0)),
+      pl.BlockSpec((None, scal.shape[-1]), lambda b_, h_, i: (_b(cfg, b_), 0)),
+      pl.BlockSpec((None, qtok.shape[1], bq), lambda b_, h_, i: (_b(cfg, b_), 0, i)),
+      pl.BlockSpec((None,) + ktok.shape[1:], lambda b_, h_, i: (_b(cfg, b_), 0, 0)),
+      pl.BlockSpec((h,), lambda b_, h_, i: (0,)),
+      pl.BlockSpec((None, bq, None, d), lambda b_, h_, i: (b_, i, h_, 0)),
+      pl.BlockSpec((None, lkv_pad, None, d), lambda b_, h_, i: (b_, 0, lax.div(h_, g), 0)),
+      pl.BlockSpec((None, lkv_pad, None, dv), lambda b_, h_, i: (b_, 0, lax.div(h_, g), 0)),
+  ]
+  out_specs = [pl.BlockSpec((None, bq, None, dv), lambda b_, h_, i: (b_, i, h_, 0)),
+               pl.BlockSpec((None, None, bq), lambda b_, h_, i: (b_, h_, i))]
+  out_shape = [jax.ShapeDtypeStruct((b, lq_pad, h, dv), q.dtype),
+               jax.ShapeDtypeStruct((b, h, lq_pad), jnp.float32)]
+  return pl.pallas_call(kernel, grid=(b, h, cfg.n_q_tiles), in_specs=in_specs,
+                        out_specs=out_specs, out_shape=out_shape, interpret=cfg.interpret,
+                        compiler_params=_compiler(cfg, d), name="maskc_flash_fwd")(
+      meta_f, scal, qtok, ktok, sinks, q, k, v)
+
+
+def _backward(cfg: _Config, q, k, v, o, lse, do, meta_f, meta_b, scal, qtok, ktok):
+  b, lq_pad, h, d = q.shape
+  lkv_pad, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
+  bq, bk, g = cfg.block_q, cfg.block_kv, cfg.groups
+  delta = jnp.einsum("bqhd,bqhd->bhq", o.astype(jnp.float32), do.astype(jnp.float32))
+  tok = lambda b_: _b(cfg, b_)
+  dq = pl.pallas_call(
+      functools.partial(_dq_kernel, cfg=cfg), grid=(b, h, cfg.n_q_tiles),
+      in_specs=[
+          pl.BlockSpec((None, None, meta_f.shape[-1]), lambda b_, h_, i: (tok(b_), i, 0)),
+          pl.BlockSpec((None, scal.shape[-1]), lambda b_, h_, i: (tok(b_), 0)),
+          pl.BlockSpec((None, qtok.shape[1], bq), lambda b_, h_, i: (tok(b_), 0, i)),
+          pl.BlockSpec((None,) + ktok.shape[1:], lambda b_, h_, i: (tok(b_), 0, 0)),
+          pl.BlockSpec((None, bq, None, d), lambda b_, h_, i: (b_, i, h_, 0)),
+          pl.BlockSpec((None, lkv_pad, None, d), lambda b_, h_, i: (b_, 0, lax.div(h_, g), 0)),
+          pl.BlockSpec((None, lkv_pad, None, dv), lambda b_, h_, i: (b_, 0, lax.div(h_, g), 0)),
+          pl.BlockSpec((None, bq, None, dv), lambda b_, h_, i: (b_, i, h_, 0)),
+          pl.BlockSpec((None, None, bq), lambda b_, h_, i: (b_, h_, i)),
+          pl.BlockSpec((None, None, bq), lambda b_, h_, i: (b_, h_, i)),
+      ],
+      out_specs=pl.BlockSpec((None, bq, None, d), lambda b_, h_, i: (b_, i, h_, 0)),
+      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), interpret=cfg.interpret,
+      compiler_params=_compiler(cfg, d), name="maskc_flash_dq")(
+          meta_f, scal, qtok, ktok, q, k, v, do, lse, delta)
+  dk, dv_ = pl.pallas_call(
+      functools.partial(_dkv_kernel, cfg=cfg), grid=(b, h, cfg.n_kv_tiles),
+      in_specs=[
+          pl.BlockSpec((None, None, meta_b.shape[-1]), lambda b_, h_, j: (tok(b_), j, 0)),
+          pl.BlockSpec((None, scal.shape[-1]), lambda b_, h_, j: (tok(b_), 0)),
+          pl.BlockSpec((None,) + qtok.shape[1:], lambda b_, h_, j: (tok(b_), 0, 0)),
+          pl.BlockSpec((None, ktok.shape[1], bk), lambda b_, h_, j: (tok(b_), 0, j)),
+          pl.BlockSpec((None, lq_pad, None, d), lambda b_, h_, j: (b_, 0, h_, 0)),
+          pl.BlockSpec((None, bk, None, d), lambda b_, h_, j: (b_, j, lax.div(h_, g), 0)),
+          pl.BlockSpec((None, bk, None, dv), lambda b_, h_, j: (b_, j, lax.div(h_, g), 0)),
+          pl.BlockSpec((None, lq_pad, None, dv), lambda b_, h_, j: (b_, 0, h_, 0)),
+          pl.BlockSpec((None, None, lq_pad), lambda b_, h_, j: (b_, h_, 0)),
+          pl.BlockSpec((None, None, lq_pad), lambda b_, h_, j: (b_, h_, 0)),
+      ],
+      out_specs=[pl.BlockSpec((None, bk, None, d), lambda b_, h_, j: (b_, j, h_, 0)),
+                 pl.BlockSpec((None, bk, None, dv), lambda b_, h_, j: (b_, j, h_, 0))],
+      out_shape=[jax.ShapeDtypeStruct((b, lkv_pad, h, d), jnp.float32),
+                 jax.ShapeDtypeStruct((b, lkv_pad, h, dv), jnp.float32)],
+      interpret=cfg.interpret, compiler_params=_compiler(cfg, d), name="maskc_flash_dkv")(
+          meta_b, scal, qtok, ktok, q, k, v, do, lse, delta)
+  # Per-query-head key gradients, summed over each key head's group.
+  dk = dk.reshape(b, lkv_pad, hkv, g, d).sum(3).astype(k.dtype)
+  dv_ = dv_.reshape(b, lkv_pad, hkv, g, dv).sum(3).astype(v.dtype)
+  return dq, dk, dv_, delta
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(cfg: _Config, q, k, v, sinks, meta_f, meta_b, scal, qtok, ktok):
+  o, _ = _forward(cfg, q, k, v, sinks, meta_f, scal, qtok, ktok)
+  return o
+
+
+def _flash_fwd(cfg, q, k, v, sinks, meta_f, meta_b, scal, qtok, ktok):
+  o, lse = _forward(cfg, q, k, v, sinks, meta_f, scal, qtok, ktok)
+  return o, (q, k, v, sinks, o, lse, meta_f, meta_b, scal, qtok, ktok)
+
+
+def _flash_bwd(cfg, res, do):
+  q, k, v, sinks, o, lse, meta_f, meta_b, scal, qtok, ktok = res
+  dq, dk, dv, delta = _backward(cfg, q, k, v, o, lse, do, meta_f, meta_b, scal, qtok, ktok)
+  dsinks = None
+  if cfg.has_sinks:
+    # d out / d sink = -p_sink * out, with p_sink = exp(sink - lse) per row.
+    p_sink = jnp.exp(sinks[None, :, None] - lse)
+    dsinks = -(p_sink * delta).sum(axis=(0, 2))
+  else:
+    dsinks = jnp.zeros_like(sinks)
+  return dq, dk, dv, dsinks, None, None, None, None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def _token_arrays(bm, reads: _Reads, lq_pad: int, lkv_pad: int):
+  """q-side `[B', Nq, Lq_pad]` and k-side `[B', Nk, Lkv_pad]` operand values per position."""
+  ops = common.kernel_operands(bm)
+  nb = bm.batch or 1
+  qpos = jnp.arange(lq_pad, dtype=jnp.int32) + bm.q_offset
+  kpos = jnp.arange(lkv_pad, dtype=jnp.int32)
+
+  def side(keys, pos, length):
+    if not keys:
+      return jnp.zeros((nb, 1, length), jnp.int32)
+    rows = []
+    for key in keys:
+      arr = ops[key]
+      idx = jnp.clip(pos, 0, arr.shape[-1] - 1)
+      rows.append(jnp.broadcast_to(arr[:, idx], (nb, length)))
+    return jnp.stack(rows, axis=1)
+
+  qtok = side(reads.q_rows, qpos, lq_pad)
+  ktok = side(reads.k_rows, kpos, lkv_pad)
+  scal = [jnp.broadcast_to(ops[n][:, None], (nb, 1)) for n in reads.scalars]
+  scal.append(jnp.broadcast_to(jnp.asarray(bm.q_offset, jnp.int32), (nb, 1)))
+  return qtok, ktok, jnp.concatenate(scal, axis=1)
+
+
+def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
+  """The backend entry point: attention `[B, Lq, H, Dv]` with the Pallas flash kernel."""
+  b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
+  if not hasattr(bm, "rows"):
+    raise MaskValueError("the flash backend needs a compiled BlockMap (maskc.compile)")
+  if (bm.q_len, bm.kv_len) != (lq, lkv):
+    raise MaskValueError(f"the BlockMap is compiled for q_len={bm.q_len}, kv_len={bm.kv_len} "
+                         f"but q and k have lengths {lq} and {lkv}")
+  common.check_batch(bm, b)
+  for m in bm.masks:
+    kernel_reads(m)
+  if interpret is None:
+    from maskc.kernels.api import platform
+    interpret = platform() != "gpu"
+  if not interpret:
+    for name, t in (("block_q", bm.block_q), ("block_kv", bm.block_kv)):
+      if t < 16 or t & (t - 1):
+        raise MaskValueError(f"the Triton flash kernel needs power-of-two tiles >= 16, got "
+                             f"{name}={t}")
+  sinks = common.check_sinks(sinks, h)
+  scale = common.default_scale(d, scale)
+
+  def one(q, k, v, u, sinks):
+    return _attend(q, k, v, bm, u, scale=scale, cap=logits_soft_cap, sinks=sinks,
+                   interpret=bool(interpret))
+
+  return common.per_mask(one, q, k, v, bm, sinks)
+
+
+def _attend(q, k, v, bm, u: int, *, scale, cap, sinks, interpret: bool):
+  b, lq, h, d = q.shape
+  lkv, hkv = k.shape[1], k.shape[2]
+  mask = bm.masks[u]
+  reads = kernel_reads(mask)
+  nq, nk = bm.n_q_tiles, bm.n_kv_tiles
+  lq_pad, lkv_pad = nq * bm.block_q, nk * bm.block_kv
+  meta_f, fwd_width = _meta(bm, u, transpose=False)
+  meta_b, bwd_width = _meta(bm, u, transpose=True)
+  qtok, ktok, scal = _token_arrays(bm, reads, lq_pad, lkv_pad)
+  cfg = _Config(mask=mask, reads=reads, block_q=bm.block_q, block_kv=bm.block_kv, q_len=lq,
+                kv_len=lkv, n_q_tiles=nq, n_kv_tiles=nk, groups=h // hkv, scale=scale,
+                cap=None if cap is None else float(cap), has_sinks=sinks is not None,
+                batched_meta=bm.batch is not None, fwd_width=fwd_width, bwd_width=bwd_width,
+                interpret=interpret)
+  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
+  sinks_in = jnp.zeros((h,), jnp.float32) if sinks is None else sinks
+  out = _flash(cfg, pad(q, lq_pad), pad(k, lkv_pad), pad(v, lkv_pad), sinks_in,
+               jnp.asarray(meta_f), jnp.asarray(meta_b), scal, qtok, ktok)
+  return out[:, :lq]
