@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
 import time
 import warnings
 from typing import Any
@@ -39,7 +38,7 @@ import numpy as np
 
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
-from maskc._bind import Shape, as_mask
+from maskc._bind import Shape, _int, as_mask
 from maskc._blockmap import runs_from_grid
 from maskc._errors import MaskTypeError, MaskValueError, OperandError
 from maskc._evaluate import Env, evaluate_mask
@@ -201,6 +200,7 @@ def equivalent(a: Any, b: Any, q_len: int | None = None, kv_len: int | None = No
   (False, 8, 0)
   """
   start = time.perf_counter()
+  bq, bk = _int("block_q", block_q, minimum=1), _int("block_kv", block_kv, minimum=1)
   da, db = _dense(a, "a"), _dense(b, "b")
   ma = None if da is not None else as_mask(a)
   mb = None if db is not None else as_mask(b)
@@ -228,7 +228,6 @@ def equivalent(a: Any, b: Any, q_len: int | None = None, kv_len: int | None = No
     q_len = dense.shape[-2]
     kv_len = dense.shape[-1] if kv_len is None else kv_len
   shape = Shape.of(q_len, kv_len, q_offset)
-  bq, bk = _positive("block_q", block_q), _positive("block_kv", block_kv)
   for d, name in ((da, "a"), (db, "b")):
     if d is not None and d.shape[-2:] != (shape.q_len, shape.kv_len):
       raise MaskValueError(
@@ -259,16 +258,6 @@ def equivalent(a: Any, b: Any, q_len: int | None = None, kv_len: int | None = No
   return Equivalence(result["counterexample"] is None, result["reason"],
                      result["counterexample"], a=text_a, b=text_b, shape=shape_t, block_q=bq,
                      block_kv=bk, stats=result["stats"])
-
-
-def _positive(name: str, value: Any) -> int:
-  try:
-    v = operator.index(value)
-  except TypeError:
-    raise MaskTypeError(f"{name} must be an int, got {value!r}") from None
-  if v < 1:
-    raise MaskValueError(f"{name} must be positive, got {name}={v}")
-  return v
 
 
 def _dense(x: Any, name: str) -> np.ndarray | None:

@@ -20,7 +20,6 @@ ambiguous tiles; `refine_budget` caps it, leaving any beyond PARTIAL (sound).
 from __future__ import annotations
 
 import collections
-import operator
 from typing import Any, Sequence
 
 import jax
@@ -29,7 +28,7 @@ import numpy as np
 
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
-from maskc._bind import Operands, Shape, as_mask, prepare_operands
+from maskc._bind import Operands, Shape, _int, as_mask, prepare_operands
 from maskc._blockmap import BlockMap, Runs, grid_from_runs, runs_from_grid
 from maskc._errors import MaskTypeError, MaskValueError
 from maskc._evaluate import Env, evaluate_mask
@@ -68,8 +67,8 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
   [[1, 0, 0, 0], [2, 1, 0, 0], [0, 0, 1, 0], [0, 0, 2, 1]]
   """
   masks, multi = _masks(mask)
-  block_q = _positive("block_q", block_q)
-  block_kv = _positive("block_kv", block_kv)
+  block_q = _int("block_q", block_q, minimum=1)
+  block_kv = _int("block_kv", block_kv, minimum=1)
   shape = Shape.of(q_len, kv_len, q_offset)
   operands = dict(operands or {})
   traced = not shape.static or any(isinstance(v, jax.core.Tracer) for v in operands.values())
@@ -99,16 +98,6 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
   if len(_CACHE) > _CACHE_SIZE:
     _CACHE.popitem(last=False)
   return bm
-
-
-def _positive(name: str, value: Any) -> int:
-  try:
-    v = operator.index(value)
-  except TypeError:
-    raise MaskTypeError(f"{name} must be an int, got {value!r}") from None
-  if v < 1:
-    raise MaskValueError(f"{name} must be positive, got {name}={v}")
-  return v
 
 
 def _masks(mask: Any) -> tuple[list[ir.Mask], bool]:
