@@ -42,7 +42,8 @@ def _int(name: str, value: Any, *, minimum: int | None = None) -> int:
   except TypeError:
     raise MaskTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
   if minimum is not None and v < minimum:
-    raise MaskValueError(f"{name} must be >= {minimum}, got {name}={v}")
+    bound = "positive" if minimum == 1 else f">= {minimum}"
+    raise MaskValueError(f"{name} must be {bound}, got {name}={v}")
   return v
 
 
