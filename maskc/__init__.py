@@ -41,3 +41,12 @@ from maskc._config import (ConfigError as ConfigError, ConfigWarning as ConfigWa
                            mask_field as mask_field)
 from maskc._show import MaskView as MaskView, show as show
 from maskc._equivalence import equivalent as equivalent
+
+
+def attention(*args, **kwargs):
+  """Masked attention with a compiled mask: `maskc.kernels.attention` (see its docstring).
+
+  Imported on first call, so `import maskc` loads no kernel code.
+  """
+  from maskc.kernels.api import attention as _attention
+  return _attention(*args, **kwargs)
