@@ -167,11 +167,12 @@ def _traced_lists(grid, want: int, m: int):
   return jnp.where(idx >= n_other, 0, idx).astype(jnp.int32), count
 
 
-def static_bound(bm: BlockMap, u: int, transpose: bool) -> int | None:
-  """A static bound on non-empty tiles per line of a traced map, from its operand-free part.
+def static_bound(bm: BlockMap, u: int, transpose: bool) -> tuple[int, int] | None:
+  """Static bounds on the non-empty tiles of a traced map, from its operand-free part.
 
   A mask `a & b & ...` whose conjuncts `a` need no operands has no more non-empty
-  tiles per line than those conjuncts alone, which compile statically.
+  tiles than those conjuncts alone, which compile statically. Returns `(most per
+  line, total)`, or None when there is no such part.
   """
   if isinstance(bm.q_offset, jax.core.Tracer):
     return None
@@ -186,7 +187,9 @@ def static_bound(bm: BlockMap, u: int, transpose: bool) -> int | None:
                      q_offset=int(bm.q_offset))
   runs = sbm.cols if transpose else sbm.rows
   length = np.where(runs.state != EMPTY, runs.stop - runs.start, 0).sum(-1)
-  return max(1, int(length.max()) if length.size else 1)
+  if not length.size:
+    return 1, 1
+  return max(1, int(length.max())), max(1, int(length.sum()))
 
 
 def tile_lists(bm: BlockMap, u: int, want: int, *, transpose: bool = False):
@@ -204,9 +207,37 @@ def tile_lists(bm: BlockMap, u: int, want: int, *, transpose: bool = False):
   n_other = bm.n_q_tiles if transpose else bm.n_kv_tiles
   grid = grid_from_runs(jnp, runs, n_other)[:, u]
   bound = static_bound(bm, u, transpose)
-  m = n_other if bound is None else min(bound, n_other)
+  m = n_other if bound is None else min(bound[0], n_other)
   idx, count = _traced_lists(grid, want, m)
   return idx, count, False
+
+
+def tile_pairs(bm: BlockMap, u: int, want: int):
+  """All tiles in state `want` of mask u in row-major order: `(i, j, count, static)`.
+
+  `i, j` are `[B', T]` (q tile, key tile), the first `count[b]` valid. T is the
+  largest count over the batch for a static map, a static bound for a traced one.
+  """
+  if bm.is_static:
+    idx, count, _ = tile_lists(bm, u, want)
+    nb, n, m = idx.shape
+    valid = np.arange(m)[None, None, :] < count[..., None]
+    total = count.sum(-1)
+    t = max(1, int(total.max()))
+    i = np.zeros((nb, t), np.int32)
+    j = np.zeros((nb, t), np.int32)
+    for b in range(nb):
+      rows, slots = np.nonzero(valid[b])
+      i[b, :rows.size] = rows
+      j[b, :rows.size] = idx[b, rows, slots]
+    return i, j, total.astype(np.int32), True
+  nq, nk = bm.n_q_tiles, bm.n_kv_tiles
+  grid = grid_from_runs(jnp, bm.rows, nk)[:, u]                # [B', nq, nk]
+  bound = static_bound(bm, u, False)
+  t = nq * nk if bound is None else min(bound[1], nq * nk)
+  hit = (grid == want).reshape(grid.shape[0], -1)
+  flat = jax.vmap(lambda h: jnp.nonzero(h, size=t, fill_value=0)[0])(hit).astype(jnp.int32)
+  return flat // nk, flat % nk, hit.sum(-1).astype(jnp.int32), False
 
 
 # ----------------------------------------------------------------------------- heads

@@ -482,8 +482,10 @@ def _attend(q, k, v, bm, u: int, *, scale, cap, sinks, interpret: bool):
                 cap=None if cap is None else float(cap), has_sinks=sinks is not None,
                 batched_meta=bm.batch is not None, fwd_width=fwd_width, bwd_width=bwd_width,
                 interpret=interpret)
-  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
+  # Triton loads power-of-two blocks: pad head dims (zeros change no dot product).
+  d_pad, dv_pad = (max(16, 1 << (x - 1).bit_length()) for x in (d, v.shape[-1]))
+  pad = lambda x, n, m: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, m - x.shape[3])))
   sinks_in = jnp.zeros((h,), jnp.float32) if sinks is None else sinks
-  out = _flash(cfg, pad(q, lq_pad), pad(k, lkv_pad), pad(v, lkv_pad), sinks_in,
-               jnp.asarray(meta_f), jnp.asarray(meta_b), scal, qtok, ktok)
-  return out[:, :lq]
+  out = _flash(cfg, pad(q, lq_pad, d_pad), pad(k, lkv_pad, d_pad), pad(v, lkv_pad, dv_pad),
+               sinks_in, jnp.asarray(meta_f), jnp.asarray(meta_b), scal, qtok, ktok)
+  return out[:, :lq, :, :v.shape[-1]]

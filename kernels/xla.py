@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from maskc._errors import MaskValueError
 from maskc._evaluate import Env, evaluate_mask
@@ -61,10 +62,57 @@ def _pad_to(x, axis: int, size: int):
 
 
 def _gather(tiles, idx, batched: bool):
-  """`tiles[b, idx[b, n]]` → `[B, n, ...]`; `idx` has a batch axis of B or 1."""
+  """`tiles[b, idx[b, w]]` → `[B, W, ...]`; `idx` has a batch axis of B or 1."""
   if not batched:
     return tiles[:, idx[0]]
   return jax.vmap(lambda t, i: t[i])(tiles, idx)
+
+
+def _scatter(buf, idx, val, batched: bool):
+  """`buf[b, idx[b, w]] = val[b, w]`, dropping out-of-range indices."""
+  if not batched:
+    return buf.at[:, idx[0]].set(val, mode="drop")
+  return jax.vmap(lambda bf, i, x: bf.at[i].set(x, mode="drop"))(buf, idx, val)
+
+
+def _lanes(i, j, count, n_lines: int, xp):
+  """Balanced work: the row-major tile pairs cut into W lanes of S consecutive steps.
+
+  A lane's run of pairs with the same q tile is a *segment*; its softmax state is
+  written to a buffer when the run ends and combined per q tile afterwards. So
+  every lane does the same number of steps, whatever the spread of tiles over q
+  tiles (a causal mask's rows hold 1 to n tiles), and work tracks density.
+  Returns the scan inputs `[S, B', W]` (i, j, valid, start, write slot), the
+  segments' q tiles `[B', n_seg]` and `n_seg`.
+  """
+  nb, t = i.shape
+  w = max(1, min(n_lines, t))
+  steps = -(-t // w)
+  pad = w * steps - t
+  i = xp.pad(i, ((0, 0), (0, pad)))
+  j = xp.pad(j, ((0, 0), (0, pad)))
+  valid = xp.arange(w * steps)[None, :] < count[:, None]
+  i, j, valid = (x.reshape(nb, w, steps) for x in (i, j, valid))
+  nxt_valid = xp.concatenate([valid[..., 1:], xp.zeros_like(valid[..., :1])], axis=-1)
+  nxt_i = xp.concatenate([i[..., 1:], xp.full_like(i[..., :1], -1)], axis=-1)
+  prev_i = xp.concatenate([xp.full_like(i[..., :1], -1), i[..., :-1]], axis=-1)
+  end = valid & (~nxt_valid | (nxt_i != i))
+  start = prev_i != i
+  seg = xp.cumsum(end.reshape(nb, -1), axis=-1).reshape(nb, w, steps) - 1
+  if xp is np:
+    n_seg = max(1, int(end.reshape(nb, -1).sum(-1).max()))
+  else:
+    n_seg = n_lines + w                      # a lane splits at most one q tile's run
+  write = xp.where(end, seg, n_seg).astype(xp.int32)
+  tile = xp.full((nb, n_seg + 1), n_lines, xp.int32)
+  if xp is np:
+    np.put_along_axis(tile, write.reshape(nb, -1), i.reshape(nb, -1), axis=-1)
+    tile = tile[:, :n_seg]
+  else:
+    tile = jax.vmap(lambda tl, wr, ii: tl.at[wr].set(ii, mode="drop"))(
+        tile, write.reshape(nb, -1), i.reshape(nb, -1))[:, :n_seg]
+  xs = tuple(xp.moveaxis(x, -1, 0) for x in (i, j, valid, start, write))
+  return xs, tile, n_seg
 
 
 def _attend(q, k, v, bm, u: int, *, scale: float, cap, sinks):
@@ -78,47 +126,32 @@ def _attend(q, k, v, bm, u: int, *, scale: float, cap, sinks):
   qt = (_pad_to(q.astype(f32), 1, nq * bq) * scale).reshape(b, nq, bq, hkv, g, d)
   kt = _pad_to(k.astype(f32), 1, nk * bk).reshape(b, nk, bk, hkv, d)
   vt = _pad_to(v.astype(f32), 1, nk * bk).reshape(b, nk, bk, hkv, dv)
-
-  lists = []
-  for state in (common.FULL, common.PARTIAL):
-    idx, count, static = common.tile_lists(bm, u, state)
-    if static and not count.any():
-      continue
-    idx, count = jnp.asarray(idx), jnp.asarray(count)
-    valid = jnp.arange(idx.shape[-1])[None, None, :] < count[..., None]
-    lists.append((state, jnp.moveaxis(idx, -1, 0), jnp.moveaxis(valid, -1, 0)))
-
   batched = bm.batch is not None
   ops = common.kernel_operands(bm)
   mask = bm.masks[u]
   bidx = common.batch_index(bm, 4)
-  qpos = (jnp.arange(nq * bq, dtype=jnp.int32).reshape(1, nq, bq, 1) + bm.q_offset)
+  rows = jnp.arange(bq, dtype=jnp.int32)[:, None]
   cols = jnp.arange(bk, dtype=jnp.int32)
 
-  if sinks is None:
-    m0 = jnp.full((b, nq, hkv, g, bq), common.NEG, f32)
-    l0 = jnp.zeros_like(m0)
-  else:
-    # The running max carries no gradient (the result does not depend on it); the sink
-    # logit's gradient flows through its term of the denominator.
-    sink = jnp.broadcast_to(sinks.reshape(1, 1, hkv, g, 1), (b, nq, hkv, g, bq))
-    m0 = jax.lax.stop_gradient(sink)
-    l0 = jnp.exp(sink - m0)
-  acc0 = jnp.zeros((b, nq, hkv, g, bq, dv), f32)
-
   def step(carry, xs, partial: bool):
-    m, l, acc = carry
-    idx, valid = xs                                   # [B', nq]
-    kg = _gather(kt, idx, batched)                    # [B, nq, bk, hkv, d]
-    vg = _gather(vt, idx, batched)
-    s = jnp.einsum("bnqhgd,bnkhd->bnhgqk", qt, kg)    # [B, nq, hkv, g, bq, bk]
+    m, l, acc, bufs = carry
+    i, j, valid, start, write = xs                     # [B', W]
+    fresh = start[..., None, None, None]
+    m = jnp.where(fresh, common.NEG, m)
+    l = jnp.where(fresh, 0.0, l)
+    acc = jnp.where(fresh[..., None], 0.0, acc)
+    qg = _gather(qt, i, batched)                       # [B, W, bq, hkv, g, d]
+    kg = _gather(kt, j, batched)                       # [B, W, bk, hkv, d]
+    vg = _gather(vt, j, batched)
+    s = jnp.einsum("bwqhgd,bwkhd->bwhgqk", qg, kg)     # [B, W, hkv, g, bq, bk]
     if cap is not None:
       s = cap * jnp.tanh(s / cap)
-    kpos = idx[..., None] * bk + cols                 # [B', nq, bk]
+    kpos = j[..., None] * bk + cols                    # [B', W, bk]
     keep = valid[..., None] & (kpos < lkv)
     if partial:
+      qpos = i[..., None, None] * bq + rows + bm.q_offset
       allowed = evaluate_mask(mask, Env(jnp, qpos, kpos[:, :, None, :], ops, bidx))
-      allowed = allowed & keep[:, :, None, :]         # [B', nq, bq, bk]
+      allowed = allowed & keep[:, :, None, :]          # [B', W, bq, bk]
       s = jnp.where(allowed[:, :, None, None], s, common.NEG)
     else:
       s = s + jnp.where(keep, 0.0, common.NEG)[:, :, None, None, None, :]
@@ -126,14 +159,55 @@ def _attend(q, k, v, bm, u: int, *, scale: float, cap, sinks):
     alpha = jnp.exp(m - m_new)
     p = jnp.exp(s - m_new[..., None])
     l = alpha * l + p.sum(-1)
-    acc = alpha[..., None] * acc + jnp.einsum("bnhgqk,bnkhd->bnhgqd", p, vg)
-    return (m_new, l, acc), None
+    acc = alpha[..., None] * acc + jnp.einsum("bwhgqk,bwkhd->bwhgqd", p, vg)
+    bm_, bl, bacc = bufs
+    bufs = (_scatter(bm_, write, m_new, batched), _scatter(bl, write, l, batched),
+            _scatter(bacc, write, acc, batched))
+    return (m_new, l, acc, bufs), None
 
-  carry = (m0, l0, acc0)
-  for state, idx, valid in lists:
+  seg_m, seg_l, seg_acc, seg_tile = [], [], [], []
+  for state in (common.FULL, common.PARTIAL):
+    i, j, count, static = common.tile_pairs(bm, u, state)
+    if static and not count.any():
+      continue
+    xp = np if static else jnp
+    xs, tile, n_seg = _lanes(i, j, count, nq, xp)
+    xs = tuple(jnp.asarray(x) for x in xs)
+    w = xs[0].shape[-1]
+    lane = (b, w, hkv, g, bq)
+    init = (jnp.full(lane, common.NEG, f32), jnp.zeros(lane, f32), jnp.zeros(lane + (dv,), f32),
+            (jnp.full((b, n_seg, hkv, g, bq), common.NEG, f32),
+             jnp.zeros((b, n_seg, hkv, g, bq), f32), jnp.zeros((b, n_seg, hkv, g, bq, dv), f32)))
     partial = state == common.PARTIAL
-    carry, _ = jax.lax.scan(lambda c, xs, p=partial: step(c, xs, p), carry, (idx, valid))
-  m, l, acc = carry
+    (_, _, _, (bm_, bl, bacc)), _ = jax.lax.scan(
+        lambda c, x, p=partial: step(c, x, p), init, xs)
+    seg_m.append(bm_)
+    seg_l.append(bl)
+    seg_acc.append(bacc)
+    seg_tile.append(jnp.broadcast_to(jnp.asarray(tile), (b, n_seg)) if not batched else
+                    jnp.asarray(tile))
+
+  # Combine the segments of each q tile (and the sink logit) into one softmax.
+  if seg_m:
+    sm, sl, sa = (jnp.concatenate(x, axis=1) for x in (seg_m, seg_l, seg_acc))
+    tiles = jnp.concatenate(seg_tile, axis=1)          # [B, n_seg]
+    seg_max = jax.vmap(lambda x, t: jax.ops.segment_max(x, t, nq))(sm, tiles)
+    m = jnp.maximum(seg_max, common.NEG)
+  else:
+    m = jnp.full((b, nq, hkv, g, bq), common.NEG, f32)
+  if sinks is not None:
+    sink = jnp.broadcast_to(sinks.reshape(1, 1, hkv, g, 1), m.shape)
+    m = jnp.maximum(m, sink)
+  m = jax.lax.stop_gradient(m)
+  l = jnp.zeros_like(m)
+  acc = jnp.zeros(m.shape + (dv,), f32)
+  if seg_m:
+    safe = jnp.clip(tiles, 0, nq - 1)
+    w8 = jnp.exp(sm - jax.vmap(lambda x, t: x[t])(m, safe))
+    l = jax.vmap(lambda x, t: jax.ops.segment_sum(x, t, nq))(sl * w8, tiles)
+    acc = jax.vmap(lambda x, t: jax.ops.segment_sum(x, t, nq))(sa * w8[..., None], tiles)
+  if sinks is not None:
+    l = l + jnp.exp(sink - m)
   out = acc / jnp.where(l == 0, 1.0, l)[..., None]
   if sinks is None:
     # A row that met no allowed key still has the initial max; its sums are padding.
