@@ -2,9 +2,10 @@
 
 For each length and mask, times the forward pass of `maskc.kernels.attention`
 with `backend="xla"` and with `backend="dense"` (a materialized mask), both
-jitted, float32, and prints the times, the speed-up and the largest difference
-between the two outputs. Dense attention costs the same whatever the mask, so
-it is timed once per length (on the first mask) and reused.
+jitted, float32, and prints the times, the speed-ups and the largest difference
+between the two outputs. A second baseline is `jax.nn.dot_product_attention`
+(XLA implementation) with the materialized mask. Dense attention costs the same
+whatever the mask, so the baselines are timed once per length and reused.
 
     python benchmarks/attention_speed.py                      # 4K, 8K, 16K
     python benchmarks/attention_speed.py --lengths 4096 8192  # quicker
@@ -56,8 +57,8 @@ def main(argv=None) -> None:
 
   print(f"jax {jax.__version__} on {jax.default_backend()}, {jax.device_count()} device(s); "
         f"B={args.batch} H={args.heads} D={args.head_dim} tiles={args.block} float32")
-  header = (f"{'length':>7}  {'mask':<26}{'density':>8}{'dense ms':>11}{'xla ms':>10}"
-            f"{'speed-up':>10}{'max |diff|':>12}")
+  header = (f"{'length':>7}  {'mask':<26}{'density':>8}{'dense ms':>10}{'jax.nn ms':>11}"
+            f"{'xla ms':>9}{'vs dense':>10}{'vs jax.nn':>11}{'max |diff|':>12}")
   print(header)
   print("-" * len(header))
   total = time.perf_counter()
@@ -65,7 +66,7 @@ def main(argv=None) -> None:
     keys = jax.random.split(jax.random.key(length), 3)
     shape = (args.batch, length, args.heads, args.head_dim)
     q, k, v = (jax.random.normal(kk, shape, jnp.float32) for kk in keys)
-    dense_s = None
+    dense_s = jaxnn_s = None
     dense_out = None
     for text in args.masks:
       bm = maskc.compile(text, length, block_q=args.block, block_kv=args.block)
@@ -74,10 +75,16 @@ def main(argv=None) -> None:
       dense_fn = jax.jit(lambda q, k, v, bm=bm: attention(q, k, v, bm, backend="dense"))
       if dense_s is None:
         dense_s = best_time(dense_fn, q, k, v, repeats=args.repeats, budget_s=args.budget)
+        allowed = jnp.asarray(maskc.materialize(text, length))[None, None]
+        jaxnn_fn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, mask=allowed, implementation="xla"))
+        jaxnn_s = best_time(jaxnn_fn, q, k, v, repeats=args.repeats, budget_s=args.budget)
+        del allowed
       dense_out = dense_fn(q, k, v)
       diff = float(jnp.abs(xla_fn(q, k, v) - dense_out).max())
-      print(f"{length:>7}  {text:<26}{bm.density:>8.3f}{dense_s * 1e3:>11.1f}"
-            f"{xla_s * 1e3:>10.1f}{dense_s / xla_s:>9.1f}x{diff:>12.1e}", flush=True)
+      print(f"{length:>7}  {text:<26}{bm.density:>8.3f}{dense_s * 1e3:>10.1f}"
+            f"{jaxnn_s * 1e3:>11.1f}{xla_s * 1e3:>9.1f}{dense_s / xla_s:>9.1f}x"
+            f"{jaxnn_s / xla_s:>10.1f}x{diff:>12.1e}", flush=True)
       del dense_out
   print(f"total {time.perf_counter() - total:.0f} s")
 

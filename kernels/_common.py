@@ -26,10 +26,6 @@ from maskc._evaluate import Env, evaluate_mask
 # Finite, so fully masked rows never produce inf - inf = NaN (splash and jax use the same).
 NEG = -0.7 * float(np.finfo(np.float32).max)
 
-__all__ = ["NEG", "EMPTY", "FULL", "PARTIAL", "Binding", "bind", "check_qkv", "kernel_operands",
-           "dense_allowed", "tile_lists", "per_mask", "default_scale"]
-
-
 @dataclasses.dataclass(frozen=True)
 class Binding:
   """Masks bound to a shape and prepared operands, without tile metadata (duck-types BlockMap)."""

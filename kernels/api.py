@@ -94,9 +94,10 @@ def attention(q, k, v, mask: Any, *, operands: dict[str, Any] | None = None,
     BackendError: the backend cannot run this mask; the message names one that can.
     MaskValueError: shapes, lengths or block sizes do not fit.
 
-  >>> import jax.numpy as jnp, maskc
+  >>> import jax.numpy as jnp
+  >>> from maskc.kernels import attention
   >>> x = jnp.ones((1, 256, 2, 16))
-  >>> maskc.kernels.attention(x, x, x, "sliding(64)", backend="xla").shape
+  >>> attention(x, x, x, "sliding(64)", backend="xla").shape
   (1, 256, 2, 16)
   """
   b, lq, h, lkv, _, _ = common.check_qkv(q, k, v)
@@ -114,6 +115,11 @@ def attention(q, k, v, mask: Any, *, operands: dict[str, Any] | None = None,
     if q_offset is not None and mask.is_static and int(q_offset) != int(mask.q_offset):
       raise MaskValueError(f"q_offset={q_offset} differs from the BlockMap's "
                            f"q_offset={mask.q_offset}")
+    for arg, value, have in (("block_q", block_q, mask.block_q),
+                             ("block_kv", block_kv, mask.block_kv)):
+      if value is not None and value != have:
+        raise MaskValueError(f"{arg}={value} differs from the BlockMap's {arg}={have}",
+                             hint="Compile the mask with the tile sizes you want.")
     bm = mask
     if auto and name == "xla" and _dense_is_better(bm):
       name = "dense"

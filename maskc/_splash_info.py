@@ -16,13 +16,12 @@ kernel (`mask_function`, as splash does for its `CausalMask` or `LocalMask`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info import MaskInfo
 
 from maskc import _ir as ir
-from maskc._blockmap import EMPTY, FULL, PARTIAL, BlockMap
+from maskc._blockmap import EMPTY, PARTIAL, BlockMap
 from maskc._errors import BackendError, MaskValueError
 from maskc._evaluate import Env, evaluate_mask
 
@@ -300,5 +299,3 @@ def _small_type(top: int):
       return t
   return np.int32
 
-
-__all__ = ["splash_mask_info", "MaskFunction", "FULL"]
