@@ -20,6 +20,7 @@ ambiguous tiles; `refine_budget` caps it, leaving any beyond PARTIAL (sound).
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Any, Sequence
 
 import jax
@@ -66,9 +67,69 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
   >>> maskc.compile("causal & chunk(256)", 512, block_q=128, block_kv=128).grid.tolist()
   [[1, 0, 0, 0], [2, 1, 0, 0], [0, 0, 1, 0], [0, 0, 2, 1]]
   """
-  masks, multi = _masks(mask)
   block_q = _int("block_q", block_q, minimum=1)
   block_kv = _int("block_kv", block_kv, minimum=1)
+  bound = bind_masks(mask, q_len, kv_len, q_offset=q_offset, operands=operands)
+  uniq, head_index, shape = list(bound.masks), bound.head_index, bound.shape
+  prepared, batch, traced = bound.prepared, bound.batch, bound.traced
+  refine = [exact or ir.is_prelude_only(m) for m in uniq]
+  if traced:
+    return _compile_dynamic(uniq, head_index, shape, block_q, block_kv, prepared, batch, refine,
+                            refine_budget)
+  key = (tuple(uniq), head_index, shape.q_len, shape.kv_len,
+         shape.q_offset, block_q, block_kv, tuple(refine),
+         tuple(p.static_bytes() for p in prepared))
+  if key in _CACHE:
+    _CACHE.move_to_end(key)
+    return _CACHE[key]
+  bm = _compile_static(uniq, head_index, shape, block_q, block_kv, prepared, batch, refine)
+  _CACHE[key] = bm
+  if len(_CACHE) > _CACHE_SIZE:
+    _CACHE.popitem(last=False)
+  return bm
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+  """Masks bound to a shape with checked operands: what lowering and kernels start from.
+
+  Attributes:
+    masks: the distinct masks (identical heads once).
+    head_index: per head, its index into `masks`; None for a single mask.
+    shape: lengths and offset.
+    prepared: per distinct mask, its checked operands.
+    batch: the batch size when an operand has a batch axis, else None.
+    traced: whether an operand (or the offset) is traced under jit.
+    operands: all prepared operand arrays, broadcast to the batch.
+  """
+  masks: tuple[ir.Mask, ...]
+  head_index: tuple[int, ...] | None
+  shape: Shape
+  prepared: tuple[Operands, ...]
+  batch: int | None
+  traced: bool
+  operands: dict[str, Any]
+
+  @property
+  def q_len(self) -> int:
+    return self.shape.q_len
+
+  @property
+  def kv_len(self) -> int:
+    return self.shape.kv_len
+
+  @property
+  def q_offset(self) -> Any:
+    return self.shape.q_offset
+
+
+def bind_masks(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: Any = None,
+               operands: dict[str, Any] | None = None) -> Binding:
+  """Binds a mask (text, Mask or a per-head sequence) to a shape and checks its operands.
+
+  Concrete JAX arrays become NumPy (the static path); traced ones stay traced.
+  """
+  masks, multi = _masks(mask)
   shape = Shape.of(q_len, kv_len, q_offset)
   operands = dict(operands or {})
   traced = not shape.static or any(isinstance(v, jax.core.Tracer) for v in operands.values())
@@ -76,28 +137,14 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
     operands = {n: (np.asarray(v) if isinstance(v, jax.Array) else v) for n, v in operands.items()}
   unique: dict[ir.Mask, int] = {}
   head_index = [unique.setdefault(m, len(unique)) for m in masks]
-  uniq = list(unique)
-  prepared = [prepare_operands(m, shape, operands, xp=jnp if traced else np) for m in uniq]
+  uniq = tuple(unique)
+  prepared = tuple(prepare_operands(m, shape, operands, xp=jnp if traced else np) for m in uniq)
   batches = {p.batch for p in prepared} - {None}
   if len(batches) > 1:
     raise MaskValueError(f"the heads' operands disagree on the batch size: {sorted(batches)}")
   batch = batches.pop() if batches else None
-  refine = [exact or ir.is_prelude_only(m) for m in uniq]
-  if traced:
-    return _compile_dynamic(uniq, head_index if multi else None, shape, block_q, block_kv,
-                            prepared, batch, refine, refine_budget)
-  key = (tuple(uniq), tuple(head_index) if multi else None, shape.q_len, shape.kv_len,
-         shape.q_offset, block_q, block_kv, tuple(refine),
-         tuple(p.static_bytes() for p in prepared))
-  if key in _CACHE:
-    _CACHE.move_to_end(key)
-    return _CACHE[key]
-  bm = _compile_static(uniq, head_index if multi else None, shape, block_q, block_kv, prepared,
-                       batch, refine)
-  _CACHE[key] = bm
-  if len(_CACHE) > _CACHE_SIZE:
-    _CACHE.popitem(last=False)
-  return bm
+  return Binding(uniq, tuple(head_index) if multi else None, shape, prepared, batch, traced,
+                 _merge_operands(list(prepared), batch))
 
 
 def _masks(mask: Any) -> tuple[list[ir.Mask], bool]:
