@@ -9,7 +9,6 @@ kernel walks, derived from the BlockMap's compact runs (static, NumPy) or its gr
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Callable
 
@@ -18,54 +17,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from maskc import _ir as ir
-from maskc._bind import Shape, as_mask, prepare_operands
+from maskc import _lower
 from maskc._blockmap import EMPTY, FULL, PARTIAL, BlockMap, grid_from_runs
-from maskc._errors import MaskTypeError, MaskValueError
+from maskc._errors import MaskValueError
 from maskc._evaluate import Env, evaluate_mask
 
 # Finite, so fully masked rows never produce inf - inf = NaN (splash and jax use the same).
 NEG = -0.7 * float(np.finfo(np.float32).max)
 
-@dataclasses.dataclass(frozen=True)
-class Binding:
-  """Masks bound to a shape and prepared operands, without tile metadata (duck-types BlockMap)."""
-  masks: tuple[ir.Mask, ...]
-  head_index: tuple[int, ...] | None
-  q_len: int
-  kv_len: int
-  q_offset: Any
-  batch: int | None
-  operands: dict[str, Any]
+# A binding is masks bound to a shape with prepared operands and no tile metadata; a
+# compiled BlockMap is one too (it adds the tiles). Lowering and kernels share one.
+Binding = _lower.Binding
 
 
 def bind(mask: Any, q_len: int, kv_len: int, *, q_offset: Any = None,
          operands: dict[str, Any] | None = None) -> Binding:
   """Masks (text, Mask or a per-head sequence) bound to a shape with prepared operands."""
-  if isinstance(mask, (ir.Mask, str)):
-    masks, multi = [as_mask(mask)], False
-  elif isinstance(mask, (list, tuple)) and mask:
-    masks, multi = [as_mask(m) for m in mask], True
-  else:
-    raise MaskTypeError(f"expected a mask, mask text or a non-empty sequence of them, got {mask!r}")
-  shape = Shape.of(q_len, kv_len, q_offset)
-  operands = dict(operands or {})
-  traced = not shape.static or any(isinstance(v, jax.Array) for v in operands.values())
-  unique: dict[ir.Mask, int] = {}
-  head_index = [unique.setdefault(m, len(unique)) for m in masks]
-  uniq = list(unique)
-  prepared = [prepare_operands(m, shape, operands, xp=jnp if traced else np) for m in uniq]
-  batches = {p.batch for p in prepared} - {None}
-  if len(batches) > 1:
-    raise MaskValueError(f"the heads' operands disagree on the batch size: {sorted(batches)}")
-  batch = batches.pop() if batches else None
-  arrays = {}
-  for p in prepared:
-    for n, a in p.arrays.items():
-      if batch is not None and a.shape[0] == 1:
-        a = p.xp.broadcast_to(a, (batch,) + a.shape[1:])
-      arrays[n] = a
-  return Binding(tuple(uniq), tuple(head_index) if multi else None, shape.q_len, shape.kv_len,
-                 shape.q_offset, batch, arrays)
+  return _lower.bind_masks(mask, q_len, kv_len, q_offset=q_offset, operands=operands)
 
 
 def cap_block(block: int, length: int, minimum: int = 8) -> int:

@@ -185,7 +185,7 @@ class BlockMap:
     out["block_size"] = (self.block_q, self.block_kv)
     return out
 
-  def splash(self, *, q_seq_shards: int = 1, downcast_smem_data: bool = True):
+  def splash(self, *, downcast_smem_data: bool = True):
     """Splash `MaskInfo`s `(fwd, dq, dkv, mask_function)` for JAX's splash kernel."""
     from maskc._splash_info import splash_mask_info
     return splash_mask_info(self, downcast_smem_data=downcast_smem_data)

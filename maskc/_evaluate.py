@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from maskc import _ir as ir
 
 
@@ -49,14 +51,14 @@ def _eval(m: ir.Node, env: Env):
   if isinstance(m, ir.Pos):
     return env.q if m.axis == "q" else env.k
   if isinstance(m, ir.Scalar):
-    arr = env.operands[m.name]
+    arr = _operand(env, m.name)
     return arr[_row(arr, env)]
   if isinstance(m, ir.Read):
-    arr = env.operands[f"runs({m.operand.name})" if m.runs else m.operand.name]
+    arr = _operand(env, f"runs({m.operand.name})" if m.runs else m.operand.name)
     idx = xp.clip(evaluate(m.index, env), 0, arr.shape[-1] - 1)
     return arr[_row(arr, env), idx]
   if isinstance(m, ir.PairRead):
-    arr = env.operands[m.operand.name]
+    arr = _operand(env, m.operand.name)
     qi = xp.clip(evaluate(m.q_index, env), 0, arr.shape[-2] - 1)
     ki = xp.clip(evaluate(m.k_index, env), 0, arr.shape[-1] - 1)
     return arr[_row(arr, env), qi, ki]
@@ -112,6 +114,14 @@ def _eval(m: ir.Node, env: Env):
   if isinstance(m, ir.Call):
     return evaluate(ir.expand(m), env)
   raise TypeError(f"cannot evaluate {type(m).__name__}")
+
+
+def _operand(env: Env, name: str):
+  """An operand as an array of the evaluation's module (NumPy cannot be indexed by tracers)."""
+  arr = env.operands[name]
+  if env.xp is not np and isinstance(arr, np.ndarray):
+    arr = env.xp.asarray(arr)
+  return arr
 
 
 def _row(arr, env: Env):
