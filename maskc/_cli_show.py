@@ -21,26 +21,18 @@ from maskc._show import MAX_ELEMENT_COLS, MAX_ELEMENT_ROWS, MaskView
 
 def add_show(subparsers) -> None:
   """Declares the `show` subcommand on `subparsers` (an argparse subparsers action)."""
+  from maskc.cli import OPERAND_VALUES_HELP, add_shape_arguments  # cli imports this module
   p = subparsers.add_parser(
       "show", help="draw a mask's tile map (or its elements, for small shapes) with its statistics",
       description="Compile a mask at a shape and print a header (shape, tiles, density, FLOPs "
                   "saved) and text art: element by element with tile boundaries up to "
                   f"{MAX_ELEMENT_ROWS} x {MAX_ELEMENT_COLS}, else the tile map, downsampled to "
                   "--width. --png and --svg write pictures too.",
-      epilog="Operand values: a bare integer is a scalar (kv_len=10); comma-separated items "
-             "make a per-token array, each an integer or v*n for v repeated n times "
-             "(img=0*3,1*5,0*4); LEN:DEFAULT,VALUE:START-STOP,... sets half-open ranges in an "
-             "array of LEN (img=32768:0,1:1000-3000); @file.npy loads any array.")
-  p.add_argument("expr", metavar="EXPR", help="mask text")
-  p.add_argument("--q-len", type=int, required=True, metavar="N", help="query rows")
-  p.add_argument("--kv-len", type=int, metavar="M", help="key columns (default: N)")
-  p.add_argument("--offset", type=int, metavar="O",
-                 help="position of query row 0 (default: M - N, bottom-right aligned)")
+      epilog=OPERAND_VALUES_HELP)
+  add_shape_arguments(p)
   p.add_argument("--block-q", type=int, metavar="B",
                  help="query tile size (default: 128, or a few tiles per axis for small shapes)")
   p.add_argument("--block-kv", type=int, metavar="B", help="key tile size (default: --block-q)")
-  p.add_argument("--operand", action="append", default=[], metavar="NAME=VALUES",
-                 help="a runtime operand; repeat for several")
   p.add_argument("--tiles", action="store_true",
                  help="draw the tile map even when the shape is small enough for elements")
   p.add_argument("--width", type=int, metavar="W",

@@ -438,6 +438,30 @@ def svg_legend(s: _Svg, x: float, y: float, items: Sequence[tuple[str, str]]) ->
   return x
 
 
+def svg_panel_grid(s: _Svg, panels, draw, *, top: float, pw: float, ph: float, cols: int,
+                   rows: int, margin_l: float, gap_x: float, gap_y: float, q_offset: int,
+                   q_len: int, kv_len: int, hidden: int, max_panels: int, min_width: float,
+                   lines: Sequence[str]) -> str:
+  """Lays out `(title, item)` panels in a grid, `draw(item, x0, y0)` filling each, with
+  axes in tokens, a note on panels left out, and returns the finished SVG document."""
+  for n, (title, item) in enumerate(panels):
+    x0 = margin_l + (n % cols) * (pw + gap_x)
+    y0 = top + (n // cols) * (ph + gap_y)
+    if title:
+      s.text(x0, y0 - 24, _clip(title, int((pw + gap_x) // 6.5)), size=11, weight="bold",
+             fill="#222")
+    draw(item, x0, y0)
+    svg_axes(s, x0, y0, pw, ph, q_offset, q_len, kv_len)
+    svg_axis_titles(s, x0, y0, pw, ph)
+  height = top + rows * (ph + gap_y) - 10
+  if hidden > 0:
+    s.text(12, height, f"… {hidden} more panels not shown (max_panels={max_panels})", size=11,
+           fill="#a33")
+    height += 14
+  width = max(margin_l + cols * (pw + gap_x), min_width, 12 + 6.4 * max(len(x) for x in lines))
+  return s.document(width, height, lines[0])
+
+
 def render_svg(bm, *, max_panels: int = MAX_PANELS, max_cells: int = MAX_SVG_CELLS,
                max_runs: int = MAX_SVG_RUNS, panel_side: float = 360.0) -> str:
   """The tile map as a self-contained SVG document (no dependency, no script, no style sheet).
@@ -489,24 +513,13 @@ def render_svg(bm, *, max_panels: int = MAX_PANELS, max_cells: int = MAX_SVG_CEL
   note = f"cells: {_cell_note(bm, rq, ck)}"
   s.text(12, legend_y + 17, note, size=10, fill="#666")
   top = legend_y + 17 + 44
-  for n, (panel, pic) in enumerate(zip(shown, pics)):
-    gx, gy = n % n_grid_cols, n // n_grid_cols
-    x0 = margin_l + gx * (pw + gap_x)
-    y0 = top + gy * (ph + gap_y)
-    if panel.title:
-      s.text(x0, y0 - 24, _clip(panel.title, int((pw + gap_x) // 6.5)), size=11, weight="bold",
-             fill="#222")
-    _svg_cells(s, bm, pic, x0, y0, pw, ph)
-    svg_axes(s, x0, y0, pw, ph, int(bm.q_offset), bm.q_len, bm.kv_len)
-    svg_axis_titles(s, x0, y0, pw, ph)
-  height = top + n_grid_rows * (ph + gap_y) - 10
-  if len(ps) > max_panels:
-    s.text(12, height, f"… {len(ps) - max_panels} more panels not shown "
-           f"(max_panels={max_panels})", size=11, fill="#a33")
-    height += 14
-  width = max(margin_l + n_grid_cols * (pw + gap_x), legend_end,
-              12 + 6.4 * max(len(x) for x in head + [note]))
-  return s.document(width, height, head[0])
+  return svg_panel_grid(
+      s, [(panel.title, pic) for panel, pic in zip(shown, pics)],
+      lambda pic, x0, y0: _svg_cells(s, bm, pic, x0, y0, pw, ph),
+      top=top, pw=pw, ph=ph, cols=n_grid_cols, rows=n_grid_rows, margin_l=margin_l, gap_x=gap_x,
+      gap_y=gap_y, q_offset=int(bm.q_offset), q_len=bm.q_len, kv_len=bm.kv_len,
+      hidden=len(ps) - len(shown), max_panels=max_panels, min_width=legend_end,
+      lines=head + [note])
 
 
 def _clip(text: str, n: int) -> str:

@@ -234,23 +234,12 @@ def element_svg(bm: BlockMap, dense: np.ndarray, *, max_panels: int = render.MAX
   legend_y = 40 + 16 * (len(head) - 1) + 2
   legend_end = render.svg_legend(s, 12, legend_y, LEGEND)
   top = legend_y + 50
-  for n, (p, el, tiles) in enumerate(shown):
-    x0 = margin_l + (n % n_grid_cols) * (pw + gap_x)
-    y0 = top + (n // n_grid_cols) * (ph + gap_y)
-    if p.title:
-      s.text(x0, y0 - 24, render._clip(p.title, int((pw + gap_x) // 6.5)), size=11,
-             weight="bold", fill="#222")
-    _element_cells(s, bm, el, tiles, x0, y0, cell)
-    render.svg_axes(s, x0, y0, pw, ph, int(bm.q_offset), q_len, kv_len)
-    render.svg_axis_titles(s, x0, y0, pw, ph)
-  height = top + n_grid_rows * (ph + gap_y) - 10
-  if len(planes) > max_panels:
-    s.text(12, height, f"… {len(planes) - max_panels} more panels not shown "
-           f"(max_panels={max_panels})", size=11, fill="#a33")
-    height += 14
-  width = max(margin_l + n_grid_cols * (pw + gap_x), legend_end,
-              12 + 6.4 * max(len(x) for x in head))
-  return s.document(width, height, head[0])
+  return render.svg_panel_grid(
+      s, [(p.title, (el, tiles)) for p, el, tiles in shown],
+      lambda item, x0, y0: _element_cells(s, bm, item[0], item[1], x0, y0, cell),
+      top=top, pw=pw, ph=ph, cols=n_grid_cols, rows=n_grid_rows, margin_l=margin_l, gap_x=gap_x,
+      gap_y=gap_y, q_offset=int(bm.q_offset), q_len=q_len, kv_len=kv_len,
+      hidden=len(planes) - len(shown), max_panels=max_panels, min_width=legend_end, lines=head)
 
 
 def _element_cells(s, bm: BlockMap, el: np.ndarray, tiles: np.ndarray, x0: float, y0: float,

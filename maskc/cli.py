@@ -69,14 +69,15 @@ def _field(out: TextIO, label: str, text: str) -> None:
 # ----------------------------------------------------------------------------- dense
 
 
-def _add_dense(subparsers) -> None:
-  p = subparsers.add_parser(
-      "dense", help="draw a mask densely as text, one row per query",
-      description="Materialize a mask at a shape and draw it: one row per query position, one "
-                  f"column per key position. At most {MAX_DENSE_ROWS} x {MAX_DENSE_COLS}.",
-      epilog="Operand values: a bare integer is a scalar (kv_len=10); comma-separated items "
-             "make a per-token array, each an integer or v*n for v repeated n times "
-             "(img=0*3,1*5,0*4); @file.npy loads any array.")
+OPERAND_VALUES_HELP = (
+    "Operand values: a bare integer is a scalar (kv_len=10); comma-separated items make a "
+    "per-token array, each an integer or v*n for v repeated n times (img=0*3,1*5,0*4); "
+    "LEN:DEFAULT,VALUE:START-STOP,... sets half-open ranges in an array of LEN "
+    "(img=32768:0,1:1000-3000); @file.npy loads any array.")
+
+
+def add_shape_arguments(p: argparse.ArgumentParser) -> None:
+  """The mask, its shape and its operands: the arguments every drawing subcommand takes."""
   p.add_argument("expr", metavar="EXPR", help="mask text")
   p.add_argument("--q-len", type=int, required=True, metavar="N", help="query rows")
   p.add_argument("--kv-len", type=int, metavar="M", help="key columns (default: N)")
@@ -84,6 +85,15 @@ def _add_dense(subparsers) -> None:
                  help="position of query row 0 (default: M - N, bottom-right aligned)")
   p.add_argument("--operand", action="append", default=[], metavar="NAME=VALUES",
                  help="a runtime operand; repeat for several")
+
+
+def _add_dense(subparsers) -> None:
+  p = subparsers.add_parser(
+      "dense", help="draw a mask densely as text, one row per query",
+      description="Materialize a mask at a shape and draw it: one row per query position, one "
+                  f"column per key position. At most {MAX_DENSE_ROWS} x {MAX_DENSE_COLS}.",
+      epilog=OPERAND_VALUES_HELP)
+  add_shape_arguments(p)
   p.add_argument("--ascii", action="store_true", help="draw with '#' and '.'")
   p.set_defaults(run=_run_dense)
 
