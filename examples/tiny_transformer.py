@@ -55,37 +55,29 @@ def init_params(rng: np.random.Generator, cfg: ModelConfig) -> dict[str, Any]:
           "layers": layers}
 
 
-def attend(q, k, v, mask, blockmap, operands, backend: str):
-  """`maskc.attention` under the layer's BlockMap; q `[B, L, H, D]`, k/v `[B, L, Hkv, D]`."""
-  attention = getattr(maskc, "attention", None)
-  if attention is not None:  # the BlockMap was compiled with the operands and holds them
-    return attention(q, k, v, blockmap, backend=backend)
-  # Fallback until `maskc.attention` lands: dense additive bias + softmax, GQA by repeat.
-  length, h, hkv = q.shape[1], q.shape[2], k.shape[2]
-  bias = maskc.additive_bias(mask, length, operands=operands)  # [B, L, L] or [B, H, L, L]
-  bias = bias[:, None] if bias.ndim == 3 else bias
-  k, v = jnp.repeat(k, h // hkv, axis=2), jnp.repeat(v, h // hkv, axis=2)
-  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1]) + bias
-  p = jax.nn.softmax(logits, axis=-1) * (bias.max(-1, keepdims=True) == 0)  # empty rows: 0
-  return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+def attend(q, k, v, blockmap, backend: str):
+  """`maskc.attention` under the layer's BlockMap; q `[B, L, H, D]`, k/v `[B, L, Hkv, D]`.
+
+  The BlockMap was compiled with the operands (segment ids) and carries them.
+  """
+  return maskc.attention(q, k, v, blockmap, backend=backend)
 
 
 def _norm(x):
   return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
 
 
-def forward(params, tokens, seg, cfg: ModelConfig, blockmaps, backend: str = "auto"):
-  """Logits `[B, L, vocab]` for `tokens` `[B, L]` packed into documents `seg` `[B, L]`."""
+def forward(params, tokens, cfg: ModelConfig, blockmaps, backend: str = "auto"):
+  """Logits `[B, L, vocab]` for `tokens` `[B, L]`; the documents are in the BlockMaps."""
   b, length = tokens.shape
   hd = cfg.head_dim
-  operands = {"seg": seg}
   x = params["embed"][tokens]
   for i, layer in enumerate(params["layers"]):
     h = _norm(x)
     q = (h @ layer["wq"]).reshape(b, length, cfg.heads, hd)
     k = (h @ layer["wk"]).reshape(b, length, cfg.kv_heads, hd)
     v = (h @ layer["wv"]).reshape(b, length, cfg.kv_heads, hd)
-    o = attend(q, k, v, cfg.masks.mask(i), blockmaps[i], operands, backend)
+    o = attend(q, k, v, blockmaps[i], backend)
     x = x + o.reshape(b, length, cfg.heads * hd) @ layer["wo"]
     x = x + jax.nn.gelu(_norm(x) @ layer["w1"]) @ layer["w2"]
   return _norm(x) @ params["embed"].T
@@ -93,7 +85,7 @@ def forward(params, tokens, seg, cfg: ModelConfig, blockmaps, backend: str = "au
 
 def loss_fn(params, tokens, seg, cfg: ModelConfig, blockmaps, backend: str = "auto"):
   """Next-token cross entropy, not across document boundaries."""
-  logits = forward(params, tokens, seg, cfg, blockmaps, backend)[:, :-1]
+  logits = forward(params, tokens, cfg, blockmaps, backend)[:, :-1]
   targets = tokens[:, 1:]
   same_doc = (seg[:, 1:] == seg[:, :-1]).astype(jnp.float32)
   nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
@@ -129,8 +121,7 @@ def main() -> None:
   print(f"distinct block maps: {len({id(b) for b in blockmaps})} for {len(blockmaps)} layers")
   print("layer 0 tiles:\n" + np.array2string(np.asarray(blockmaps[0].grid)))
   norm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree_util.tree_leaves(grads)))
-  backend = "maskc.attention" if hasattr(maskc, "attention") else "dense fallback"
-  print(f"loss {float(loss):.4f}, gradient norm {float(norm):.4f} ({backend})")
+  print(f"loss {float(loss):.4f}, gradient norm {float(norm):.4f}")
 
 
 if __name__ == "__main__":
