@@ -83,8 +83,8 @@ def main() -> None:
   maskc.parse("causal")  # load the prelude outside the timings
 
   print(f"# Static lowering, {args.block}x{args.block} tiles: maskc vs splash process_mask\n")
-  print(f"| mask | tokens | maskc | splash | speed-up |")
-  print(f"|---|---:|---:|---:|---:|")
+  print("| mask | tokens | maskc | splash | speed-up |")
+  print("|---|---:|---:|---:|---:|")
   for n in lengths:
     ops = {"seg": packed_segments(n)}
     for text in MASKS:
@@ -119,8 +119,8 @@ def main() -> None:
   n, batch = 32768, 8
   segs = np.stack([packed_segments(n, seed) for seed in range(batch)])
   for block in (128, 512):
-    fn = jax.jit(lambda s: maskc.compile("causal & document(seg)", n, block_q=block,
-                                         block_kv=block, operands={"seg": s}).rows)
+    fn = jax.jit(lambda s, block=block: maskc.compile(
+        "causal & document(seg)", n, block_q=block, block_kv=block, operands={"seg": s}).rows)
     jax.block_until_ready(fn(jnp.asarray(segs)))  # trace and compile once
     best = float("inf")
     for seed in range(3):

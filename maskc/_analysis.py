@@ -28,6 +28,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 from maskc import _ir as ir
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -71,18 +73,20 @@ class Tables:
     if name not in self._sparse:
       xp = self.xp
       a = self.arrays[name]
-      info = xp.iinfo(a.dtype)
-      mins, maxs = [a], [a]
-      length = a.shape[-1]
-      span = 1
-      while 2 * span <= length:
-        lo, hi = mins[-1], maxs[-1]
-        pad_lo = xp.full(lo.shape[:-1] + (span,), info.max, a.dtype)
-        pad_hi = xp.full(hi.shape[:-1] + (span,), info.min, a.dtype)
-        mins.append(xp.minimum(lo, xp.concatenate([lo[..., span:], pad_lo], axis=-1)))
-        maxs.append(xp.maximum(hi, xp.concatenate([hi[..., span:], pad_hi], axis=-1)))
-        span *= 2
-      self._sparse[name] = (xp.stack(mins), xp.stack(maxs))
+      if xp.__name__ == "numpy":
+        self._sparse[name] = _sparse_numpy(a)
+      else:
+        info = xp.iinfo(a.dtype)
+        mins, maxs = [a], [a]
+        span = 1
+        while 2 * span <= a.shape[-1]:
+          lo, hi = mins[-1], maxs[-1]
+          pad_lo = xp.full(lo.shape[:-1] + (span,), info.max, a.dtype)
+          pad_hi = xp.full(hi.shape[:-1] + (span,), info.min, a.dtype)
+          mins.append(xp.minimum(lo, xp.concatenate([lo[..., span:], pad_lo], axis=-1)))
+          maxs.append(xp.maximum(hi, xp.concatenate([hi[..., span:], pad_hi], axis=-1)))
+          span *= 2
+        self._sparse[name] = (xp.stack(mins), xp.stack(maxs))
     return self._sparse[name]
 
   def range_min_max(self, name: str, b, lo, hi):
@@ -102,6 +106,8 @@ class Tables:
     second = hi - (1 << j) + 1
     vmin = xp.minimum(mins[j, b, lo], mins[j, b, second])
     vmax = xp.maximum(maxs[j, b, lo], maxs[j, b, second])
+    if xp.__name__ == "numpy":  # tables may be int32; interval arithmetic stays in int64
+      return vmin.astype(np.int64), vmax.astype(np.int64)
     return vmin, vmax
 
   def monotone(self, name: str):
@@ -122,6 +128,27 @@ class Tables:
       c = xp.concatenate([xp.zeros(c.shape[:-1] + (1,), c.dtype), c], axis=-1)
       self._prefix[name] = c
     return self._prefix[name]
+
+
+def _sparse_numpy(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Sparse tables filled in place, in int32 when the values fit (half the memory traffic)."""
+  if a.size and np.iinfo(np.int32).min <= a.min() and a.max() <= np.iinfo(np.int32).max:
+    a = a.astype(np.int32)
+  length = a.shape[-1]
+  levels = max(1, length.bit_length())
+  mins = np.empty((levels,) + a.shape, a.dtype)
+  maxs = np.empty_like(mins)
+  mins[0] = maxs[0] = a
+  info = np.iinfo(a.dtype)
+  for j in range(1, levels):
+    span = 1 << (j - 1)
+    mins[j, ..., :length - span] = np.minimum(mins[j - 1, ..., :length - span],
+                                              mins[j - 1, ..., span:])
+    maxs[j, ..., :length - span] = np.maximum(maxs[j - 1, ..., :length - span],
+                                              maxs[j - 1, ..., span:])
+    mins[j, ..., length - span:] = info.max
+    maxs[j, ..., length - span:] = info.min
+  return mins, maxs
 
 
 class Analyzer:

@@ -9,14 +9,11 @@ FlexAttention index lists and the splash `MaskInfo` derive from it on demand.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
 
-from maskc import _ir as ir
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -75,15 +72,24 @@ class BlockMap:
   """
 
   def __init__(self, *, masks, head_index, q_len, kv_len, q_offset, block_q, block_kv, batch,
-               rows: Runs, cols: Runs, operands: dict[str, Any], grid=None):
+               rows: Runs, cols: "Runs | Callable[[], Runs]", operands: dict[str, Any],
+               grid=None):
     self.masks = tuple(masks)
     self.head_index = None if head_index is None else tuple(head_index)
     self.q_len, self.kv_len, self.q_offset = q_len, kv_len, q_offset
     self.block_q, self.block_kv = block_q, block_kv
     self.batch = batch
-    self.rows, self.cols = rows, cols
+    self.rows = rows
+    self._cols = cols  # or a function computing them on first use (static maps)
     self.operands = operands
     self._grid = grid
+
+  @property
+  def cols(self) -> Runs:
+    """Runs per key tile over q tiles, for the dk/dv pass (computed on first use)."""
+    if callable(self._cols):
+      self._cols = self._cols()
+    return self._cols
 
   # ------------------------------------------------------------------ pytree
 
@@ -259,7 +265,7 @@ class BlockMap:
   # ------------------------------------------------------------------ identity
 
   def _key(self):
-    arrays = tuple(np.asarray(a).tobytes() for a in (*self.rows, *self.cols))
+    arrays = tuple(np.asarray(a).tobytes() for a in self.rows)  # the columns follow from them
     ops = tuple(sorted((n, np.asarray(a).tobytes()) for n, a in self.operands.items()))
     return (self.masks, self.head_index, self.q_len, self.kv_len, int(self.q_offset),
             self.block_q, self.block_kv, self.batch, arrays, ops)

@@ -30,7 +30,7 @@ import numpy as np
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._bind import Operands, Shape, _int, as_mask, prepare_operands
-from maskc._blockmap import BlockMap, Runs, grid_from_runs, runs_from_grid
+from maskc._blockmap import BlockMap, Runs, runs_from_grid
 from maskc._errors import MaskTypeError, MaskValueError
 from maskc._evaluate import Env, evaluate_mask
 
@@ -321,26 +321,32 @@ def _pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
               st.reshape(nb, n_lines, r), count.reshape(nb, n_lines))
 
 
-def _static_runs(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None,
-                 refine: bool) -> tuple[Runs, Runs]:
-  nb = batch or 1
-  packed = []
-  refined: dict[tuple[int, int, int], int] = {}
-  for along_rows in (True, False):
-    b, line, a, z, state, ambiguous = _frontier(m, geo, tables, batch, along_rows)
-    if refine and ambiguous.any():
+class _StaticRuns:
+  """The runs of one mask along rows now and along columns on demand.
+
+  Backward passes need the per-key-tile runs; a forward-only user never pays for
+  them. Tiles refined for the rows are remembered, so the columns reuse them.
+  """
+
+  def __init__(self, m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, refine: bool):
+    self.m, self.geo, self.tables, self.batch, self.refine = m, geo, tables, batch, refine
+    self.refined: dict[tuple[int, int, int], int] = {}
+
+  def runs(self, along_rows: bool) -> Runs:
+    geo, batch = self.geo, self.batch
+    b, line, a, z, state, ambiguous = _frontier(self.m, geo, self.tables, batch, along_rows)
+    if self.refine and ambiguous.any():
       idx = np.flatnonzero(ambiguous)
       tiles = [(int(b[x]), int(line[x]), int(a[x])) if along_rows else
                (int(b[x]), int(a[x]), int(line[x])) for x in idx]
-      todo = [t for t in tiles if t not in refined]
+      todo = [t for t in tiles if t not in self.refined]
       if todo:
         tb, ti, tj = (np.asarray(c, np.int64) for c in zip(*todo))
-        new = _decide_tiles(m, geo, tables, tb if batch else 0, ti, tj)
-        refined.update(zip(todo, new.tolist()))
+        new = _decide_tiles(self.m, geo, self.tables, tb if batch else 0, ti, tj)
+        self.refined.update(zip(todo, new.tolist()))
       state = state.copy()
-      state[idx] = [refined[t] for t in tiles]
-    packed.append(_pack_runs(b, line, a, z, state, nb, geo.nq if along_rows else geo.nk))
-  return packed[0], packed[1]
+      state[idx] = [self.refined[t] for t in tiles]
+    return _pack_runs(b, line, a, z, state, batch or 1, geo.nq if along_rows else geo.nk)
 
 
 def _stack_runs(runs: list[Runs]) -> Runs:
@@ -354,15 +360,12 @@ def _stack_runs(runs: list[Runs]) -> Runs:
 
 def _compile_static(uniq, head_index, shape, block_q, block_kv, prepared, batch, refine):
   geo = _Tile(shape, block_q, block_kv)
-  rows, cols = [], []
-  for m, p, ref in zip(uniq, prepared, refine):
-    arrays = _merge_operands([p], batch)
-    r, c = _static_runs(m, geo, Tables(np, arrays), batch, ref)
-    rows.append(r)
-    cols.append(c)
+  per_mask = [_StaticRuns(m, geo, Tables(np, _merge_operands([p], batch)), batch, ref)
+              for m, p, ref in zip(uniq, prepared, refine)]
+  rows = _stack_runs([r.runs(along_rows=True) for r in per_mask])
   return BlockMap(masks=uniq, head_index=head_index, q_len=shape.q_len, kv_len=shape.kv_len,
                   q_offset=shape.q_offset, block_q=block_q, block_kv=block_kv, batch=batch,
-                  rows=_stack_runs(rows), cols=_stack_runs(cols),
+                  rows=rows, cols=lambda: _stack_runs([r.runs(along_rows=False) for r in per_mask]),
                   operands=_merge_operands(prepared, batch))
 
 

@@ -18,6 +18,7 @@ import lark
 from maskc import _ir as ir
 from maskc._errors import (MaskError, MaskLimitError, MaskNameError, MaskRecursionError,
                            MaskSyntaxError, MaskTypeError, Span)
+from maskc._operands import collect_operands
 from maskc.grammar import grammar_text, prelude_text
 
 MAX_TEXT_CHARS = 100_000
@@ -248,7 +249,7 @@ class _Program:
       raise MaskLimitError(f"the mask expands to more than {MAX_EXPANDED_NODES} nodes",
                            span=self.span(statements[-1]),
                            hint="Definitions used many times multiply; simplify the mask.")
-    result.operands  # raises on an operand used as two kinds
+    collect_operands(result)  # raises on an operand used as two kinds
     return result
 
   def _lhs(self, node) -> tuple[str, tuple[str, ...], tuple]:

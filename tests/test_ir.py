@@ -13,7 +13,6 @@ from hypothesis import assume, given
 
 import maskc
 from maskc import k, q
-from maskc._ir import walk
 from strategies import masks, operand_values, prelude_combinations, shapes, terms
 
 EVAL_SHAPES = [(1, 1), (5, 5), (3, 11), (8, 13)]
