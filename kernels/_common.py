@@ -18,7 +18,7 @@ import numpy as np
 
 from maskc import _ir as ir
 from maskc import _lower
-from maskc._blockmap import EMPTY, FULL, PARTIAL, BlockMap, grid_from_runs  # states, for the backends
+from maskc._blockmap import EMPTY, FULL, PARTIAL, BlockMap, grid_from_runs
 from maskc._errors import MaskValueError
 from maskc._evaluate import Env, evaluate_mask
 
