@@ -70,19 +70,15 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
   block_q = _int("block_q", block_q, minimum=1)
   block_kv = _int("block_kv", block_kv, minimum=1)
   bound = bind_masks(mask, q_len, kv_len, q_offset=q_offset, operands=operands)
-  uniq, head_index, shape = list(bound.masks), bound.head_index, bound.shape
-  prepared, batch, traced = bound.prepared, bound.batch, bound.traced
-  refine = [exact or ir.is_prelude_only(m) for m in uniq]
-  if traced:
-    return _compile_dynamic(uniq, head_index, shape, block_q, block_kv, prepared, batch, refine,
-                            refine_budget)
-  key = (tuple(uniq), head_index, shape.q_len, shape.kv_len,
-         shape.q_offset, block_q, block_kv, tuple(refine),
-         tuple(p.static_bytes() for p in prepared))
+  refine = [exact or ir.is_prelude_only(m) for m in bound.masks]
+  if bound.traced:
+    return _compile_dynamic(bound, block_q, block_kv, refine, refine_budget)
+  key = (bound.masks, bound.head_index, bound.q_len, bound.kv_len, bound.q_offset, block_q,
+         block_kv, tuple(refine), tuple(p.static_bytes() for p in bound.prepared))
   if key in _CACHE:
     _CACHE.move_to_end(key)
     return _CACHE[key]
-  bm = _compile_static(uniq, head_index, shape, block_q, block_kv, prepared, batch, refine)
+  bm = _compile_static(bound, block_q, block_kv, refine)
   _CACHE[key] = bm
   if len(_CACHE) > _CACHE_SIZE:
     _CACHE.popitem(last=False)
@@ -358,15 +354,19 @@ def _stack_runs(runs: list[Runs]) -> Runs:
               np.stack([x.count for x in runs], axis=1))
 
 
-def _compile_static(uniq, head_index, shape, block_q, block_kv, prepared, batch, refine):
-  geo = _Tile(shape, block_q, block_kv)
-  per_mask = [_StaticRuns(m, geo, Tables(np, _merge_operands([p], batch)), batch, ref)
-              for m, p, ref in zip(uniq, prepared, refine)]
+def _compile_static(bound: Binding, block_q: int, block_kv: int, refine: list[bool]) -> BlockMap:
+  geo = _Tile(bound.shape, block_q, block_kv)
+  tables = Tables(np, bound.operands)  # shared: tables are built for the operands masks read
+  per_mask = [_StaticRuns(m, geo, tables, bound.batch, ref) for m, ref in zip(bound.masks, refine)]
   rows = _stack_runs([r.runs(along_rows=True) for r in per_mask])
-  return BlockMap(masks=uniq, head_index=head_index, q_len=shape.q_len, kv_len=shape.kv_len,
-                  q_offset=shape.q_offset, block_q=block_q, block_kv=block_kv, batch=batch,
-                  rows=rows, cols=lambda: _stack_runs([r.runs(along_rows=False) for r in per_mask]),
-                  operands=_merge_operands(prepared, batch))
+  return _blockmap(bound, block_q, block_kv, rows=rows,
+                   cols=lambda: _stack_runs([r.runs(along_rows=False) for r in per_mask]))
+
+
+def _blockmap(bound: Binding, block_q: int, block_kv: int, **formats) -> BlockMap:
+  return BlockMap(masks=bound.masks, head_index=bound.head_index, q_len=bound.q_len,
+                  kv_len=bound.kv_len, q_offset=bound.q_offset, block_q=block_q,
+                  block_kv=block_kv, batch=bound.batch, operands=bound.operands, **formats)
 
 
 # ----------------------------------------------------------------------------- dynamic
@@ -439,16 +439,11 @@ def _dynamic_grid(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, ref
   return flat.reshape(full_shape)
 
 
-def _compile_dynamic(uniq, head_index, shape, block_q, block_kv, prepared, batch, refine,
-                     budget):
-  geo = _Tile(shape, block_q, block_kv)
-  grids = []
-  for m, p, ref in zip(uniq, prepared, refine):
-    arrays = _merge_operands([p], batch)
-    grids.append(_dynamic_grid(m, geo, Tables(jnp, arrays), batch, ref, budget))
-  grid = jnp.stack(grids, axis=1)
-  rows = runs_from_grid(jnp, grid)
-  cols = runs_from_grid(jnp, jnp.swapaxes(grid, -1, -2))
-  return BlockMap(masks=uniq, head_index=head_index, q_len=shape.q_len, kv_len=shape.kv_len,
-                  q_offset=shape.q_offset, block_q=block_q, block_kv=block_kv, batch=batch,
-                  rows=rows, cols=cols, operands=_merge_operands(prepared, batch), grid=grid)
+def _compile_dynamic(bound: Binding, block_q: int, block_kv: int, refine: list[bool],
+                     budget: int | None) -> BlockMap:
+  geo = _Tile(bound.shape, block_q, block_kv)
+  tables = Tables(jnp, bound.operands)
+  grid = jnp.stack([_dynamic_grid(m, geo, tables, bound.batch, ref, budget)
+                    for m, ref in zip(bound.masks, refine)], axis=1)
+  return _blockmap(bound, block_q, block_kv, rows=runs_from_grid(jnp, grid),
+                   cols=runs_from_grid(jnp, jnp.swapaxes(grid, -1, -2)), grid=grid)
