@@ -18,7 +18,8 @@ import numpy as np
 
 from maskc import _ir as ir
 from maskc import _lower
-from maskc._blockmap import EMPTY, FULL, PARTIAL, BlockMap, grid_from_runs
+from maskc._blockmap import FULL as FULL, PARTIAL as PARTIAL  # re-exported for the backends
+from maskc._blockmap import EMPTY, BlockMap, grid_from_runs
 from maskc._errors import MaskValueError
 from maskc._evaluate import Env, evaluate_mask
 
@@ -248,6 +249,16 @@ def check_batch(binding, b: int) -> None:
   if binding.batch is not None and binding.batch != b:
     raise MaskValueError(f"the mask's operands have batch size {binding.batch} but q has {b}",
                          hint="Give batched operands the batch size of q, or no batch axis.")
+
+
+def check_blockmap(bm, backend: str, q_len: int, kv_len: int, batch: int) -> None:
+  """Raises unless `bm` is a BlockMap compiled for these lengths and this batch."""
+  if not isinstance(bm, BlockMap):
+    raise MaskValueError(f"the {backend} backend needs a compiled BlockMap (maskc.compile)")
+  if (bm.q_len, bm.kv_len) != (q_len, kv_len):
+    raise MaskValueError(f"the BlockMap is compiled for q_len={bm.q_len}, kv_len={bm.kv_len} "
+                         f"but q and k have lengths {q_len} and {kv_len}")
+  check_batch(bm, batch)
 
 
 def check_sinks(sinks, heads: int):

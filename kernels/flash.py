@@ -441,12 +441,7 @@ def _token_arrays(bm, reads: _Reads, lq_pad: int, lkv_pad: int):
 def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
   """The backend entry point: attention `[B, Lq, H, Dv]` with the Pallas flash kernel."""
   b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
-  if not hasattr(bm, "rows"):
-    raise MaskValueError("the flash backend needs a compiled BlockMap (maskc.compile)")
-  if (bm.q_len, bm.kv_len) != (lq, lkv):
-    raise MaskValueError(f"the BlockMap is compiled for q_len={bm.q_len}, kv_len={bm.kv_len} "
-                         f"but q and k have lengths {lq} and {lkv}")
-  common.check_batch(bm, b)
+  common.check_blockmap(bm, "flash", lq, lkv, b)
   for m in bm.masks:
     kernel_reads(m)
   if interpret is None:

@@ -113,12 +113,7 @@ def _kernel(bm, cap, interpret: bool):
 def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
   """The backend entry point: attention `[B, Lq, H, Dv]` through JAX's splash kernel."""
   b, lq, h, lkv, _, d = common.check_qkv(q, k, v)
-  if not hasattr(bm, "rows"):
-    raise MaskValueError("the splash backend needs a compiled BlockMap (maskc.compile)")
-  if (bm.q_len, bm.kv_len) != (lq, lkv):
-    raise MaskValueError(f"the BlockMap is compiled for q_len={bm.q_len}, kv_len={bm.kv_len} "
-                         f"but q and k have lengths {lq} and {lkv}")
-  common.check_batch(bm, b)
+  common.check_blockmap(bm, "splash", lq, lkv, b)
   if bm.heads is not None and bm.heads != h:
     raise MaskValueError(f"the mask has {bm.heads} heads but q has {h}")
   _check_tiles(lq, lkv, bm.block_q, bm.block_kv)

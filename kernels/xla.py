@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskc._errors import MaskValueError
 from maskc._evaluate import Env, evaluate_mask
 from maskc.kernels import _common as common
 
@@ -37,12 +36,7 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
   """The backend entry point: attention `[B, Lq, H, Dv]` under a compiled BlockMap."""
   del interpret
   b, lq, h, lkv, _, d = common.check_qkv(q, k, v)
-  if not hasattr(bm, "rows"):
-    raise MaskValueError("the xla backend needs a compiled BlockMap (maskc.compile)")
-  if (bm.q_len, bm.kv_len) != (lq, lkv):
-    raise MaskValueError(f"the BlockMap is compiled for q_len={bm.q_len}, kv_len={bm.kv_len} "
-                         f"but q and k have lengths {lq} and {lkv}")
-  common.check_batch(bm, b)
+  common.check_blockmap(bm, "xla", lq, lkv, b)
   sinks = common.check_sinks(sinks, h)
   scale = common.default_scale(d, scale)
 

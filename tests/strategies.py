@@ -110,30 +110,25 @@ def truths() -> st.SearchStrategy:
                 st.integers(1, 3)))
 
 
+def _combined(children: st.SearchStrategy) -> st.SearchStrategy:
+  """`&`, `|`, `^` of two drawn masks, or `~` of one."""
+  return st.one_of(
+      st.builds(lambda a, b: a & b, children, children),
+      st.builds(lambda a, b: a | b, children, children),
+      st.builds(lambda a, b: a ^ b, children, children),
+      st.builds(lambda a: ~a, children))
+
+
 def masks(max_leaves: int = 8, term_leaves: int = 4) -> st.SearchStrategy:
   """Random masks: prelude masks, comparisons and operand reads under `& | ^ ~`."""
   leaves = st.one_of(prelude_masks(), prelude_masks(), comparisons(term_leaves), truths())
 
-  def extend(children):
-    return st.one_of(
-        st.builds(lambda a, b: a & b, children, children),
-        st.builds(lambda a, b: a | b, children, children),
-        st.builds(lambda a, b: a ^ b, children, children),
-        st.builds(lambda a: ~a, children))
-
-  return st.recursive(leaves, extend, max_leaves=max_leaves)
+  return st.recursive(leaves, _combined, max_leaves=max_leaves)
 
 
 def prelude_combinations(max_leaves: int = 6) -> st.SearchStrategy:
   """Masks built from prelude masks alone with `& | ^ ~`."""
-  def extend(children):
-    return st.one_of(
-        st.builds(lambda a, b: a & b, children, children),
-        st.builds(lambda a, b: a | b, children, children),
-        st.builds(lambda a, b: a ^ b, children, children),
-        st.builds(lambda a: ~a, children))
-
-  return st.recursive(prelude_masks(), extend, max_leaves=max_leaves)
+  return st.recursive(prelude_masks(), _combined, max_leaves=max_leaves)
 
 
 @st.composite
