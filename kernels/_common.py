@@ -1,40 +1,31 @@
-"""What every attention backend shares: shape checks, bindings, tile lists, head splitting.
+"""What every attention backend shares: shape checks, read values, tile lists, head splitting.
 
-A backend sees a *binding*: the masks, their shape and prepared operands. A compiled
-`BlockMap` is one (it adds the tile metadata); `bind` makes one without compiling,
-for the dense reference. Tile lists are the per-line index lists a block-sparse
-kernel walks, derived from the BlockMap's compact runs (static, NumPy) or its grid
-(traced, padded to a static bound).
+A backend sees one compiled object, the `BlockMap` (`maskc._blockmap`): tile runs,
+per distinct mask a compiled `Predicate` (`maskc._predicate`) and the operand
+arrays it reads. Nothing here knows the mask language: partial tiles are
+evaluated by running the predicate's program on positions and read values.
+Tile lists are the per-line index lists a block-sparse kernel walks, derived
+from the runs (static, NumPy) or from the grid (traced, padded to a static bound
+the compiler found).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskc import _ir as ir
-from maskc import _lower
-from maskc._blockmap import FULL as FULL, PARTIAL as PARTIAL  # re-exported for the backends
-from maskc._blockmap import EMPTY, BlockMap, grid_from_runs
+from maskc import _predicate
+from maskc._blockmap import BlockMap
 from maskc._errors import MaskValueError
-from maskc._evaluate import Env, evaluate_mask
+from maskc._tiles import EMPTY as EMPTY, FULL as FULL, PARTIAL as PARTIAL  # for the backends
+from maskc._tiles import Runs, grid_from_runs, tile_lists as _run_tile_lists
 
 # Finite, so fully masked rows never produce inf - inf = NaN (splash and jax use the same).
 NEG = -0.7 * float(np.finfo(np.float32).max)
-
-# A binding is masks bound to a shape with prepared operands and no tile metadata; a
-# compiled BlockMap is one too (it adds the tiles). Lowering and kernels share one.
-Binding = _lower.Binding
-
-
-def bind(mask: Any, q_len: int, kv_len: int, *, q_offset: Any = None,
-         operands: dict[str, Any] | None = None) -> Binding:
-  """Masks (text, Mask or a per-head sequence) bound to a shape with prepared operands."""
-  return _lower.bind_masks(mask, q_len, kv_len, q_offset=q_offset, operands=operands)
 
 
 def cap_block(block: int, length: int, minimum: int = 8) -> int:
@@ -68,58 +59,31 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
   return b, lq, h, lkv, hkv, d
 
 
-def kernel_operands(binding) -> dict[str, jax.Array]:
-  """The binding's operand arrays as int32 jax arrays (batch axis first)."""
-  out = {}
-  for n, a in binding.operands.items():
-    if isinstance(a, np.ndarray):
-      a = jnp.asarray(a.astype(np.int32))
-    else:
-      a = jnp.asarray(a).astype(jnp.int32)
-    out[n] = a
-  return out
+def read_values(bm: BlockMap, u: int, *, rest: bool = False) -> _predicate.ReadValues:
+  """Mask `u`'s read values as int32 jax arrays (batch axis first; see `maskc._predicate`)."""
+  values = bm.read_values(u, dtype=np.int32, rest=rest)
+  return _predicate.ReadValues(*(jnp.asarray(a) for a in values))
 
 
-def batch_index(binding, ndim: int):
+def batch_index(bm: BlockMap, ndim: int):
   """Batch indices `[B', 1, ...]` with `ndim` axes for evaluation, or 0 without a batch."""
-  if binding.batch is None:
+  if bm.batch is None:
     return 0
-  return jnp.arange(binding.batch, dtype=jnp.int32).reshape((binding.batch,) + (1,) * (ndim - 1))
+  return jnp.arange(bm.batch, dtype=jnp.int32).reshape((bm.batch,) + (1,) * (ndim - 1))
 
 
-def dense_allowed(binding, u: int):
-  """Mask `u` evaluated densely: bool `[B', q_len, kv_len]` (B' the batch or 1)."""
-  ops = kernel_operands(binding)
-  qpos = jnp.arange(binding.q_len, dtype=jnp.int32)[None, :, None] + binding.q_offset
-  kpos = jnp.arange(binding.kv_len, dtype=jnp.int32)[None, None, :]
-  out = evaluate_mask(binding.masks[u], Env(jnp, qpos, kpos, ops, batch_index(binding, 3)))
-  return jnp.broadcast_to(out, ((binding.batch or 1), binding.q_len, binding.kv_len))
+def dense_allowed(bm: BlockMap, u: int):
+  """Mask `u` evaluated on every position: bool `[B', q_len, kv_len]` (B' the batch or 1)."""
+  values = read_values(bm, u)
+  qpos = jnp.arange(bm.q_len, dtype=jnp.int32)[None, :, None] + bm.q_offset
+  kpos = jnp.arange(bm.kv_len, dtype=jnp.int32)[None, None, :]
+  fetch = _predicate.dense_fetch(values, jnp, block_q=bm.block_q, block_kv=bm.block_kv,
+                                 q_len=bm.q_len, kv_len=bm.kv_len)
+  out = _predicate.evaluate(bm.predicates[u], jnp, qpos, kpos, fetch)
+  return jnp.broadcast_to(out, ((bm.batch or 1), bm.q_len, bm.kv_len))
 
 
 # ----------------------------------------------------------------------------- tile lists
-
-
-def _static_lists(start, stop, state, want: int):
-  """Per-line sorted tile indices of the runs in `state`, from NumPy runs `[..., n, R]`."""
-  lead = start.shape[:-1]
-  lines = int(np.prod(lead))
-  start = start.reshape(lines, -1).astype(np.int64)
-  length = np.where(state.reshape(lines, -1) == want, stop.reshape(lines, -1) - start, 0)
-  count = length.sum(-1)
-  m = max(1, int(count.max()) if count.size else 1)
-  idx = np.zeros((lines, m), np.int32)
-  flat_len = length.reshape(-1)
-  total = int(flat_len.sum())
-  if total:
-    run_line = np.repeat(np.arange(lines), length.shape[1])
-    first = np.repeat(np.cumsum(flat_len) - flat_len, flat_len)
-    within = np.arange(total) - first
-    tile = np.repeat(start.reshape(-1), flat_len) + within
-    line = np.repeat(run_line, flat_len)
-    line_first = np.concatenate([[0], np.cumsum(count)[:-1]])
-    slot = np.arange(total) - line_first[line]
-    idx[line, slot] = tile
-  return idx.reshape(lead + (m,)), count.astype(np.int32).reshape(lead)
 
 
 def _traced_lists(grid, want: int, m: int):
@@ -132,29 +96,13 @@ def _traced_lists(grid, want: int, m: int):
   return jnp.where(idx >= n_other, 0, idx).astype(jnp.int32), count
 
 
-def static_bound(bm: BlockMap, u: int, transpose: bool) -> tuple[int, int] | None:
-  """Static bounds on the non-empty tiles of a traced map, from its operand-free part.
+def _bound(bm: BlockMap, u: int, which: int) -> int | None:
+  bounds = bm.line_bounds[u] if bm.line_bounds is not None else None
+  return None if bounds is None else bounds[which]
 
-  A mask `a & b & ...` whose conjuncts `a` need no operands has no more non-empty
-  tiles than those conjuncts alone, which compile statically. Returns `(most per
-  line, total)`, or None when there is no such part.
-  """
-  if isinstance(bm.q_offset, jax.core.Tracer):
-    return None
-  m = bm.masks[u]
-  items = m.items if isinstance(m, ir.And) else (m,)
-  static = [i for i in items if not i.operands]
-  if not static:
-    return None
-  from maskc._lower import compile as compile_mask
-  part = static[0] if len(static) == 1 else ir.and_(static)
-  sbm = compile_mask(part, bm.q_len, bm.kv_len, block_q=bm.block_q, block_kv=bm.block_kv,
-                     q_offset=int(bm.q_offset))
-  runs = sbm.cols if transpose else sbm.rows
-  length = np.where(runs.state != EMPTY, runs.stop - runs.start, 0).sum(-1)
-  if not length.size:
-    return 1, 1
-  return max(1, int(length.max())), max(1, int(length.sum()))
+
+def _mask_runs(runs: Runs, u: int) -> Runs:
+  return Runs(*(a[:, u] for a in runs))
 
 
 def tile_lists(bm: BlockMap, u: int, want: int, *, transpose: bool = False):
@@ -167,12 +115,12 @@ def tile_lists(bm: BlockMap, u: int, want: int, *, transpose: bool = False):
   """
   runs = bm.cols if transpose else bm.rows
   if bm.is_static:
-    idx, count = _static_lists(runs.start[:, u], runs.stop[:, u], runs.state[:, u], want)
+    idx, count = _run_tile_lists(_mask_runs(runs, u), want)
     return idx, count, True
   n_other = bm.n_q_tiles if transpose else bm.n_kv_tiles
-  grid = grid_from_runs(jnp, runs, n_other)[:, u]
-  bound = static_bound(bm, u, transpose)
-  m = n_other if bound is None else min(bound[0], n_other)
+  grid = grid_from_runs(jnp, _mask_runs(runs, u), n_other)
+  bound = _bound(bm, u, 2 if transpose else 0)
+  m = n_other if bound is None else min(bound, n_other)
   idx, count = _traced_lists(grid, want, m)
   return idx, count, False
 
@@ -197,9 +145,9 @@ def tile_pairs(bm: BlockMap, u: int, want: int):
       j[b, :rows.size] = idx[b, rows, slots]
     return i, j, total.astype(np.int32), True
   nq, nk = bm.n_q_tiles, bm.n_kv_tiles
-  grid = grid_from_runs(jnp, bm.rows, nk)[:, u]                # [B', nq, nk]
-  bound = static_bound(bm, u, False)
-  t = nq * nk if bound is None else min(bound[1], nq * nk)
+  grid = grid_from_runs(jnp, _mask_runs(bm.rows, u), nk)          # [B', nq, nk]
+  bound = _bound(bm, u, 1)
+  t = nq * nk if bound is None else min(bound, nq * nk)
   hit = (grid == want).reshape(grid.shape[0], -1)
   flat = jax.vmap(lambda h: jnp.nonzero(h, size=t, fill_value=0)[0])(hit).astype(jnp.int32)
   return flat // nk, flat % nk, hit.sum(-1).astype(jnp.int32), False
@@ -208,27 +156,27 @@ def tile_pairs(bm: BlockMap, u: int, want: int):
 # ----------------------------------------------------------------------------- heads
 
 
-def head_groups(binding, heads: int) -> list[tuple[int, list[int]]]:
+def head_groups(bm: BlockMap, heads: int) -> list[tuple[int, list[int]]]:
   """`(u, heads using mask u)` for each distinct mask."""
-  if binding.head_index is None:
+  if bm.head_index is None:
     return [(0, list(range(heads)))]
-  if len(binding.head_index) != heads:
-    raise MaskValueError(f"the mask has {len(binding.head_index)} heads but q has {heads}",
+  if len(bm.head_index) != heads:
+    raise MaskValueError(f"the mask has {len(bm.head_index)} heads but q has {heads}",
                          hint="Pass one mask per query head, or a single mask for all heads.")
   groups: dict[int, list[int]] = {}
-  for h, u in enumerate(binding.head_index):
+  for h, u in enumerate(bm.head_index):
     groups.setdefault(u, []).append(h)
   return sorted(groups.items())
 
 
-def per_mask(fn: Callable, q, k, v, binding, sinks):
+def per_mask(fn: Callable, q, k, v, bm: BlockMap, sinks):
   """Runs `fn(q, k, v, u, sinks)` once per distinct mask on the heads that use it.
 
   With one mask, `fn` sees every head (GQA intact). With several, each call gets
   its heads' queries and, per query head, its key/value head (so G = 1).
   """
   heads, hkv = q.shape[2], k.shape[2]
-  groups = head_groups(binding, heads)
+  groups = head_groups(bm, heads)
   if len(groups) == 1:
     return fn(q, k, v, groups[0][0], sinks)
   g = heads // hkv
@@ -244,10 +192,10 @@ def per_mask(fn: Callable, q, k, v, binding, sinks):
   return out[:, :, inverse]
 
 
-def check_batch(binding, b: int) -> None:
+def check_batch(bm: BlockMap, b: int) -> None:
   """Raises when the mask's batch (from batched operands) differs from q's."""
-  if binding.batch is not None and binding.batch != b:
-    raise MaskValueError(f"the mask's operands have batch size {binding.batch} but q has {b}",
+  if bm.batch is not None and bm.batch != b:
+    raise MaskValueError(f"the mask's operands have batch size {bm.batch} but q has {b}",
                          hint="Give batched operands the batch size of q, or no batch axis.")
 
 

@@ -1,4 +1,4 @@
-"""`attention(q, k, v, mask, ...)`: one entry point, several backends.
+"""`attention(q, k, v, blockmap, ...)`: one entry point for compiled masks, several backends.
 
 Backends live in one immutable registry (as in tokamax). Each is a module with
 `run(q, k, v, blockmap, *, scale, logits_soft_cap, sinks, interpret)` and
@@ -18,17 +18,18 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import types
-from typing import Any, Mapping
+from typing import Mapping
 
 import jax
 
 from maskc._blockmap import BlockMap
 from maskc._errors import BackendError, MaskValueError
 from maskc.kernels import _common as common
+from maskc.kernels._platform import platform as platform
 
 # Tiny masks and nearly full ones gain nothing from block sparsity on CPU.
-_TINY = 256 * 256
-_NEARLY_FULL = 0.9
+TINY = 256 * 256
+NEARLY_FULL = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,38 +52,58 @@ BACKENDS: Mapping[str, Backend] = types.MappingProxyType({
 })
 
 
-def platform() -> str:
-  """`"tpu"`, `"gpu"` or `"cpu"`: where jax runs by default."""
-  p = jax.default_backend()
-  return "gpu" if p in ("gpu", "cuda", "rocm") else p
+def check_backend(backend: str) -> None:
+  """Raises BackendError unless `backend` is "auto" or registered."""
+  if backend != "auto" and backend not in BACKENDS:
+    raise BackendError(f"unknown attention backend {backend!r}",
+                       hint=f"Choose one of: auto, {', '.join(BACKENDS)}.")
 
 
-def _auto_backend() -> str:
-  return {"tpu": "splash", "gpu": "flash"}.get(platform(), "xla")
+def choose_backend(backend: str, q_len: int, kv_len: int) -> str:
+  """The backend `attention` starts from, before a mask is compiled.
+
+  `"auto"` picks splash on TPU and flash on GPU, whatever the mask (they fall back
+  to xla for a mask they cannot run); on CPU it picks dense for tiny masks
+  (`q_len * kv_len <= TINY`, where the block bookkeeping costs more than it saves)
+  and xla otherwise. `attention` may still move an xla choice to dense once it sees
+  the compiled map's density.
+  """
+  check_backend(backend)
+  if backend != "auto":
+    return backend
+  name = {"tpu": "splash", "gpu": "flash"}.get(platform(), "xla")
+  if name == "xla" and q_len * kv_len <= TINY:
+    return "dense"
+  return name
 
 
-def attention(q, k, v, mask: Any, *, operands: dict[str, Any] | None = None,
-              backend: str = "auto", block_q: int | None = None, block_kv: int | None = None,
-              scale: float | None = None, logits_soft_cap: float | None = None, sinks=None,
-              q_offset: int | None = None, interpret: bool | None = None) -> jax.Array:
-  """Masked multi-head attention with a compiled mask.
+def default_blocks(backend: str, q_len: int, kv_len: int) -> tuple[int, int]:
+  """The tile sizes `backend` runs best with at these lengths."""
+  if backend == "dense":
+    return q_len, kv_len
+  return BACKENDS[backend].load().default_blocks(q_len, kv_len)
 
-  Works under `jit`, `grad` and `vmap`. Static masks compile once (`maskc.compile`
-  caches them); masks with traced operands compile inside the trace.
+
+def attention(q, k, v, bm: BlockMap, *, backend: str = "auto", scale: float | None = None,
+              logits_soft_cap: float | None = None, sinks=None,
+              interpret: bool | None = None) -> jax.Array:
+  """Masked multi-head attention under a compiled mask (`maskc.compile`).
+
+  The kernels' entry point: it takes the compiled object only. To start from mask
+  text, call `maskc.attention`, which compiles with the chosen backend's tiles.
+  Works under `jit`, `grad` and `vmap`.
 
   Args:
     q: `[B, Lq, H, D]`. k, v: `[B, Lkv, Hkv, D]` / `[B, Lkv, Hkv, Dv]` with
       `H % Hkv == 0` (GQA; `Hkv = 1` is MQA).
-    mask: mask text, a `Mask`, a sequence of them (one per query head), or a
-      compiled `BlockMap` (whose block sizes, offset and operands are then used).
-    operands: values of the runtime operands the mask reads (NumPy or jax arrays).
-    backend: `"auto"` (splash on TPU, flash on GPU, xla on CPU or dense when the
-      mask is tiny or nearly full), or one of `BACKENDS`.
-    block_q, block_kv: tile sizes (default: the backend's).
+    bm: the compiled `BlockMap` (its tiles, offset and operands are used).
+    backend: `"auto"` or one of `BACKENDS`. `auto`: splash on TPU, flash on GPU,
+      xla on CPU, and dense instead of xla when the mask is tiny
+      (`q_len * kv_len <= TINY`) or nearly full (density > `NEARLY_FULL`); when
+      splash or flash cannot run a mask, `auto` falls back to xla.
     scale: logit scale (default `1 / sqrt(D)`).
     logits_soft_cap: if set, logits become `cap * tanh(logits / cap)`.
     sinks: optional float `[H]` learned sink logits joining each softmax denominator.
-    q_offset: position of query row 0 (default `Lkv - Lq`, bottom-right aligned).
     interpret: run Pallas kernels in interpret mode (default: when not on their
       native platform).
 
@@ -94,63 +115,35 @@ def attention(q, k, v, mask: Any, *, operands: dict[str, Any] | None = None,
     BackendError: the backend cannot run this mask; the message names one that can.
     MaskValueError: shapes, lengths or block sizes do not fit.
 
-  >>> import jax.numpy as jnp
+  >>> import jax.numpy as jnp, maskc
   >>> from maskc.kernels import attention
   >>> x = jnp.ones((1, 256, 2, 16))
-  >>> attention(x, x, x, "sliding(64)", backend="xla").shape
+  >>> attention(x, x, x, maskc.compile("sliding(64)", 256), backend="xla").shape
   (1, 256, 2, 16)
   """
-  b, lq, h, lkv, _, _ = common.check_qkv(q, k, v)
-  if backend != "auto" and backend not in BACKENDS:
-    raise BackendError(f"unknown attention backend {backend!r}",
-                       hint=f"Choose one of: auto, {', '.join(BACKENDS)}.")
+  common.check_qkv(q, k, v)
+  check_backend(backend)
+  if not isinstance(bm, BlockMap):
+    raise MaskValueError(
+        f"maskc.kernels.attention takes a compiled BlockMap, got {type(bm).__name__}",
+        hint="Compile the mask first (`maskc.compile(mask, q_len, ...)`), or call "
+             "`maskc.attention`, which accepts mask text and compiles it.")
   auto = backend == "auto"
-  name = _auto_backend() if auto else backend
+  name = {"tpu": "splash", "gpu": "flash"}.get(platform(), "xla") if auto else backend
+  if auto and name == "xla" and dense_is_better(bm):
+    name = "dense"
   kw = dict(scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks, interpret=interpret)
-
-  if isinstance(mask, BlockMap):
-    if operands:
-      raise MaskValueError("operands were given with a compiled BlockMap, which holds its own",
-                           hint="Pass the operands to maskc.compile instead.")
-    if q_offset is not None and mask.is_static and int(q_offset) != int(mask.q_offset):
-      raise MaskValueError(f"q_offset={q_offset} differs from the BlockMap's "
-                           f"q_offset={mask.q_offset}")
-    for arg, value, have in (("block_q", block_q, mask.block_q),
-                             ("block_kv", block_kv, mask.block_kv)):
-      if value is not None and value != have:
-        raise MaskValueError(f"{arg}={value} differs from the BlockMap's {arg}={have}",
-                             hint="Compile the mask with the tile sizes you want.")
-    bm = mask
-    if auto and name == "xla" and _dense_is_better(bm):
-      name = "dense"
-    return _run(name, auto, q, k, v, bm, kw)
-
-  if auto and name == "xla" and lq * lkv <= _TINY:
-    name = "dense"
-  if name == "dense":
-    binding = common.bind(mask, lq, lkv, q_offset=q_offset, operands=operands)
-    return BACKENDS["dense"].load().run(q, k, v, binding, **kw)
-  module = BACKENDS[name].load()
-  dq, dk = module.default_blocks(lq, lkv)
-  from maskc._lower import compile as compile_mask
-  bm = compile_mask(mask, lq, lkv, block_q=block_q or dq, block_kv=block_kv or dk,
-                    q_offset=q_offset, operands=operands)
-  if auto and name == "xla" and _dense_is_better(bm):
-    name = "dense"
-  return _run(name, auto, q, k, v, bm, kw)
-
-
-def _dense_is_better(bm: BlockMap) -> bool:
-  if bm.q_len * bm.kv_len <= _TINY:
-    return True
-  return bm.is_static and bm.density > _NEARLY_FULL
-
-
-def _run(name: str, auto: bool, q, k, v, bm, kw):
   try:
     return BACKENDS[name].load().run(q, k, v, bm, **kw)
   except (BackendError, MaskValueError):
-    if not auto or name == "xla":
+    if not auto or name in ("xla", "dense"):
       raise
     # `auto` promises an answer: the xla path runs every mask.
     return BACKENDS["xla"].load().run(q, k, v, bm, **kw)
+
+
+def dense_is_better(bm: BlockMap) -> bool:
+  """Whether dense attention beats block sparsity on CPU: tiny or nearly full masks."""
+  if bm.q_len * bm.kv_len <= TINY:
+    return True
+  return bm.is_static and bm.density > NEARLY_FULL

@@ -17,54 +17,28 @@ import jax.numpy as jnp
 from maskc.kernels import _common as common
 
 
-def attention(q, k, v, mask: Any, *, operands: dict[str, Any] | None = None,
-              scale: float | None = None, logits_soft_cap: float | None = None,
-              sinks=None, q_offset: int | None = None) -> jax.Array:
-  """Dense masked attention (the reference).
+def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
+  """The backend entry point: attention under a compiled map, every position evaluated.
 
-  Args:
-    q: `[B, Lq, H, D]`. k, v: `[B, Lkv, Hkv, D]` and `[B, Lkv, Hkv, Dv]`, `H % Hkv == 0`.
-    mask: mask text, a `Mask`, a sequence of them (one per head), or a `BlockMap`.
-    operands: runtime operand values the mask reads (ignored for a BlockMap).
-    scale: logit scale, default `1 / sqrt(D)`.
-    logits_soft_cap: if set, logits become `cap * tanh(logits / cap)` before masking.
-    sinks: optional float `[H]` sink logits added to each softmax denominator.
-    q_offset: position of query row 0 (default `Lkv - Lq`).
-
-  Returns:
-    `[B, Lq, H, Dv]` in q's dtype.
-
-  >>> import jax.numpy as jnp
-  >>> from maskc.kernels import dense
-  >>> x = jnp.ones((1, 4, 1, 8))
-  >>> dense.attention(x, x, x, "causal").shape
-  (1, 4, 1, 8)
+  Only the map's predicates and operands are read, never its tiles, so a map of one
+  PARTIAL tile (`maskc._lower.bind_map`, what `maskc.attention` builds for
+  `backend="dense"`) serves as well as a lowered one.
   """
-  _, lq, _, lkv, _, _ = common.check_qkv(q, k, v)
-  if hasattr(mask, "rows"):
-    binding = mask
-  else:
-    binding = common.bind(mask, lq, lkv, q_offset=q_offset, operands=operands)
-  return run(q, k, v, binding, scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks)
-
-
-def run(q, k, v, binding, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
-  """The backend entry point: attention under a binding or BlockMap."""
   del interpret
   b, lq, h, lkv, _, d = common.check_qkv(q, k, v)
-  if (binding.q_len, binding.kv_len) != (lq, lkv):
+  if (bm.q_len, bm.kv_len) != (lq, lkv):
     raise common.MaskValueError(
-        f"the mask is bound to q_len={binding.q_len}, kv_len={binding.kv_len} but q and k have "
+        f"the mask is bound to q_len={bm.q_len}, kv_len={bm.kv_len} but q and k have "
         f"lengths {lq} and {lkv}")
-  common.check_batch(binding, b)
+  common.check_batch(bm, b)
   sinks = common.check_sinks(sinks, h)
   scale = common.default_scale(d, scale)
 
   def one(q, k, v, u, sinks):
-    return masked_attention(q, k, v, common.dense_allowed(binding, u)[:, None],
+    return masked_attention(q, k, v, common.dense_allowed(bm, u)[:, None],
                             scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks)
 
-  return common.per_mask(one, q, k, v, binding, sinks)
+  return common.per_mask(one, q, k, v, bm, sinks)
 
 
 def masked_attention(q, k, v, allowed, *, scale: float, logits_soft_cap: float | None = None,

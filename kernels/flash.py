@@ -11,10 +11,9 @@ Backward (custom_vjp), FlashAttention-2 style in two passes: dq per q tile over
 the same lists, and dk/dv per key tile over the transposed lists (the BlockMap's
 `cols` runs), per query head and summed over GQA groups outside the kernel.
 
-Operands in the kernel: per-token operands read at `q` or `k` (`seg[q]`,
-`runs(img)[k]`) are gathered once per position outside the kernel and sliced per
-tile inside; scalars are loaded as scalars. Reads at other indices (`doc[q // 2]`)
-and pairwise operands (`allowed[q, k]`) cannot be sliced per tile: they raise
+Operands in the kernel: the predicate's per-token reads (`seg[q]`, `runs(img)[k]`,
+`doc[q // 2]`) are gathered once per position outside the kernel and sliced per
+tile inside; scalars are loaded as scalars. Pairwise reads (`allowed[q, k]`) raise
 `BackendError` naming the xla backend, which evaluates any mask.
 
 Rows with no allowed key return zeros; their log-sum-exp is +inf, so the backward
@@ -34,10 +33,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from maskc import _ir as ir
+from maskc import _predicate
 from maskc._errors import BackendError, MaskValueError
-from maskc._evaluate import Env, evaluate_mask
+from maskc._predicate import Predicate
 from maskc.kernels import _common as common
+from maskc.kernels._platform import platform
 
 BLOCK_SIZES = (64, 64)
 
@@ -51,59 +51,33 @@ def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
 # ----------------------------------------------------------------------------- mask support
 
 
-@dataclasses.dataclass(frozen=True)
-class _Reads:
-  """Where the kernel finds each operand read: rows of the q-side and k-side token arrays."""
-  q_rows: tuple[str, ...]        # operand keys read at q ("seg", "runs(img)")
-  k_rows: tuple[str, ...]        # operand keys read at k
-  scalars: tuple[str, ...]
+def check_predicate(pred: Predicate) -> None:
+  """Raises BackendError when the kernel cannot evaluate `pred` in its tiles."""
+  for r in pred.pairs + pred.tile_pairs:
+    raise BackendError(
+        f"the flash kernel cannot evaluate the pairwise operand read `{r.text}` in a tile",
+        hint="Use backend='xla', which evaluates pairwise operands, or dense.")
 
 
-def kernel_reads(mask: ir.Mask) -> _Reads:
-  """The operand reads of `mask` the kernel slices, or BackendError if it cannot."""
-  q_rows, k_rows, scalars = [], [], []
-  for n in ir.walk(mask):
-    if isinstance(n, ir.PairRead):
-      raise BackendError(
-          f"the flash kernel cannot evaluate the pairwise operand read `{n}` in a tile",
-          hint="Use backend='xla', which evaluates pairwise operands, or dense.")
-    if isinstance(n, ir.Read):
-      key = f"runs({n.operand.name})" if n.runs else n.operand.name
-      if not isinstance(n.index, ir.Pos):
-        raise BackendError(
-            f"the flash kernel reads per-token operands at `q` or `k` only, not `{n}`",
-            hint="Use backend='xla', which evaluates reads at any index.")
-      rows = q_rows if n.index.axis == "q" else k_rows
-      if key not in rows:
-        rows.append(key)
-    elif isinstance(n, ir.Scalar) and n.name not in scalars:
-      scalars.append(n.name)
-  return _Reads(tuple(sorted(q_rows)), tuple(sorted(k_rows)), tuple(sorted(scalars)))
-
-
-def supports(mask: Any) -> bool:
-  """Whether the flash kernel evaluates `mask` in its tiles (else use xla)."""
-  from maskc._bind import as_mask
+def supports(bm) -> bool:
+  """Whether the flash kernel evaluates every mask of the compiled map `bm` in its tiles."""
   try:
-    kernel_reads(as_mask(mask))
+    for p in bm.predicates:
+      check_predicate(p)
   except BackendError:
     return False
   return True
 
 
-def _tile_mask(mask, reads: _Reads, qpos, kpos, qtok, ktok, scal):
+def _tile_mask(pred: Predicate, qpos, kpos, qtok, ktok, scal):
   """The predicate on a tile: `qpos [bq, 1]`, `kpos [1, bk]`; reads come pre-sliced."""
-  env = Env(jnp, qpos, kpos, {}, 0)
-  for n in ir.walk(mask):
-    if isinstance(n, ir.Read):
-      key = f"runs({n.operand.name})" if n.runs else n.operand.name
-      if n.index.axis == "q":
-        env.memo[id(n)] = qtok(reads.q_rows.index(key))[:, None]
-      else:
-        env.memo[id(n)] = ktok(reads.k_rows.index(key))[None, :]
-    elif isinstance(n, ir.Scalar):
-      env.memo[id(n)] = scal(reads.scalars.index(n.name))
-  return evaluate_mask(mask, env)
+  def fetch(kind: str, slot: int):
+    if kind == "q_read":
+      return qtok(slot)[:, None]
+    if kind == "k_read":
+      return ktok(slot)[None, :]
+    return scal(slot)
+  return _predicate.evaluate(pred, jnp, qpos, kpos, fetch)
 
 
 # ----------------------------------------------------------------------------- config
@@ -112,8 +86,7 @@ def _tile_mask(mask, reads: _Reads, qpos, kpos, qtok, ktok, scal):
 @dataclasses.dataclass(frozen=True)
 class _Config:
   """Everything static about one kernel launch (hashable: custom_vjp's nondiff argument)."""
-  mask: ir.Mask
-  reads: _Reads
+  pred: Predicate
   block_q: int
   block_kv: int
   q_len: int
@@ -162,7 +135,7 @@ def _allowed(cfg: _Config, partial: bool, i, j, qtok, ktok, scal, qoff):
   if not partial:
     return in_range if cfg.kv_len % cfg.block_kv else None
   qpos = i * cfg.block_q + lax.broadcasted_iota(jnp.int32, (cfg.block_q, 1), 0) + qoff
-  return _tile_mask(cfg.mask, cfg.reads, qpos, kpos, qtok, ktok, scal) & in_range
+  return _tile_mask(cfg.pred, qpos, kpos, qtok, ktok, scal) & in_range
 
 
 def _fwd_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, sink_ref, q_ref, k_ref, v_ref,
@@ -171,7 +144,7 @@ def _fwd_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, sink_ref, q_ref, k_ref, 
   bq, bk = cfg.block_q, cfg.block_kv
   mf, _ = cfg.fwd_width
   q = q_ref[...]
-  ns = len(cfg.reads.scalars)
+  ns = len(cfg.pred.scalars)
   qoff = scal_ref[ns]
   scal = lambda r: scal_ref[r]
   qtok = lambda r: qtok_ref[r, :]
@@ -224,7 +197,7 @@ def _dq_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, q_ref, k_ref, v_ref, do_r
   mf, _ = cfg.fwd_width
   q, do = q_ref[...], do_ref[...]
   lse, delta = lse_ref[...], delta_ref[...]
-  ns = len(cfg.reads.scalars)
+  ns = len(cfg.pred.scalars)
   qoff = scal_ref[ns]
   scal = lambda r: scal_ref[r]
   qtok = lambda r: qtok_ref[r, :]
@@ -260,7 +233,7 @@ def _dkv_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, q_ref, k_ref, v_ref, do_
   bq = cfg.block_q
   mf, _ = cfg.bwd_width
   k, v = k_ref[...], v_ref[...]
-  ns = len(cfg.reads.scalars)
+  ns = len(cfg.pred.scalars)
   qoff = scal_ref[ns]
   scal = lambda r: scal_ref[r]
   ktok = lambda r: ktok_ref[r, :]
@@ -414,38 +387,31 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 # ----------------------------------------------------------------------------- entry point
 
 
-def _token_arrays(bm, reads: _Reads, lq_pad: int, lkv_pad: int):
-  """q-side `[B', Nq, Lq_pad]` and k-side `[B', Nk, Lkv_pad]` operand values per position."""
-  ops = common.kernel_operands(bm)
-  nb = bm.batch or 1
-  qpos = jnp.arange(lq_pad, dtype=jnp.int32) + bm.q_offset
-  kpos = jnp.arange(lkv_pad, dtype=jnp.int32)
+def _token_arrays(bm, u: int, lq_pad: int, lkv_pad: int):
+  """q-side `[B', Nq, Lq_pad]` and k-side `[B', Nk, Lkv_pad]` read values, and the scalars.
 
-  def side(keys, pos, length):
-    if not keys:
+  The scalars row ends with the q offset. A side without reads gets one row of zeros.
+  """
+  values = common.read_values(bm, u)
+  nb = values.scalars.shape[0]
+
+  def side(arr, length):
+    if not arr.shape[1]:
       return jnp.zeros((nb, 1, length), jnp.int32)
-    rows = []
-    for key in keys:
-      arr = ops[key]
-      idx = jnp.clip(pos, 0, arr.shape[-1] - 1)
-      rows.append(jnp.broadcast_to(arr[:, idx], (nb, length)))
-    return jnp.stack(rows, axis=1)
+    return jnp.pad(arr, ((0, 0), (0, 0), (0, length - arr.shape[-1])))
 
-  qtok = side(reads.q_rows, qpos, lq_pad)
-  ktok = side(reads.k_rows, kpos, lkv_pad)
-  scal = [jnp.broadcast_to(ops[n][:, None], (nb, 1)) for n in reads.scalars]
-  scal.append(jnp.broadcast_to(jnp.asarray(bm.q_offset, jnp.int32), (nb, 1)))
-  return qtok, ktok, jnp.concatenate(scal, axis=1)
+  offset = jnp.broadcast_to(jnp.asarray(bm.q_offset, jnp.int32), (nb, 1))
+  scal = jnp.concatenate([values.scalars, offset], axis=1)
+  return side(values.q, lq_pad), side(values.k, lkv_pad), scal
 
 
 def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
   """The backend entry point: attention `[B, Lq, H, Dv]` with the Pallas flash kernel."""
   b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
   common.check_blockmap(bm, "flash", lq, lkv, b)
-  for m in bm.masks:
-    kernel_reads(m)
+  for p in bm.predicates:
+    check_predicate(p)
   if interpret is None:
-    from maskc.kernels.api import platform
     interpret = platform() != "gpu"
   if not interpret:
     for name, t in (("block_q", bm.block_q), ("block_kv", bm.block_kv)):
@@ -465,14 +431,12 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
 def _attend(q, k, v, bm, u: int, *, scale, cap, sinks, interpret: bool):
   b, lq, h, d = q.shape
   lkv, hkv = k.shape[1], k.shape[2]
-  mask = bm.masks[u]
-  reads = kernel_reads(mask)
   nq, nk = bm.n_q_tiles, bm.n_kv_tiles
   lq_pad, lkv_pad = nq * bm.block_q, nk * bm.block_kv
   meta_f, fwd_width = _meta(bm, u, transpose=False)
   meta_b, bwd_width = _meta(bm, u, transpose=True)
-  qtok, ktok, scal = _token_arrays(bm, reads, lq_pad, lkv_pad)
-  cfg = _Config(mask=mask, reads=reads, block_q=bm.block_q, block_kv=bm.block_kv, q_len=lq,
+  qtok, ktok, scal = _token_arrays(bm, u, lq_pad, lkv_pad)
+  cfg = _Config(pred=bm.predicates[u], block_q=bm.block_q, block_kv=bm.block_kv, q_len=lq,
                 kv_len=lkv, n_q_tiles=nq, n_kv_tiles=nk, groups=h // hkv, scale=scale,
                 cap=None if cap is None else float(cap), has_sinks=sinks is not None,
                 batched_meta=bm.batch is not None, fwd_width=fwd_width, bwd_width=bwd_width,

@@ -8,11 +8,14 @@ interpret mode.
 What splash can take:
 - a static mask without batched operands: its MaskInfo, with partial tiles
   stored or, for masks of positions and scalars, evaluated in the kernel;
-- `document(s)` alone or `& ` masks that read no operands, with `s` batched or
-  traced: splash `SegmentIds` per batch row, the rest as a static MaskInfo;
+- a mask with segment conjuncts `s[q] == s[k]` anywhere in its conjunction (as the
+  compiler found them: `document(s)`, written out, or inside a definition) whose
+  other conjuncts read only static unbatched operands, with `s` batched or traced:
+  splash `SegmentIds` per batch row, the rest as the static MaskInfo the compiler
+  prepared (`BlockMap.segment_split`);
 - a traced mask without a batch axis: splash's dynamic MaskInfo (every tile stored).
-Anything else (batched operands other than segment ids) raises `BackendError`
-naming `xla` and `flash`. Lengths must be multiples of the tiles, and `block_kv`
+Anything else (other batched operands) raises `BackendError` naming `xla` and
+`flash`. Lengths must be multiples of the tiles, and `block_kv`
 a multiple of 128 (splash's lane width).
 
 Splash returns NaN or a mean of values for rows with no allowed key; the adapter
@@ -28,9 +31,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 
-from maskc import _ir as ir
 from maskc._errors import BackendError, MaskValueError
 from maskc.kernels import _common as common
+from maskc.kernels._platform import platform
 
 LANES = 128
 # A sink logit that never wins against a real one but keeps empty rows at 0/1 = 0.
@@ -56,40 +59,26 @@ def _check_tiles(q_len: int, kv_len: int, bq: int, bk: int) -> None:
                          hint="Use block_kv=128 (or 256, 512), or backend='xla' or 'flash'.")
 
 
-def _document_split(m: ir.Mask):
-  """`(segment operand name, rest)` when `m` is `document(s)` and operand-free masks, else None."""
-  items = m.items if isinstance(m, ir.And) else (m,)
-  docs = [i for i in items if isinstance(i, ir.Call) and i.name == "document"
-          and i.definition.prelude and isinstance(i.args[0], ir.Operand)]
-  if len(docs) != 1:
-    return None
-  rest = [i for i in items if i is not docs[0]]
-  if any(i.operands for i in rest):
-    return None
-  rest_mask = ir.and_(rest) if rest else ir.BoolConst(True)
-  return docs[0].args[0].name, rest_mask
-
-
 def _plan(bm):
-  """How splash runs this map: `(BlockMap for MaskInfo, segment name or None)`."""
-  needs_split = bm.batch is not None or not bm.is_static
-  if not needs_split:
+  """How splash runs this map: `(BlockMap for MaskInfo, segment read slots or None)`."""
+  if bm.batch is None and bm.is_static:
     return bm, None
-  if len(bm.masks) == 1:
-    split = _document_split(bm.masks[0])
-    if split is not None and not isinstance(bm.q_offset, jax.core.Tracer):
-      name, rest = split
-      from maskc._lower import compile as compile_mask
-      sub = compile_mask(rest, bm.q_len, bm.kv_len, block_q=bm.block_q, block_kv=bm.block_kv,
-                         q_offset=int(bm.q_offset))
-      return sub, name
+  if bm.segment_split is not None and len(bm.predicates) == 1:
+    return bm.segment_split, bm.predicates[0].segments
   if bm.batch is None:
     return bm, None                                 # traced: splash's dynamic MaskInfo
   raise BackendError(
       f"splash cannot run `{'; '.join(str(m) for m in bm.masks)}` with batched operands: its "
-      "MaskInfo has no batch axis, and only `document(s)` (optionally `&` masks without "
-      "operands) becomes splash SegmentIds",
+      "MaskInfo has no batch axis, and only segment-id equalities `s[q] == s[k]` in the "
+      "mask's conjunction (the rest reading no batched operands) become splash SegmentIds",
       hint="Use backend='xla' (any mask) or backend='flash'.")
+
+
+def _to_jax(info):
+  """A MaskInfo with its arrays as jax arrays (its flags stay Python values)."""
+  return info._replace(**{f: (None if getattr(info, f) is None else jnp.asarray(getattr(info, f)))
+                          for f in ("data_next", "mask_next", "block_mask",
+                                    "partial_mask_blocks", "q_sequence")})
 
 
 @functools.lru_cache(maxsize=32)
@@ -100,7 +89,7 @@ def _static_infos(bm):
 def _kernel(bm, cap, interpret: bool):
   infos = _static_infos(bm) if bm.is_static else bm.splash()
   fwd, dq, dkv, fn = infos
-  to_jax = lambda info: jax.tree_util.tree_map(jnp.asarray, info)
+  to_jax = _to_jax
   bq, bk = bm.block_q, bm.block_kv
   sizes = sk.BlockSizes(block_q=bq, block_kv=bk, block_kv_compute=bk, block_q_dkv=bq,
                         block_kv_dkv=bk, block_kv_dkv_compute=bk, block_q_dq=bq, block_kv_dq=bk)
@@ -118,7 +107,6 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
     raise MaskValueError(f"the mask has {bm.heads} heads but q has {h}")
   _check_tiles(lq, lkv, bm.block_q, bm.block_kv)
   if interpret is None:
-    from maskc.kernels.api import platform
     interpret = platform() != "tpu"
   sinks = common.check_sinks(sinks, h)
   if sinks is None:
@@ -132,16 +120,38 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
   if segment is None:
     out = jax.vmap(lambda q, k, v: kernel(q, k, v, sinks=sinks))(qh, kh, vh)
   else:
-    seg = common.kernel_operands(bm)[segment]                   # [B' , L]
-    qpos = jnp.clip(jnp.arange(lq, dtype=jnp.int32) + bm.q_offset, 0, seg.shape[-1] - 1)
-    ids = sk.SegmentIds(q=seg[:, qpos], kv=seg[:, jnp.clip(jnp.arange(lkv), 0,
-                                                           seg.shape[-1] - 1)])
-    axis = 0 if seg.shape[0] == b and bm.batch is not None else None
+    # Rows and columns agree on every segment conjunct exactly when they agree on
+    # all of them at once: one id per distinct combination, per batch row.
+    values = common.read_values(bm, 0)
+    qs, ks = _combined_ids(values, segment)                    # [B', L]
+    ids = sk.SegmentIds(q=qs, kv=ks)
+    axis = 0 if qs.shape[0] == b and bm.batch is not None else None
     if axis is None:
       ids = sk.SegmentIds(q=ids.q[0], kv=ids.kv[0])
     out = jax.vmap(lambda q, k, v, ids: kernel(q, k, v, segment_ids=ids, sinks=sinks),
                    in_axes=(0, 0, 0, axis))(qh, kh, vh, ids)
   return jnp.swapaxes(out, 1, 2).astype(q.dtype)
+
+
+def _combined_ids(values, segments):
+  """One segment id per row and per column that is equal exactly when every pair is.
+
+  With one conjunct the ids are the operand's own values. With several, each
+  (row, column) id tuple is ranked among all tuples of that batch row.
+  """
+  qs = [values.q[:, a] for a, _ in segments]
+  ks = [values.k[:, b] for _, b in segments]
+  if len(segments) == 1:
+    return qs[0], ks[0]
+  lq = qs[0].shape[-1]
+  both = jnp.concatenate([jnp.stack(qs, -1), jnp.stack(ks, -1)], axis=1)   # [B', L, S]
+
+  def rank(rows):
+    _, inverse = jnp.unique(rows, axis=0, return_inverse=True, size=rows.shape[0])
+    return inverse.reshape(-1).astype(jnp.int32)
+
+  ids = jax.vmap(rank)(both)
+  return ids[:, :lq], ids[:, lq:]
 
 
 __all__ = ["run", "default_blocks"]

@@ -7,9 +7,9 @@ tile, so one step is a batched `[bq, D] x [D, bk]` matmul over all q tiles, and
 an online softmax carries the running max, denominator and output across steps.
 
 FULL tiles do no mask work: an additive bias per key column only drops padding
-slots in the lists and keys past `kv_len` in the last tile. PARTIAL tiles evaluate
-the compiled predicate on their positions and operands (`maskc._evaluate`), so
-every operand kind works here, pairwise ones included. EMPTY tiles are never
+slots in the lists and keys past `kv_len` in the last tile. PARTIAL tiles run
+the compiled predicate (`maskc._predicate`) on their positions and read values,
+so every operand kind works here, pairwise ones included. EMPTY tiles are never
 touched: the work is the non-empty tiles, `density × dense`.
 
 Gradients are JAX's own through the scan and gathers.
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskc._evaluate import Env, evaluate_mask
+from maskc import _predicate
 from maskc.kernels import _common as common
 
 BLOCK_SIZES = (128, 128)
@@ -109,6 +109,27 @@ def _lanes(i, j, count, n_lines: int, xp):
   return xs, tile, n_seg
 
 
+def _tile_fetch(values, bidx, i, j, rows, cols):
+  """Reads of the lanes' tiles `(i, j)` `[B', W]` at row indices `rows [B', W, bq, 1]` and
+  column indices `cols [B', W, 1, bk]` (clipped: padding rows and columns are masked out)."""
+  def fetch(kind: str, slot: int):
+    if kind == "q_read":
+      a = values.q[:, slot]
+      return a[bidx, jnp.clip(rows, 0, a.shape[-1] - 1)]
+    if kind == "k_read":
+      a = values.k[:, slot]
+      return a[bidx, jnp.clip(cols, 0, a.shape[-1] - 1)]
+    if kind == "scalar":
+      return values.scalars[:, slot][bidx]
+    if kind == "pair":
+      a = values.pairs[:, slot]
+      return a[bidx, jnp.clip(rows, 0, a.shape[-2] - 1), jnp.clip(cols, 0, a.shape[-1] - 1)]
+    a = values.tile_pairs[:, slot]
+    bb = bidx if isinstance(bidx, int) else bidx[:, :, 0, 0]
+    return a[bb, i, j][..., None, None]
+  return fetch
+
+
 def _attend(q, k, v, bm, u: int, *, scale: float, cap, sinks):
   """Attention of all heads of q under mask `u` of `bm` (GQA: H = G × Hkv)."""
   b, lq, h, d = q.shape
@@ -121,8 +142,8 @@ def _attend(q, k, v, bm, u: int, *, scale: float, cap, sinks):
   kt = _pad_to(k.astype(f32), 1, nk * bk).reshape(b, nk, bk, hkv, d)
   vt = _pad_to(v.astype(f32), 1, nk * bk).reshape(b, nk, bk, hkv, dv)
   batched = bm.batch is not None
-  ops = common.kernel_operands(bm)
-  mask = bm.masks[u]
+  values = common.read_values(bm, u)
+  pred = bm.predicates[u]
   bidx = common.batch_index(bm, 4)
   rows = jnp.arange(bq, dtype=jnp.int32)[:, None]
   cols = jnp.arange(bk, dtype=jnp.int32)
@@ -144,7 +165,9 @@ def _attend(q, k, v, bm, u: int, *, scale: float, cap, sinks):
     keep = valid[..., None] & (kpos < lkv)
     if partial:
       qpos = i[..., None, None] * bq + rows + bm.q_offset
-      allowed = evaluate_mask(mask, Env(jnp, qpos, kpos[:, :, None, :], ops, bidx))
+      allowed = _predicate.evaluate(pred, jnp, qpos, kpos[:, :, None, :],
+                                    _tile_fetch(values, bidx, i, j, qpos - bm.q_offset,
+                                                kpos[:, :, None, :]))
       allowed = allowed & keep[:, :, None, :]          # [B', W, bq, bk]
       s = jnp.where(allowed[:, :, None, None], s, common.NEG)
     else:

@@ -32,7 +32,7 @@ from maskc._bind import (ComputableMask as ComputableMask, additive_bias as addi
                          materialize as materialize)
 
 from maskc._blockmap import BlockMap as BlockMap
-from maskc._lower import compile as compile
+from maskc._lower import bind_map as _bind_map, compile as compile
 
 __version__ = "0.1.0"
 from maskc._config import (ConfigError as ConfigError, ConfigWarning as ConfigWarning,
@@ -43,10 +43,68 @@ from maskc._show import MaskView as MaskView, show as show
 from maskc._equivalence import equivalent as equivalent
 
 
-def attention(*args, **kwargs):
-  """Masked attention with a compiled mask: `maskc.kernels.attention` (see its docstring).
+def attention(q, k, v, mask, *, operands: dict | None = None, backend: str = "auto",
+              block_q: int | None = None, block_kv: int | None = None,
+              scale: float | None = None, logits_soft_cap: float | None = None, sinks=None,
+              q_offset: int | None = None, interpret: bool | None = None):
+  """Masked multi-head attention: compiles `mask` and runs it on an attention backend.
 
-  Imported on first call, so `import maskc` loads no kernel code.
+  Works under `jit`, `grad` and `vmap`. Static masks compile once (`maskc.compile`
+  caches them); masks with traced operands compile inside the trace. The kernel
+  code (`maskc.kernels`) is imported on first call, so `import maskc` loads none.
+
+  Args:
+    q: `[B, Lq, H, D]`. k, v: `[B, Lkv, Hkv, D]` / `[B, Lkv, Hkv, Dv]` with
+      `H % Hkv == 0` (GQA; `Hkv = 1` is MQA).
+    mask: mask text, a `Mask`, a sequence of them (one per query head), or a
+      compiled `BlockMap` (whose tiles, offset and operands are then used).
+    operands: values of the runtime operands the mask reads (NumPy or jax arrays).
+    backend: `"auto"` (see `maskc.kernels.api.choose_backend`: splash on TPU, flash
+      on GPU, xla on CPU, dense when the mask is tiny or nearly full), or one of
+      `maskc.kernels.BACKENDS`: `dense`, `xla`, `flash`, `splash`.
+    block_q, block_kv: tile sizes (default: the backend's).
+    scale: logit scale (default `1 / sqrt(D)`).
+    logits_soft_cap: if set, logits become `cap * tanh(logits / cap)`.
+    sinks: optional float `[H]` learned sink logits joining each softmax denominator.
+    q_offset: position of query row 0 (default `Lkv - Lq`, bottom-right aligned).
+    interpret: run Pallas kernels in interpret mode (default: when not on their
+      native platform).
+
+  Returns:
+    `[B, Lq, H, Dv]` in q's dtype. Rows with no allowed key are zero, with zero
+    gradients.
+
+  Raises:
+    BackendError: the backend cannot run this mask; the message names one that can.
+    MaskValueError: shapes, lengths, operands or block sizes do not fit.
+
+  >>> import jax.numpy as jnp
+  >>> x = jnp.ones((1, 256, 2, 16))
+  >>> attention(x, x, x, "sliding(64)", backend="xla").shape
+  (1, 256, 2, 16)
   """
-  from maskc.kernels.api import attention as _attention
-  return _attention(*args, **kwargs)
+  from maskc.kernels import api, _common
+
+  kw = dict(scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks, interpret=interpret)
+  if isinstance(mask, BlockMap):
+    if operands:
+      raise MaskValueError("operands were given with a compiled BlockMap, which holds its own",
+                           hint="Pass the operands to maskc.compile instead.")
+    if q_offset is not None and mask.is_static and int(q_offset) != int(mask.q_offset):
+      raise MaskValueError(f"q_offset={q_offset} differs from the BlockMap's "
+                           f"q_offset={mask.q_offset}")
+    for arg, value, have in (("block_q", block_q, mask.block_q),
+                             ("block_kv", block_kv, mask.block_kv)):
+      if value is not None and value != have:
+        raise MaskValueError(f"{arg}={value} differs from the BlockMap's {arg}={have}",
+                             hint="Compile the mask with the tile sizes you want.")
+    return api.attention(q, k, v, mask, backend=backend, **kw)
+  _, lq, _, lkv, _, _ = _common.check_qkv(q, k, v)
+  name = api.choose_backend(backend, lq, lkv)
+  if name == "dense":
+    bm = _bind_map(mask, lq, lkv, q_offset=q_offset, operands=operands)
+    return api.attention(q, k, v, bm, backend="dense", **kw)
+  bq, bk = api.default_blocks(name, lq, lkv)
+  bm = compile(mask, lq, lkv, block_q=block_q or bq, block_kv=block_kv or bk,
+               q_offset=q_offset, operands=operands)
+  return api.attention(q, k, v, bm, backend=backend, **kw)

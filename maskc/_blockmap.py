@@ -1,48 +1,34 @@
-"""`BlockMap`: a mask lowered to tiles, and the formats kernels read.
+"""`BlockMap`: the compiled object every consumer reads.
 
-The canonical format is *compact*: for every q tile, the runs of consecutive
-non-empty key tiles that share a state, padded to a static maximum; and the
-same per key tile over q tiles, for backward passes. It costs memory in
-proportion to the mask's boundary, never the tile grid. The grid, the
-FlexAttention index lists and the splash `MaskInfo` derive from it on demand.
+A mask lowered to tiles, with everything a kernel needs and nothing of the
+language: the compact runs of tiles (canonical format), one compiled
+`Predicate` per distinct mask for its PARTIAL tiles, the operand arrays those
+predicates read, and the structural facts the compiler found. The grid, the
+FlexAttention index lists and the splash `MaskInfo` derive from the runs on
+demand; none of them is stored on the object, which never changes after the
+compiler built it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+import dataclasses
+from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-
-EMPTY, PARTIAL, FULL = 0, 1, 2
-
-
-class Runs(NamedTuple):
-  """Runs of non-empty tiles along one axis, per line (q tile, or key tile for `cols`).
-
-  Attributes:
-    start: `int32[B', U, n_lines, R]`: first tile of each run.
-    stop: `int32[B', U, n_lines, R]`: one past its last tile.
-    state: `int8[B', U, n_lines, R]`: PARTIAL (1) or FULL (2); 0 in padding.
-    count: `int32[B', U, n_lines]`: how many of the R slots are runs.
-
-  `B'` is the batch size or 1, `U` the number of distinct masks. Runs of a
-  line are sorted, disjoint and maximal (neighbours differ in state or are
-  separated by empty tiles). Rebuilding the grid:
-
-      grid = zeros((B', U, n_lines, n_other), int8)
-      for b, u, i in ndindex(count.shape):
-        for r in range(count[b, u, i]):
-          grid[b, u, i, start[b, u, i, r]:stop[b, u, i, r]] = state[b, u, i, r]
-  """
-  start: Any
-  stop: Any
-  state: Any
-  count: Any
+from maskc import _predicate
+from maskc import _render
+from maskc import _splash_info
+from maskc._predicate import Predicate, ReadValues
+from maskc._tiles import (EMPTY as EMPTY, FULL as FULL, PARTIAL as PARTIAL, Runs as Runs,
+                          grid_from_runs as grid_from_runs, runs_from_grid as runs_from_grid,
+                          tile_lists)
 
 
 @jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class BlockMap:
   """A mask lowered to `block_q × block_kv` tiles: EMPTY (0), PARTIAL (1) or FULL (2).
 
@@ -51,15 +37,25 @@ class BlockMap:
   kernels mask them out). Exact on prelude masks with static operands: no
   PARTIAL tile is really FULL or EMPTY.
 
+  Built by `maskc.compile`, frozen, and a pytree: its leaves are the runs, the
+  operand arrays and `q_offset`; its static part (masks, shape, tiles, heads,
+  batch, predicates) hashes without reading an operand byte.
+
   Attributes:
-    masks: the distinct masks, one per unique head.
+    masks: the distinct masks, one per unique head (IR data, for printing).
     head_index: for each head, its index into `masks` (None for one mask).
     q_len, kv_len, q_offset: the bound shape (see DESIGN.md §3).
     block_q, block_kv: tile sizes.
     batch: the batch size when an operand is batched, else None.
-    rows: `Runs` per q tile over key tiles (forward and dq).
-    cols: `Runs` per key tile over q tiles (dk/dv).
-    operands: the prepared operand arrays (for partial tiles and `to_dense`).
+    rows: `Runs` per q tile over key tiles (forward and dq), `[B', U, n_q_tiles, R]`.
+    operands: the operand arrays the predicates read (batch axis first), run ids included.
+    predicates: per distinct mask, its compiled `Predicate` for PARTIAL tiles.
+    line_bounds: traced maps only: per distinct mask, static bounds
+      `(fwd_max, fwd_total, bwd_max, bwd_total)` on the non-empty tiles per line and
+      in all (None where unknown), from the mask's operand-free conjuncts.
+    segment_split: when every distinct mask has segment conjuncts `s[q] == s[k]` and
+      the map is batched or traced: the static map of the masks without them (what
+      splash needs besides `SegmentIds`), else None.
 
   Leading axes of every per-tile array it hands out are `[B, H]`, each present
   only when the mask has a batch (operands with a batch axis) or heads (a
@@ -70,42 +66,49 @@ class BlockMap:
   >>> bm.grid.tolist()
   [[1, 0, 0, 0], [2, 1, 0, 0], [2, 2, 1, 0], [2, 2, 2, 1]]
   """
-
-  def __init__(self, *, masks, head_index, q_len, kv_len, q_offset, block_q, block_kv, batch,
-               rows: Runs, cols: "Runs | Callable[[], Runs]", operands: dict[str, Any],
-               grid=None):
-    self.masks = tuple(masks)
-    self.head_index = None if head_index is None else tuple(head_index)
-    self.q_len, self.kv_len, self.q_offset = q_len, kv_len, q_offset
-    self.block_q, self.block_kv = block_q, block_kv
-    self.batch = batch
-    self.rows = rows
-    self._cols = cols  # or a function computing them on first use (static maps)
-    self.operands = operands
-    self._grid = grid
+  masks: tuple
+  head_index: tuple[int, ...] | None
+  q_len: int
+  kv_len: int
+  q_offset: Any
+  block_q: int
+  block_kv: int
+  batch: int | None
+  rows: Runs
+  operands: dict[str, Any]
+  predicates: tuple[Predicate, ...]
+  col_runs: Runs | None = None
+  backward: Callable[[], Runs] | None = None
+  line_bounds: tuple | None = None
+  segment_split: "BlockMap | None" = None
 
   @property
   def cols(self) -> Runs:
-    """Runs per key tile over q tiles, for the dk/dv pass (computed on first use)."""
-    if callable(self._cols):
-      self._cols = self._cols()
-    return self._cols
+    """Runs per key tile over q tiles, for the dk/dv pass (compiled when first asked for).
+
+    The compiler memoizes them, so asking again costs nothing; the map itself never changes.
+    """
+    if self.col_runs is not None:
+      return self.col_runs
+    if self.backward is None:
+      raise ValueError("this BlockMap was built without backward runs")
+    return self.backward()
 
   # ------------------------------------------------------------------ pytree
 
   def tree_flatten(self):
-    children = (self.rows, self.cols, self.operands, self._grid, self.q_offset)
+    children = (self.q_offset, self.rows, self.col_runs, self.operands)
     aux = (self.masks, self.head_index, self.q_len, self.kv_len, self.block_q, self.block_kv,
-           self.batch)
+           self.batch, self.predicates, self.backward, self.line_bounds, self.segment_split)
     return children, aux
 
   @classmethod
   def tree_unflatten(cls, aux, children):
-    rows, cols, operands, grid, q_offset = children
-    masks, head_index, q_len, kv_len, block_q, block_kv, batch = aux
-    return cls(masks=masks, head_index=head_index, q_len=q_len, kv_len=kv_len,
-               q_offset=q_offset, block_q=block_q, block_kv=block_kv, batch=batch, rows=rows,
-               cols=cols, operands=operands, grid=grid)
+    q_offset, rows, col_runs, operands = children
+    (masks, head_index, q_len, kv_len, block_q, block_kv, batch, predicates, backward,
+     line_bounds, segment_split) = aux
+    return cls(masks, head_index, q_len, kv_len, q_offset, block_q, block_kv, batch, rows,
+               operands, predicates, col_runs, backward, line_bounds, segment_split)
 
   # ------------------------------------------------------------------ shape
 
@@ -133,10 +136,7 @@ class BlockMap:
 
   @property
   def xp(self):
-    if self.is_static:
-      return np
-    import jax.numpy as jnp
-    return jnp
+    return np if self.is_static else jnp
 
   def _public(self, arr):
     """`[B', U, ...]` internal storage → `[B?, H?, ...]` public axes."""
@@ -147,16 +147,34 @@ class BlockMap:
       arr = arr[:, 0]
     if self.batch is None:
       arr = arr[0]
+    elif arr.shape[0] != self.batch:
+      arr = xp.broadcast_to(arr, (self.batch,) + arr.shape[1:])
     return arr
+
+  # ------------------------------------------------------------------ reads
+
+  def read_values(self, u: int, *, dtype=None, rest: bool = False) -> ReadValues:
+    """The values of mask `u`'s reads at this map's positions (see `maskc._predicate`).
+
+    `dtype` is the integer type (default: int64 for a static map, int32 when traced);
+    `rest` gives those of the predicate without its segment conjuncts.
+    """
+    pred = self.predicates[u].rest if rest else self.predicates[u]
+    xp = np if self.is_static and all(isinstance(a, np.ndarray)
+                                      for a in self.operands.values()) else jnp
+    int_t = xp.int32 if xp is jnp else np.int64
+    q = xp.arange(self.q_len, dtype=int_t) + xp.asarray(self.q_offset, int_t)
+    k = xp.arange(self.kv_len, dtype=int_t)
+    return _predicate.gather(pred, self.operands, q, k, xp, batch=self.batch,
+                             block_q=self.block_q, block_kv=self.block_kv,
+                             dtype=dtype or int_t)
 
   # ------------------------------------------------------------------ formats
 
   @property
   def grid(self):
-    """`int8[..., n_q_tiles, n_kv_tiles]`: 0 empty, 1 partial, 2 full (built on first use)."""
-    if self._grid is None:
-      self._grid = grid_from_runs(self.xp, self.rows, self.n_kv_tiles)
-    return self._public(self._grid)
+    """`int8[..., n_q_tiles, n_kv_tiles]`: 0 empty, 1 partial, 2 full (built when asked)."""
+    return self._public(grid_from_runs(self.xp, self.rows, self.n_kv_tiles))
 
   @property
   def compact(self) -> dict[str, Any]:
@@ -173,53 +191,63 @@ class BlockMap:
     `kv_num_blocks[b, h, i]` counts the PARTIAL key tiles of q tile i and
     `kv_indices[b, h, i, :n]` lists them in order; `full_kv_*` do the same for
     FULL tiles. `q_*` and `full_q_*` are the transpose, for the backward pass.
-    Index lists are padded with zeros to the number of tiles.
+    Index lists are padded with zeros to the number of tiles, as FlexAttention
+    pads them. Built from the runs: memory follows the output, never more.
     """
-    xp = self.xp
-    g = self.grid
-    g = g.reshape(((self.batch or 1), (self.heads or 1)) + g.shape[-2:])
     out = {}
-    for name, gg in (("kv", g), ("q", xp.swapaxes(g, -1, -2))):
+    lead = ((self.batch or 1), (self.heads or 1))
+    for name, runs, n_other in (("kv", self.rows, self.n_kv_tiles),
+                                ("q", self.cols, self.n_q_tiles)):
       for prefix, state in (("", PARTIAL), ("full_", FULL)):
-        hit = gg == state
-        n = gg.shape[-1]
-        order = xp.argsort(xp.where(hit, 0, 1) * n + xp.arange(n), axis=-1)
-        count = hit.sum(-1).astype(xp.int32)
-        idx = xp.where(xp.arange(n) < count[..., None], order, 0).astype(xp.int32)
-        out[f"{prefix}{name}_num_blocks"] = count
-        out[f"{prefix}{name}_indices"] = idx
+        if self.is_static:
+          idx, count = tile_lists(runs, state)
+          idx = np.pad(idx, [(0, 0)] * (idx.ndim - 1) + [(0, n_other - idx.shape[-1])])
+        else:
+          g = grid_from_runs(jnp, runs, n_other) == state
+          j = jnp.arange(n_other, dtype=jnp.int32)
+          idx = jnp.sort(jnp.where(g, j, n_other), axis=-1)
+          count = g.sum(-1).astype(jnp.int32)
+          idx = jnp.where(idx >= n_other, 0, idx).astype(jnp.int32)
+        out[f"{prefix}{name}_num_blocks"] = self._public(count).reshape(lead + count.shape[-1:])
+        out[f"{prefix}{name}_indices"] = self._public(idx).reshape(lead + idx.shape[-2:])
     out["block_size"] = (self.block_q, self.block_kv)
     return out
 
   def splash(self, *, downcast_smem_data: bool = True):
     """Splash `MaskInfo`s `(fwd, dq, dkv, mask_function)` for JAX's splash kernel."""
-    from maskc._splash_info import splash_mask_info
-    return splash_mask_info(self, downcast_smem_data=downcast_smem_data)
+    return _splash_info.splash_mask_info(self, downcast_smem_data=downcast_smem_data)
 
   def to_dense(self):
-    """The mask this map was compiled from, dense: bool `[..., q_len, kv_len]`."""
-    from maskc._bind import materialize
-    masks = [self.masks[i] for i in self.head_index] if self.head_index is not None else \
-        self.masks[0]
-    ops = {n: (a if self.batch is not None else a[0]) for n, a in self.operands.items()
-           if not n.startswith("runs(")}
-    return materialize(masks, self.q_len, self.kv_len, q_offset=self.q_offset, operands=ops)
+    """The mask this map was compiled from, dense: bool `[..., q_len, kv_len]`.
+
+    Evaluates the compiled predicates on every position (the map's own verdicts
+    are not used), so it is an independent view of what the kernels compute.
+    """
+    xp = self.xp
+    outs = []
+    for u, pred in enumerate(self.predicates):
+      values = self.read_values(u)
+      int_t = values.q.dtype
+      q = (xp.arange(self.q_len, dtype=int_t) + xp.asarray(self.q_offset, int_t))[None, :, None]
+      k = xp.arange(self.kv_len, dtype=int_t)[None, None, :]
+      fetch = _predicate.dense_fetch(values, xp, block_q=self.block_q, block_kv=self.block_kv,
+                                     q_len=self.q_len, kv_len=self.kv_len)
+      out = _predicate.evaluate(pred, xp, q, k, fetch)
+      outs.append(xp.broadcast_to(out, ((self.batch or 1), self.q_len, self.kv_len)))
+    return self._public(xp.stack(outs, axis=1))
 
   # ------------------------------------------------------------------ statistics
 
   @property
   def counts(self) -> dict[str, int]:
-    """How many tiles are in each state (over all batch rows and heads)."""
-    g = np.asarray(self.grid)
-    return {"empty": int((g == EMPTY).sum()), "partial": int((g == PARTIAL).sum()),
-            "full": int((g == FULL).sum())}
+    """How many tiles are in each state (over all batch rows and heads), from the runs."""
+    s = _render.stats(self)
+    return {"empty": s["empty"], "partial": s["partial"], "full": s["full"]}
 
   @property
   def density(self) -> float:
     """The fraction of tiles that are not EMPTY: the work a block-sparse kernel does."""
-    c = self.counts
-    total = sum(c.values())
-    return (c["partial"] + c["full"]) / total if total else 0.0
+    return _render.stats(self)["density"]
 
   @property
   def flops_saved(self) -> float:
@@ -228,13 +256,7 @@ class BlockMap:
     Counts in-bounds elements of non-empty tiles against `q_len × kv_len` per
     batch row and head; the same for any head dimension.
     """
-    g = np.asarray(self.grid)
-    rows = np.minimum(self.block_q, self.q_len - np.arange(self.n_q_tiles) * self.block_q)
-    cols = np.minimum(self.block_kv, self.kv_len - np.arange(self.n_kv_tiles) * self.block_kv)
-    area = rows[:, None] * cols[None, :]
-    work = ((g != EMPTY) * area).sum()
-    dense = self.q_len * self.kv_len * (g.size // area.size)
-    return 1.0 - work / dense
+    return _render.stats(self)["flops_saved"]
 
   def attention_flops(self, head_dim: int) -> tuple[int, int]:
     """`(block_sparse, dense)` forward attention FLOPs (2 matmuls) per batch and head total."""
@@ -245,42 +267,43 @@ class BlockMap:
 
   def to_text(self, width: int = 80) -> str:
     """A header and text art of the tile map, downsampled to `width` columns."""
-    from maskc._render import render_text
-    return render_text(self, width=width)
+    return _render.render_text(self, width=width)
 
   def _repr_html_(self) -> str:
-    from maskc._render import render_svg
-    return render_svg(self)
+    return _render.render_svg(self)
 
   def to_svg(self) -> str:
     """An SVG picture of the tile map (no extra dependency)."""
-    from maskc._render import render_svg
-    return render_svg(self)
+    return _render.render_svg(self)
 
   def plot(self, ax=None):
     """Draws the tile map with matplotlib (the `plot` extra); returns the axes."""
-    from maskc._render import plot
-    return plot(self, ax=ax)
+    return _render.plot(self, ax=ax)
 
   # ------------------------------------------------------------------ identity
 
-  def _key(self):
-    arrays = tuple(np.asarray(a).tobytes() for a in self.rows)  # the columns follow from them
-    ops = tuple(sorted((n, np.asarray(a).tobytes()) for n, a in self.operands.items()))
-    return (self.masks, self.head_index, self.q_len, self.kv_len, int(self.q_offset),
-            self.block_q, self.block_kv, self.batch, arrays, ops)
+  def static_key(self) -> tuple:
+    """What the map is, without its arrays: masks, shape, tiles, heads, batch, predicates."""
+    offset = int(self.q_offset) if not isinstance(self.q_offset, jax.core.Tracer) else None
+    return (self.masks, self.head_index, self.q_len, self.kv_len, offset, self.block_q,
+            self.block_kv, self.batch, self.predicates)
+
+  def _arrays(self):
+    return tuple(self.rows) + tuple(self.operands[n] for n in sorted(self.operands))
 
   def __eq__(self, other):
     if not isinstance(other, BlockMap):
       return NotImplemented
-    if not (self.is_static and other.is_static):
-      return self is other
-    return self._key() == other._key()
+    if self is other:
+      return True
+    if not (self.is_static and other.is_static) or self.static_key() != other.static_key():
+      return False
+    if sorted(self.operands) != sorted(other.operands):
+      return False
+    return all(np.array_equal(a, b) for a, b in zip(self._arrays(), other._arrays()))
 
   def __hash__(self):
-    if not self.is_static:
-      raise TypeError("a BlockMap built under jit (traced) is not hashable")
-    return hash(self._key())
+    return hash(self.static_key())
 
   def __repr__(self) -> str:
     heads = "" if self.heads is None else f", heads={self.heads}"
@@ -293,31 +316,3 @@ class BlockMap:
     return (f"BlockMap({masks!r}, q_len={self.q_len}, kv_len={self.kv_len}, tiles="
             f"{self.block_q}x{self.block_kv}{heads}{batch}, density={self.density:.3f}, "
             f"full={c['full']}, partial={c['partial']}, empty={c['empty']})")
-
-
-def grid_from_runs(xp, runs: Runs, n_other: int):
-  """The dense tile grid `[B', U, n_lines, n_other]` described by `runs`."""
-  j = xp.arange(n_other)
-  start, stop, state = runs.start[..., None], runs.stop[..., None], runs.state[..., None]
-  inside = (j >= start) & (j < stop)
-  return xp.max(xp.where(inside, state, 0), axis=-2).astype(xp.int8) if runs.start.shape[-1] \
-      else xp.zeros(runs.count.shape + (n_other,), xp.int8)
-
-
-def runs_from_grid(xp, grid, max_runs: int | None = None) -> Runs:
-  """Maximal runs of equal non-empty states along the last axis of `grid`."""
-  n = grid.shape[-1]
-  pad = xp.zeros(grid.shape[:-1] + (1,), grid.dtype)
-  prev = xp.concatenate([pad, grid[..., :-1]], axis=-1)
-  nxt = xp.concatenate([grid[..., 1:], pad], axis=-1)
-  is_start = (grid != prev) & (grid != EMPTY)
-  is_end = (grid != nxt) & (grid != EMPTY)
-  j = xp.arange(n, dtype=xp.int32)
-  r = n if max_runs is None else max_runs
-  starts = xp.sort(xp.where(is_start, j, n), axis=-1)[..., :r]
-  stops = xp.sort(xp.where(is_end, j + 1, n + 1), axis=-1)[..., :r]
-  count = is_start.sum(-1).astype(xp.int32)
-  valid = xp.arange(r) < count[..., None]
-  state = xp.take_along_axis(grid, xp.clip(starts, 0, n - 1), axis=-1)
-  return Runs(xp.where(valid, starts, 0).astype(xp.int32), xp.where(valid, stops, 0).astype(
-      xp.int32), xp.where(valid, state, 0).astype(xp.int8), count)

@@ -30,9 +30,11 @@ import numpy as np
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._bind import Operands, Shape, _int, as_mask, prepare_operands
-from maskc._blockmap import BlockMap, Runs, runs_from_grid
+from maskc._blockmap import BlockMap
+from maskc._compile_predicate import compile_predicate, conjuncts, segment_conjunct
 from maskc._errors import MaskTypeError, MaskValueError
 from maskc._evaluate import Env, evaluate_mask
+from maskc._tiles import Runs, run_lengths, runs_from_grid
 
 _CACHE: "collections.OrderedDict[Any, BlockMap]" = collections.OrderedDict()
 _CACHE_SIZE = 32
@@ -354,19 +356,117 @@ def _stack_runs(runs: list[Runs]) -> Runs:
               np.stack([x.count for x in runs], axis=1))
 
 
+class _Backward:
+  """Computes the per-key-tile runs of a static map once, when a backward pass first asks.
+
+  The compiler's memo, handed to the `BlockMap` as a function: the map never changes.
+  """
+
+  def __init__(self, per_mask: list[_StaticRuns]):
+    self.per_mask = per_mask
+    self.runs: Runs | None = None
+
+  def __call__(self) -> Runs:
+    if self.runs is None:
+      self.runs = _stack_runs([r.runs(along_rows=False) for r in self.per_mask])
+      self.per_mask = []
+    return self.runs
+
+
 def _compile_static(bound: Binding, block_q: int, block_kv: int, refine: list[bool]) -> BlockMap:
   geo = _Tile(bound.shape, block_q, block_kv)
   tables = Tables(np, bound.operands)  # shared: tables are built for the operands masks read
   per_mask = [_StaticRuns(m, geo, tables, bound.batch, ref) for m, ref in zip(bound.masks, refine)]
   rows = _stack_runs([r.runs(along_rows=True) for r in per_mask])
-  return _blockmap(bound, block_q, block_kv, rows=rows,
-                   cols=lambda: _stack_runs([r.runs(along_rows=False) for r in per_mask]))
+  return _blockmap(bound, block_q, block_kv, rows=rows, backward=_Backward(per_mask))
 
 
-def _blockmap(bound: Binding, block_q: int, block_kv: int, **formats) -> BlockMap:
+def _predicates(bound: Binding, block_q: int, block_kv: int):
+  """The compiled predicate of each distinct mask (pairwise reads per tile where they can be)."""
+  out = []
+  for m in bound.masks:
+    pairwise = any(s.kind == "pair" for s in m.operands)
+    q_pos = None
+    if pairwise and bound.shape.static:
+      q_pos = np.arange(bound.q_len, dtype=np.int64) + bound.q_offset
+    out.append(compile_predicate(m, q_positions=q_pos, kv_len=bound.kv_len, block_q=block_q,
+                                 block_kv=block_kv))
+  return tuple(out)
+
+
+def _segment_split(bound: Binding, block_q: int, block_kv: int,
+                   predicates) -> BlockMap | None:
+  """The static map of the masks without their segment conjuncts, for splash's SegmentIds.
+
+  Only when it is needed (the map is batched or traced), every distinct mask has a
+  segment conjunct, and what remains reads only static operands without a batch axis.
+  """
+  if bound.batch is None and not bound.traced:
+    return None
+  if not bound.shape.static or not all(p.segments for p in predicates):
+    return None
+  rests = []
+  for m in bound.masks:
+    items = [i for i in conjuncts(m) if segment_conjunct(i) is None]
+    rests.append(ir.and_(items) if items else ir.BoolConst(True))
+  names = {s.name for r in rests for s in r.operands}
+  ops = {}
+  for n in names:
+    a = bound.operands[n]
+    if isinstance(a, jax.core.Tracer) or a.shape[0] != 1:
+      return None
+    ops[n] = np.asarray(a)[0]
+  masks = [rests[u] for u in bound.head_index] if bound.head_index is not None else rests[0]
+  return compile(masks, bound.q_len, bound.kv_len, block_q=block_q, block_kv=block_kv,
+                 q_offset=bound.q_offset, operands=ops)
+
+
+def _line_bounds(bound: Binding, block_q: int, block_kv: int):
+  """Static bounds on a traced map's non-empty tiles, from each mask's operand-free conjuncts.
+
+  A mask `a & b & ...` has no more non-empty tiles than its conjuncts that read no
+  operands, which compile statically. Per mask: `(fwd_max, fwd_total, bwd_max,
+  bwd_total)`, or None when the mask has no such conjunct (or the offset is traced).
+  """
+  out = []
+  for m in bound.masks:
+    static = [i for i in conjuncts(m) if not i.operands]
+    if not static or not bound.shape.static:
+      out.append(None)
+      continue
+    part = compile(ir.and_(static) if len(static) > 1 else static[0], bound.q_len,
+                   bound.kv_len, block_q=block_q, block_kv=block_kv, q_offset=bound.q_offset)
+    fwd, bwd = run_lengths(part.rows), run_lengths(part.cols)
+    out.append((max(1, int(fwd.max())), max(1, int(fwd.sum())), max(1, int(bwd.max())),
+                max(1, int(bwd.sum()))))
+  return tuple(out)
+
+
+def _blockmap(bound: Binding, block_q: int, block_kv: int, *, rows: Runs, col_runs=None,
+              backward=None, line_bounds=None) -> BlockMap:
+  predicates = _predicates(bound, block_q, block_kv)
   return BlockMap(masks=bound.masks, head_index=bound.head_index, q_len=bound.q_len,
                   kv_len=bound.kv_len, q_offset=bound.q_offset, block_q=block_q,
-                  block_kv=block_kv, batch=bound.batch, operands=bound.operands, **formats)
+                  block_kv=block_kv, batch=bound.batch, rows=rows, operands=bound.operands,
+                  predicates=predicates, col_runs=col_runs, backward=backward,
+                  line_bounds=line_bounds,
+                  segment_split=_segment_split(bound, block_q, block_kv, predicates))
+
+
+def bind_map(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: Any = None,
+             operands: dict[str, Any] | None = None) -> BlockMap:
+  """A map of one tile covering the whole mask, marked PARTIAL, without analysis.
+
+  Sound (PARTIAL promises nothing) and free to build: for consumers that evaluate
+  every position anyway, like the dense reference attention.
+  """
+  bound = bind_masks(mask, q_len, kv_len, q_offset=q_offset, operands=operands)
+  nb, u = bound.batch or 1, len(bound.masks)
+  xp = jnp if bound.traced else np
+  one = lambda v, t: xp.full((nb, u, 1, 1), v, t)
+  rows = Runs(one(0, np.int32), one(1, np.int32), one(1, np.int8),
+              xp.ones((nb, u, 1), np.int32))
+  return _blockmap(bound, bound.q_len, bound.kv_len, rows=rows, col_runs=rows)
 
 
 # ----------------------------------------------------------------------------- dynamic
@@ -446,4 +546,5 @@ def _compile_dynamic(bound: Binding, block_q: int, block_kv: int, refine: list[b
   grid = jnp.stack([_dynamic_grid(m, geo, tables, bound.batch, ref, budget)
                     for m, ref in zip(bound.masks, refine)], axis=1)
   return _blockmap(bound, block_q, block_kv, rows=runs_from_grid(jnp, grid),
-                   cols=runs_from_grid(jnp, jnp.swapaxes(grid, -1, -2)), grid=grid)
+                   col_runs=runs_from_grid(jnp, jnp.swapaxes(grid, -1, -2)),
+                   line_bounds=_line_bounds(bound, block_q, block_kv))

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from maskc._blockmap import EMPTY, FULL, PARTIAL
+from maskc._tiles import EMPTY, FULL, PARTIAL
 from maskc._errors import MaskError, MaskValueError
 
 GLYPHS = {EMPTY: "·", PARTIAL: "░", FULL: "█"}

@@ -20,10 +20,10 @@ import dataclasses
 import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info import MaskInfo
 
-from maskc import _ir as ir
-from maskc._blockmap import EMPTY, PARTIAL, BlockMap
+from maskc import _predicate
 from maskc._errors import BackendError, MaskValueError
-from maskc._evaluate import Env, evaluate_mask
+from maskc._predicate import Predicate
+from maskc._tiles import EMPTY, PARTIAL, Runs, expand_runs
 
 _EVAL_CHUNK = 1 << 22  # mask elements evaluated at once
 
@@ -33,25 +33,27 @@ class MaskFunction:
   """`f(q_ids, kv_ids)`: a mask at splash's row and column indices, hashable by value.
 
   Splash passes it to `jax.jit` as a static argument, so equal masks must hash
-  equal to share one compiled kernel.
+  equal to share one compiled kernel. It evaluates the compiled predicate, which
+  reads no operand arrays (its scalars are stored here as values).
   """
-  mask: ir.Mask
+  predicate: Predicate
   q_offset: int
-  scalars: tuple[tuple[str, int], ...] = ()
+  scalars: tuple[int, ...] = ()
 
   def __call__(self, q_ids, kv_ids):
     import jax.numpy as jnp
-    scalars = {n: jnp.asarray([v], jnp.int32) for n, v in self.scalars}
-    return evaluate_mask(self.mask, Env(jnp, q_ids + self.q_offset, kv_ids, scalars, 0))
+    xp = np if isinstance(q_ids, np.ndarray) and isinstance(kv_ids, np.ndarray) else jnp
+    fetch = lambda kind, slot: self.scalars[slot]
+    return _predicate.evaluate(self.predicate, xp, q_ids + self.q_offset, kv_ids, fetch)
 
 
-def splash_mask_info(bm: BlockMap, downcast_smem_data: bool = True, *,
+def splash_mask_info(bm, downcast_smem_data: bool = True, *,
                      use_mask_function: bool | None = None
                      ) -> tuple[MaskInfo, MaskInfo, MaskInfo, MaskFunction | None]:
   """`(fwd, dq, dkv, mask_function)` MaskInfos for JAX's splash kernel, from a BlockMap.
 
   Args:
-    bm: a compiled BlockMap whose lengths are multiples of its tile sizes, without
+    bm: a compiled `BlockMap` whose lengths are multiples of its tile sizes, without
       a batch axis. Heads: one mask for all heads gives MaskInfos with a leading
       axis of 1 (splash's shrunk grid); several masks give one row per head.
     downcast_smem_data: store the index arrays in the smallest integer type that
@@ -93,7 +95,7 @@ def splash_mask_info(bm: BlockMap, downcast_smem_data: bool = True, *,
     return _dynamic_info(bm, downcast_smem_data)
   unique = len(bm.masks)
   if use_mask_function is None:
-    use_mask_function = unique == 1 and all(s.kind == "scalar" for s in bm.masks[0].operands)
+    use_mask_function = unique == 1 and not bm.predicates[0].reads_arrays
   if use_mask_function and unique > 1:
     raise MaskValueError("a splash mask_function serves one mask; this map has "
                          f"{unique} distinct head masks", hint="Pass use_mask_function=False.")
@@ -106,9 +108,12 @@ def splash_mask_info(bm: BlockMap, downcast_smem_data: bool = True, *,
     dkv = _per_head_info(bm, ids, blocks, dkv=True)
   fn = None
   if use_mask_function:
-    scalars = tuple(sorted((n, int(np.asarray(a).reshape(-1)[0]))
-                           for n, a in bm.operands.items()))
-    fn = MaskFunction(bm.masks[0], int(bm.q_offset), scalars)
+    pred = bm.predicates[0]
+    if pred.reads_arrays:
+      raise MaskValueError("a splash mask_function evaluates masks of positions and scalars; "
+                           f"`{pred}` reads operand arrays", hint="Pass use_mask_function=False.")
+    scalars = tuple(int(np.asarray(bm.operands[n]).reshape(-1)[0]) for n in pred.scalars)
+    fn = MaskFunction(pred, int(bm.q_offset), scalars)
     q_sequence = np.arange(bm.q_len, dtype=np.int32)
     fwd = fwd._replace(mask_next=None, partial_mask_blocks=None, q_sequence=q_sequence)
     dkv = dkv._replace(mask_next=None, partial_mask_blocks=None, q_sequence=q_sequence)
@@ -120,21 +125,13 @@ def splash_mask_info(bm: BlockMap, downcast_smem_data: bool = True, *,
 # ----------------------------------------------------------------------------- static
 
 
-def _tiles(runs, u: int):
+def _tiles(runs: Runs, u: int):
   """Non-empty tiles of mask u as `(line, other, state)`, sorted by line then other."""
-  start, stop, state = runs.start[0, u], runs.stop[0, u], runs.state[0, u]
-  n_lines, r = start.shape
-  length = np.where(state != EMPTY, stop - start, 0).astype(np.int64)
-  flat = length.reshape(-1)
-  total = int(flat.sum())
-  first = np.repeat(np.cumsum(flat) - flat, flat)
-  other = np.repeat(start.reshape(-1).astype(np.int64), flat) + np.arange(total) - first
-  line = np.repeat(np.repeat(np.arange(n_lines), r), flat)
-  st = np.repeat(state.reshape(-1), flat)
-  return line, other, st
+  t = expand_runs(Runs(*(np.asarray(a)[:1, u:u + 1] for a in runs)))
+  return t.line, t.other, t.state
 
 
-def _partial_blocks(bm: BlockMap):
+def _partial_blocks(bm):
   """The distinct partial blocks, and for each mask u the block id of each partial tile.
 
   Ids follow splash: masks in order, tiles row-major, a block numbered when first seen.
@@ -145,16 +142,18 @@ def _partial_blocks(bm: BlockMap):
   blocks: list[np.ndarray] = []
   ids = []
   per_chunk = max(1, _EVAL_CHUNK // (bq * bk))
-  for u, m in enumerate(bm.masks):
+  for u, pred in enumerate(bm.predicates):
     line, other, st = _tiles(bm.rows, u)
     sel = st == PARTIAL
     i, j = line[sel], other[sel]
     out = np.zeros(i.shape, np.int64)
+    values = bm.read_values(u)
     for s in range(0, len(i), per_chunk):
       ii, jj = i[s:s + per_chunk], j[s:s + per_chunk]
-      q = (ii[:, None, None] * bq + np.arange(bq)[None, :, None]) + int(bm.q_offset)
-      k = jj[:, None, None] * bk + np.arange(bk)[None, None, :]
-      tiles = np.asarray(evaluate_mask(m, Env(np, q, k, bm.operands, 0)), bool)
+      rows = ii[:, None, None] * bq + np.arange(bq)[None, :, None]
+      cols = jj[:, None, None] * bk + np.arange(bk)[None, None, :]
+      tiles = np.asarray(_predicate.evaluate(pred, np, rows + int(bm.q_offset), cols,
+                                             _tile_fetch(values, ii, jj, rows, cols)), bool)
       for t, tile in enumerate(tiles):
         key = np.packbits(tile).tobytes()
         if key not in seen:
@@ -164,6 +163,21 @@ def _partial_blocks(bm: BlockMap):
     ids.append((i, j, out))
   arr = np.stack(blocks) if blocks else None
   return arr, ids
+
+
+def _tile_fetch(values, ii, jj, rows, cols):
+  """Reads of tiles `(ii, jj)` at row indices `rows [T, bq, 1]`, columns `cols [T, 1, bk]`."""
+  def fetch(kind: str, slot: int):
+    if kind == "q_read":
+      return values.q[0, slot][rows]
+    if kind == "k_read":
+      return values.k[0, slot][cols]
+    if kind == "scalar":
+      return values.scalars[0, slot]
+    if kind == "pair":
+      return values.pairs[0, slot][rows, cols]
+    return values.tile_pairs[0, slot][ii, jj][:, None, None]
+  return fetch
 
 
 def _next_ids(order_keys: np.ndarray, partial_keys: np.ndarray, partial_ids: np.ndarray):
@@ -177,7 +191,7 @@ def _next_ids(order_keys: np.ndarray, partial_keys: np.ndarray, partial_ids: np.
   return pid[pos].astype(np.int32)
 
 
-def _shrunk_info(bm: BlockMap, ids, blocks, dkv: bool) -> MaskInfo:
+def _shrunk_info(bm, ids, blocks, dkv: bool) -> MaskInfo:
   """One mask: splash's shrunk grid `[1, nq, width]` (forward) or `[1, height, nk]` (dkv)."""
   nq, nk = bm.n_q_tiles, bm.n_kv_tiles
   pi, pj, pid = ids[0]
@@ -213,7 +227,7 @@ def _shrunk_info(bm: BlockMap, ids, blocks, dkv: bool) -> MaskInfo:
                   q_sequence=None)
 
 
-def _per_head_info(bm: BlockMap, ids, blocks, dkv: bool) -> MaskInfo:
+def _per_head_info(bm, ids, blocks, dkv: bool) -> MaskInfo:
   """Several masks: splash's unshrunk per-head grid `[H, nq, nk]`."""
   nq, nk = bm.n_q_tiles, bm.n_kv_tiles
   heads = len(bm.head_index)
@@ -257,19 +271,22 @@ def _downcast(info: MaskInfo) -> MaskInfo:
 # ----------------------------------------------------------------------------- dynamic
 
 
-def _dynamic_info(bm: BlockMap, downcast: bool):
+def _dynamic_info(bm, downcast: bool):
   """Splash's dynamic layout from a traced map: every tile's block stored, per mask head."""
   import jax.numpy as jnp
-  from maskc.kernels._common import kernel_operands
 
   bq, bk = bm.block_q, bm.block_kv
   nq, nk = bm.n_q_tiles, bm.n_kv_tiles
   grid = jnp.asarray(bm.grid, jnp.int32)
   grid = grid.reshape((-1, nq, nk))                  # [H or 1, nq, nk]
-  ops = kernel_operands(bm)
-  q = jnp.arange(bm.q_len, dtype=jnp.int32)[:, None] + bm.q_offset
-  k = jnp.arange(bm.kv_len, dtype=jnp.int32)[None, :]
-  dense = [evaluate_mask(m, Env(jnp, q, k, ops, 0)) for m in bm.masks]
+  q = jnp.arange(bm.q_len, dtype=jnp.int32)[None, :, None] + bm.q_offset
+  k = jnp.arange(bm.kv_len, dtype=jnp.int32)[None, None, :]
+  dense = []
+  for u, pred in enumerate(bm.predicates):
+    values = bm.read_values(u, dtype=jnp.int32)
+    fetch = _predicate.dense_fetch(values, jnp, block_q=bq, block_kv=bk, q_len=bm.q_len,
+                                   kv_len=bm.kv_len)
+    dense.append(_predicate.evaluate(pred, jnp, q, k, fetch)[0])
   per_head = [dense[u] for u in (bm.head_index or (0,))]
   full = jnp.stack([jnp.broadcast_to(d, (bm.q_len, bm.kv_len)) for d in per_head])
   blocks = full.reshape(-1, nq, bq, nk, bk).swapaxes(-2, -3)   # [H, nq, nk, bq, bk]

@@ -163,14 +163,14 @@ def test_mask_function_is_hashable_by_value():
 def test_only_partial_tiles_are_evaluated(monkeypatch):
   from maskc import _splash_info
   calls = []
-  real = _splash_info.evaluate_mask
+  real = _splash_info._predicate.evaluate
 
-  def counting(m, env):
-    out = real(m, env)
+  def counting(pred, xp, q, k, fetch):
+    out = real(pred, xp, q, k, fetch)
     calls.append(np.asarray(out).shape[0])
     return out
 
-  monkeypatch.setattr(_splash_info, "evaluate_mask", counting)
+  monkeypatch.setattr(_splash_info._predicate, "evaluate", counting)
   bm = maskc.compile("sliding(1000)", 1 << 15, block_q=512, block_kv=512)
   splash_mask_info(bm, use_mask_function=False)
   assert sum(calls) == bm.counts["partial"]
