@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from maskc import _ir as ir
+from maskc._operand_runs import RunTable
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -67,31 +68,37 @@ class Tables:
     self._sparse: dict[str, tuple] = {}
     self._prefix: dict[str, Any] = {}
     self._mono: dict[str, Any] = {}
+    self._runs: dict[str, RunTable] = {}
+
+  def run_table(self, name: str) -> RunTable:
+    """Static path: operand `name` (`[B, L]`) in run-length form."""
+    if name not in self._runs:
+      self._runs[name] = RunTable(self.arrays[name])
+    return self._runs[name]
 
   def sparse(self, name: str):
-    """Stacked sparse tables `(mins, maxs)`: `[J, B, L]`, level j covers 2**j entries."""
+    """Traced path: stacked sparse tables `(mins, maxs)`: `[J, B, L]`, level j covers 2**j."""
     if name not in self._sparse:
       xp = self.xp
       a = self.arrays[name]
-      if xp.__name__ == "numpy":
-        self._sparse[name] = _sparse_numpy(a)
-      else:
-        info = xp.iinfo(a.dtype)
-        mins, maxs = [a], [a]
-        span = 1
-        while 2 * span <= a.shape[-1]:
-          lo, hi = mins[-1], maxs[-1]
-          pad_lo = xp.full(lo.shape[:-1] + (span,), info.max, a.dtype)
-          pad_hi = xp.full(hi.shape[:-1] + (span,), info.min, a.dtype)
-          mins.append(xp.minimum(lo, xp.concatenate([lo[..., span:], pad_lo], axis=-1)))
-          maxs.append(xp.maximum(hi, xp.concatenate([hi[..., span:], pad_hi], axis=-1)))
-          span *= 2
-        self._sparse[name] = (xp.stack(mins), xp.stack(maxs))
+      info = xp.iinfo(a.dtype)
+      mins, maxs = [a], [a]
+      span = 1
+      while 2 * span <= a.shape[-1]:
+        lo, hi = mins[-1], maxs[-1]
+        pad_lo = xp.full(lo.shape[:-1] + (span,), info.max, a.dtype)
+        pad_hi = xp.full(hi.shape[:-1] + (span,), info.min, a.dtype)
+        mins.append(xp.minimum(lo, xp.concatenate([lo[..., span:], pad_lo], axis=-1)))
+        maxs.append(xp.maximum(hi, xp.concatenate([hi[..., span:], pad_hi], axis=-1)))
+        span *= 2
+      self._sparse[name] = (xp.stack(mins), xp.stack(maxs))
     return self._sparse[name]
 
   def range_min_max(self, name: str, b, lo, hi):
     """Min and max of operand `name` over indices `[lo, hi]` (clipped to its length)."""
     xp = self.xp
+    if xp.__name__ == "numpy":  # static: binary search over the operand's runs
+      return self.run_table(name).range_min_max(b, lo, hi)
     mins, maxs = self.sparse(name)
     length = mins.shape[-1]
     lo = xp.clip(lo, 0, length - 1)
@@ -106,14 +113,15 @@ class Tables:
     second = hi - (1 << j) + 1
     vmin = xp.minimum(mins[j, b, lo], mins[j, b, second])
     vmax = xp.maximum(maxs[j, b, lo], maxs[j, b, second])
-    if xp.__name__ == "numpy":  # tables may be int32; interval arithmetic stays in int64
-      return vmin.astype(np.int64), vmax.astype(np.int64)
     return vmin, vmax
 
   def monotone(self, name: str):
     """Per batch row: whether the operand is nondecreasing (`[B]` bool)."""
     if name not in self._mono:
       xp = self.xp
+      if xp.__name__ == "numpy":
+        self._mono[name] = self.run_table(name).monotone()
+        return self._mono[name]
       a = self.arrays[name]
       self._mono[name] = xp.all(a[..., 1:] >= a[..., :-1], axis=-1)
     return self._mono[name]
@@ -128,27 +136,6 @@ class Tables:
       c = xp.concatenate([xp.zeros(c.shape[:-1] + (1,), c.dtype), c], axis=-1)
       self._prefix[name] = c
     return self._prefix[name]
-
-
-def _sparse_numpy(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Sparse tables filled in place, in int32 when the values fit (half the memory traffic)."""
-  if a.size and np.iinfo(np.int32).min <= a.min() and a.max() <= np.iinfo(np.int32).max:
-    a = a.astype(np.int32)
-  length = a.shape[-1]
-  levels = max(1, length.bit_length())
-  mins = np.empty((levels,) + a.shape, a.dtype)
-  maxs = np.empty_like(mins)
-  mins[0] = maxs[0] = a
-  info = np.iinfo(a.dtype)
-  for j in range(1, levels):
-    span = 1 << (j - 1)
-    mins[j, ..., :length - span] = np.minimum(mins[j - 1, ..., :length - span],
-                                              mins[j - 1, ..., span:])
-    maxs[j, ..., :length - span] = np.maximum(maxs[j - 1, ..., :length - span],
-                                              maxs[j - 1, ..., span:])
-    mins[j, ..., length - span:] = info.max
-    maxs[j, ..., length - span:] = info.min
-  return mins, maxs
 
 
 class Analyzer:
@@ -195,9 +182,11 @@ class Analyzer:
       idx = self.term(t.index)
       name = f"runs({t.operand.name})" if t.runs else t.operand.name
       lo, hi = self.tables.range_min_max(name, self.b, idx.lo, idx.hi)
-      tight = idx.dense
+      # A read that is constant over the rectangle is one attained value: tight and dense.
+      point = lo == hi
+      tight = xp.logical_or(idx.dense, point) if idx.dense is not True else True
       source = ("read", name) if not t.runs else None
-      return Interval(lo, hi, tight, False, idx.axes, source if _is_true(idx.dense) else None)
+      return Interval(lo, hi, tight, point, idx.axes, source if _is_true(idx.dense) else None)
     if isinstance(t, ir.PairRead):
       a = self.tables.arrays[t.operand.name]
       lo, hi = xp.min(a, axis=(-2, -1))[self.b], xp.max(a, axis=(-2, -1))[self.b]
