@@ -200,6 +200,13 @@ class _Tile:
     self.shape, self.bq, self.bk = shape, block_q, block_kv
     self.nq = -(-shape.q_len // block_q)
     self.nk = -(-shape.kv_len // block_kv)
+    # Whether every query position fits the integer type the analysis computes in
+    # (int32 for a traced offset): where not, the analysis treats `q` as unknown.
+    if shape.static:
+      self.pos_ok = True
+    else:
+      top = int(np.iinfo(jnp.asarray(0).dtype).max) - (shape.q_len - 1)
+      self.pos_ok = shape.q_offset <= top
 
   def q_bounds(self, a, z):
     lo = a * self.bq
@@ -255,7 +262,8 @@ def _subdivide(m: ir.Mask, geo: _Tile, tables: Tables, xp, b, i, j, parts: int):
   kh = xp.broadcast_to(k_hi[:, None, :], shape)
   real = (qh >= ql) & (kh >= kl)
   bb = xp.broadcast_to(b[:, None, None], shape) if not np.isscalar(b) else 0
-  t = Analyzer(xp, tables, ql, xp.maximum(qh, ql), kl, xp.maximum(kh, kl), bb).truth(m)
+  t = Analyzer(xp, tables, ql, xp.maximum(qh, ql), kl, xp.maximum(kh, kl), bb,
+               geo.pos_ok).truth(m)
   state = xp.broadcast_to(xp.asarray(t.state), shape)
   certain = xp.broadcast_to(xp.asarray(t.certain, bool), shape) & (state == PARTIAL)
   has_true = xp.any(real & ((state == FULL) | certain), axis=(1, 2))
@@ -566,7 +574,7 @@ def _dynamic_grid(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, ref
   k_lo = j * geo.bk
   k_hi = jnp.minimum((j + 1) * geo.bk, geo.shape.kv_len) - 1
   b = jnp.arange(nb)[:, None, None] if batch else 0
-  t = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b).truth(m)
+  t = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b, geo.pos_ok).truth(m)
   full_shape = (nb, geo.nq, geo.nk)
   state = jnp.broadcast_to(jnp.asarray(t.state, jnp.int8), full_shape)
   if not refine:
