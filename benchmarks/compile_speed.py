@@ -39,6 +39,41 @@ def packed_segments(n: int, seed: int = 0) -> np.ndarray:
   return np.repeat(np.arange(lengths.size), lengths)[:n].astype(np.int32)
 
 
+def image_spans(n: int, count: int, lo: int, hi: int, seed: int) -> np.ndarray:
+  """Image-token flags: `count` spans of `lo`-`hi` tokens at random places in `n` tokens."""
+  rng = np.random.default_rng(seed)
+  img = np.zeros(n, bool)
+  slots = n // (2 * hi)
+  for s in np.sort(rng.choice(slots, count, replace=False)) * (n // slots):
+    img[s:s + rng.integers(lo, hi + 1)] = True
+  return img
+
+
+def global_tokens(n: int, count: int, seed: int) -> np.ndarray:
+  rng = np.random.default_rng(seed)
+  g = np.zeros(n, bool)
+  g[rng.choice(n, count, replace=False)] = True
+  return g
+
+
+def operand_cases():
+  """(label, mask, operands(n, seed)) of issue 11's table; `causal` first as the baseline."""
+  return [
+      ("no operands", "causal", lambda n, s: {}),
+      ("2 image spans", "causal & chunk(8192) | bidirectional(img)",
+       lambda n, s: {"img": image_spans(n, 2, 1024, 4096, s)}),
+      ("64 image spans of 256-4096", "causal & chunk(8192) | bidirectional(img)",
+       lambda n, s: {"img": image_spans(n, 64, 256, 4096, s)}),
+      ("documents of 1K-8K", "causal & document(seg)",
+       lambda n, s: {"seg": packed_segments(n, s)}),
+      ("32 global tokens", "local(64, 64) | g[q] | g[k]",
+       lambda n, s: {"g": global_tokens(n, 32, s)}),
+      ("no operands", "causal & (q - k) % 4 == 0 & q - k < 4096", lambda n, s: {}),
+      ("documents, 64 image spans", "document(seg) & (causal | bidirectional(img))",
+       lambda n, s: {"seg": packed_segments(n, s), "img": image_spans(n, 64, 256, 4096, s)}),
+  ]
+
+
 def splash_mask(text: str, n: int, operands: dict) -> sm.Mask:
   shape = (n, n)
   if text == "causal":
@@ -78,9 +113,13 @@ def main() -> None:
   ap.add_argument("--lengths", default="8192,32768,131072")
   ap.add_argument("--splash-128k-all", action="store_true")
   ap.add_argument("--skip-splash", action="store_true")
+  ap.add_argument("--only-operands", action="store_true",
+                  help="run only the 1M-token table of masks with operands")
   args = ap.parse_args()
   lengths = [int(x) for x in args.lengths.split(",")]
   maskc.parse("causal")  # load the prelude outside the timings
+  if args.only_operands:
+    lengths = []
 
   print(f"# Static lowering, {args.block}x{args.block} tiles: maskc vs splash process_mask\n")
   print("| mask | tokens | maskc | splash | speed-up |")
@@ -114,6 +153,34 @@ def main() -> None:
     grid = bm.n_q_tiles * bm.n_kv_tiles
     print(f"| `{text}` | {fmt(dt)} | {peak / 2**20:.1f} MiB | {grid / 2**20:.0f} MiB (int8) |",
           flush=True)
+
+  print("\n# Masks with operands at 1M tokens, 128x128 tiles: cold (new operands each call)\n")
+  print("| mask (operands) | time | peak memory (tracemalloc) | vs causal |")
+  print("|---|---:|---:|---:|")
+  n = 1 << 20
+  base = None
+  for label, text, make in operand_cases():
+    best_t, best_m = float("inf"), 0
+    for seed in range(2):
+      operands = make(n, seed)
+      _lower._CACHE.clear()
+      tracemalloc.start()
+      t0 = time.perf_counter()
+      try:
+        maskc.compile(text, n, block_q=128, block_kv=128, operands=operands)
+      except maskc.MaskError as e:
+        tracemalloc.stop()
+        print(f"| `{text}` ({label}) | {type(e).__name__} | | |", flush=True)
+        break
+      dt = time.perf_counter() - t0
+      peak = tracemalloc.get_traced_memory()[1]
+      tracemalloc.stop()
+      if dt < best_t:
+        best_t, best_m = dt, peak
+    else:
+      base = base or best_t
+      print(f"| `{text}` ({label}) | {fmt(best_t)} | {best_m / 2**20:.1f} MiB | "
+            f"{best_t / base:.1f}x |", flush=True)
 
   print("\n# Traced path under jax.jit: `causal & document(seg)`, 32K tokens, batch 8\n")
   n, batch = 32768, 8

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from maskc import _ir as ir
+from maskc._operand_runs import RunTable
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -44,6 +45,7 @@ class Interval:
   dense: Any  # bool or bool array: every integer in [lo, hi] is attained
   axes: frozenset  # which positions the term depends on ("q", "k")
   source: tuple | None = None  # ("read", operand name) for a monotone-aware read
+  ok: Any = True  # bool or bool array: False where the bounds left the integer type (unknown)
 
 
 @dataclasses.dataclass
@@ -67,31 +69,37 @@ class Tables:
     self._sparse: dict[str, tuple] = {}
     self._prefix: dict[str, Any] = {}
     self._mono: dict[str, Any] = {}
+    self._runs: dict[str, RunTable] = {}
+
+  def run_table(self, name: str) -> RunTable:
+    """Static path: operand `name` (`[B, L]`) in run-length form."""
+    if name not in self._runs:
+      self._runs[name] = RunTable(self.arrays[name])
+    return self._runs[name]
 
   def sparse(self, name: str):
-    """Stacked sparse tables `(mins, maxs)`: `[J, B, L]`, level j covers 2**j entries."""
+    """Traced path: stacked sparse tables `(mins, maxs)`: `[J, B, L]`, level j covers 2**j."""
     if name not in self._sparse:
       xp = self.xp
       a = self.arrays[name]
-      if xp.__name__ == "numpy":
-        self._sparse[name] = _sparse_numpy(a)
-      else:
-        info = xp.iinfo(a.dtype)
-        mins, maxs = [a], [a]
-        span = 1
-        while 2 * span <= a.shape[-1]:
-          lo, hi = mins[-1], maxs[-1]
-          pad_lo = xp.full(lo.shape[:-1] + (span,), info.max, a.dtype)
-          pad_hi = xp.full(hi.shape[:-1] + (span,), info.min, a.dtype)
-          mins.append(xp.minimum(lo, xp.concatenate([lo[..., span:], pad_lo], axis=-1)))
-          maxs.append(xp.maximum(hi, xp.concatenate([hi[..., span:], pad_hi], axis=-1)))
-          span *= 2
-        self._sparse[name] = (xp.stack(mins), xp.stack(maxs))
+      info = xp.iinfo(a.dtype)
+      mins, maxs = [a], [a]
+      span = 1
+      while 2 * span <= a.shape[-1]:
+        lo, hi = mins[-1], maxs[-1]
+        pad_lo = xp.full(lo.shape[:-1] + (span,), info.max, a.dtype)
+        pad_hi = xp.full(hi.shape[:-1] + (span,), info.min, a.dtype)
+        mins.append(xp.minimum(lo, xp.concatenate([lo[..., span:], pad_lo], axis=-1)))
+        maxs.append(xp.maximum(hi, xp.concatenate([hi[..., span:], pad_hi], axis=-1)))
+        span *= 2
+      self._sparse[name] = (xp.stack(mins), xp.stack(maxs))
     return self._sparse[name]
 
   def range_min_max(self, name: str, b, lo, hi):
     """Min and max of operand `name` over indices `[lo, hi]` (clipped to its length)."""
     xp = self.xp
+    if xp.__name__ == "numpy":  # static: binary search over the operand's runs
+      return self.run_table(name).range_min_max(b, lo, hi)
     mins, maxs = self.sparse(name)
     length = mins.shape[-1]
     lo = xp.clip(lo, 0, length - 1)
@@ -106,14 +114,15 @@ class Tables:
     second = hi - (1 << j) + 1
     vmin = xp.minimum(mins[j, b, lo], mins[j, b, second])
     vmax = xp.maximum(maxs[j, b, lo], maxs[j, b, second])
-    if xp.__name__ == "numpy":  # tables may be int32; interval arithmetic stays in int64
-      return vmin.astype(np.int64), vmax.astype(np.int64)
     return vmin, vmax
 
   def monotone(self, name: str):
     """Per batch row: whether the operand is nondecreasing (`[B]` bool)."""
     if name not in self._mono:
       xp = self.xp
+      if xp.__name__ == "numpy":
+        self._mono[name] = self.run_table(name).monotone()
+        return self._mono[name]
       a = self.arrays[name]
       self._mono[name] = xp.all(a[..., 1:] >= a[..., :-1], axis=-1)
     return self._mono[name]
@@ -130,27 +139,6 @@ class Tables:
     return self._prefix[name]
 
 
-def _sparse_numpy(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Sparse tables filled in place, in int32 when the values fit (half the memory traffic)."""
-  if a.size and np.iinfo(np.int32).min <= a.min() and a.max() <= np.iinfo(np.int32).max:
-    a = a.astype(np.int32)
-  length = a.shape[-1]
-  levels = max(1, length.bit_length())
-  mins = np.empty((levels,) + a.shape, a.dtype)
-  maxs = np.empty_like(mins)
-  mins[0] = maxs[0] = a
-  info = np.iinfo(a.dtype)
-  for j in range(1, levels):
-    span = 1 << (j - 1)
-    mins[j, ..., :length - span] = np.minimum(mins[j - 1, ..., :length - span],
-                                              mins[j - 1, ..., span:])
-    maxs[j, ..., :length - span] = np.maximum(maxs[j - 1, ..., :length - span],
-                                              maxs[j - 1, ..., span:])
-    mins[j, ..., length - span:] = info.max
-    maxs[j, ..., length - span:] = info.min
-  return mins, maxs
-
-
 class Analyzer:
   """Analyzes one mask over many rectangles at once.
 
@@ -161,15 +149,20 @@ class Analyzer:
     b: batch row of each rectangle (array) or 0.
   """
 
-  def __init__(self, xp, tables: Tables, ql, qh, kl, kh, b=0):
+  def __init__(self, xp, tables: Tables, ql, qh, kl, kh, b=0, pos_ok=True):
     self.xp, self.tables = xp, tables
     self.ql, self.qh, self.kl, self.kh, self.b = ql, qh, kl, kh, b
+    self.pos_ok = pos_ok  # False where the positions themselves left the integer type
+    self.info = np.iinfo(xp.asarray(0).dtype)  # int64, or int32 under jit without x64
     self.memo: dict[int, Any] = {}
 
   def truth(self, m: ir.Mask) -> Truth3:
     key = id(m)
     if key not in self.memo:
-      self.memo[key] = self._truth(m)
+      # Bounds that leave the integer type are detected and made unknown below; the
+      # wrapped values computed on the way are never used, so NumPy need not warn.
+      with np.errstate(over="ignore", invalid="ignore"):
+        self.memo[key] = self._truth(m)
     return self.memo[key]
 
   def term(self, t: ir.Term) -> Interval:
@@ -179,14 +172,27 @@ class Analyzer:
     return self.memo[key]
 
   # ------------------------------------------------------------------ terms
+  #
+  # Interval ends are computed in the analysis' integer type. Every operation that
+  # could leave it checks its operands' ends first and marks the result not `ok`
+  # where it could; comparisons with a not-ok side are PARTIAL and never certain,
+  # which is sound whatever the exact values are.
+
+  def _fits(self, v: int) -> bool:
+    return self.info.min <= v <= self.info.max
+
+  def _unknown(self, axes, like=None) -> Interval:
+    return Interval(0, 0, False, False, axes, None, False)
 
   def _term(self, t: ir.Term) -> Interval:
     xp = self.xp
     if isinstance(t, ir.Const):
+      if not self._fits(t.value):
+        return self._unknown(frozenset())
       return Interval(t.value, t.value, True, True, frozenset())
     if isinstance(t, ir.Pos):
       if t.axis == "q":
-        return Interval(self.ql, self.qh, True, True, frozenset("q"))
+        return Interval(self.ql, self.qh, True, True, frozenset("q"), None, self.pos_ok)
       return Interval(self.kl, self.kh, True, True, frozenset("k"))
     if isinstance(t, ir.Scalar):
       v = self.tables.arrays[t.name][self.b]
@@ -194,57 +200,100 @@ class Analyzer:
     if isinstance(t, ir.Read):
       idx = self.term(t.index)
       name = f"runs({t.operand.name})" if t.runs else t.operand.name
-      lo, hi = self.tables.range_min_max(name, self.b, idx.lo, idx.hi)
-      tight = idx.dense
+      # An unknown index still reads an operand value: bound it by the whole operand.
+      i_lo = _where(xp, idx.ok, idx.lo, 0)
+      i_hi = _where(xp, idx.ok, idx.hi, self.info.max)
+      lo, hi = self.tables.range_min_max(name, self.b, i_lo, i_hi)
+      # A read that is constant over the rectangle is one attained value: tight and dense.
+      point = lo == hi
+      dense_idx = _and(xp, True, idx.dense, idx.ok)
+      tight = xp.logical_or(dense_idx, point) if dense_idx is not True else True
       source = ("read", name) if not t.runs else None
-      return Interval(lo, hi, tight, False, idx.axes, source if _is_true(idx.dense) else None)
+      return Interval(lo, hi, tight, point, idx.axes, source if _is_true(dense_idx) else None)
     if isinstance(t, ir.PairRead):
       a = self.tables.arrays[t.operand.name]
       lo, hi = xp.min(a, axis=(-2, -1))[self.b], xp.max(a, axis=(-2, -1))[self.b]
       axes = self.term(t.q_index).axes | self.term(t.k_index).axes
       return Interval(lo, hi, False, False, axes)
     if isinstance(t, ir.Neg):
-      a = self.term(t.arg)
-      return Interval(-a.hi, -a.lo, a.tight, a.dense, a.axes)
+      return self._neg(self.term(t.arg))
     if isinstance(t, ir.Arith):
       return self._arith(t)
     if isinstance(t, ir.Fn):
       return self._fn(t)
     raise TypeError(f"cannot analyze term {type(t).__name__}")
 
+  def _neg(self, a: Interval) -> Interval:
+    ok = _and(self.xp, True, a.ok, _gt(self.xp, a.lo, self.info.min))
+    return Interval(-a.hi, -a.lo, a.tight, a.dense, a.axes, None, ok)
+
+  def _add(self, x, y):
+    """`x + y` and whether it did not wrap."""
+    if isinstance(x, int) and isinstance(y, int):
+      r = x + y
+      return (r, True) if self._fits(r) else (0, False)
+    xp = self.xp
+    x, y = xp.asarray(x), xp.asarray(y)
+    r = x + y
+    return r, (((x ^ r) & (y ^ r)) >= 0)
+
   def _arith(self, t: ir.Arith) -> Interval:
     xp = self.xp
     a, b = self.term(t.lhs), self.term(t.rhs)
     if t.op in "+-":
       if t.op == "-":
-        b = Interval(-b.hi, -b.lo, b.tight, b.dense, b.axes)
+        b = self._neg(b)
       independent = not (a.axes & b.axes)
-      return Interval(a.lo + b.lo, a.hi + b.hi, _and(xp, independent, a.tight, b.tight),
-                      _and(xp, independent, a.dense, b.dense), a.axes | b.axes)
+      lo, ok_lo = self._add(a.lo, b.lo)
+      hi, ok_hi = self._add(a.hi, b.hi)
+      return Interval(lo, hi, _and(xp, independent, a.tight, b.tight),
+                      _and(xp, independent, a.dense, b.dense), a.axes | b.axes, None,
+                      _and(xp, True, a.ok, b.ok, ok_lo, ok_hi))
     if t.op == "*":
       const, other = (t.lhs, b) if isinstance(t.lhs, ir.Const) else (t.rhs, a)
       c = const.value
+      if c == 0:
+        return Interval(0, 0, True, True, other.axes)
+      if not self._fits(c):
+        return self._unknown(other.axes)
+      lim = self.info.max // abs(c)
+      ok = _and(xp, True, other.ok, _ge(xp, other.lo, -lim), _ge(xp, lim, other.hi))
       lo, hi = (other.lo * c, other.hi * c) if c >= 0 else (other.hi * c, other.lo * c)
-      return Interval(lo, hi, other.tight, _and(xp, abs(c) <= 1, other.dense), other.axes)
+      return Interval(lo, hi, other.tight, _and(xp, abs(c) <= 1, other.dense), other.axes, None,
+                      ok)
     c = t.rhs.value
     if t.op == "//":
+      if not self._fits(c):  # |c| beyond every value: the quotient is -1 or 0
+        return Interval(-1, 0, False, False, a.axes)
       lo, hi = xp.floor_divide(a.lo, c), xp.floor_divide(a.hi, c)
       if c < 0:
         lo, hi = hi, lo
-      return Interval(lo, hi, a.tight, a.dense, a.axes)
+      ok = a.ok if c != -1 else _and(xp, True, a.ok, _gt(xp, a.lo, self.info.min))
+      return Interval(lo, hi, a.tight, a.dense, a.axes, None, ok)
     # `%`: Python semantics, the result takes the divisor's sign.
     m = abs(c)
+    if not self._fits(m) or a.ok is False:
+      lo, hi = (0, m - 1) if c > 0 else (-(m - 1), 0)
+      if self._fits(m):
+        return Interval(lo, hi, False, False, a.axes)
+      return self._unknown(a.axes)
     if c > 0:
-      x_lo, x_hi = a.lo, a.hi
+      x_lo, x_hi, x_ok = a.lo, a.hi, a.ok
     else:
-      x_lo, x_hi = -a.hi, -a.lo
+      x = self._neg(a)
+      x_lo, x_hi, x_ok = x.lo, x.hi, x.ok
     r_lo, r_hi = xp.mod(x_lo, m), xp.mod(x_hi, m)
-    covers = (x_hi - x_lo + 1) >= m
+    # `x_hi - x_lo + 1 >= m` without leaving the type
+    room = _ge(xp, self.info.max - (m - 1), x_lo)
+    covers = xp.logical_and(room, x_hi >= _where(xp, room, x_lo, self.info.min) + (m - 1))
+    covers = xp.logical_or(covers, xp.logical_not(xp.asarray(x_ok)))  # unknown: any residue
     no_wrap = xp.logical_and(xp.logical_not(covers), r_lo <= r_hi)
     lo = xp.where(no_wrap, r_lo, 0)
     hi = xp.where(no_wrap, r_hi, m - 1)
-    tight = xp.where(no_wrap, a.tight, a.dense)
-    dense = xp.where(no_wrap, a.dense, xp.logical_and(covers, a.dense))
+    x_dense = _and(xp, True, a.dense, x_ok)
+    x_tight = _and(xp, True, a.tight, x_ok)
+    tight = xp.where(no_wrap, x_tight, x_dense)
+    dense = xp.where(no_wrap, x_dense, xp.logical_and(covers, x_dense))
     if c < 0:
       lo, hi = -hi, -lo
     return Interval(lo, hi, tight, dense, a.axes)
@@ -260,17 +309,19 @@ class Analyzer:
       hi = xp.where(pos, a.hi, xp.where(neg, -a.lo, xp.maximum(-a.lo, a.hi)))
       straddle = xp.logical_not(xp.logical_or(pos, neg))
       tight = xp.where(straddle, a.dense, a.tight)
-      return Interval(lo, hi, tight, a.dense, a.axes)
+      ok = _and(xp, True, a.ok, _gt(xp, a.lo, self.info.min))
+      return Interval(lo, hi, tight, a.dense, a.axes, None, ok)
     pick = xp.minimum if t.name == "min" else xp.maximum
     lo, hi, axes = args[0].lo, args[0].hi, args[0].axes
-    tight, dense = args[0].tight, args[0].dense
+    tight, dense, ok = args[0].tight, args[0].dense, args[0].ok
     for a in args[1:]:
       independent = not (axes & a.axes)
       lo, hi = pick(lo, a.lo), pick(hi, a.hi)
       tight = _and(xp, independent, tight, a.tight)
       dense = _and(xp, independent, dense, a.dense)
+      ok = _and(xp, True, ok, a.ok)
       axes = axes | a.axes
-    return Interval(lo, hi, tight, dense, axes)
+    return Interval(lo, hi, tight, dense, axes, None, ok)
 
   # ------------------------------------------------------------------ predicates
 
@@ -302,12 +353,13 @@ class Analyzer:
     xp = self.xp
     a, b = self.term(lhs), self.term(rhs)
     independent = not (a.axes & b.axes)
-    lo, hi = a.lo - b.hi, a.hi - b.lo  # the difference lhs - rhs
     tight = _and(xp, independent, a.tight, b.tight)
     dense = _and(xp, independent, a.dense, b.dense)
+    ok = _and(xp, True, a.ok, b.ok)
+    # Compared end to end, never subtracted: `a.lo - b.hi` could leave the type.
     if op in ("==", "!="):
-      eq_full = xp.logical_and(lo == 0, hi == 0)
-      eq_empty = xp.logical_or(lo > 0, hi < 0)
+      eq_full = xp.logical_and(xp.logical_and(a.lo == a.hi, b.lo == b.hi), a.lo == b.lo)
+      eq_empty = xp.logical_or(a.hi < b.lo, a.lo > b.hi)
       certain = dense
       if (a.source is not None and a.source == b.source and independent):
         # Both sides read one nondecreasing operand over whole index ranges: the
@@ -317,16 +369,16 @@ class Analyzer:
       state = xp.where(eq_full, FULL, xp.where(eq_empty, EMPTY, PARTIAL))
       if op == "!=":
         state = FULL - state
-      return Truth3(state, certain)
+      return _unless_ok(xp, ok, state, certain)
     if op == "<":
-      full, empty = hi < 0, lo >= 0
+      full, empty = a.hi < b.lo, a.lo >= b.hi
     elif op == "<=":
-      full, empty = hi <= 0, lo > 0
+      full, empty = a.hi <= b.lo, a.lo > b.hi
     elif op == ">":
-      full, empty = lo > 0, hi <= 0
+      full, empty = a.lo > b.hi, a.hi <= b.lo
     else:
-      full, empty = lo >= 0, hi < 0
-    return Truth3(xp.where(full, FULL, xp.where(empty, EMPTY, PARTIAL)), tight)
+      full, empty = a.lo >= b.hi, a.hi < b.lo
+    return _unless_ok(xp, ok, xp.where(full, FULL, xp.where(empty, EMPTY, PARTIAL)), tight)
 
   def _operand_truth(self, r: ir.Term) -> Truth3:
     xp = self.xp
@@ -343,6 +395,13 @@ class Analyzer:
       state = xp.where(count == 0, EMPTY, xp.where(count == area, FULL, PARTIAL))
       return Truth3(state, _and(xp, True, qi.dense, ki.dense))
     v = self.term(r)
+    if v.ok is not True:
+      t = self._operand_truth_known(v)
+      return _unless_ok(xp, v.ok, t.state, t.certain)
+    return self._operand_truth_known(v)
+
+  def _operand_truth_known(self, v: Interval) -> Truth3:
+    xp = self.xp
     all_nonzero = xp.logical_or(v.lo > 0, v.hi < 0)
     all_zero = xp.logical_and(v.lo == 0, v.hi == 0)
     state = xp.where(all_nonzero, FULL, xp.where(all_zero, EMPTY, PARTIAL))
@@ -367,6 +426,35 @@ class Analyzer:
 
 def _is_true(x) -> bool:
   return x is True
+
+
+def _where(xp, cond, a, b):
+  if cond is True:
+    return a
+  if cond is False:
+    return b
+  return xp.where(cond, a, b)
+
+
+def _gt(xp, a, b):
+  if isinstance(a, int) and isinstance(b, int):
+    return a > b
+  return xp.asarray(a) > b
+
+
+def _ge(xp, a, b):
+  if isinstance(a, int) and isinstance(b, int):
+    return a >= b
+  return xp.asarray(a) >= xp.asarray(b)
+
+
+def _unless_ok(xp, ok, state, certain) -> Truth3:
+  """The verdict where the compared bounds are known; PARTIAL, not certain, elsewhere."""
+  if ok is True:
+    return Truth3(state, certain)
+  if ok is False:
+    return Truth3(PARTIAL, False)
+  return Truth3(xp.where(ok, state, PARTIAL), _and(xp, True, certain, ok))
 
 
 def _and(xp, flag: bool, *arrays):

@@ -171,14 +171,22 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
 
 
 def _check_reads(m: ir.Mask, shape: Shape, ops: Operands) -> None:
-  """Raises when a read would index an operand outside its length."""
+  """Raises when a read would index an operand outside its length.
+
+  The bounds of each index come from range analysis over the whole shape (one
+  rectangle: no per-token array). Only when those bounds are not attained
+  (`tight`) and leave the operand are the indices evaluated, in chunks.
+  """
   if not shape.static:
     return
-  qpos = np.arange(shape.q_len, dtype=np.int64) + shape.q_offset
-  kpos = np.arange(shape.kv_len, dtype=np.int64)
   scalars = {n: a for n, a in ops.arrays.items() if a.ndim == 1}
   if any(is_traced(a) for a in scalars.values()):
     return
+  from maskc._analysis import Analyzer, Tables
+  q0, q1 = shape.q_offset, shape.q_offset + shape.q_len - 1
+  nb = ops.batch or 1
+  batch = np.arange(nb) if ops.batch else 0
+  analyzer = Analyzer(np, Tables(np, scalars), q0, q1, 0, shape.kv_len - 1, batch)
   for n in ir.walk(m):
     if isinstance(n, ir.Read):
       checks = [(n.index, n.operand.name, -1, "")]
@@ -192,20 +200,50 @@ def _check_reads(m: ir.Mask, shape: Shape, ops: Operands) -> None:
              for x in ir.walk(index)):
         continue
       axes = ir.positions_of(index)
-      pos = qpos if "q" in axes else kpos
-      batch = np.arange(ops.batch or 1)[:, None]
-      env = Env(np, pos[None, :], pos[None, :], scalars, batch if ops.batch else 0)
-      values = np.asarray(evaluate(index, env))
       length = ops.arrays[name].shape[axis]
-      lo, hi = int(values.min()), int(values.max())
+      bounds = _index_bounds(analyzer, index)
+      if bounds is not None and bounds[0] >= 0 and bounds[1] < length:
+        continue  # sound bounds inside the operand: every index is
+      if bounds is None or not bounds[2]:  # not attained: the exact range, in chunks
+        lo, hi = _evaluated_bounds(index, shape, axes, scalars, batch)
+      else:
+        lo, hi = bounds[0], bounds[1]
       if lo < 0 or hi >= length:
-        where = (f"positions q in [{int(qpos[0])}, {int(qpos[-1])}]" if "q" in axes
+        where = (f"positions q in [{q0}, {q1}]" if "q" in axes
                  else f"positions k in [0, {shape.kv_len - 1}]")
         raise OperandError(
             f"operand `{name}` has length {length} on its {which}axis, but the mask reads "
             f"`{n}` at indices {lo}..{hi} (for {where})",
             hint=f"Give `{name}` at least {hi + 1} entries on that axis"
                  if lo >= 0 else "Indices below 0 cannot be read; check the offset.")
+
+
+def _index_bounds(analyzer, index: ir.Term) -> tuple[int, int, bool] | None:
+  """`(lo, hi, attained)` of an index over the shape by range analysis, or None if unknown."""
+  try:
+    with np.errstate(over="ignore", invalid="ignore"):
+      t = analyzer.term(index)
+  except (KeyError, TypeError, OverflowError):
+    return None  # reads another per-token operand, or beyond the analysis' type
+  ok = np.all(np.asarray(t.ok))
+  if not ok:
+    return None
+  return (int(np.min(t.lo)), int(np.max(t.hi)), bool(np.all(np.asarray(t.tight))))
+
+
+def _evaluated_bounds(index: ir.Term, shape: Shape, axes, scalars, batch,
+                      chunk: int = 1 << 20) -> tuple[int, int]:
+  """Exact min and max of an index over the positions of its axis, evaluated in chunks."""
+  n = shape.q_len if "q" in axes else shape.kv_len
+  start = shape.q_offset if "q" in axes else 0
+  lo, hi = None, None
+  b = batch[:, None] if not np.isscalar(batch) else 0
+  for s0 in range(0, n, chunk):
+    pos = (np.arange(s0, min(n, s0 + chunk), dtype=np.int64) + start)[None, :]
+    values = np.asarray(evaluate(index, Env(np, pos, pos, scalars, b)))
+    lo = int(values.min()) if lo is None else min(lo, int(values.min()))
+    hi = int(values.max()) if hi is None else max(hi, int(values.max()))
+  return lo, hi
 
 
 class ComputableMask(_splash.Mask):

@@ -32,19 +32,42 @@ from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._bind import Operands, Shape, _int, as_mask, prepare_operands
 from maskc._blockmap import BlockMap
 from maskc._compile_predicate import compile_predicate, conjuncts, segment_conjunct
-from maskc._errors import MaskTypeError, MaskValueError
+from maskc._errors import MaskLimitError, MaskTypeError, MaskValueError
 from maskc._evaluate import Env, evaluate_mask
+from maskc._operand_runs import Pieces, line_pieces, reads_at
 from maskc._tiles import Runs, run_lengths, runs_from_grid
 
 _CACHE: "collections.OrderedDict[Any, BlockMap]" = collections.OrderedDict()
 _CACHE_SIZE = 32
-_EVAL_CHUNK = 1 << 22  # elements evaluated at once when refining tiles
+_EVAL_CHUNK = 1 << 18  # elements evaluated at once when refining tiles
+_PIECE_CHUNK = 1 << 16  # rectangles analysed at once when refining tiles
+MEMORY_BUDGET = 256 << 20  # default bytes a lowering may allocate beyond its operands
+_ITEM_BYTES = 256  # working memory per rectangle analysed at once (intervals, flags, indices)
+
+
+class _Budget:
+  """The memory a lowering may use; `charge` raises `MaskLimitError` before going over."""
+
+  def __init__(self, limit: int):
+    self.limit = limit
+
+  def charge(self, nbytes: int, what: str) -> None:
+    if nbytes > self.limit:
+      raise MaskLimitError(
+          f"lowering needs about {nbytes / 2**20:,.1f} MiB for {what}, over the memory budget "
+          f"of {self.limit / 2**20:,.1f} MiB",
+          hint="Use larger tiles (block_q, block_kv), fewer or shorter operand runs, or raise "
+               "`memory_budget=` in maskc.compile.")
+
+  def items(self, per_item: int) -> int:
+    """How many items of `per_item` bytes fit in the budget (at least 1)."""
+    return max(1, self.limit // max(1, per_item))
 
 
 def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 128,
             block_kv: int = 128, q_offset: int | None = None,
             operands: dict[str, Any] | None = None, exact: bool = False,
-            refine_budget: int | None = None) -> BlockMap:
+            refine_budget: int | None = None, memory_budget: int | None = None) -> BlockMap:
   """Lowers a mask to block-sparsity metadata.
 
   Args:
@@ -61,6 +84,10 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
     refine_budget: traced path only: at most how many ambiguous tiles to refine by
       evaluation (default: all, so the map equals the static one); tiles beyond
       it stay PARTIAL, which is still sound.
+    memory_budget: bytes the lowering may allocate beyond its operands and result
+      (default `maskc._lower.MEMORY_BUDGET`, 256 MiB). Work is done in chunks that
+      fit; a lowering that cannot fit raises `MaskLimitError` instead of running
+      out of memory.
 
   Returns:
     A `BlockMap`. Static results are cached by (masks, shape, tiles, operand bytes).
@@ -71,16 +98,18 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
   """
   block_q = _int("block_q", block_q, minimum=1)
   block_kv = _int("block_kv", block_kv, minimum=1)
+  budget = _Budget(MEMORY_BUDGET if memory_budget is None else
+                   _int("memory_budget", memory_budget, minimum=1))
   bound = bind_masks(mask, q_len, kv_len, q_offset=q_offset, operands=operands)
   refine = [exact or ir.is_prelude_only(m) for m in bound.masks]
   if bound.traced:
-    return _compile_dynamic(bound, block_q, block_kv, refine, refine_budget)
+    return _compile_dynamic(bound, block_q, block_kv, refine, refine_budget, budget)
   key = (bound.masks, bound.head_index, bound.q_len, bound.kv_len, bound.q_offset, block_q,
          block_kv, tuple(refine), tuple(p.static_bytes() for p in bound.prepared))
   if key in _CACHE:
     _CACHE.move_to_end(key)
     return _CACHE[key]
-  bm = _compile_static(bound, block_q, block_kv, refine)
+  bm = _compile_static(bound, block_q, block_kv, refine, budget)
   _CACHE[key] = bm
   if len(_CACHE) > _CACHE_SIZE:
     _CACHE.popitem(last=False)
@@ -173,6 +202,13 @@ class _Tile:
     self.shape, self.bq, self.bk = shape, block_q, block_kv
     self.nq = -(-shape.q_len // block_q)
     self.nk = -(-shape.kv_len // block_kv)
+    # Whether every query position fits the integer type the analysis computes in
+    # (int32 for a traced offset): where not, the analysis treats `q` as unknown.
+    if shape.static:
+      self.pos_ok = True
+    else:
+      top = int(np.iinfo(jnp.asarray(0).dtype).max) - (shape.q_len - 1)
+      self.pos_ok = shape.q_offset <= top
 
   def q_bounds(self, a, z):
     lo = a * self.bq
@@ -228,7 +264,8 @@ def _subdivide(m: ir.Mask, geo: _Tile, tables: Tables, xp, b, i, j, parts: int):
   kh = xp.broadcast_to(k_hi[:, None, :], shape)
   real = (qh >= ql) & (kh >= kl)
   bb = xp.broadcast_to(b[:, None, None], shape) if not np.isscalar(b) else 0
-  t = Analyzer(xp, tables, ql, xp.maximum(qh, ql), kl, xp.maximum(kh, kl), bb).truth(m)
+  t = Analyzer(xp, tables, ql, xp.maximum(qh, ql), kl, xp.maximum(kh, kl), bb,
+               geo.pos_ok).truth(m)
   state = xp.broadcast_to(xp.asarray(t.state), shape)
   certain = xp.broadcast_to(xp.asarray(t.certain, bool), shape) & (state == PARTIAL)
   has_true = xp.any(real & ((state == FULL) | certain), axis=(1, 2))
@@ -240,54 +277,176 @@ def _subdivide(m: ir.Mask, geo: _Tile, tables: Tables, xp, b, i, j, parts: int):
   return out, ambiguous
 
 
-def _decide_tiles(m: ir.Mask, geo: _Tile, tables: Tables, b, i, j):
-  """Exact states of ambiguous tiles: by finer analysis where it suffices, else by evaluation."""
+def _combine_pieces(item, n_items: int, state, certain):
+  """Per item, from its pieces' states: (state, has a true and a false position in every tile).
+
+  Also returns whether each item holds a true and a false position somewhere
+  (`mixed`), which decides single tiles.
+  """
+  state = np.broadcast_to(np.asarray(state, np.int8), item.shape)
+  certain = np.broadcast_to(np.asarray(certain, bool), item.shape) & (state == PARTIAL)
+  count = np.bincount(item, minlength=n_items)
+  full = np.bincount(item, weights=state == FULL, minlength=n_items)
+  empty = np.bincount(item, weights=state == EMPTY, minlength=n_items)
+  sure = np.bincount(item, weights=certain, minlength=n_items)
+  out = np.where(full == count, FULL, np.where(empty == count, EMPTY, PARTIAL)).astype(np.int8)
+  # A piece spans its item's whole run along the other axis: a FULL piece puts a
+  # true position in every tile of the run, an EMPTY piece a false one.
+  uniform = (full > 0) & (empty > 0)
+  mixed = (full + sure > 0) & (empty + sure > 0)
+  return out, uniform, mixed
+
+
+def _decide_by_pieces(m: ir.Mask, geo: _Tile, tables: Tables, b, i, j, pieces, nb: int):
+  """States of tiles `(b, i, j)` from their operand pieces; and whether each stays ambiguous."""
+  row_pieces, col_pieces = pieces
+  bb = b if not np.isscalar(b) else np.zeros_like(i)
+  fq, fk = bb * geo.nq + i, bb * geo.nk + j
+  item, qlo, qhi = row_pieces.expand(fq)
+  nk = col_pieces.count[fk][item]
+  item2 = np.repeat(item, nk)
+  offset = np.arange(item2.size) - np.repeat(np.cumsum(nk) - nk, nk)
+  kp = col_pieces.first[fk][item2] + offset
+  ql, qh = np.repeat(qlo, nk), np.repeat(qhi, nk)
+  t = Analyzer(np, tables, ql, qh, col_pieces.lo[kp], col_pieces.hi[kp],
+               bb[item2] if nb > 1 else 0).truth(m)
+  out, _, mixed = _combine_pieces(item2, i.size, t.state, t.certain)
+  return out, (out == PARTIAL) & ~mixed
+
+
+def _decide_tiles(m: ir.Mask, geo: _Tile, tables: Tables, b, i, j, budget: _Budget,
+                  pieces=None, nb: int = 1):
+  """Exact states of ambiguous tiles: by finer analysis where it suffices, else by evaluation.
+
+  Finer analysis first cuts tiles at their operands' changes (exact for prelude
+  masks), then into 4 x 4 and 16 x 16 sub-rectangles; tiles still undecided are
+  evaluated. Every step works in chunks that fit the memory budget.
+  """
   out = np.full(i.shape, PARTIAL, np.int8)
   todo = np.ones(i.shape, bool)
+  chunk_items = min(_PIECE_CHUNK, budget.items(_ITEM_BYTES))
+  if pieces is not None:
+    per_tile = max(1, int(pieces[0].count.max()) * int(pieces[1].count.max()))
+    step = max(1, chunk_items // per_tile)
+    for s0 in range(0, i.size, step):
+      sl = slice(s0, s0 + step)
+      state, ambiguous = _decide_by_pieces(m, geo, tables, b[sl] if not np.isscalar(b) else 0,
+                                           i[sl], j[sl], pieces, nb)
+      out[sl] = state
+      todo[sl] = ambiguous
   for parts in (4, 16):
     if not todo.any() or parts > max(geo.bq, geo.bk):
       break
     idx = np.flatnonzero(todo)
-    bb = b[idx] if not np.isscalar(b) else 0
-    state, ambiguous = _subdivide(m, geo, tables, np, bb, i[idx], j[idx], parts)
-    out[idx] = state
-    todo[idx] = ambiguous
+    step = max(1, chunk_items // (parts * parts))
+    for s0 in range(0, idx.size, step):
+      sub = idx[s0:s0 + step]
+      bb = b[sub] if not np.isscalar(b) else 0
+      state, ambiguous = _subdivide(m, geo, tables, np, bb, i[sub], j[sub], parts)
+      out[sub] = state
+      todo[sub] = ambiguous
   idx = np.flatnonzero(todo)
   if idx.size:
+    budget.charge(min(_EVAL_CHUNK, geo.bq * geo.bk) * 64, "evaluating a tile")
     out[idx] = _evaluate_tiles(m, geo, tables, np, b[idx] if not np.isscalar(b) else 0, i[idx],
                                j[idx])
   return out
 
 
-def _frontier(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, along_rows: bool):
-  """Decided runs `(b, line, a, z, state, ambiguous)` covering every line of tiles."""
+def _frontier(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, along_rows: bool,
+              budget: _Budget, pieces: Pieces | None = None, by_pieces: bool = False,
+              cuts: np.ndarray | None = None):
+  """Decided runs `(b, line, a, z, state, ambiguous)` covering every line of tiles.
+
+  Runs start as whole lines (cut before and after each tile of `cuts`, the
+  tiles along the line where an operand changes, when given) and PARTIAL ones
+  are bisected, a bounded chunk of runs at a time. With `pieces` (lines cut at
+  their operands' changes), a run is also decided when one piece is FULL and
+  another EMPTY over it: every tile of the run is then PARTIAL, so the run needs
+  no bisection. With `by_pieces` the states come from the pieces, which is exact
+  where the whole tile's analysis is not.
+  """
   n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
   nb = batch or 1
-  line = np.tile(np.arange(n_lines, dtype=np.int64), nb)
-  b = np.repeat(np.arange(nb, dtype=np.int64), n_lines)
-  a = np.zeros_like(line)
-  z = np.full_like(line, n_span)
+  bounds = np.asarray([0, n_span], np.int64)
+  if cuts is not None and cuts.size:
+    bounds = np.unique(np.concatenate([bounds, cuts, cuts + 1]))
+    bounds = bounds[(bounds >= 0) & (bounds <= n_span)]
+  per_line = bounds.size - 1
+  use_pieces = pieces is not None and pieces.cut
+  chunk = max(1, min(1 << 16, budget.items(_ITEM_BYTES * (2 if use_pieces else 1))))
+  budget.charge(nb * n_lines * per_line * 40, "the initial runs")
+  line = np.tile(np.repeat(np.arange(n_lines, dtype=np.int64), per_line), nb)
+  b = np.repeat(np.arange(nb, dtype=np.int64), n_lines * per_line)
+  a = np.tile(bounds[:-1], nb * n_lines)
+  z = np.tile(bounds[1:], nb * n_lines)
+  pending = [(b, line, a, z)]
   done = []
-  while line.size:
-    if along_rows:
-      ql, qh = geo.q_bounds(line, line + 1)
-      kl, kh = geo.k_bounds(a, z)
-    else:
-      ql, qh = geo.q_bounds(a, z)
-      kl, kh = geo.k_bounds(line, line + 1)
-    t = Analyzer(np, tables, ql, qh, kl, kh, b if batch else 0).truth(m)
-    state = np.broadcast_to(np.asarray(t.state, np.int8), line.shape)
-    certain = np.broadcast_to(np.asarray(t.certain, bool), line.shape)
+  while pending:
+    b, line, a, z = pending.pop()
+    if line.size > chunk:  # split the work, not the runs: bounded memory per step
+      pending.append((b[chunk:], line[chunk:], a[chunk:], z[chunk:]))
+      b, line, a, z = b[:chunk], line[:chunk], a[:chunk], z[:chunk]
     single = (z - a) == 1
-    fin = (state != PARTIAL) | single
+    if use_pieces and by_pieces:
+      state, certain, uniform = _frontier_pieces(m, geo, tables, batch, along_rows, pieces,
+                                                 b, line, a, z)
+    else:
+      state, certain = _analyse_runs(m, geo, tables, batch, along_rows, b, line, a, z)
+      uniform = np.zeros(line.shape, bool)
+      if use_pieces:
+        sel = np.flatnonzero((state == PARTIAL) & ~single)
+        if sel.size:
+          _, _, uni = _frontier_pieces(m, geo, tables, batch, along_rows, pieces, b[sel],
+                                       line[sel], a[sel], z[sel])
+          uniform[sel] = uni
+    fin = (state != PARTIAL) | single | uniform
     done.append((b[fin], line[fin], a[fin], z[fin], state[fin], (~certain[fin]) &
-                 (state[fin] == PARTIAL)))
+                 (state[fin] == PARTIAL) & ~uniform[fin]))
     split = ~fin
-    mid = (a[split] + z[split]) // 2
-    line = np.concatenate([line[split], line[split]])
-    b = np.concatenate([b[split], b[split]])
-    a, z = np.concatenate([a[split], mid]), np.concatenate([mid, z[split]])
+    if split.any():
+      mid = (a[split] + z[split]) // 2
+      pending.append((np.concatenate([b[split], b[split]]),
+                      np.concatenate([line[split], line[split]]),
+                      np.concatenate([a[split], mid]), np.concatenate([mid, z[split]])))
   return [np.concatenate(c) for c in zip(*done)]
+
+
+def _change_tiles(pieces: Pieces, nb: int, limit: int = 64) -> np.ndarray | None:
+  """Tiles (indices along a line) where an operand read along that axis changes, if few."""
+  n = pieces.count.size // nb
+  changed = np.flatnonzero((pieces.count > 1).reshape(nb, n).any(axis=0))
+  return changed if 0 < changed.size <= limit else None
+
+
+def _analyse_runs(m, geo: _Tile, tables: Tables, batch, along_rows: bool, b, line, a, z):
+  """(state, certain) of runs `[a, z)` of tiles on lines `line`, by whole-rectangle analysis."""
+  if along_rows:
+    ql, qh = geo.q_bounds(line, line + 1)
+    kl, kh = geo.k_bounds(a, z)
+  else:
+    ql, qh = geo.q_bounds(a, z)
+    kl, kh = geo.k_bounds(line, line + 1)
+  t = Analyzer(np, tables, ql, qh, kl, kh, b if batch else 0).truth(m)
+  state = np.broadcast_to(np.asarray(t.state, np.int8), line.shape)
+  certain = np.broadcast_to(np.asarray(t.certain, bool), line.shape)
+  return state, certain
+
+
+def _frontier_pieces(m, geo: _Tile, tables: Tables, batch, along_rows: bool, pieces: Pieces,
+                     b, line, a, z):
+  """(state, certain, uniform) of runs from the pieces of their lines (see `_combine_pieces`)."""
+  n_lines = geo.nq if along_rows else geo.nk
+  item, plo, phi = pieces.expand(b * n_lines + line)
+  if along_rows:
+    kl, kh = geo.k_bounds(a[item], z[item])
+    ql, qh = plo, phi
+  else:
+    ql, qh = geo.q_bounds(a[item], z[item])
+    kl, kh = plo, phi
+  t = Analyzer(np, tables, ql, qh, kl, kh, b[item] if batch else 0).truth(m)
+  state, uniform, mixed = _combine_pieces(item, line.size, t.state, t.certain)
+  return state, mixed, uniform
 
 
 def _pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
@@ -326,25 +485,55 @@ class _StaticRuns:
   them. Tiles refined for the rows are remembered, so the columns reuse them.
   """
 
-  def __init__(self, m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, refine: bool):
+  def __init__(self, m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, refine: bool,
+               budget: _Budget | None = None):
     self.m, self.geo, self.tables, self.batch, self.refine = m, geo, tables, batch, refine
-    self.refined: dict[tuple[int, int, int], int] = {}
+    self.budget = budget or _Budget(MEMORY_BUDGET)
+    self.refined_keys = np.zeros(0, np.int64)  # flat ids of refined tiles, sorted
+    self.refined_states = np.zeros(0, np.int8)
+    self.pieces = (_pieces(m, geo, tables, batch, True, self.budget),
+                   _pieces(m, geo, tables, batch, False, self.budget))
 
   def runs(self, along_rows: bool) -> Runs:
     geo, batch = self.geo, self.batch
-    b, line, a, z, state, ambiguous = _frontier(self.m, geo, self.tables, batch, along_rows)
+    line_pieces_ = self.pieces[0 if along_rows else 1]
+    cuts = _change_tiles(self.pieces[1 if along_rows else 0], batch or 1)
+    b, line, a, z, state, ambiguous = _frontier(self.m, geo, self.tables, batch, along_rows,
+                                                self.budget, line_pieces_, self.refine, cuts)
     if self.refine and ambiguous.any():
       idx = np.flatnonzero(ambiguous)
-      tiles = [(int(b[x]), int(line[x]), int(a[x])) if along_rows else
-               (int(b[x]), int(a[x]), int(line[x])) for x in idx]
-      todo = [t for t in tiles if t not in self.refined]
-      if todo:
-        tb, ti, tj = (np.asarray(c, np.int64) for c in zip(*todo))
-        new = _decide_tiles(self.m, geo, self.tables, tb if batch else 0, ti, tj)
-        self.refined.update(zip(todo, new.tolist()))
+      ti, tj = (line[idx], a[idx]) if along_rows else (a[idx], line[idx])
+      key = (b[idx] * geo.nq + ti) * geo.nk + tj  # flat tile ids; decisions are shared
+      known = np.isin(key, self.refined_keys)
+      todo = np.flatnonzero(~known)
+      if todo.size:
+        new = _decide_tiles(self.m, geo, self.tables, b[idx][todo] if batch else 0, ti[todo],
+                            tj[todo], self.budget, self.pieces, batch or 1)
+        keys = np.concatenate([self.refined_keys, key[todo]])
+        order = np.argsort(keys, kind="stable")
+        self.refined_keys = keys[order]
+        self.refined_states = np.concatenate([self.refined_states, new])[order]
       state = state.copy()
-      state[idx] = [self.refined[t] for t in tiles]
+      state[idx] = self.refined_states[np.searchsorted(self.refined_keys, key)]
+    self.budget.charge(state.size * 24, "the packed runs")
     return _pack_runs(b, line, a, z, state, batch or 1, geo.nq if along_rows else geo.nk)
+
+
+def _pieces(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, along_rows: bool,
+            budget: _Budget) -> Pieces:
+  """Each q tile row (or k tile column) cut at the changes of the operands read along it."""
+  nb = batch or 1
+  if along_rows:
+    lo, hi = geo.q_bounds(np.arange(geo.nq), np.arange(1, geo.nq + 1))
+  else:
+    lo, hi = geo.k_bounds(np.arange(geo.nk), np.arange(1, geo.nk + 1))
+  lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
+  reads = reads_at(m, "q" if along_rows else "k")
+  for name, _ in reads:
+    t = tables.arrays[name]
+    budget.charge(t.size * 2 + lo.size * nb * 64, f"the runs of operand `{name}`")
+    tables.run_table(name)
+  return line_pieces({n: tables.run_table(n) for n, _ in reads}, reads, nb, lo, hi)
 
 
 def _stack_runs(runs: list[Runs]) -> Runs:
@@ -373,10 +562,12 @@ class _Backward:
     return self.runs
 
 
-def _compile_static(bound: Binding, block_q: int, block_kv: int, refine: list[bool]) -> BlockMap:
+def _compile_static(bound: Binding, block_q: int, block_kv: int, refine: list[bool],
+                    budget: _Budget | None = None) -> BlockMap:
   geo = _Tile(bound.shape, block_q, block_kv)
   tables = Tables(np, bound.operands)  # shared: tables are built for the operands masks read
-  per_mask = [_StaticRuns(m, geo, tables, bound.batch, ref) for m, ref in zip(bound.masks, refine)]
+  per_mask = [_StaticRuns(m, geo, tables, bound.batch, ref, budget)
+              for m, ref in zip(bound.masks, refine)]
   rows = _stack_runs([r.runs(along_rows=True) for r in per_mask])
   return _blockmap(bound, block_q, block_kv, rows=rows, backward=_Backward(per_mask))
 
@@ -473,8 +664,9 @@ def bind_map(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: Any 
 
 
 def _dynamic_grid(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, refine: bool,
-                  budget: int | None):
+                  budget: int | None, memory: _Budget):
   nb = batch or 1
+  memory.charge(nb * geo.nq * geo.nk * _ITEM_BYTES, "the traced analysis of the tile grid")
   i = jnp.arange(geo.nq)[None, :, None]
   j = jnp.arange(geo.nk)[None, None, :]
   q_lo = i * geo.bq + geo.shape.q_offset
@@ -482,7 +674,7 @@ def _dynamic_grid(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, ref
   k_lo = j * geo.bk
   k_hi = jnp.minimum((j + 1) * geo.bk, geo.shape.kv_len) - 1
   b = jnp.arange(nb)[:, None, None] if batch else 0
-  t = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b).truth(m)
+  t = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b, geo.pos_ok).truth(m)
   full_shape = (nb, geo.nq, geo.nk)
   state = jnp.broadcast_to(jnp.asarray(t.state, jnp.int8), full_shape)
   if not refine:
@@ -506,11 +698,12 @@ def _dynamic_grid(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, ref
       flat_state, todo, left, n = carry
       (idx,) = jnp.nonzero(todo, size=chunk, fill_value=total)
       valid = idx < total
-      safe = jnp.where(valid, idx, 0)
-      new, unresolved = decide(*coords(safe))
-      flat_state = flat_state.at[safe].set(jnp.where(valid, new, flat_state[safe]))
-      todo = todo.at[safe].set(jnp.where(valid, False, todo[safe]))
-      left = left.at[safe].set(jnp.where(valid, unresolved, left[safe]))
+      new, unresolved = decide(*coords(jnp.where(valid, idx, 0)))
+      # Padding entries carry the out-of-bounds index `total` and are dropped: writing
+      # them to a real tile would put its old value back over the real update.
+      flat_state = flat_state.at[idx].set(new.astype(flat_state.dtype), mode="drop")
+      todo = todo.at[idx].set(False, mode="drop")
+      left = left.at[idx].set(unresolved, mode="drop")
       return flat_state, todo, left, n + 1
 
     def more(carry):
@@ -532,7 +725,8 @@ def _dynamic_grid(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, ref
   flat = state.reshape(-1)
   none_left = jnp.zeros_like(ambiguous)
   # Cost follows the number of ambiguous tiles: finer analysis first, then evaluation.
-  body, more = rounds(by_analysis, max(1, (1 << 16) // 256), None)
+  body, more = rounds(by_analysis, max(1, min(_PIECE_CHUNK, memory.items(_ITEM_BYTES)) // 256),
+                     None)
   flat, _, left, _ = jax.lax.while_loop(more, body, (flat, ambiguous, none_left, 0))
   body, more = rounds(by_evaluation, _EVAL_CHUNK // (geo.bq * geo.bk), budget)
   flat, _, _, _ = jax.lax.while_loop(more, body, (flat, left, none_left, 0))
@@ -540,10 +734,14 @@ def _dynamic_grid(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, ref
 
 
 def _compile_dynamic(bound: Binding, block_q: int, block_kv: int, refine: list[bool],
-                     budget: int | None) -> BlockMap:
+                     budget: int | None, memory: _Budget | None = None) -> BlockMap:
   geo = _Tile(bound.shape, block_q, block_kv)
+  memory = memory or _Budget(MEMORY_BUDGET)
   tables = Tables(jnp, bound.operands)
-  grid = jnp.stack([_dynamic_grid(m, geo, tables, bound.batch, ref, budget)
+  for name, a in bound.operands.items():
+    if a.ndim == 2:  # per-token: sparse tables of log2(L) levels
+      memory.charge(a.size * 8 * max(1, a.shape[-1].bit_length()), f"the tables of `{name}`")
+  grid = jnp.stack([_dynamic_grid(m, geo, tables, bound.batch, ref, budget, memory)
                     for m, ref in zip(bound.masks, refine)], axis=1)
   return _blockmap(bound, block_q, block_kv, rows=runs_from_grid(jnp, grid),
                    col_runs=runs_from_grid(jnp, jnp.swapaxes(grid, -1, -2)),

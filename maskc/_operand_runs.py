@@ -1,0 +1,205 @@
+"""Per-token operands in run-length form, and the pieces they cut lines of tiles into.
+
+Segment ids, image flags, global-token flags and run ids are a few runs of equal
+values over a long sequence. `RunTable` keeps one operand (all batch rows) as
+the start of each run and its value, plus sparse min/max tables over the runs,
+so a range query costs a binary search and two lookups, and the memory follows
+the number of runs, not the number of tokens.
+
+`line_pieces` cuts each line of tiles (a q tile row, or a k tile column) at the
+positions where an operand read at that axis changes value. Within a piece
+every such read is constant, which makes the range analysis exact for it: a
+constant read is a single, attained value. The lowering analyses pieces instead
+of whole tiles where it wants exact answers (see `maskc._lower`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from maskc import _ir as ir
+
+PIECES_PER_LINE = 16  # a line with more operand changes than this is not cut
+
+
+def _floor_log2(n: np.ndarray) -> np.ndarray:
+  """`floor(log2(n))` for positive int64 `n`, exactly (no float rounding)."""
+  n = np.asarray(n, np.int64)
+  j = np.floor(np.log2(np.maximum(n, 1).astype(np.float64))).astype(np.int64)
+  j = np.where((np.int64(1) << np.minimum(j + 1, 62)) <= n, j + 1, j)
+  return np.where((np.int64(1) << np.clip(j, 0, 62)) > n, j - 1, j)
+
+
+class RunTable:
+  """One per-token operand `[B, L]` as runs: `starts` (global `b * L + i`, sorted) and values.
+
+  Args:
+    a: the operand, integer NumPy array `[B, L]`.
+  """
+
+  def __init__(self, a: np.ndarray):
+    a = np.asarray(a)
+    nb, length = a.shape
+    self.length, self.batch = length, nb
+    rows, cols = np.nonzero(a[:, 1:] != a[:, :-1])
+    starts = np.concatenate([np.arange(nb, dtype=np.int64) * length,
+                             rows.astype(np.int64) * length + cols + 1])
+    starts.sort()
+    self.starts = starts
+    values = a.reshape(-1)[starts].astype(np.int64)
+    self.values = values
+    self.row = starts // max(length, 1)
+    levels = max(1, int(values.size).bit_length())
+    info = np.iinfo(np.int32)
+    narrow = values.size and info.min <= values.min() and values.max() <= info.max
+    dtype = np.int32 if narrow else np.int64  # half the memory when the values fit
+    mins = np.empty((levels, values.size), dtype)
+    maxs = np.empty_like(mins)
+    mins[0] = maxs[0] = values
+    big, small = np.iinfo(dtype).max, np.iinfo(dtype).min
+    for j in range(1, levels):
+      span = 1 << (j - 1)
+      n = values.size - span
+      mins[j, :n] = np.minimum(mins[j - 1, :n], mins[j - 1, span:])
+      maxs[j, :n] = np.maximum(maxs[j - 1, :n], maxs[j - 1, span:])
+      mins[j, n:] = big
+      maxs[j, n:] = small
+    self.mins, self.maxs = mins, maxs
+
+  @property
+  def nbytes(self) -> int:
+    return self.mins.nbytes * 2 + self.starts.nbytes * 3
+
+  def clip(self, i):
+    return np.clip(np.asarray(i), 0, self.length - 1).astype(np.int64)
+
+  def run_index(self, b, i) -> np.ndarray:
+    """Index of the run holding token `i` (clipped to the length) of batch row `b`."""
+    return np.searchsorted(self.starts, np.asarray(b, np.int64) * self.length + self.clip(i),
+                           side="right") - 1
+
+  def range_min_max(self, b, lo, hi) -> tuple[np.ndarray, np.ndarray]:
+    """Min and max over tokens `[lo, hi]` of row `b` (clipped to the length), as int64."""
+    lo, hi = self.clip(lo), self.clip(hi)
+    hi = np.maximum(hi, lo)
+    rl, rh = self.run_index(b, lo), self.run_index(b, hi)
+    j = _floor_log2(rh - rl + 1)
+    second = rh - (np.int64(1) << j) + 1
+    vmin = np.minimum(self.mins[j, rl], self.mins[j, second]).astype(np.int64)
+    vmax = np.maximum(self.maxs[j, rl], self.maxs[j, second]).astype(np.int64)
+    return vmin, vmax
+
+  def monotone(self) -> np.ndarray:
+    """Per batch row: whether the operand is nondecreasing (`[B]` bool)."""
+    down = np.zeros(self.batch, bool)
+    same_row = self.row[1:] == self.row[:-1]
+    falls = same_row & (self.values[1:] < self.values[:-1])
+    down[self.row[1:][falls]] = True
+    return ~down
+
+
+@dataclasses.dataclass
+class Pieces:
+  """Lines of tiles cut at operand changes: piece `p` of line `f` spans `[lo[p], hi[p]]`.
+
+  Pieces are sorted by line; line `f` (flat `b * n_lines + line`) owns pieces
+  `first[f] .. first[f] + count[f] - 1`. Bounds are positions on the line's axis.
+  """
+  lo: np.ndarray
+  hi: np.ndarray
+  first: np.ndarray
+  count: np.ndarray
+
+  @property
+  def cut(self) -> bool:
+    """Whether any line is cut into more than one piece."""
+    return bool(self.lo.size > self.count.size)
+
+  def expand(self, flat_line: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For items on lines `flat_line`: (item of each piece, piece lo, piece hi)."""
+    counts = self.count[flat_line]
+    item = np.repeat(np.arange(flat_line.size), counts)
+    offset = np.arange(item.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    p = self.first[flat_line][item] + offset
+    return item, self.lo[p], self.hi[p]
+
+
+def reads_at(m: ir.Mask, axis: str) -> list[tuple[str, int]]:
+  """Per-token reads of `m` indexed by `axis` plus a constant: `(table name, shift)` pairs."""
+  out = set()
+  for n in ir.walk(m):
+    if not isinstance(n, ir.Read):
+      continue
+    name = f"runs({n.operand.name})" if n.runs else n.operand.name
+    shift = _unit_shift(n.index, axis)
+    if shift is not None:
+      out.add((name, shift))
+  return sorted(out)
+
+
+def _unit_shift(t: ir.Term, axis: str) -> int | None:
+  if isinstance(t, ir.Pos):
+    return 0 if t.axis == axis else None
+  if isinstance(t, ir.Arith) and t.op in "+-":
+    if isinstance(t.rhs, ir.Const) and isinstance(t.lhs, ir.Pos) and t.lhs.axis == axis:
+      return t.rhs.value if t.op == "+" else -t.rhs.value
+    if t.op == "+" and isinstance(t.lhs, ir.Const) and isinstance(t.rhs, ir.Pos) and \
+        t.rhs.axis == axis:
+      return t.lhs.value
+  return None
+
+
+def line_pieces(tables: dict[str, RunTable], reads: list[tuple[str, int]], nb: int,
+                lo: np.ndarray, hi: np.ndarray, limit: int = PIECES_PER_LINE) -> Pieces:
+  """Cuts lines (positions `[lo, hi]` per line, the same for every batch row) at operand changes.
+
+  Args:
+    tables: run tables by operand table name.
+    reads: `(table name, shift)`: a read at position `p` reads index `p + shift`.
+    nb: batch rows; lines are flat `b * len(lo) + line`.
+    lo, hi: each line's inclusive position bounds.
+    limit: lines that would have more pieces than this stay whole.
+  """
+  n_lines = lo.size
+  b = np.repeat(np.arange(nb, dtype=np.int64), n_lines)
+  lo_all, hi_all = np.tile(lo, nb), np.tile(hi, nb)
+  line_of, cut_at, total = [], [], np.zeros(nb * n_lines, np.int64)
+  spans = []
+  for name, shift in reads:
+    t = tables[name]
+    tb = b if t.batch > 1 else np.zeros_like(b)
+    # changes at token c (a[c] != a[c - 1]) with lo + shift < c <= hi + shift
+    i_lo = np.clip(lo_all + shift, 0, t.length - 1)
+    i_hi = np.clip(hi_all + shift, 0, t.length - 1)
+    rl, rh = t.run_index(tb, i_lo), t.run_index(tb, i_hi)
+    total += np.maximum(rh - rl, 0)
+    spans.append((t, tb, shift, rl, rh))
+  keep = total <= limit - 1
+  for t, tb, shift, rl, rh in spans:
+    n = np.where(keep, np.maximum(rh - rl, 0), 0)
+    f = np.repeat(np.arange(n.size), n)
+    r = np.repeat(rl + 1 - (np.cumsum(n) - n), n) + np.arange(f.size)
+    line_of.append(f)
+    cut_at.append(t.starts[r] - tb[f] * t.length - shift)
+  f = np.concatenate(line_of) if line_of else np.zeros(0, np.int64)
+  c = np.concatenate(cut_at) if cut_at else np.zeros(0, np.int64)
+  if f.size:
+    order = np.lexsort((c, f))
+    f, c = f[order], c[order]
+    fresh = np.ones(f.size, bool)
+    fresh[1:] = (f[1:] != f[:-1]) | (c[1:] != c[:-1])
+    fresh &= (c > lo_all[f]) & (c <= hi_all[f])
+    f, c = f[fresh], c[fresh]
+  count = np.bincount(f, minlength=nb * n_lines).astype(np.int64) + 1
+  first = np.cumsum(count) - count
+  # piece starts: the line's lo, then its cuts; piece ends: the next start - 1, or the line's hi
+  starts = np.empty(int(count.sum()), np.int64)
+  starts[first] = lo_all
+  slot = np.arange(f.size) - np.repeat(np.cumsum(count - 1) - (count - 1), count - 1)
+  starts[first[f] + 1 + slot] = c
+  ends = np.empty_like(starts)
+  ends[:-1] = starts[1:] - 1
+  ends[first + count - 1] = hi_all
+  return Pieces(starts, ends, first, count)

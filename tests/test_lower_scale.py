@@ -1,0 +1,249 @@
+"""Lowering with run-structured operands: exactness, soundness, traced == static, memory budget,
+and extreme magnitudes; every tile checked against a dense NumPy reference written here."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import maskc
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+
+PRELUDE_WITH_OPERANDS = [
+    "document(seg)", "bidirectional(img)", "causal & document(seg)",
+    "causal & chunk(8) | bidirectional(img)", "document(seg) & (causal | bidirectional(img))",
+    "sliding(5) | bidirectional(img)", "~bidirectional(img) & causal",
+]
+
+
+def _runs_reference(img):
+  """`runs(x)` by a plain loop: 1-based index of each run of true values, 0 outside."""
+  out = np.zeros(img.shape, np.int64)
+  for row, flat in zip(out.reshape(-1, img.shape[-1]), img.reshape(-1, img.shape[-1])):
+    r = 0
+    for i, v in enumerate(flat):
+      if v and (i == 0 or not flat[i - 1]):
+        r += 1
+      row[i] = r if v else 0
+  return out
+
+
+def _dense(text, q_len, kv_len, q_offset, ops):
+  """The mask by NumPy broadcasting, independent of maskc's evaluator."""
+  q = np.arange(q_len)[:, None] + q_offset
+  k = np.arange(kv_len)[None, :]
+  seg, img = ops.get("seg"), ops.get("img")
+  lead = (slice(None),) if (seg is not None and seg.ndim == 2) or (
+      img is not None and img.ndim == 2) else ()
+
+  def at(a, i):
+    return a[(Ellipsis, i)] if a.ndim == 1 else a[:, i]
+
+  causal = k <= q
+  env = {"causal": causal}
+  if seg is not None:
+    env["document(seg)"] = at(seg, q) == at(seg, k)
+  if img is not None:
+    runs = _runs_reference(img)
+    env["bidirectional(img)"] = (at(runs, q) == at(runs, k)) & at(img, q)
+  table = {
+      "document(seg)": lambda: env["document(seg)"],
+      "bidirectional(img)": lambda: env["bidirectional(img)"],
+      "causal & document(seg)": lambda: causal & env["document(seg)"],
+      "causal & chunk(8) | bidirectional(img)":
+          lambda: (causal & (q // 8 == k // 8)) | env["bidirectional(img)"],
+      "document(seg) & (causal | bidirectional(img))":
+          lambda: env["document(seg)"] & (causal | env["bidirectional(img)"]),
+      "sliding(5) | bidirectional(img)":
+          lambda: ((q - 5 < k) & (k <= q)) | env["bidirectional(img)"],
+      "~bidirectional(img) & causal": lambda: ~env["bidirectional(img)"] & causal,
+  }
+  del lead
+  return np.asarray(table[text]())
+
+
+def _tile_truth(dense, bq, bk):
+  q_len, kv_len = dense.shape[-2:]
+  nq, nk = -(-q_len // bq), -(-kv_len // bk)
+  pad = np.zeros(dense.shape[:-2] + (nq * bq, nk * bk), bool)
+  valid = np.zeros_like(pad)
+  pad[..., :q_len, :kv_len] = dense
+  valid[..., :q_len, :kv_len] = True
+  t = pad.reshape(dense.shape[:-2] + (nq, bq, nk, bk))
+  v = valid.reshape(t.shape)
+  return t.any(axis=(-3, -1)), (t | ~v).all(axis=(-3, -1))
+
+
+def _expected_grid(dense, bq, bk):
+  any_, all_ = _tile_truth(dense, bq, bk)
+  return np.where(all_, FULL, np.where(any_, PARTIAL, EMPTY))
+
+
+@st.composite
+def run_operands(draw):
+  """Run-structured operands: many short runs, one long run, runs on tile edges, unsorted."""
+  n = draw(st.integers(8, 120))
+  batch = draw(st.sampled_from([None, 2]))
+  kind = draw(st.sampled_from(["short", "long", "edges", "unsorted"]))
+  rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+  bq = draw(st.sampled_from([4, 8, 16]))
+  rows = []
+  for _ in range(batch or 1):
+    if kind == "short":
+      lengths = rng.integers(1, 5, n)
+    elif kind == "long":
+      lengths = np.array([rng.integers(0, n // 3 + 1), n, n])
+    elif kind == "edges":
+      lengths = np.full(n, bq * int(rng.integers(1, 3)))
+    else:
+      lengths = rng.integers(1, 12, n)
+    ids = np.repeat(np.arange(lengths.size), lengths)[:n]
+    ids = np.pad(ids, (0, n - ids.size), mode="edge")
+    if kind == "unsorted":
+      ids = rng.permutation(ids.max() + 1)[ids]
+    rows.append(ids)
+  seg = np.stack(rows) if batch else rows[0]
+  img = (seg % 2 == 1) if kind != "unsorted" else (rng.random(seg.shape) < 0.5)
+  text = draw(st.sampled_from(PRELUDE_WITH_OPERANDS))
+  bk = draw(st.sampled_from([4, 8, 16]))
+  q_len = draw(st.integers(1, n))
+  offset = draw(st.integers(0, n - q_len))
+  return text, n, q_len, offset, bq, bk, {"seg": seg, "img": img}
+
+
+def _ops_for(text, ops):
+  return {k: v for k, v in ops.items() if k in text}
+
+
+@given(run_operands())
+def test_exact_and_sound_on_run_structured_operands(case):
+  text, n, q_len, offset, bq, bk, ops = case
+  ops = _ops_for(text, ops)
+  bm = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops)
+  expected = _expected_grid(_dense(text, q_len, n, offset, ops), bq, bk)
+  np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
+
+
+@settings(max_examples=8)
+@given(run_operands())
+def test_traced_equals_static_on_run_structured_operands(case):
+  text, n, q_len, offset, bq, bk, ops = case
+  ops = _ops_for(text, ops)
+  static = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops)
+  traced = jax.jit(lambda o: maskc.compile(text, q_len, n, q_offset=offset, block_q=bq,
+                                           block_kv=bk, operands=o).grid)(ops)
+  np.testing.assert_array_equal(np.asarray(traced), np.asarray(static.grid))
+
+
+def test_bidirectional_is_decided_by_analysis_without_evaluation(monkeypatch):
+  from maskc import _lower
+
+  def no_evaluation(*args, **kwargs):
+    raise AssertionError("a tile was evaluated")
+
+  monkeypatch.setattr(_lower, "_evaluate_tiles", no_evaluation)
+  img = np.zeros(4096, bool)
+  for start, length in [(5, 300), (700, 129), (1024, 128), (2000, 1000), (3500, 7)]:
+    img[start:start + length] = True
+  seg = np.repeat(np.arange(8), 512)
+  for text in ["causal & chunk(512) | bidirectional(img)", "document(seg) & bidirectional(img)",
+               "causal & document(seg)"]:
+    ops = _ops_for(text, {"seg": seg, "img": img})
+    _lower._CACHE.clear()
+    bm = maskc.compile(text, 4096, block_q=64, block_kv=64, operands=ops)
+    dense = np.asarray(maskc.materialize(text, 4096, operands=ops))
+    np.testing.assert_array_equal(bm.grid, _expected_grid(dense, 64, 64))
+
+
+def test_a_tiny_memory_budget_raises_instead_of_allocating():
+  seg = np.repeat(np.arange(64), 1024)
+  with pytest.raises(maskc.MaskError, match="memory budget"):
+    maskc.compile("causal & document(seg)", seg.size, operands={"seg": seg}, memory_budget=4096)
+  with pytest.raises(maskc.MaskError, match="memory budget"):
+    jax.jit(lambda s: maskc.compile("causal & document(seg)", s.size, operands={"seg": s},
+                                    memory_budget=4096).grid)(jnp.asarray(seg))
+
+
+def test_traced_refinement_keeps_tile_zero():
+  # Issue 14 item 4/7: padding entries of a refinement round overwrote flat tile 0.
+  rng = np.random.default_rng(3)
+  img = rng.random(101) < 0.5
+  seg = np.sort(rng.integers(0, 4, 101))
+  text = "bidirectional(img) & (sink(114) | local(12, 59)) & document(seg)"
+  ops = {"img": img, "seg": seg}
+  static = maskc.compile(text, 17, 101, q_offset=72, block_q=60, block_kv=50, operands=ops)
+  traced = jax.jit(lambda o: maskc.compile(text, 17, 101, q_offset=72, block_q=60, block_kv=50,
+                                           operands=o).grid)(ops)
+  np.testing.assert_array_equal(np.asarray(traced), static.grid)
+
+
+def _check_sound(grid, dense, bq, bk):
+  any_, all_ = _tile_truth(dense, bq, bk)
+  g = np.asarray(grid).reshape(any_.shape)
+  assert not np.any((g == FULL) & ~all_), "a FULL tile holds a false position"
+  assert not np.any((g == EMPTY) & any_), "an EMPTY tile holds a true position"
+
+
+@pytest.mark.parametrize("ids", [[2**63 - 1, 0, -2**63, 5], [-2**63, -2**63, 2**63 - 1, 0]])
+@pytest.mark.parametrize("text", ["document(seg)", "seg[q] == seg[k]", "seg[q] < seg[k]",
+                                  "seg[q] != seg[k] | causal"])
+def test_extreme_int64_ids_are_never_unsound(text, ids):
+  seg = np.array(ids, np.int64)
+  s = [int(v) for v in ids]  # exact Python integers
+  ref = {"document(seg)": lambda a, b: a == b, "seg[q] == seg[k]": lambda a, b: a == b,
+         "seg[q] < seg[k]": lambda a, b: a < b,
+         "seg[q] != seg[k] | causal": lambda a, b: a != b}[text]
+  dense = np.array([[ref(s[i], s[j]) or ("causal" in text and j <= i) for j in range(4)]
+                    for i in range(4)])
+  for bq, bk in [(1, 1), (2, 2), (4, 4), (2, 3)]:
+    bm = maskc.compile(text, 4, block_q=bq, block_kv=bk, operands={"seg": seg})
+    _check_sound(bm.grid, dense, bq, bk)
+
+
+def test_extreme_traced_int32_ids_and_offsets_are_never_unsound():
+  seg = np.array([2**31 - 1, 0, -2**31, 5], np.int32)
+  dense = seg[:, None].astype(np.int64) == seg[None, :].astype(np.int64)
+  grid = jax.jit(lambda s: maskc.compile("document(seg)", 4, block_q=2, block_kv=2,
+                                         operands={"seg": s}).grid)(seg)
+  _check_sound(grid, dense, 2, 2)
+  # q - k < 4 at q_offset = 2**31 - 8: exact q is never below k + 4 (q >= 2**31 - 8 > 15 + 4)
+  offset = 2**31 - 8
+  grid = jax.jit(lambda o: maskc.compile("q - k < 4", 16, block_q=4, block_kv=4,
+                                         q_offset=o).grid)(jnp.int32(offset))
+  q = np.arange(16, dtype=object)[:, None] + offset
+  k = np.arange(16, dtype=object)[None, :]
+  _check_sound(grid, np.asarray(q - k < 4, bool), 4, 4)
+
+
+@settings(max_examples=30)
+@given(st.sampled_from([2**37, 2**40, 2**62 - 64, 2**63 - 64]),
+       st.sampled_from(["q * 1099511627776 > k", "2 * q > k", "q - k < 5", "q + 1000 > k",
+                        "abs(q - k) < 3", "q % 7 == k % 7", "q // 3 > k", "-q < k"]))
+def test_extreme_offsets_are_never_unsound(offset, text):
+  q_len = 16
+  q = np.arange(q_len, dtype=object)[:, None] + offset
+  k = np.arange(16, dtype=object)[None, :]
+  exact = {"q * 1099511627776 > k": q * 1099511627776 > k, "2 * q > k": 2 * q > k,
+           "q - k < 5": q - k < 5, "q + 1000 > k": q + 1000 > k,
+           "abs(q - k) < 3": abs(q - k) < 3, "q % 7 == k % 7": q % 7 == k % 7,
+           "q // 3 > k": q // 3 > k, "-q < k": -q < k}[text]
+  try:
+    bm = maskc.compile(text, q_len, 16, q_offset=offset, block_q=4, block_kv=4)
+  except maskc.MaskValueError:
+    return  # refusing is allowed; a wrong map is not
+  _check_sound(bm.grid, np.asarray(exact, bool), 4, 4)
+
+
+def test_check_reads_needs_no_per_token_arrays():
+  import tracemalloc
+  tracemalloc.start()
+  bm = maskc.compile("causal", 2**28, block_q=2**22, block_kv=2**22)
+  peak = tracemalloc.get_traced_memory()[1]
+  tracemalloc.stop()
+  assert bm.grid.shape == (64, 64)
+  assert peak < 64 << 20  # a per-token int64 array alone would be 2 GiB
+  with pytest.raises(maskc.OperandError, match="length"):
+    maskc.compile("seg[q + 10] == seg[k]", 64, operands={"seg": np.zeros(64, np.int64)})
