@@ -39,7 +39,7 @@ import numpy as np
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._bind import Shape, _int, as_mask
-from maskc._blockmap import runs_from_grid
+from maskc._tiles import runs_from_grid
 from maskc._errors import MaskTypeError, MaskValueError, OperandError
 from maskc._evaluate import Env, evaluate_mask
 

@@ -600,13 +600,13 @@ def _segment_split(bound: Binding, block_q: int, block_kv: int,
   for m in bound.masks:
     items = [i for i in conjuncts(m) if segment_conjunct(i) is None]
     rests.append(ir.and_(items) if items else ir.BoolConst(True))
-  names = {s.name for r in rests for s in r.operands}
   ops = {}
-  for n in names:
-    a = bound.operands[n]
-    if isinstance(a, jax.core.Tracer) or a.shape[0] != 1:
-      return None
-    ops[n] = np.asarray(a)[0]
+  for rest, prepared in zip(rests, bound.prepared):
+    for spec in rest.operands:
+      a = prepared.arrays[spec.name]                  # before broadcasting to the batch
+      if isinstance(a, jax.core.Tracer) or a.shape[0] != 1:
+        return None
+      ops[spec.name] = np.asarray(a)[0]
   masks = [rests[u] for u in bound.head_index] if bound.head_index is not None else rests[0]
   return compile(masks, bound.q_len, bound.kv_len, block_q=block_q, block_kv=block_kv,
                  q_offset=bound.q_offset, operands=ops)

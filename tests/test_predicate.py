@@ -1,0 +1,218 @@
+"""The kernel contract: compiled predicates, their facts, and the frozen BlockMap.
+
+The compiled predicate must equal the mask wherever it is evaluated: NumPy and
+jax.numpy directly, and inside the flash kernel (interpret mode) and splash's
+kernel through the attention they compute. The dense reference here is
+`maskc.materialize`, which evaluates the IR itself, not the predicate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+import maskc
+from maskc import _predicate
+from maskc._compile_predicate import compile_predicate
+from strategies import masks, operand_values
+
+
+def _dense_from_predicate(bm, xp, dtype):
+  """Mask 0 of `bm` evaluated by its predicate with `xp` on every position: `[B', Lq, Lkv]`."""
+  values = bm.read_values(0, dtype=dtype)
+  values = _predicate.ReadValues(*(xp.asarray(a) for a in values))
+  q = (xp.arange(bm.q_len, dtype=dtype) + int(bm.q_offset))[None, :, None]
+  k = xp.arange(bm.kv_len, dtype=dtype)[None, None, :]
+  fetch = _predicate.dense_fetch(values, xp, block_q=bm.block_q, block_kv=bm.block_kv,
+                                 q_len=bm.q_len, kv_len=bm.kv_len)
+  return np.asarray(_predicate.evaluate(bm.predicates[0], xp, q, k, fetch))
+
+
+@st.composite
+def cases(draw, max_len: int = 24):
+  kv_len = draw(st.integers(1, max_len), label="kv_len")
+  q_len = draw(st.integers(1, kv_len), label="q_len")
+  mask = draw(masks(max_leaves=5, term_leaves=3), label="mask")
+  batch = draw(st.sampled_from([None, 2]), label="batch")
+  seed = draw(st.integers(0, 2**16), label="seed")
+  bq = draw(st.sampled_from([1, 2, 4, 8]), label="block_q")
+  bk = draw(st.sampled_from([1, 2, 4, 8]), label="block_kv")
+  return mask, q_len, kv_len, operand_values(kv_len, seed, batch), bq, bk
+
+
+@settings(max_examples=60)
+@given(cases())
+def test_predicate_equals_the_mask_in_numpy_and_jax_numpy(case):
+  mask, q_len, kv_len, ops, bq, bk = case
+  bm = maskc.compile(mask, q_len, kv_len, block_q=bq, block_kv=bk, operands=ops)
+  ref = np.asarray(maskc.materialize(mask, q_len, kv_len, operands=ops))
+  ref = np.broadcast_to(ref, (bm.batch or 1, q_len, kv_len))
+  np.testing.assert_array_equal(_dense_from_predicate(bm, np, np.int64), ref, err_msg=str(mask))
+  np.testing.assert_array_equal(_dense_from_predicate(bm, jnp, np.int32), ref, err_msg=str(mask))
+  np.testing.assert_array_equal(np.broadcast_to(bm.to_dense(), ref.shape if bm.batch else
+                                                ref.shape[1:]), ref if bm.batch else ref[0])
+
+
+def _mask_through_attention(backend: str, mask, q_len: int, kv_len: int, ops, bq: int, bk: int,
+                            **kw):
+  """The mask a backend applies, read off its attention output.
+
+  With q = k = 0 every allowed logit is equal, and v is the identity over keys, so
+  output row i is `allowed[i] / allowed[i].sum()`: nonzero exactly where allowed.
+  """
+  q = jnp.zeros((1, q_len, 1, 16), jnp.float32)
+  k = jnp.zeros((1, kv_len, 1, 16), jnp.float32)
+  v = jnp.eye(kv_len, dtype=jnp.float32)[None, :, None, :]
+  out = maskc.attention(q, k, v, mask, operands=ops, backend=backend, block_q=bq, block_kv=bk,
+                        interpret=True, **kw)
+  return np.asarray(out[0, :, 0, :]) > 0
+
+
+@settings(max_examples=12)
+@given(cases(max_len=32))
+def test_flash_kernel_applies_the_predicate(case):
+  mask, q_len, kv_len, _, _, _ = case
+  ops = operand_values(kv_len, 7)   # unbatched: one picture per case
+  p = compile_predicate(mask)
+  if p.pairs or p.tile_pairs:
+    with pytest.raises(maskc.BackendError, match="xla"):
+      _mask_through_attention("flash", mask, q_len, kv_len, ops, 16, 16)
+    return
+  got = _mask_through_attention("flash", mask, q_len, kv_len, ops, 16, 16)
+  np.testing.assert_array_equal(got, maskc.materialize(mask, q_len, kv_len, operands=ops),
+                                err_msg=str(mask))
+
+
+@settings(max_examples=6)
+@given(masks(max_leaves=4, term_leaves=3), st.integers(0, 2**16))
+def test_splash_kernel_applies_the_predicate(mask, seed):
+  ops = operand_values(128, seed)
+  got = _mask_through_attention("splash", mask, 128, 128, ops, 128, 128)
+  np.testing.assert_array_equal(got, maskc.materialize(mask, 128, operands=ops),
+                                err_msg=str(mask))
+
+
+# ----------------------------------------------------------------------------- facts
+
+
+@pytest.mark.parametrize("text", [
+    "causal & document(seg)",
+    "causal & seg[q] == seg[k]",
+    "seg[k] == seg[q] & causal",
+    "local_doc = causal & chunk(8) & document(seg)\nlocal_doc",
+    "document(seg) & (causal | bidirectional(img))",
+])
+def test_segment_equalities_are_found_anywhere_in_the_conjunction(text):
+  p = compile_predicate(maskc.parse(text))
+  assert len(p.segments) == 1
+  qs, ks = p.segments[0]
+  assert p.q_reads[qs].text == "seg[q]" and p.k_reads[ks].text == "seg[k]"
+  assert p.rest is not None and not any(r.array == "seg" for r in p.rest.q_reads + p.rest.k_reads)
+
+
+@pytest.mark.parametrize("text", ["causal | document(seg)", "~document(seg)",
+                                  "seg[q] == seg[k + 1]", "seg[q] == img[k]"])
+def test_no_segment_fact_where_the_equality_is_not_a_conjunct(text):
+  assert compile_predicate(maskc.parse(text)).segments == ()
+
+
+@pytest.mark.parametrize("text, band, chunk", [
+    ("causal", (0, None), None),
+    ("sliding(100)", (0, 99), None),
+    ("local(3, 5)", (-5, 3), None),
+    ("causal & chunk(64)", (0, None), 64),
+    ("q - k < 7 & k <= q", (0, 6), None),
+    ("full", (None, None), None),
+    ("causal | sink(4)", (None, None), None),
+])
+def test_band_and_chunk_facts(text, band, chunk):
+  p = compile_predicate(maskc.parse(text))
+  assert (p.band, p.chunk) == (band, chunk)
+
+
+@given(st.integers(-20, 20), st.integers(-20, 20))
+def test_band_fact_is_sound(lo, hi):
+  text = f"q - k >= {lo} & q - k <= {hi}"
+  p = compile_predicate(maskc.parse(text))
+  dense = maskc.materialize(text, 48, 48, q_offset=0)
+  d = np.arange(48)[:, None] - np.arange(48)[None, :]
+  assert p.band == (lo, hi)
+  assert not (dense & ((d < lo) | (d > hi))).any()
+
+
+# ----------------------------------------------------------------------------- splash segments
+
+
+@pytest.mark.parametrize("text", [
+    "causal & s[q] == s[k]",
+    "local_doc = causal & document(s)\nlocal_doc",
+    "document(s) & (causal | bidirectional(img))",
+])
+def test_splash_takes_batched_segment_ids_for_every_spelling(text):
+  rng = np.random.default_rng(0)
+  seg = np.sort(rng.integers(0, 3, size=(2, 256)), axis=-1).astype(np.int32)
+  img = np.zeros(256, bool)
+  img[40:90] = True
+  ops = {"s": seg, "img": img} if "img" in text else {"s": seg}
+  bm = maskc.compile(text, 256, block_q=128, block_kv=128, operands=ops)
+  assert bm.segment_split is not None
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 256, 2, 32)) for i in range(3))
+  out = maskc.attention(q, k, v, bm, backend="splash", interpret=True)
+  ref = maskc.attention(q, k, v, text, operands=ops, backend="dense")
+  np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+
+
+# ----------------------------------------------------------------------------- the object
+
+
+def test_blockmap_is_frozen_and_its_hash_reads_no_operand_bytes():
+  a = maskc.compile("causal & document(seg)", 64, block_q=16, block_kv=16,
+                    operands={"seg": np.repeat([0, 1], 32)})
+  b = maskc.compile("causal & document(seg)", 64, block_q=16, block_kv=16,
+                    operands={"seg": np.repeat([0, 1, 2, 3], 16)})
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    a.rows = b.rows  # type: ignore[misc]
+  assert hash(a) == hash(b) and a != b            # the static parts agree, the arrays do not
+  assert a == maskc.compile("causal & document(seg)", 64, block_q=16, block_kv=16,
+                            operands={"seg": np.repeat([0, 1], 32)})
+
+
+def test_flattening_does_not_compile_the_backward_runs():
+  bm = maskc.compile("sliding(40) | sink(3)", 512, block_q=32, block_kv=32)
+  calls = []
+  hook = bm.backward
+  bm = dataclasses.replace(bm, backward=lambda: calls.append(1) or hook())
+  leaves, tree = jax.tree_util.tree_flatten(bm)
+  assert calls == [] and bm.col_runs is None
+  again = jax.tree_util.tree_unflatten(tree, leaves)
+  np.testing.assert_array_equal(again.cols.count, bm.cols.count)
+  assert len(calls) == 2                          # asked for twice, never stored on the map
+  grid = np.asarray(bm.grid)
+  cols = maskc._tiles.grid_from_runs(np, bm.cols, bm.n_q_tiles)[0, 0]
+  np.testing.assert_array_equal(cols, grid.T)
+
+
+@settings(max_examples=30)
+@given(cases())
+def test_flex_counts_and_density_come_from_the_runs(case):
+  mask, q_len, kv_len, ops, bq, bk = case
+  bm = maskc.compile(mask, q_len, kv_len, block_q=bq, block_kv=bk, operands=ops)
+  g = np.asarray(bm.grid).reshape(((bm.batch or 1), 1, bm.n_q_tiles, bm.n_kv_tiles))
+  flex = bm.flex()
+  for name, gg in (("kv", g), ("q", np.swapaxes(g, -1, -2))):
+    for prefix, state in (("", 1), ("full_", 2)):
+      count = flex[f"{prefix}{name}_num_blocks"]
+      idx = flex[f"{prefix}{name}_indices"]
+      np.testing.assert_array_equal(count, (gg == state).sum(-1))
+      for b, h, i in np.ndindex(count.shape):
+        np.testing.assert_array_equal(idx[b, h, i, :count[b, h, i]],
+                                      np.flatnonzero(gg[b, h, i] == state))
+  assert bm.counts == {"empty": int((g == 0).sum()), "partial": int((g == 1).sum()),
+                       "full": int((g == 2).sum())}
+  assert bm.density == pytest.approx((g != 0).mean())
