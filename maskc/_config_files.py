@@ -91,7 +91,8 @@ def _read_text(file: str) -> str:
 
 
 def _too_deep(file: str | None, span: Span | None = None, path: str | None = None):
-  return ConfigError(f"the config nests deeper than {MAX_CONFIG_DEPTH} levels", file=file,
+  return ConfigError(f"the config nests deeper than {MAX_CONFIG_DEPTH} levels of lists and "
+                     f"mappings", file=file,
                      span=span, path=path,
                      hint="A mask config nests a few levels (layers, a pattern, per-head "
                           "lists); flatten it.")
@@ -105,20 +106,20 @@ def _too_many(file: str | None, span: Span | None = None):
 
 
 def check_bounds(data: Any, file: str | None) -> None:
-  """Refuses data nested deeper than `MAX_CONFIG_DEPTH` or holding more than
-  `MAX_CONFIG_NODES` values.
+  """Refuses data with containers nested more than `MAX_CONFIG_DEPTH` deep (the root counts
+  as one) or holding more than `MAX_CONFIG_NODES` values.
 
   Shared (or cyclic) containers count once per place they appear, and the walk
   stops at the first limit, so its work is bounded whatever the data.
   """
-  stack: list[tuple[Any, int, Any]] = [(data, 0, None)]
+  stack: list[tuple[Any, int, Any]] = [(data, 1, None)]
   count = 0
   while stack:
     value, depth, where = stack.pop()
     count += 1
     if count > MAX_CONFIG_NODES:
       raise _too_many(file)
-    if depth > MAX_CONFIG_DEPTH:
+    if depth > MAX_CONFIG_DEPTH and isinstance(value, (Mapping, list, tuple)):
       keys = []
       while where is not None:  # (parent, key) links, built into a path only here
         where, key = where
@@ -243,7 +244,7 @@ def _yaml_loader(yaml) -> type:
     return _YAML_LOADERS[yaml]
   from yaml.composer import Composer
   from yaml.constructor import SafeConstructor
-  from yaml.events import AliasEvent
+  from yaml.events import AliasEvent, CollectionStartEvent
   from yaml.resolver import Resolver
   try:
     from yaml.cyaml import CParser as Parser  # the same events, parsed in C: 10x faster
@@ -260,9 +261,9 @@ def _yaml_loader(yaml) -> type:
     def compose_node(self, parent, index):
       self.depth += 1
       try:
-        if self.depth > MAX_CONFIG_DEPTH:
-          raise _too_deep(self.file, self.span(self.peek_event()))
         event = self.peek_event()
+        if self.depth > MAX_CONFIG_DEPTH and isinstance(event, CollectionStartEvent):
+          raise _too_deep(self.file, self.span(event))
         before = self.count
         node = super().compose_node(parent, index)
         if isinstance(event, AliasEvent):  # a copy of the anchored node, in full

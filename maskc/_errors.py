@@ -15,7 +15,7 @@ from typing import Any
 # a long source line by a window around the caret, and a whole message by `_clip`.
 MAX_QUOTE_CHARS = 200
 MAX_LINE_CHARS = 160
-MAX_MESSAGE_CHARS = 2000
+MAX_MESSAGE_CHARS = 500
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
