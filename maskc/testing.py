@@ -49,7 +49,7 @@ from maskc import _builders as mb
 from maskc import _ir as ir
 from maskc._bind import Shape, as_mask
 from maskc._equivalence import Equivalence, equivalent
-from maskc._errors import MaskValueError
+from maskc._errors import MaskValueError, short_repr
 from maskc._evaluate import Env, evaluate
 
 __all__ = ["assert_masks_equal", "comparisons", "mask_trees", "masks", "operand_values",
@@ -97,7 +97,7 @@ def _operand_kinds(operands: Sequence[str] | Mapping[str, str]) -> dict[str, str
       kinds[name] = _DEFAULT_KINDS[name]
   for name, kind in kinds.items():
     if kind not in OPERAND_KINDS:
-      raise MaskValueError(f"unknown operand kind {kind!r} for `{name}`",
+      raise MaskValueError(f"unknown operand kind {short_repr(kind)} for `{name}`",
                            hint=f"Use one of {', '.join(OPERAND_KINDS)}.")
     ir.operand(name)  # a valid identifier
   return kinds
