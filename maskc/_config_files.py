@@ -137,7 +137,7 @@ def check_bounds(data: Any, file: str | None) -> None:
 # Strings and comments, skipped whole by the scan; any other bracket is counted. In TOML a
 # dotted key nests too (`a.b.c = 1`), and tomllib's time grows with the square of its length:
 # a chain of more dots than the depth limit is refused as it is found.
-_JSON_SCAN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+_JSON_SCAN = re.compile(r'"(?:[^"\\]++|\\.)*+"|[\[\]{}]', re.DOTALL)
 _TOML_KEY = r"""(?:[A-Za-z0-9_-]++|"(?:[^"\\\n]|\\.)*+"|'[^'\n]*+')"""
 _TOML_SCAN = re.compile(rf"(?P<key>(?<![A-Za-z0-9_-])(?:{_TOML_KEY}[ \t]*+\.[ \t]*+)"
                         rf"{{{MAX_CONFIG_DEPTH}}}{_TOML_KEY})"
@@ -153,11 +153,11 @@ def _check_brackets(text: str, scan: re.Pattern, file: str) -> None:
     tok = m.group()
     if m.lastgroup == "key":  # a dotted key past the depth limit
       raise _too_deep(file, _offset_span(text, m.start()))
-    if tok in "[{":
+    if tok in ("[", "{"):
       depth += 1
       if depth > MAX_CONFIG_DEPTH:
         raise _too_deep(file, _offset_span(text, m.start()))
-    elif tok in "]}":
+    elif tok in ("]", "}"):
       depth = max(0, depth - 1)
 
 

@@ -195,13 +195,13 @@ def _check_brackets(text: str) -> None:
                            span=_offset_span(text, m.start(), m.end()),
                            hint="A run of `~` or `-` nests one level per operator; drop pairs "
                                 "that cancel.")
-    if tok in "([":
+    if tok in ("(", "["):
       depth += 1
       if depth > MAX_BRACKET_DEPTH:
         raise MaskLimitError(f"the mask nests brackets deeper than {MAX_BRACKET_DEPTH} levels",
                              span=_offset_span(text, m.start(), m.end()),
                              hint="Close brackets sooner; name parts with definitions.")
-    elif tok in ")]":
+    elif tok in (")", "]"):
       depth = max(0, depth - 1)
 
 
