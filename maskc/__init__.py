@@ -36,9 +36,9 @@ from maskc._lower import bind_map as _bind_map, compile as compile
 
 __version__ = "0.1.0"
 from maskc._config import (ConfigError as ConfigError, ConfigWarning as ConfigWarning,
-                           MaskConfig as MaskConfig, MaskSpec as MaskSpec,
-                           OperandDecl as OperandDecl, load_config as load_config,
-                           mask_field as mask_field)
+                           MaskConfig as MaskConfig, OperandDecl as OperandDecl,
+                           load_config as load_config)
+from maskc._mask_spec import MaskSpec as MaskSpec, mask_field as mask_field
 from maskc._show import MaskView as MaskView, show as show
 from maskc._equivalence import equivalent as equivalent
 

@@ -35,14 +35,17 @@ In YAML, quote mask text that starts with `~`, `&`, `*`, `|` or `!` (YAML reads
 those itself). In TOML, quote definition keys with brackets (`"streaming(w)" =
 "sliding(w) | sink(4)"`) and write a layer list as `[[layers]]` tables with
 `mask = "..."`, whose key paths then read `layers[3].mask` as in errors.
+
+This module is the schema and its loader. Reading files, with their size and
+depth bounds, lives in `maskc._config_files`; `MaskSpec` and `mask_field` (mask
+text as a field of a model's own config class) in `maskc._mask_spec`;
+`ConfigError` with the other errors in `maskc._errors`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import operator
-import os
 import re
 import warnings
 from typing import Any, Mapping, Sequence
@@ -51,10 +54,11 @@ import jax
 import numpy as np
 
 from maskc import _ir as ir
-from maskc._errors import MaskError, MaskTypeError, MaskValueError, OperandError, Span
-from maskc._parse import BUILTINS, RESERVED, _Program, nearest, parse, parse_tree, prelude
-
-Layer = ir.Mask | tuple[ir.Mask, ...]
+from maskc._config_files import key_path, read_config
+from maskc._errors import (ConfigError, MaskError, MaskTypeError, MaskValueError, OperandError,
+                           Span, config_where, short_repr)
+from maskc._mask_spec import Layer
+from maskc._parse import BUILTINS, RESERVED, _Program, nearest, parse_tree, prelude
 
 _TOP_KEYS = ("num_layers", "num_heads", "params", "definitions", "default", "layers",
              "operands")
@@ -65,43 +69,8 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MAX_COUNT = 100_000  # layers or heads: a bound, so a typo cannot allocate without limit
 
 
-class ConfigError(MaskError, ValueError):
-  """A model config is malformed: a wrong key, type or count, or an undeclared operand.
-
-  Errors in mask text inside a config keep their own class (`MaskSyntaxError`,
-  `MaskNameError`, ...); both kinds carry `path` (the key path, `layers[3].mask`)
-  and `file` (the config file, or None for a dict).
-  """
-
-  def __init__(self, message: str, *, path: str | None = None, file: str | None = None,
-               span: Span | None = None, hint: str | None = None):
-    self.path = path
-    self.file = file
-    super().__init__(message, span=span, hint=hint, source=_where(file, path))
-
-  def _render(self) -> str:
-    if self.span is None and self.source:
-      head, *rest = super()._render().split("\n", 1)
-      return "\n".join([f"{head} ({self.source})", *rest])
-    return super()._render()
-
-
 class ConfigWarning(UserWarning):
   """A config declares something no mask uses: an operand or a parameter."""
-
-
-def _where(file: str | None, path: str | None) -> str | None:
-  if file and path:
-    return f"{file}: {path}"
-  return file or path
-
-
-def _key(path: str, key: Any) -> str:
-  if isinstance(key, int):
-    return f"{path}[{key}]"
-  if isinstance(key, str) and key.isidentifier():
-    return f"{path}.{key}" if path else key
-  return f"{path}[{json.dumps(str(key))}]"
 
 
 # ----------------------------------------------------------------------------- the result
@@ -161,7 +130,8 @@ class MaskConfig:
     """The mask of `layer` (negative counts from the end): a Mask, or a tuple per head."""
     n = self.num_layers
     if not isinstance(layer, (int, np.integer)) or isinstance(layer, bool):
-      raise ConfigError(f"a layer index must be an int, got {layer!r}", file=self.source)
+      raise ConfigError(f"a layer index must be an int, got {short_repr(layer)}",
+                        file=self.source)
     if not -n <= layer < n:
       raise ConfigError(f"layer {layer} is out of range for {n} layers", file=self.source,
                         hint=f"Layers are numbered 0 to {n - 1}.")
@@ -242,90 +212,13 @@ def _ranges(idx: Sequence[int]) -> str:
   return ", ".join(parts)
 
 
-# ----------------------------------------------------------------------------- reading files
-
-
-def _read(config: Any, section: str | None) -> tuple[Any, str | None, str]:
-  """The config as plain data, its file name (or None), and the key path of its root."""
-  file = None
-  if isinstance(config, (str, os.PathLike)):
-    file = os.fspath(config)
-    suffix = os.path.splitext(file)[1].lower()
-    if suffix not in (".yaml", ".yml", ".json", ".toml"):
-      raise ConfigError(f"cannot tell the format of {file!r} from its suffix", file=file,
-                        hint="Name it .yaml, .yml, .json or .toml, or pass the loaded dict.")
-    try:
-      with open(file, encoding="utf-8") as f:
-        text = f.read()
-    except OSError as e:
-      raise ConfigError(f"cannot read the config file: {e.strerror or e}", file=file) from None
-    data = {".json": _load_json, ".toml": _load_toml}.get(suffix, _load_yaml)(text, file)
-  elif isinstance(config, Mapping):
-    data = config
-  else:
-    raise ConfigError(f"a config is a file path or a mapping, got {type(config).__name__}",
-                      hint="Pass a .yaml/.json/.toml path or a dict.")
-  root = ""
-  for part in (section.split(".") if section else []):
-    if not isinstance(data, Mapping) or part not in data:
-      raise ConfigError(f"the config has no section `{part}`", file=file, path=root or None,
-                        hint=f"section={section!r} names nested keys separated by dots.")
-    data, root = data[part], _key(root, part)
-  return data, file, root
-
-
-def _file_span(text: str, line: int, column: int) -> Span:
-  lines = text.splitlines(keepends=True)
-  start = sum(len(x) for x in lines[:line - 1]) + column - 1
-  return Span(line, column, start, start + 1, text)
-
-
-def _load_json(text: str, file: str) -> Any:
-  try:
-    return json.loads(text)
-  except json.JSONDecodeError as e:
-    raise ConfigError(f"invalid JSON: {e.msg}", file=file,
-                      span=_file_span(text, e.lineno, e.colno)) from None
-
-
-def _load_toml(text: str, file: str) -> Any:
-  import tomllib
-  try:
-    return tomllib.loads(text)
-  except tomllib.TOMLDecodeError as e:
-    message, span = str(e), None
-    m = re.search(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)$", message)
-    if m:
-      if m.group(1):
-        span = _file_span(text, int(m.group(1)), int(m.group(2)))
-      else:
-        body = text.rstrip()
-        line = body.count("\n") + 1
-        span = _file_span(text, line, len(body) - (body.rfind("\n") + 1) + 1)
-      message = message[:m.start()]
-    raise ConfigError(f"invalid TOML: {message}", file=file, span=span) from None
-
-
-def _load_yaml(text: str, file: str) -> Any:
-  try:
-    import yaml
-  except ImportError:
-    raise ConfigError("reading a YAML config needs PyYAML, which is not installed", file=file,
-                      hint="Install it with `pip install 'maskc[yaml]'`, or write the config "
-                           "as JSON or TOML.") from None
-  try:
-    return yaml.safe_load(text)
-  except yaml.MarkedYAMLError as e:
-    mark = e.problem_mark
-    span = _file_span(text, mark.line + 1, mark.column + 1) if mark is not None else None
-    raise ConfigError(f"invalid YAML: {e.problem}", file=file, span=span,
-                      hint="Quote mask text that starts with `~`, `&`, `*`, `|` or `!`: YAML "
-                           "reads those characters itself.") from None
-  except yaml.YAMLError as e:
-    raise ConfigError(f"invalid YAML: {e}", file=file) from None
-
-
 # ----------------------------------------------------------------------------- loading
+
+
+def _shown(key: Any) -> str:
+  """A config key as an error quotes it: short keys as they are, long ones cut."""
+  text = str(key) if isinstance(key, str) else short_repr(key, 60)
+  return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,7 +251,7 @@ class _Loader:
     return ConfigError(message, path=path or None, file=self.file, hint=hint)
 
   def path(self, key: Any) -> str:
-    return _key(self.root, key)
+    return key_path(self.root, key)
 
   # -------------------------------------------------------------------- top level
 
@@ -370,7 +263,7 @@ class _Loader:
     for key in data:
       if key not in _TOP_KEYS:
         guess = nearest(str(key), _TOP_KEYS)
-        raise self.error(f"unknown key `{key}`", self.path(str(key)),
+        raise self.error(f"unknown key `{_shown(key)}`", self.path(str(key)),
                          hint=(f"Did you mean `{guess}`? " if guess else "")
                          + f"A mask config's keys are {', '.join(_TOP_KEYS)}.")
     num_layers = self.count("num_layers")
@@ -400,15 +293,15 @@ class _Loader:
     if value is None:
       return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_COUNT:
-      raise self.error(f"{key} must be a positive integer up to {_MAX_COUNT}, got {value!r}",
-                       self.path(key))
+      raise self.error(f"{key} must be a positive integer up to {_MAX_COUNT}, got "
+                       f"{short_repr(value)}", self.path(key))
     return value
 
   # -------------------------------------------------------------------- params
 
   def check_name(self, name: Any, path: str, what: str) -> None:
     if not isinstance(name, str) or not name.isidentifier():
-      raise self.error(f"{what} name {name!r} is not a name", path,
+      raise self.error(f"{what} name {short_repr(name)} is not a name", path,
                        hint="Names are letters, digits and `_`, not starting with a digit.")
     if name in RESERVED or name in BUILTINS:
       raise self.error(f"{what} name `{name}` is reserved in the mask language", path,
@@ -429,10 +322,10 @@ class _Loader:
     params: dict[str, Any] = {}
     self.config_params: dict[str, str] = {}
     for name, value in raw.items():
-      p = _key(base, name)
+      p = key_path(base, name)
       self.check_name(name, p, "parameter")
       if isinstance(value, bool) or not isinstance(value, int):
-        raise self.error(f"parameter `{name}` must be an integer, got {value!r}", p,
+        raise self.error(f"parameter `{name}` must be an integer, got {short_repr(value)}", p,
                          hint="Masks belong under `definitions:`; operands under `operands:`.")
       params[name] = value
       self.config_params[name] = p
@@ -444,7 +337,7 @@ class _Loader:
           value = operator.index(value)  # NumPy integers
         except TypeError:
           raise self.error(f"parameter `{name}` must be an int, a mask or an operand name, got "
-                           f"{type(value).__name__} {value!r}", where) from None
+                           f"{type(value).__name__} {short_repr(value)}", where) from None
       params[name] = value
     return params
 
@@ -462,7 +355,7 @@ class _Loader:
                        hint="operands: {seg: {kind: token, dtype: int32}, prompt_len: scalar}")
     out = {}
     for name, spec in raw.items():
-      p = _key(base, name)
+      p = key_path(base, name)
       self.check_name(name, p, "operand")
       if name in self.params:
         raise self.error(f"`{name}` is both a parameter and an operand", p,
@@ -475,17 +368,18 @@ class _Loader:
       elif isinstance(spec, Mapping):
         for key in spec:
           if key not in ("kind", "dtype", "doc"):
-            raise self.error(f"unknown key `{key}` in operand `{name}`", _key(p, str(key)),
+            raise self.error(f"unknown key `{_shown(key)}` in operand `{name}`",
+                             key_path(p, str(key)),
                              hint="An operand has `kind`, `dtype` and `doc`.")
         if "kind" not in spec:
           raise self.error(f"operand `{name}` needs a kind", p,
                            hint="kind: token (per token), scalar or pair (pairwise).")
-        kind, dtype, kind_path = spec["kind"], spec.get("dtype"), _key(p, "kind")
+        kind, dtype, kind_path = spec["kind"], spec.get("dtype"), key_path(p, "kind")
       else:
-        raise self.error(f"operand `{name}` must be a kind or a mapping, got {spec!r}", p,
-                         hint=f"{name}: {{kind: token, dtype: int32}}")
+        raise self.error(f"operand `{name}` must be a kind or a mapping, got "
+                         f"{short_repr(spec)}", p, hint=f"{name}: {{kind: token, dtype: int32}}")
       if not isinstance(kind, str) or kind not in _KINDS:
-        raise self.error(f"operand `{name}` has unknown kind {kind!r}", kind_path,
+        raise self.error(f"operand `{name}` has unknown kind {short_repr(kind)}", kind_path,
                          hint="Kinds are token (per token, [L] or [B, L]), scalar ([] or [B]) "
                               "and pair (pairwise, [Lq, Lk] or [B, Lq, Lk]).")
       if dtype is not None:
@@ -494,8 +388,9 @@ class _Loader:
         except (TypeError, ValueError, SyntaxError):
           dt = None
         if dt is None or not (np.issubdtype(dt, np.integer) or dt == np.bool_):
-          raise self.error(f"operand `{name}` has dtype {dtype!r}; operands hold integers or "
-                           f"booleans", _key(p, "dtype"), hint="dtype: int32 or dtype: bool.")
+          raise self.error(f"operand `{name}` has dtype {short_repr(dtype)}; operands hold "
+                           f"integers or booleans", key_path(p, "dtype"),
+                           hint="dtype: int32 or dtype: bool.")
         dtype = dt.name
       out[name] = (_KINDS[kind], dtype, p)
     return out
@@ -512,11 +407,11 @@ class _Loader:
     elif isinstance(raw, Mapping):
       parts, segments, pos = [], [], 0
       for lhs, body in raw.items():
-        p = _key(base, str(lhs))
+        p = key_path(base, str(lhs))
         if not isinstance(lhs, str) or not _NAME.match(lhs.strip()):
-          raise self.error(f"definition name {lhs!r} is not a name or `name(params)`", p)
+          raise self.error(f"definition name {short_repr(lhs)} is not a name or `name(params)`", p)
         if not isinstance(body, str) or not body.strip():
-          raise self.error(f"definition `{lhs}` must be mask text, got {body!r}", p,
+          raise self.error(f"definition `{lhs}` must be mask text, got {short_repr(body)}", p,
                            hint=f"{lhs}: causal & chunk(C)")
         line = f"{lhs} = {body}"
         segments.append(_Segment(pos, lhs, p))
@@ -554,7 +449,7 @@ class _Loader:
 
   def expr(self, text: Any, path: str) -> ir.Mask:
     if not isinstance(text, str):
-      raise self.error(f"expected mask text, got {type(text).__name__} {text!r}", path,
+      raise self.error(f"expected mask text, got {type(text).__name__} {short_repr(text)}", path,
                        hint="Write the mask as a string: \"causal & chunk(C)\".")
     if not text.strip():
       raise self.error("the mask text is empty", path, hint="Write a mask, e.g. `causal`.")
@@ -603,8 +498,8 @@ class _Loader:
     err.span = span
     err.path, err.file = where or None, self.file
     if span is None:
-      err.message = f"{err.message} ({_where(self.file, where)})"
-    err.with_source(_where(self.file, where))
+      err.message = f"{err.message} ({config_where(self.file, where)})"
+    err.with_source(config_where(self.file, where))
     return err
 
   def known(self, name: str) -> bool:
@@ -621,20 +516,22 @@ class _Loader:
     if isinstance(value, Mapping):
       for key in value:
         if key not in ("mask", "heads"):
-          raise self.error(f"unknown key `{key}` in a layer entry", _key(path, str(key)),
+          raise self.error(f"unknown key `{_shown(key)}` in a layer entry",
+                           key_path(path, str(key)),
                            hint="A layer entry has `mask: text` or `heads: [text, ...]`.")
       if ("mask" in value) == ("heads" in value):
         raise self.error("a layer entry needs exactly one of `mask` and `heads`", path,
                          hint="{mask: causal} or {heads: [causal, \"sliding(128)\"]}")
       if "mask" in value:
-        return self.expr(value["mask"], _key(path, "mask"))
+        return self.expr(value["mask"], key_path(path, "mask"))
       heads = value["heads"]
-      hp = _key(path, "heads")
+      hp = key_path(path, "heads")
       if isinstance(heads, str) or not isinstance(heads, Sequence) or not heads:
-        raise self.error(f"heads must be a non-empty list of mask texts, got {heads!r}", hp)
-      return tuple(self.expr(h, _key(hp, i)) for i, h in enumerate(heads))
+        raise self.error(f"heads must be a non-empty list of mask texts, got "
+                         f"{short_repr(heads)}", hp)
+      return tuple(self.expr(h, key_path(hp, i)) for i, h in enumerate(heads))
     raise self.error(f"a layer entry is mask text, {{mask: ...}}, {{heads: [...]}} or null, "
-                     f"got {type(value).__name__} {value!r}", path)
+                     f"got {type(value).__name__} {short_repr(value)}", path)
 
   def read_layers(self, num_layers: int | None) -> list[tuple[Layer | None, str]]:
     raw = self.data.get("layers")
@@ -652,13 +549,13 @@ class _Loader:
         raise self.error(f"layers lists {len(raw)} layers but num_layers is {num_layers}", base,
                          hint="List one entry per layer, or use `layers: {pattern: [...]}` to "
                               "repeat a pattern.")
-      return [(self.entry(v, _key(base, i)), _key(base, i)) for i, v in enumerate(raw)]
+      return [(self.entry(v, key_path(base, i)), key_path(base, i)) for i, v in enumerate(raw)]
     if not isinstance(raw, Mapping):
       raise self.error(f"layers must be a list or {{pattern: [...]}}, got {type(raw).__name__}",
                        base)
     for key in raw:
       if key not in ("pattern", "overrides"):
-        raise self.error(f"unknown key `{key}` in layers", _key(base, str(key)),
+        raise self.error(f"unknown key `{_shown(key)}` in layers", key_path(base, str(key)),
                          hint="layers: {pattern: [...], overrides: {0: ...}}")
     if num_layers is None:
       raise self.error("a layer pattern needs num_layers", base,
@@ -666,25 +563,26 @@ class _Loader:
     out: list[tuple[Layer | None, str]] = [(None, "") for _ in range(num_layers)]
     pattern = raw.get("pattern")
     if pattern is not None:
-      pp = _key(base, "pattern")
+      pp = key_path(base, "pattern")
       if isinstance(pattern, str) or not isinstance(pattern, Sequence) or not pattern:
-        raise self.error(f"pattern must be a non-empty list of layer entries, got {pattern!r}",
-                         pp, hint="pattern: [local, local, local, causal]")
-      entries = [(self.entry(v, _key(pp, i)), _key(pp, i)) for i, v in enumerate(pattern)]
+        raise self.error(f"pattern must be a non-empty list of layer entries, got "
+                         f"{short_repr(pattern)}", pp,
+                         hint="pattern: [local, local, local, causal]")
+      entries = [(self.entry(v, key_path(pp, i)), key_path(pp, i)) for i, v in enumerate(pattern)]
       out = [entries[i % len(entries)] for i in range(num_layers)]
     overrides = raw.get("overrides")
     if overrides is not None:
-      op = _key(base, "overrides")
+      op = key_path(base, "overrides")
       if not isinstance(overrides, Mapping):
-        raise self.error(f"overrides must map layer numbers to entries, got {overrides!r}", op,
-                         hint="overrides: {0: causal}")
+        raise self.error(f"overrides must map layer numbers to entries, got "
+                         f"{short_repr(overrides)}", op, hint="overrides: {0: causal}")
       for key, v in overrides.items():
-        kp = _key(op, str(key))
+        kp = key_path(op, str(key))
         i = key if isinstance(key, int) and not isinstance(key, bool) else (
             int(key) if isinstance(key, str) and key.strip().isdigit() else None)
         if i is None or not 0 <= i < num_layers:
-          raise self.error(f"override key {key!r} is not a layer number in 0..{num_layers - 1}",
-                           kp)
+          raise self.error(f"override key {short_repr(key)} is not a layer number in "
+                           f"0..{num_layers - 1}", kp)
         out[i] = (self.entry(v, kp), kp)
     return out
 
@@ -696,13 +594,13 @@ class _Loader:
         n = len(m)
         if num_heads is not None and n != num_heads:
           raise self.error(f"the entry lists {n} head masks"
-                           f" but num_heads is {num_heads}", _key(path, "heads"),
+                           f" but num_heads is {num_heads}", key_path(path, "heads"),
                            hint="Give one mask per head.")
         if seen is not None and n != seen[0]:
           raise self.error(f"this entry lists {n} head masks but {seen[1]} lists {seen[0]}",
-                           _key(path, "heads"), hint="Give every per-head layer the same "
+                           key_path(path, "heads"), hint="Give every per-head layer the same "
                                                      "number of heads, or set num_heads.")
-        seen = seen or (n, _key(path, "heads"))
+        seen = seen or (n, key_path(path, "heads"))
 
   # -------------------------------------------------------------------- operand checks
 
@@ -730,7 +628,7 @@ class _Loader:
     out = []
     for name, (kind, dtype, p) in sorted(self.operand_decls.items()):
       if name not in used:
-        self.warnings.append(f"operand `{name}` is declared ({_where(self.file, p)}) but no "
+        self.warnings.append(f"operand `{name}` is declared ({config_where(self.file, p)}) but no "
                              f"layer's mask reads it")
       out.append(OperandDecl(name, kind, dtype or ("bool" if used.get(name) else "int32")))
     return tuple(out)
@@ -760,8 +658,8 @@ class _Loader:
         continue
       where = self.config_params.get(name)
       if where is not None and name not in self.caller:
-        self.warnings.append(f"parameter `{name}` ({_where(self.file, where)}) is not used by "
-                             f"any mask")
+        self.warnings.append(f"parameter `{name}` ({config_where(self.file, where)}) is not "
+                             f"used by any mask")
       else:
         self.warnings.append(f"parameter `{name}` passed to load_config is not used by any "
                              f"mask of {self.file or 'the config'}")
@@ -804,7 +702,7 @@ def load_config(config: Any, /, *, section: str | None = None, **params: Any) ->
       raise ConfigError("a loaded MaskConfig cannot take new parameters or a section",
                         file=config.source, hint="Load the file again with the parameters.")
     return config
-  data, file, root = _read(config, section)
+  data, file, root = read_config(config, section)
   loader = _Loader(data, file, root, dict(params))
   result = loader.load()
   for message in loader.warnings:
@@ -812,134 +710,4 @@ def load_config(config: Any, /, *, section: str | None = None, **params: Any) ->
   return result
 
 
-# ----------------------------------------------------------------------------- dataclass fields
-
-
-@dataclasses.dataclass(frozen=True, init=False)
-class MaskSpec:
-  """Mask text with its parameters, parsed and checked when built: a model-config field.
-
-  Frozen and hashable, so it can be a static field of a flax or plain dataclass
-  and a `jax.jit` static argument; registered with JAX as a static pytree node
-  (no leaves). A sequence of texts is a per-head mask.
-
-  Attributes:
-    text: the mask text, or a tuple of texts (one per head).
-    params: the parameter values, as sorted (name, value) pairs.
-
-  >>> import maskc
-  >>> spec = maskc.MaskSpec("causal & chunk(C)", C=8192)
-  >>> spec.mask == maskc.causal() & maskc.chunk(8192), spec == maskc.MaskSpec(spec.text, C=8192)
-  (True, True)
-  """
-  text: str | tuple[str, ...]
-  params: tuple[tuple[str, Any], ...]
-
-  def __init__(self, text: Any, params: Mapping[str, Any] | None = None, /, **kw_params: Any):
-    merged = dict(params or {})
-    merged.update(kw_params)
-    if isinstance(text, MaskSpec):
-      merged = {**dict(text.params), **merged}
-      text = text.text
-    if isinstance(text, ir.Mask):
-      text = str(text)
-    elif not isinstance(text, str):
-      if not isinstance(text, Sequence) or not text:
-        raise MaskTypeError(f"a MaskSpec holds mask text or a list of texts (one per head), "
-                            f"got {type(text).__name__} {text!r}")
-      text = tuple(str(t) if isinstance(t, ir.Mask) else t for t in text)
-    object.__setattr__(self, "text", text)
-    object.__setattr__(self, "params", tuple(sorted(merged.items())))
-    if isinstance(text, str):
-      mask = parse(text, **merged)
-    else:
-      mask = tuple(parse(t, **merged) for t in text)
-    object.__setattr__(self, "_mask", mask)
-
-  @property
-  def mask(self) -> Layer:
-    """The parsed mask, or a tuple of masks for a per-head spec."""
-    return self._mask
-
-  @property
-  def operands(self) -> tuple[ir.OperandSpec, ...]:
-    """The runtime operands the mask (all heads) reads, sorted by name."""
-    masks = (self._mask,) if isinstance(self._mask, ir.Mask) else self._mask
-    return tuple(sorted({s for m in masks for s in m.operands}, key=lambda s: s.name))
-
-  def compile(self, q_len: int, kv_len: int | None = None, **kw: Any):
-    """`maskc.compile` of this mask; keywords as there."""
-    from maskc._lower import compile as compile_mask
-    m = self._mask
-    return compile_mask(m if isinstance(m, ir.Mask) else list(m), q_len, kv_len, **kw)
-
-  @classmethod
-  def coerce(cls, value: Any) -> "MaskSpec":
-    """`value` as a MaskSpec: a MaskSpec, mask text, a Mask, or a list of them per head."""
-    return value if isinstance(value, MaskSpec) else cls(value)
-
-  def __reduce__(self):
-    return (_spec_from, (self.text, self.params))
-
-  def __str__(self) -> str:
-    return self.text if isinstance(self.text, str) else "[" + ", ".join(self.text) + "]"
-
-
-def _spec_from(text, params):
-  return MaskSpec(text, dict(params))
-
-
-class _MaskField:
-  """The descriptor behind `mask_field`: turns what is assigned into a checked MaskSpec."""
-
-  def __init__(self, default: Any, params: dict[str, Any]):
-    self.default = None if default is dataclasses.MISSING else MaskSpec(default, params)
-    self.params = params
-    self.name = self.attr = "?"
-
-  def __set_name__(self, owner, name: str) -> None:
-    self.name, self.attr = name, f"_maskc_field_{name}"
-
-  def __get__(self, obj, owner=None):
-    if obj is None:
-      if self.default is None:
-        raise AttributeError(self.name)  # dataclasses reads this as "no default"
-      return self.default
-    try:
-      return obj.__dict__[self.attr]
-    except KeyError:
-      raise AttributeError(self.name) from None
-
-  def __set__(self, obj, value) -> None:
-    try:
-      spec = value if isinstance(value, MaskSpec) else MaskSpec(value, self.params)
-    except MaskError as e:
-      raise e.with_source(f"{type(obj).__name__}.{self.name}") from None
-    obj.__dict__[self.attr] = spec
-
-
-def mask_field(default: Any = dataclasses.MISSING, **params: Any) -> Any:
-  """A dataclass field holding a `MaskSpec`, checked whenever the dataclass is built.
-
-  Assign it as the field's default (`attn: maskc.MaskSpec = maskc.mask_field("causal")`).
-  Mask text given to the constructor (`Model(attn="sliding(W)")`) is parsed with
-  `params` right away, so a bad mask fails when the config is made, not when the
-  model runs. Works with plain and frozen dataclasses (not `slots=True`).
-
-  Args:
-    default: the default mask text (or Mask, or list of texts per head); omit it to
-      make the field required.
-    **params: parameter values for the field's masks.
-
-  >>> import dataclasses, maskc
-  >>> @dataclasses.dataclass(frozen=True)
-  ... class Attn:
-  ...   mask: maskc.MaskSpec = maskc.mask_field("causal & chunk(C)", C=64)
-  >>> str(Attn(mask="sliding(C)").mask.mask)
-  'sliding(64)'
-  """
-  return _MaskField(default, dict(params))
-
-
-jax.tree_util.register_static(MaskSpec)
 jax.tree_util.register_static(MaskConfig)

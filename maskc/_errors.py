@@ -8,6 +8,14 @@ source and a position and render the offending line with a caret under it.
 from __future__ import annotations
 
 import dataclasses
+import reprlib
+from typing import Any
+
+# What an error quotes is bounded, whatever the input: a value is shown by `short_repr`,
+# a long source line by a window around the caret, and a whole message by `_clip`.
+MAX_QUOTE_CHARS = 200
+MAX_LINE_CHARS = 160
+MAX_MESSAGE_CHARS = 500
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -21,11 +29,23 @@ class Span:
   text: str = dataclasses.field(repr=False, compare=False, default="")
 
   def caret(self) -> str:
-    """The line holding the span, with carets under the span."""
+    """The line holding the span, with carets under the span.
+
+    A line longer than `MAX_LINE_CHARS` is shown as a window around the span,
+    with `...` where it was cut, so an error about a huge text stays short.
+    """
     lines = self.text.splitlines() or [""]
     line = lines[min(self.line, len(lines)) - 1]
-    width = max(1, min(self.end - self.start, len(line) - self.column + 1))
-    return f"  {line}\n  {' ' * (self.column - 1)}{'^' * width}"
+    column = self.column
+    width = max(1, min(self.end - self.start, len(line) - column + 1))
+    if len(line) > MAX_LINE_CHARS:
+      width = min(width, MAX_LINE_CHARS // 2)
+      lo = max(0, min(column - 1 - MAX_LINE_CHARS // 4, len(line) - MAX_LINE_CHARS))
+      hi = lo + MAX_LINE_CHARS
+      head, tail = ("..." if lo > 0 else ""), ("..." if hi < len(line) else "")
+      line = head + line[lo:hi] + tail
+      column = column - lo + len(head)
+    return f"  {line}\n  {' ' * (column - 1)}{'^' * width}"
 
 
 class MaskError(Exception):
@@ -54,14 +74,14 @@ class MaskError(Exception):
     return self.span.column if self.span else None
 
   def _render(self) -> str:
-    parts = [self.message]
+    parts = [_clip(self.message)]
     if self.span is not None:
       where = f"{self.source}, " if self.source else ""
       parts[0] += f" ({where}line {self.span.line}, column {self.span.column})"
       parts.append("")
       parts.append(self.span.caret())
     if self.hint:
-      parts.append(self.hint)
+      parts.append(_clip(self.hint))
     return "\n".join(parts)
 
   def __str__(self) -> str:
@@ -110,3 +130,77 @@ class OperandError(MaskValueError):
 
 class BackendError(MaskError, NotImplementedError):
   """The chosen backend cannot run this mask; the message names one that can."""
+
+
+class ConfigError(MaskError, ValueError):
+  """A model config is malformed: a wrong key, type or count, an undeclared operand, or a
+  file too large or too deeply nested to read.
+
+  Errors in mask text inside a config keep their own class (`MaskSyntaxError`,
+  `MaskNameError`, ...); both kinds carry `path` (the key path, `layers[3].mask`)
+  and `file` (the config file, or None for a dict).
+  """
+
+  def __init__(self, message: str, *, path: str | None = None, file: str | None = None,
+               span: Span | None = None, hint: str | None = None):
+    self.path = path
+    self.file = file
+    super().__init__(message, span=span, hint=hint, source=config_where(file, path))
+
+  def _render(self) -> str:
+    if self.span is None and self.source:
+      head, *rest = super()._render().split("\n", 1)
+      return "\n".join([f"{head} ({self.source})", *rest])
+    return super()._render()
+
+
+def config_where(file: str | None, path: str | None) -> str | None:
+  """`file: key.path`, or whichever of the two is known."""
+  if file and path:
+    return f"{file}: {path}"
+  return file or path
+
+
+# ----------------------------------------------------------------------------- quoting
+
+
+class _ShortRepr(reprlib.Repr):
+  """`reprlib.Repr` that also survives integers too long for `repr`."""
+
+  def __init__(self):
+    super().__init__()
+    self.maxlevel, self.maxstring, self.maxother, self.maxlong = 3, 80, 80, 60
+    self.maxdict = self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = 6
+
+  def repr_int(self, x: int, level: int) -> str:
+    if x.bit_length() > 256:  # repr of a huge int is slow, or refused past 4300 digits
+      return f"<int of {x.bit_length()} bits>"
+    return super().repr_int(x, level)
+
+
+_SHORT_REPR = _ShortRepr()
+
+
+def short_repr(value: Any, limit: int = MAX_QUOTE_CHARS) -> str:
+  """`repr(value)` cut to at most `limit` characters, for quoting user values in errors.
+
+  Bounded in time and length on huge, deeply nested, shared or cyclic values (a
+  YAML "billion laughs" document, a 10,000-digit integer), where `repr` would
+  take seconds and gigabytes.
+
+  >>> short_repr(list(range(100)))
+  '[0, 1, 2, 3, 4, 5, ...]'
+  """
+  try:
+    text = _SHORT_REPR.repr(value)
+  except Exception:  # a user object whose __repr__ fails: name its type instead
+    text = f"<{type(value).__name__} object>"
+  return _clip(text, limit)
+
+
+def _clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+  """`text`, or its head and tail around ` ... ` when longer than `limit`."""
+  if len(text) <= limit:
+    return text
+  keep = max(limit - 5, 2)
+  return text[:keep - keep // 4] + " ... " + text[len(text) - keep // 4:]

@@ -11,19 +11,27 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
 from typing import Any, Iterator
 
 import lark
 
 from maskc import _ir as ir
 from maskc._errors import (MaskError, MaskLimitError, MaskNameError, MaskRecursionError,
-                           MaskSyntaxError, MaskTypeError, Span)
+                           MaskSyntaxError, MaskTypeError, MaskValueError, Span, short_repr)
 from maskc._operands import collect_operands
 from maskc.grammar import grammar_text, prelude_text
 
 MAX_TEXT_CHARS = 100_000
 MAX_NESTING = 128
 MAX_EXPANDED_NODES = 50_000
+# Redundant brackets add no syntax-tree depth (`((causal))` is `causal`), so brackets get a
+# looser bound than the tree; it is checked by a scan before lark runs, which stops at the first
+# bracket too deep: a text of 60,000 `(` is refused after about this many characters.
+MAX_BRACKET_DEPTH = 4 * MAX_NESTING
+# An integer literal longer than this cannot be a sensible position, and Python refuses to
+# convert one past 4,300 digits; the IR's own range check then gives the exact bound.
+MAX_LITERAL_DIGITS = 40
 
 RESERVED = {"q", "k", "true", "false", "where"}
 BUILTINS = {"abs", "min", "max", "runs"}
@@ -158,6 +166,7 @@ def parse_tree(text: str) -> lark.Tree:
   if len(text) > MAX_TEXT_CHARS:
     raise MaskLimitError(f"the mask text has {len(text)} characters; the limit is "
                          f"{MAX_TEXT_CHARS}", hint="Name repeated parts with definitions.")
+  _check_brackets(text)
   try:
     tree = _parser().parse(text)
   except lark.exceptions.UnexpectedInput as e:
@@ -166,6 +175,40 @@ def parse_tree(text: str) -> lark.Tree:
     raise MaskSyntaxError(f"cannot parse the mask: {e}") from None
   _check_nesting(tree, text)
   return tree
+
+
+# Comments and quoted messages are skipped whole; every other bracket is counted, and so is
+# a run of prefix operators (`~~~~`, `- - -`), each of which nests the tree one level.
+_DEPTH_SCAN = re.compile(rf'#[^\n]*|"[^"\n]*"|(?P<unary>(?<![~-])[~-](?:\s*[~-]){{{MAX_NESTING},}})'
+                         r'|[()\[\]]')
+
+
+def _check_brackets(text: str) -> None:
+  """Refuses brackets nested deeper than `MAX_BRACKET_DEPTH`, and runs of more than
+  `MAX_NESTING` prefix operators, before lark parses the text: the scan stops at the first
+  one, so a text of 60,000 `(` is refused in time proportional to the limit."""
+  depth = 0
+  for m in _DEPTH_SCAN.finditer(text):
+    tok = m.group()
+    if m.lastgroup == "unary":
+      raise MaskLimitError(f"the mask nests deeper than {MAX_NESTING} levels",
+                           span=_offset_span(text, m.start(), m.end()),
+                           hint="A run of `~` or `-` nests one level per operator; drop pairs "
+                                "that cancel.")
+    if tok in ("(", "["):
+      depth += 1
+      if depth > MAX_BRACKET_DEPTH:
+        raise MaskLimitError(f"the mask nests brackets deeper than {MAX_BRACKET_DEPTH} levels",
+                             span=_offset_span(text, m.start(), m.end()),
+                             hint="Close brackets sooner; name parts with definitions.")
+    elif tok in (")", "]"):
+      depth = max(0, depth - 1)
+
+
+def _offset_span(text: str, start: int, end: int) -> Span:
+  line = text.count("\n", 0, start) + 1
+  column = start - (text.rfind("\n", 0, start) + 1) + 1
+  return _span(text, line, column, start, end)
 
 
 def _check_nesting(tree: lark.Tree, text: str) -> None:
@@ -363,7 +406,12 @@ class _Program:
     if kind == "neg":
       return ir.neg(self._term(self.expr(ch[0], env), ch[0]), span)
     if kind == "int_lit":
-      return ir.term(int(str(ch[0]).replace("_", "")), span)
+      digits = str(ch[0]).replace("_", "").lstrip("0") or "0"
+      if len(digits) > MAX_LITERAL_DIGITS:
+        raise MaskLimitError(f"the integer literal has {len(digits)} digits; the limit is "
+                             f"{MAX_LITERAL_DIGITS}", span=span,
+                             hint="Positions, offsets and sizes fit in far fewer digits.")
+      return ir.term(int(digits), span)
     if kind == "name":
       return self.name(str(ch[0]), span, env)
     if kind == "call":
@@ -474,15 +522,20 @@ def _param_value(name: str, value: Any, span: Span | None):
     return ir.BoolConst(value, span)
   if isinstance(value, int) or (hasattr(value, "__index__") and not isinstance(value, str)):
     try:
-      return ir.term(int(value.__index__()) if not isinstance(value, int) else value, span)
+      number = int(value.__index__()) if not isinstance(value, int) else value
     except TypeError:
       pass
+    else:
+      if number.bit_length() > 4 * MAX_LITERAL_DIGITS:  # too long for the IR to quote
+        raise MaskValueError(f"parameter `{name}` is out of range: an integer of "
+                             f"{number.bit_length()} bits", span=span)
+      return ir.term(number, span)
   if isinstance(value, ir.Node):
     return value
   if isinstance(value, str) and value.isidentifier():
     return ir.Operand(value, span)
   raise MaskTypeError(f"parameter `{name}` must be an int, a mask or an operand name, got "
-                      f"{type(value).__name__} {value!r}", span=span)
+                      f"{type(value).__name__} {short_repr(value)}", span=span)
 
 
 @functools.lru_cache(maxsize=1)

@@ -22,6 +22,19 @@ property tests of code that consumes masks:
       operands = data.draw(testing.operand_values(mask, shape))
       ...
 
+Two families of strategies share their building blocks. `masks`, `shapes` and
+`operand_values` work with operands you name. `mask_trees`, `terms`,
+`comparisons`, `prelude_masks`, `truths` and `prelude_combinations` draw richer
+masks over one fixed set of operands, `STANDARD_OPERANDS`, whose values
+`seeded_operand_values(kv_len, seed)` gives without hypothesis, with the
+`(q_len, kv_len)` pairs of `prefill_shapes`:
+
+    @given(testing.mask_trees(), testing.prefill_shapes(), st.integers(0, 3))
+    def test_my_evaluator(mask, shape, seed):
+      q_len, kv_len = shape
+      operands = testing.seeded_operand_values(kv_len, seed)
+      ...
+
 hypothesis is a test dependency only: this module imports without it, and the
 strategies raise an `ImportError` that says how to install it.
 """
@@ -32,13 +45,16 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from maskc import _builders as mb
 from maskc import _ir as ir
 from maskc._bind import Shape, as_mask
 from maskc._equivalence import Equivalence, equivalent
-from maskc._errors import MaskValueError
+from maskc._errors import MaskValueError, short_repr
 from maskc._evaluate import Env, evaluate
 
-__all__ = ["assert_masks_equal", "masks", "operand_values", "shapes", "OPERAND_KINDS"]
+__all__ = ["assert_masks_equal", "comparisons", "mask_trees", "masks", "operand_values",
+           "prefill_shapes", "prelude_combinations", "prelude_masks", "seeded_operand_values",
+           "shapes", "terms", "truths", "OPERAND_KINDS", "STANDARD_OPERANDS"]
 
 OPERAND_KINDS = {
     "segments": "integer ids per token: `document(x)`, `x[q] == x[k]`, `x[q] < x[k]`",
@@ -81,7 +97,7 @@ def _operand_kinds(operands: Sequence[str] | Mapping[str, str]) -> dict[str, str
       kinds[name] = _DEFAULT_KINDS[name]
   for name, kind in kinds.items():
     if kind not in OPERAND_KINDS:
-      raise MaskValueError(f"unknown operand kind {kind!r} for `{name}`",
+      raise MaskValueError(f"unknown operand kind {short_repr(kind)} for `{name}`",
                            hint=f"Use one of {', '.join(OPERAND_KINDS)}.")
     ir.operand(name)  # a valid identifier
   return kinds
@@ -113,19 +129,31 @@ def _comparisons(st):
       st.builds(lambda a, o1, b, o2, c: ir.compare((a, b, c), (o1, o2)), t, op, t, op, t))
 
 
-def _leaves(st, kinds: dict[str, str], allow_comparisons: bool):
-  from maskc import _builders as mb
+def _prelude_leaves(st, local_max: int) -> list:
+  """The prelude masks without operands, with small valid arguments."""
   small = st.integers(0, 12)
-  q, k = ir.Pos("q"), ir.Pos("k")
-  options = [
-      st.sampled_from([mb.full(), mb.empty(), mb.causal()]),
+  return [
       st.builds(mb.sliding, st.integers(1, 12)),
-      st.builds(mb.local, st.integers(0, 8), st.integers(0, 8)),
+      st.builds(mb.local, st.integers(0, local_max), st.integers(0, local_max)),
       st.builds(mb.chunk, st.integers(1, 12)),
       st.builds(mb.prefix, small),
       st.builds(mb.sink, small),
       st.builds(mb.global_, small),
   ]
+
+
+def _combined(st, children):
+  """`&`, `|`, `^` of two drawn masks, or `~` of one."""
+  return st.one_of(
+      st.builds(lambda a, b: a & b, children, children),
+      st.builds(lambda a, b: a | b, children, children),
+      st.builds(lambda a, b: a ^ b, children, children),
+      st.builds(lambda a: ~a, children))
+
+
+def _leaves(st, kinds: dict[str, str], allow_comparisons: bool):
+  q, k = ir.Pos("q"), ir.Pos("k")
+  options = [st.sampled_from([mb.full(), mb.empty(), mb.causal()]), *_prelude_leaves(st, 8)]
   for name, kind in kinds.items():
     if kind == "segments":
       options.append(st.sampled_from([
@@ -179,14 +207,165 @@ def masks(max_depth: int = 3, operands: Sequence[str] | Mapping[str, str] = ("se
   leaves = _leaves(st, _operand_kinds(operands), allow_comparisons)
   tree = leaves
   for _ in range(max_depth):
-    sub = tree
-    tree = st.one_of(
-        leaves,
-        st.builds(lambda a, b: a & b, sub, sub),
-        st.builds(lambda a, b: a | b, sub, sub),
-        st.builds(lambda a, b: a ^ b, sub, sub),
-        st.builds(lambda a: ~a, sub))
+    tree = st.one_of(leaves, _combined(st, tree))
   return tree.map(str) if as_text else tree
+
+
+# ----------------------------------------------------------------------------- richer masks
+
+STANDARD_OPERANDS = {"seg": "segments", "img": "image", "allowed": "pairwise", "n": "scalar",
+                     "plen": "scalar"}
+"""The operands `mask_trees` and its parts read, by name, with their kinds.
+
+Reads index only at `q`, `k`, `q // c` or `k // c` (c >= 1), so with `kv_len >=
+q_len` and the default offset every read stays in bounds for operands of length
+`kv_len`, as `seeded_operand_values` gives them.
+"""
+
+
+def _pos_index(st):
+  """An in-bounds index term of one position: q, k, q // c or k // c."""
+  pos = st.sampled_from([mb.q, mb.k])
+  return st.one_of(pos, st.builds(lambda p, c: p // c, pos, st.integers(1, 4)))
+
+
+def _as_term(value) -> ir.Term:
+  """An int or a term as a term, so Python operators build IR rather than fold ints."""
+  return ir.Const(value) if isinstance(value, int) else value
+
+
+def terms(max_leaves: int = 6):
+  """A hypothesis strategy for random integer terms over `STANDARD_OPERANDS`.
+
+  Leaves are `q`, `k`, constants in [-20, 20], reads `seg[i]` and `runs(img)[i]`
+  (i one of `q`, `k`, `q // c`, `k // c`) and the scalar `n`; they combine with
+  `+ - * // %` (by small non-zero constants where a side must be one), unary
+  `-`, `abs`, `min` and `max`.
+
+  Args:
+    max_leaves: the most leaves a term has (hypothesis' `recursive`).
+  """
+  st = _strategies()
+  reads = st.one_of(st.builds(lambda i: mb.operand("seg")[i], _pos_index(st)),
+                    st.builds(lambda i: mb.runs("img")[i], _pos_index(st)))
+  leaves = st.one_of(st.sampled_from([mb.q, mb.k]), st.integers(-20, 20).map(ir.Const), reads,
+                     st.just(mb.scalar("n")))
+
+  def extend(children):
+    nonzero = st.integers(-5, 5).filter(lambda c: c != 0)
+    return st.one_of(
+        st.builds(lambda a, b: _as_term(a) + b, children, children),
+        st.builds(lambda a, b: _as_term(a) - b, children, children),
+        st.builds(lambda a, c: _as_term(a) * c, children, st.integers(-4, 4)),
+        st.builds(lambda a, c: c * _as_term(a), children, st.integers(-4, 4)),
+        st.builds(lambda a, c: _as_term(a) // c, children, nonzero),
+        st.builds(lambda a, c: _as_term(a) % c, children, nonzero),
+        st.builds(lambda a: -_as_term(a), children),
+        st.builds(lambda a: abs(_as_term(a)), children),
+        st.builds(lambda a, b: mb.minimum(a, b), children, children),
+        st.builds(lambda a, b: mb.maximum(a, b), children, children),
+    )
+
+  return st.recursive(leaves, extend, max_leaves=max_leaves)
+
+
+def comparisons(max_leaves: int = 6):
+  """A hypothesis strategy for comparisons of `terms(max_leaves)`, some chained:
+  `t1 < t2`, `t1 <= t2 < t3`."""
+  st = _strategies()
+  t = terms(max_leaves)
+  op = st.sampled_from(_OPS)
+  return st.one_of(
+      st.builds(lambda a, o, b: mb.compare((a, b), (o,)), t, op, t),
+      st.builds(lambda a, o1, b, o2, c: mb.compare((a, b, c), (o1, o2)), t, op, t, op, t))
+
+
+def prelude_masks():
+  """A hypothesis strategy for prelude masks with valid arguments, over `STANDARD_OPERANDS`:
+  `full empty causal sliding local chunk prefix sink global`, `document(seg)`,
+  `bidirectional(img)`, `prefix(plen)` and `sink(n)`."""
+  st = _strategies()
+  return st.one_of(
+      st.sampled_from([mb.full(), mb.empty(), mb.causal(), mb.document("seg"),
+                       mb.bidirectional("img"), mb.prefix("plen"), mb.sink("n")]),
+      *_prelude_leaves(st, 12))
+
+
+def truths():
+  """A hypothesis strategy for boolean operand reads used as masks: `img[i]`,
+  `runs(img)[i]`, `allowed[q, k]` and `allowed[q // c, k // c]`."""
+  st = _strategies()
+  return st.one_of(
+      st.builds(lambda i: mb.truth(mb.operand("img")[i]), _pos_index(st)),
+      st.builds(lambda i: mb.truth(mb.runs("img")[i]), _pos_index(st)),
+      st.just(mb.truth(mb.operand("allowed")[mb.q, mb.k])),
+      st.builds(lambda c: mb.truth(mb.operand("allowed")[mb.q // c, mb.k // c]),
+                st.integers(1, 3)))
+
+
+def mask_trees(max_leaves: int = 8, term_leaves: int = 4):
+  """A hypothesis strategy for random masks over `STANDARD_OPERANDS`, by leaf count.
+
+  Leaves are `prelude_masks()` (drawn twice as often), `comparisons(term_leaves)`
+  and `truths()`, combined with `& | ^ ~`. Every mask drawn is valid and reads
+  only the operands of `seeded_operand_values`.
+
+  Args:
+    max_leaves: the most leaf masks a tree has (hypothesis' `recursive`).
+    term_leaves: the most leaves of each compared term.
+
+  >>> from maskc import testing
+  >>> strategy = testing.mask_trees(max_leaves=4, term_leaves=3)
+  """
+  st = _strategies()
+  leaves = st.one_of(prelude_masks(), prelude_masks(), comparisons(term_leaves), truths())
+  return st.recursive(leaves, lambda children: _combined(st, children), max_leaves=max_leaves)
+
+
+def prelude_combinations(max_leaves: int = 6):
+  """A hypothesis strategy for masks built from `prelude_masks()` alone with `& | ^ ~`."""
+  st = _strategies()
+  return st.recursive(prelude_masks(), lambda children: _combined(st, children),
+                      max_leaves=max_leaves)
+
+
+def prefill_shapes(max_len: int = 16):
+  """A hypothesis strategy for `(q_len, kv_len)` with `1 <= q_len <= kv_len <= max_len`
+  (the default offset, `kv_len - q_len`, keeps every read of `mask_trees` in bounds)."""
+  st = _strategies()
+
+  @st.composite
+  def draw_shape(draw):
+    kv_len = draw(st.integers(1, max_len))
+    return draw(st.integers(1, kv_len)), kv_len
+
+  return draw_shape()
+
+
+def seeded_operand_values(kv_len: int, seed: int = 0, batch: int | None = None) -> dict:
+  """Values for every operand of `STANDARD_OPERANDS`, for masks of `kv_len` columns.
+
+  Deterministic in `seed` and needs no hypothesis: sorted segment ids in [0, 4),
+  random image flags and pairwise booleans, and scalars in [0, kv_len].
+
+  Args:
+    kv_len: the key length (and the per-token operands' length).
+    seed: the NumPy random seed.
+    batch: None for unbatched values, or the size of a leading batch axis.
+
+  >>> sorted(seeded_operand_values(8))
+  ['allowed', 'img', 'n', 'plen', 'seg']
+  """
+  rng = np.random.default_rng(seed)
+  lead = () if batch is None else (batch,)
+  seg = np.sort(rng.integers(0, 4, size=lead + (kv_len,)), axis=-1)
+  return {
+      "seg": seg.astype(np.int32),
+      "img": rng.random(lead + (kv_len,)) < 0.5,
+      "allowed": rng.random(lead + (kv_len, kv_len)) < 0.5,
+      "n": rng.integers(0, kv_len + 1, size=lead) if batch else int(rng.integers(0, kv_len + 1)),
+      "plen": rng.integers(0, kv_len + 1, size=lead) if batch else int(rng.integers(0, kv_len + 1)),
+  }
 
 
 # ----------------------------------------------------------------------------- shapes

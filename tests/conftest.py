@@ -1,11 +1,11 @@
-"""Test configuration: hypothesis profiles, CPU-only JAX, and `tests/` on the import path.
+"""Test configuration: hypothesis profiles and CPU-only JAX.
 
+Random masks for property tests come from the public `maskc.testing`.
 Profiles: "ci" is derandomized and bounded (the same examples every run);
 "dev" explores more. Pick one with `HYPOTHESIS_PROFILE=ci`; the default is "dev".
 """
 
 import os
-import sys
 
 import hypothesis
 import jax
@@ -13,11 +13,6 @@ import jax
 # Tests compare against NumPy and run kernels in interpret mode: CPU is enough,
 # and pinning it keeps results the same on machines with an accelerator.
 jax.config.update("jax_platforms", "cpu")
-
-# `from strategies import masks` in any test file, whatever pytest's import mode.
-_TESTS = os.path.dirname(os.path.abspath(__file__))
-if _TESTS not in sys.path:
-  sys.path.insert(0, _TESTS)
 
 hypothesis.settings.register_profile(
     "ci", derandomize=True, max_examples=60, deadline=None, print_blob=True,

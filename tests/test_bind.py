@@ -18,7 +18,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
     splash_attention_mask_info as mask_info_lib)
 
 import maskc
-from strategies import masks, operand_values, shapes
+from maskc.testing import mask_trees, prefill_shapes, seeded_operand_values
 
 
 def dense(m, q_len, kv_len=None, q_offset=None, operands=None):
@@ -54,10 +54,10 @@ def test_tiles_equal_slices_of_the_dense_mask(text, q_len, kv_len, q_offset, ope
   np.testing.assert_array_equal(cm[-1, -3:], full[-1, -3:])
 
 
-@given(masks(6), shapes(), st.integers(0, 3))
+@given(mask_trees(6), prefill_shapes(), st.integers(0, 3))
 def test_random_tiles(m, shape, seed):
   q_len, kv_len = shape
-  ops = operand_values(kv_len, seed)
+  ops = seeded_operand_values(kv_len, seed)
   cm = m.bind(q_len, kv_len, operands=ops)
   full = dense(m, q_len, kv_len, operands=ops)
   np.testing.assert_array_equal(cm[:, :], full)

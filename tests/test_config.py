@@ -539,6 +539,184 @@ def test_file_errors(tmp_path):
   assert "a file path or a mapping, got int" in str(err)
 
 
+# ----------------------------------------------------------------------------- bounds
+
+SHORT_ERROR = 1500  # characters: what an error quotes is bounded, whatever the config holds
+
+
+def config_text(fmt: str, depth: int) -> str:
+  """A config whose `layers` value is `depth` nested lists: `depth + 1` containers in all."""
+  lists = "[" * depth + "]" * depth  # flow style in YAML
+  return {"json": f'{{"layers": {lists}}}', "yaml": f"layers: {lists}\n",
+          "toml": f"layers = {lists}\n"}[fmt]
+
+
+def load_text(tmp_path, fmt: str, text: str):
+  return maskc.load_config(write(tmp_path, f"c.{fmt}", text))
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml", "toml"])
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+def test_deeply_nested_files_are_config_errors(tmp_path, fmt, depth):
+  from maskc._config_files import MAX_CONFIG_DEPTH
+  if fmt == "yaml":
+    pytest.importorskip("yaml")
+  with pytest.raises(maskc.ConfigError) as info:
+    load_text(tmp_path, fmt, config_text(fmt, depth))
+  err = info.value
+  assert f"nests deeper than {MAX_CONFIG_DEPTH} levels" in err.message
+  assert err.line == 1 and len(str(err)) < SHORT_ERROR
+
+
+@pytest.mark.parametrize("text", [
+    "layers:\n" + "".join(" " * i + "- \n" for i in range(1, 400)),  # block style
+    "layers:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, 400)),
+    "a: " + "{b: " * 300 + "1" + "}" * 300,
+])
+def test_deep_block_yaml_is_a_config_error(tmp_path, text):
+  pytest.importorskip("yaml")
+  with pytest.raises(maskc.ConfigError, match="nests deeper than 64") as info:
+    load_text(tmp_path, "yaml", text)
+  assert len(str(info.value)) < SHORT_ERROR
+
+
+@pytest.mark.parametrize("text", [
+    ".".join(["a"] * 20_000) + " = 1\n",
+    ".".join(['"a"'] * 200) + " = 1\n",
+    "[" + ".".join(["t"] * 500) + "]\nx = 1\n",
+    "x = " + "{a = " * 200 + "1" + "}" * 200 + "\n",
+])
+def test_deep_toml_keys_and_tables_are_config_errors(tmp_path, text):
+  with pytest.raises(maskc.ConfigError, match="nests deeper than 64") as info:
+    load_text(tmp_path, "toml", text)
+  assert len(str(info.value)) < SHORT_ERROR
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["json", "yaml", "toml", "dict"]), st.integers(1, 120))
+def test_depth_law(fmt, depth):
+  """Law: a config with `depth + 1` nested containers is refused for its depth iff that
+  exceeds MAX_CONFIG_DEPTH, the same in every format; otherwise a shallower check answers."""
+  from maskc._config_files import MAX_CONFIG_DEPTH
+  if fmt == "yaml":
+    pytest.importorskip("yaml")
+  import tempfile
+  try:
+    if fmt == "dict":
+      lists: list = []
+      for _ in range(depth - 1):
+        lists = [lists]
+      maskc.load_config({"layers": lists})
+    else:
+      with tempfile.TemporaryDirectory() as d:
+        load_text(pathlib.Path(d), fmt, config_text(fmt, depth))
+  except maskc.ConfigError as e:
+    assert ("nests deeper" in e.message) == (depth + 1 > MAX_CONFIG_DEPTH), e.message
+    assert len(str(e)) < SHORT_ERROR
+
+
+def test_oversized_file_is_refused_before_parsing(tmp_path):
+  pytest.importorskip("yaml")
+  from maskc._config_files import MAX_CONFIG_BYTES
+  text = "num_layers: 1\ndefault: causal\n" + "# padding\n" * (MAX_CONFIG_BYTES // 10)
+  err = error_of(write(tmp_path, "big.yaml", text), exc=maskc.ConfigError)
+  assert f"larger than {MAX_CONFIG_BYTES} bytes" in err.message and len(str(err)) < SHORT_ERROR
+  ok = "num_layers: 1\ndefault: causal\n" + "# padding\n" * (MAX_CONFIG_BYTES // 20)
+  assert maskc.load_config(write(tmp_path, "ok.yaml", ok)).num_layers == 1
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_too_many_values_is_a_config_error(tmp_path, fmt):
+  from maskc._config_files import MAX_CONFIG_NODES
+  if fmt == "yaml":
+    pytest.importorskip("yaml")
+  text = '{"layers": [' + ", ".join(["1"] * (MAX_CONFIG_NODES + 10)) + "]}"
+  with pytest.raises(maskc.ConfigError, match=f"more than {MAX_CONFIG_NODES} values") as info:
+    load_text(tmp_path, fmt, text)
+  assert len(str(info.value)) < SHORT_ERROR
+
+
+BILLION_LAUGHS = """\
+a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]
+g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]
+h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g]
+layers: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h]
+"""
+
+
+def test_billion_laughs_yaml_is_refused_with_a_short_message(tmp_path):
+  pytest.importorskip("yaml")
+  from maskc._config_files import MAX_CONFIG_NODES
+  err = error_of(write(tmp_path, "laughs.yaml", BILLION_LAUGHS), exc=maskc.ConfigError)
+  assert f"more than {MAX_CONFIG_NODES} values" in err.message and "alias" in err.message
+  assert err.line is not None and len(str(err)) < SHORT_ERROR
+  # A few aliases stay fine: they are a YAML feature.
+  text = "definitions: {local: &l causal & chunk(8)}\nlayers: [*l, *l, causal]\n"
+  cfg = maskc.load_config(write(tmp_path, "ok.yaml", text))
+  assert cfg.mask(0) == cfg.mask(1) and cfg.num_layers == 3
+
+
+def test_shared_and_cyclic_dicts_are_bounded():
+  from maskc._config_files import MAX_CONFIG_NODES
+  laughs: object = ["causal"] * 9
+  for _ in range(8):
+    laughs = [laughs] * 9
+  err = error_of({"layers": laughs}, exc=maskc.ConfigError)
+  assert f"more than {MAX_CONFIG_NODES} values" in err.message and len(str(err)) < SHORT_ERROR
+  cyclic: dict = {"num_layers": 2}
+  cyclic["layers"] = [cyclic]
+  err = error_of(cyclic, exc=maskc.ConfigError)
+  assert "nests deeper" in err.message and len(str(err)) < SHORT_ERROR
+
+
+@pytest.mark.parametrize("name, text", [
+    ("n.json", '{"num_layers": ' + "9" * 5000 + "}"),
+    ("n.toml", "num_layers = " + "9" * 5000),
+    ("n.yaml", "num_layers: " + "9" * 5000),
+])
+def test_integers_too_long_to_convert_are_config_errors(tmp_path, name, text):
+  if name.endswith("yaml"):
+    pytest.importorskip("yaml")
+  err = error_of(write(tmp_path, name, text), exc=maskc.ConfigError)
+  assert "invalid" in err.message and len(str(err)) < SHORT_ERROR
+
+
+def test_yaml_tags_never_run(tmp_path):
+  pytest.importorskip("yaml")
+  marker = tmp_path / "ran"
+  for tag in ("!!python/object/apply:builtins.open", "!!python/object/new:builtins.open",
+              "!!python/name:builtins.open"):
+    text = f"num_layers: 1\ndefault: causal\nlayers: {tag} [{str(marker)!r}, w]\n"
+    err = error_of(write(tmp_path, "tag.yaml", text), exc=maskc.ConfigError)
+    assert "invalid YAML" in err.message
+  assert not marker.exists()
+
+
+@pytest.mark.parametrize("config", [
+    {"num_layers": "x" * 1_000_000},
+    {"layers": [list(range(100_000))]},
+    {"x" * 1_000_000: 1},
+    {"layers": {"pattern": "causal" * 100_000}},
+    {"operands": {"seg": {"kind": "t" * 100_000}}, "layers": ["causal"]},
+    {"layers": ["chunk(C)"], "params": {"C": 10**5000}},
+    {"layers": [{"heads": 10**5000}]},
+])
+def test_errors_quote_values_briefly(config):
+  err = error_of(config)
+  assert len(str(err)) < SHORT_ERROR
+
+
+def test_mask_text_error_in_a_huge_layer_is_short():
+  err = error_of({"layers": ["causal & " * 10_000 + "lokal"]})
+  assert isinstance(err, maskc.MaskNameError) and len(str(err)) < SHORT_ERROR
+  assert "lokal" in str(err)
+
+
 def test_loaded_config_passes_through():
   cfg = maskc.load_config(LLAMA4)
   assert maskc.load_config(cfg) is cfg
@@ -692,6 +870,37 @@ def test_fuzzed_configs_raise_only_mask_errors(config):
       return
   assert all(isinstance(m, (maskc.Mask, tuple)) for m in cfg.masks)
   hash(cfg)
+
+
+_doc_leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 40),
+                      st.sampled_from(["causal", "sliding(W)", "&a", "*a", "[", "{", "- x"]))
+_documents = st.recursive(_doc_leaf, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(["layers", "pattern", "mask",
+                                                                  "num_layers", "x"]), inner,
+                                                  max_size=4)), max_leaves=30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_documents, st.sampled_from(["json", "yaml", "toml"]), st.integers(0, 3),
+       st.binary(max_size=40))
+def test_fuzzed_files_raise_only_short_mask_errors(doc, fmt, cut, junk):
+  """Any text a config file may hold, cut and spliced with random bytes, loads or raises a
+  short MaskError."""
+  import tempfile
+  yaml = pytest.importorskip("yaml")
+  if fmt == "json":
+    text = json.dumps({"layers": doc})
+  elif fmt == "yaml":
+    text = yaml.safe_dump({"layers": doc})
+  else:
+    text = f"layers = {json.dumps(doc)}\n"
+  text = text[:len(text) - cut] + junk.decode("latin-1")
+  with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
+    warnings.simplefilter("ignore", maskc.ConfigWarning)
+    try:
+      maskc.load_config(write(pathlib.Path(d), f"c.{fmt}", text))
+    except maskc.MaskError as e:
+      assert len(str(e)) < SHORT_ERROR
 
 
 def test_example_model_block_sparse_matches_dense_reference():

@@ -1,6 +1,6 @@
 """The mask IR: printing, parsing, builders, equality, repr and simplification.
 
-Property tests over random masks from `strategies.masks`: the canonical text
+Property tests over random masks from `maskc.testing.mask_trees`: the canonical text
 parses back to an equal mask, `repr` evaluates back, and `simplify` keeps the
 meaning (dense evaluation at several shapes) and is canonical under
 commutativity, De Morgan, double complement and absorption.
@@ -13,13 +13,15 @@ from hypothesis import assume, given
 
 import maskc
 from maskc import k, q
-from strategies import masks, operand_values, prelude_combinations, shapes, terms
+from maskc.testing import (mask_trees, prefill_shapes, prelude_combinations, seeded_operand_values,
+                           terms)
 
 EVAL_SHAPES = [(1, 1), (5, 5), (3, 11), (8, 13)]
 
 
 def dense(m, q_len, kv_len, seed=0):
-  return np.asarray(maskc.materialize(m, q_len, kv_len, operands=operand_values(kv_len, seed)))
+  return np.asarray(maskc.materialize(m, q_len, kv_len,
+                                      operands=seeded_operand_values(kv_len, seed)))
 
 
 def assert_same_meaning(a, b, shapes_=EVAL_SHAPES):
@@ -32,7 +34,7 @@ def assert_same_meaning(a, b, shapes_=EVAL_SHAPES):
 # ----------------------------------------------------------------------------- print / parse
 
 
-@given(masks())
+@given(mask_trees())
 def test_print_parse_round_trip(m):
   text = str(m)
   assert maskc.parse(text) == m, text
@@ -45,7 +47,7 @@ def test_term_round_trip(t):
   assert maskc.parse(str(m)) == m, str(m)
 
 
-@given(masks())
+@given(mask_trees())
 def test_repr_evaluates_back(m):
   assert eval(repr(m), {"maskc": maskc}) == m, repr(m)
 
@@ -222,7 +224,7 @@ def test_terms_compare_structurally_with_eq():
   assert isinstance(q.eq(k), maskc.Compare)
 
 
-@given(masks())
+@given(mask_trees())
 def test_equal_masks_hash_equal(m):
   again = maskc.parse(str(m))
   assert hash(again) == hash(m)
@@ -259,19 +261,19 @@ def test_term_has_no_truth_value():
 # ----------------------------------------------------------------------------- simplify
 
 
-@given(masks(), st.sampled_from(EVAL_SHAPES), st.integers(0, 3))
+@given(mask_trees(), st.sampled_from(EVAL_SHAPES), st.integers(0, 3))
 def test_simplify_preserves_meaning(m, shape, seed):
   s = m.simplify()
   np.testing.assert_array_equal(dense(s, *shape, seed), dense(m, *shape, seed),
                                 err_msg=f"`{m}` simplified to `{s}`")
 
 
-@given(masks(), shapes(), st.integers(0, 3))
+@given(mask_trees(), prefill_shapes(), st.integers(0, 3))
 def test_simplify_preserves_meaning_at_random_shapes(m, shape, seed):
   np.testing.assert_array_equal(dense(m.simplify(), *shape, seed), dense(m, *shape, seed))
 
 
-@given(masks())
+@given(mask_trees())
 def test_simplify_is_idempotent(m):
   s = m.simplify()
   assert s.simplify() == s, (str(m), str(s), str(s.simplify()))
@@ -298,14 +300,14 @@ def test_xor_with_own_complement():
   assert (maskc.causal() ^ ~maskc.causal()).simplify() == maskc.full()
 
 
-@given(masks(5), masks(5))
+@given(mask_trees(5), mask_trees(5))
 def test_simplify_is_canonical_under_commutativity(a, b):
   for x, y in [(a & b, b & a), (a | b, b | a), (a ^ b, b ^ a)]:
     sx, sy = x.simplify(), y.simplify()
     assert sx == sy and str(sx) == str(sy), (str(x), str(y), str(sx), str(sy))
 
 
-@given(masks(4), masks(4), masks(4))
+@given(mask_trees(4), mask_trees(4), mask_trees(4))
 def test_simplify_is_canonical_under_associativity(a, b, c):
   assert ((a & b) & c).simplify() == (a & (b & c)).simplify()
   assert ((a | b) | c).simplify() == (a | (b | c)).simplify()
@@ -317,18 +319,18 @@ def test_simplify_sorts_and_prints_canonically():
   assert x == y and str(x) == str(y)
 
 
-@given(masks(5), masks(5))
+@given(mask_trees(5), mask_trees(5))
 def test_de_morgan(a, b):
   assert (~(a & b)).simplify() == (~a | ~b).simplify()
   assert (~(a | b)).simplify() == (~a & ~b).simplify()
 
 
-@given(masks())
+@given(mask_trees())
 def test_double_complement(m):
   assert (~~m).simplify() == m.simplify()
 
 
-@given(masks(5), masks(5))
+@given(mask_trees(5), mask_trees(5))
 def test_absorption(a, b):
   assume(not isinstance(a.simplify(), (maskc.And, maskc.Or)))
   assert (a | (a & b)).simplify() == a.simplify()
@@ -340,7 +342,7 @@ def test_absorption_of_compound_masks():
   assert (a | (a & maskc.causal())).simplify() == a.simplify()
 
 
-@given(masks())
+@given(mask_trees())
 def test_complement_laws(m):
   assert (m ^ m).simplify() == maskc.empty()
   assert (m ^ maskc.empty()).simplify() == m.simplify()
@@ -350,7 +352,7 @@ def test_complement_laws(m):
   assert (m & maskc.full()).simplify() == m.simplify()
 
 
-@given(masks())
+@given(mask_trees())
 def test_excluded_middle(m):
   # See the compound case below: a chained comparison's complement is a union, and one
   # such as `q < q >= q` is empty without the simplifier knowing it.

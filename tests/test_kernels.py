@@ -22,8 +22,8 @@ from maskc._compile_predicate import compile_predicate
 from maskc.kernels import api, dense
 
 try:
-  from strategies import masks as random_masks
-  from strategies import operand_values
+  from maskc.testing import mask_trees as random_masks
+  from maskc.testing import seeded_operand_values as operand_values
 except ImportError:  # pragma: no cover - the strategies helper is optional
   random_masks = None
   operand_values = None
@@ -98,7 +98,7 @@ class KernelTests:
   max_len: int = 96
   max_examples: int = 10
   supports_ragged = True           # lengths that are not multiples of the tiles
-  supports_random_masks = True     # any mask of tests/strategies.py
+  supports_random_masks = True     # any mask of maskc.testing.mask_trees
   supports_batch_operands = True   # operands with a batch axis, any mask
   supports_cross_lengths = True    # q_len != kv_len
 

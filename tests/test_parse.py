@@ -368,6 +368,130 @@ def test_exponential_parameterized_definitions():
   assert isinstance(err, maskc.MaskLimitError)
 
 
+# Errors quote the offending text with a window and a caret; whatever the input, they stay short.
+SHORT_ERROR = 1500
+
+
+def forbid_lark(monkeypatch):
+  """Makes any use of the lark parser fail: a limit must answer before lark runs."""
+  from maskc import _parse
+
+  def refuse():
+    raise AssertionError("lark ran on a text the pre-scan should have refused")
+
+  _parse._parse_cached.cache_clear()
+  monkeypatch.setattr(_parse, "_parser", refuse)
+
+
+@pytest.mark.parametrize("digits", [41, 4300, 4301, 5000, 90_000])
+def test_huge_integer_literals_are_limit_errors(digits):
+  text = "causal & q * " + "9" * digits + " < k"
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskLimitError) and isinstance(err, maskc.MaskValueError)
+  assert f"{digits} digits" in err.message and "limit is 40" in err.message
+  assert (err.line, err.column) == (1, 14)
+  assert len(str(err)) < SHORT_ERROR
+  assert quoted_line(err).startswith("causal & q * 999")  # the caret window starts the line
+  assert caret_columns(err)[0] == 14
+
+
+@given(st.integers(41, 3000), st.integers(1, 5), st.sampled_from(["", "_"]))
+def test_any_literal_past_40_digits_is_refused_at_its_position(digits, line, sep):
+  """Law: an integer literal of more than 40 digits is a MaskLimitError pointing at it."""
+  literal = sep.join(["7"] * digits)
+  text = "".join(f"a{i} = causal\n" for i in range(line - 1)) + "q < " + literal
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskLimitError)
+  assert (err.line, err.column) == (line, 5)
+  assert len(str(err)) < SHORT_ERROR
+
+
+def test_literals_up_to_40_digits_keep_their_range_error():
+  err = error_of("q < " + "9" * 40)
+  assert type(err) is maskc.MaskValueError and "out of range" in err.message
+  assert err.column == 5
+  # Leading zeros are not digits of the value.
+  assert maskc.parse("q < " + "0" * 100 + "5") == maskc.parse("q < 5")
+
+
+def test_huge_integer_parameter_is_a_short_value_error():
+  err = error_of("causal & k < C", C=10**5000)
+  assert isinstance(err, maskc.MaskValueError) and "parameter `C`" in err.message
+  assert len(str(err)) < SHORT_ERROR
+
+
+def test_where_clause_on_literal_arguments_still_errors():
+  text = 'band(w) = q - w < k <= q\n  where w >= 2 "a band is at least two wide"\n'
+  err = error_of(text + "band(1) & causal")
+  assert isinstance(err, maskc.MaskValueError)
+  assert "a band is at least two wide, got band(1)" in err.message
+  assert_points_at(err, text + "band(1) & causal", "band(1)")
+  assert isinstance(error_of("sliding(0)"), maskc.MaskValueError)
+  assert isinstance(error_of("chunk(-3)"), maskc.MaskValueError)
+  err = error_of(text + "band(" + "1" * 50 + ")")
+  assert isinstance(err, maskc.MaskLimitError) and "50 digits" in err.message
+
+
+@pytest.mark.parametrize("text", [
+    "(" * 60_000, "[" * 60_000, "([" * 30_000, "a" + "[(" * 30_000, "causal & " + "(" * 60_000,
+    "(\n" * 30_000, "causal & # (((\n" + "((" * 30_000 + "q",
+])
+def test_deep_brackets_are_refused_before_lark(text, monkeypatch):
+  from maskc._parse import MAX_BRACKET_DEPTH
+  forbid_lark(monkeypatch)
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskLimitError)
+  assert f"deeper than {MAX_BRACKET_DEPTH}" in err.message
+  code = re.sub(r"#[^\n]*", lambda m: " " * len(m.group()), text)  # comments do not count
+  offset = [m.start() for m in re.finditer(r"[(\[]", code)][MAX_BRACKET_DEPTH]
+  assert err.line == text.count("\n", 0, offset) + 1
+  assert err.column == offset - (text.rfind("\n", 0, offset) + 1) + 1
+  assert len(str(err)) < SHORT_ERROR
+
+
+@pytest.mark.parametrize("text", ["~" * 60_000 + "causal", "q - " + "-" * 60_000 + "1 < k",
+                                  "q < " + "- " * 40_000 + "k"])
+def test_long_prefix_operator_runs_are_refused_before_lark(text, monkeypatch):
+  forbid_lark(monkeypatch)
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskLimitError) and "deeper than 128" in err.message
+  assert len(str(err)) < SHORT_ERROR
+
+
+@given(st.integers(1, 1500), st.sampled_from(["(", "[", "(["]))
+def test_bracket_depth_law(depth, opens):
+  """Law: brackets nested `depth` deep are refused iff depth > MAX_BRACKET_DEPTH, with the
+  caret under the first bracket too deep."""
+  from maskc._parse import MAX_BRACKET_DEPTH
+  left = (opens * depth)[:depth]
+  right = "".join(")" if c == "(" else "]" for c in reversed(left))
+  text = "x" + left + "q" + right if "[" in opens else left + "causal" + right
+  try:
+    maskc.parse(text)
+  except maskc.MaskError as e:
+    too_deep = isinstance(e, maskc.MaskLimitError) and "brackets deeper" in e.message
+    assert too_deep == (depth > MAX_BRACKET_DEPTH), str(e)[:300]
+    if too_deep:
+      assert e.column == text.index(left) + MAX_BRACKET_DEPTH + 1
+  else:
+    assert depth <= MAX_BRACKET_DEPTH
+
+
+def test_brackets_in_comments_and_messages_do_not_count():
+  text = "# " + "(" * 5000 + "\nw(n) = sliding(n) where n >= 1 \"" + "[" * 3000 + "\"\nw(2)"
+  np.testing.assert_array_equal(maskc.parse(text).to_dense(8, 8),
+                                maskc.sliding(2).to_dense(8, 8))
+
+
+def test_error_on_a_long_line_quotes_a_window_with_the_caret():
+  text = "causal & " * 9000 + "lokal"
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskNameError) and err.column == len(text) - 4
+  assert len(str(err)) < SHORT_ERROR
+  line, caret = quoted_line(err), caret_columns(err)
+  assert line.startswith("...") and line[caret[0] - 1:caret[1]] == "lokal"
+
+
 def test_limit_errors_are_value_errors():
   assert issubclass(maskc.MaskLimitError, maskc.MaskValueError)
   assert issubclass(maskc.MaskLimitError, ValueError)
@@ -437,11 +561,11 @@ ALPHABET = "qk()[],;=<>!&|^~+-*/%#\n \t0123456789_abcdefghijklmnopqrstuvwxyz\"'.
 
 
 def parse_or_mask_error(text: str) -> None:
-  """Parses `text`; a MaskError is fine, and a parsed mask must print and simplify."""
+  """Parses `text`; a short MaskError is fine, and a parsed mask must print and simplify."""
   try:
     m = maskc.parse(text)
   except maskc.MaskError as e:
-    assert str(e)
+    assert str(e) and len(str(e)) < SHORT_ERROR, str(e)[:300]
     return
   assert isinstance(m, maskc.Mask)
   assert maskc.parse(str(m)) == m
@@ -478,6 +602,27 @@ def mutated_masks(draw):
 
 @given(mutated_masks())
 def test_mutated_masks_raise_only_mask_errors(text):
+  parse_or_mask_error(text)
+
+
+@given(st.binary(max_size=300), st.sampled_from(["utf-8", "latin-1"]))
+def test_random_bytes_raise_only_mask_errors(data, encoding):
+  parse_or_mask_error(data.decode(encoding, errors="replace"))
+
+
+@st.composite
+def stretched_masks(draw):
+  """A valid mask text with one character repeated thousands of times somewhere: runs of
+  digits, brackets and operators, the fuzz classes of deep nesting and huge literals."""
+  text = draw(st.sampled_from(VALID))
+  i = draw(st.integers(0, len(text)))
+  c = draw(st.sampled_from("9([~-+_ \n#" + ALPHABET[:20]))
+  n = draw(st.integers(1, 20_000))
+  return text[:i] + c * n + text[i:]
+
+
+@given(stretched_masks())
+def test_stretched_masks_raise_only_mask_errors(text):
   parse_or_mask_error(text)
 
 

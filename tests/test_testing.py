@@ -124,6 +124,105 @@ def test_operand_values_cover_offset_and_strided_reads(data):
   maskc.materialize(m, q_len, kv_len, q_offset=q_offset, operands=ops)  # in bounds
 
 
+# ----------------------------------------------------------------------------- standard operands
+
+
+def test_seeded_operand_values_are_deterministic_and_well_formed():
+  a, b = testing.seeded_operand_values(12, seed=3), testing.seeded_operand_values(12, seed=3)
+  assert set(a) == set(testing.STANDARD_OPERANDS)
+  for name in a:
+    np.testing.assert_array_equal(a[name], b[name])
+  assert a["seg"].dtype == np.int32 and a["seg"].shape == (12,)
+  assert np.all(np.diff(a["seg"]) >= 0) and a["seg"].min() >= 0 and a["seg"].max() < 4
+  assert a["img"].dtype == np.bool_ and a["allowed"].shape == (12, 12)
+  assert 0 <= a["n"] <= 12 and 0 <= a["plen"] <= 12
+  batched = testing.seeded_operand_values(12, seed=3, batch=2)
+  assert batched["seg"].shape == (2, 12) and batched["allowed"].shape == (2, 12, 12)
+  assert batched["n"].shape == (2,)
+
+
+@given(testing.prefill_shapes(max_len=20))
+def test_prefill_shapes_are_ordered(shape):
+  q_len, kv_len = shape
+  assert 1 <= q_len <= kv_len <= 20
+
+
+@settings(deadline=None)
+@given(testing.mask_trees(max_leaves=6, term_leaves=3), testing.prefill_shapes(max_len=12),
+       st.integers(0, 3))
+def test_mask_trees_read_only_standard_operands_in_bounds(m, shape, seed):
+  assert {s.name for s in m.operands} <= set(testing.STANDARD_OPERANDS)
+  assert maskc.parse(str(m)) == m
+  q_len, kv_len = shape
+  dense = np.asarray(maskc.materialize(
+      m, q_len, kv_len, operands=testing.seeded_operand_values(kv_len, seed)))
+  assert dense.shape == (q_len, kv_len)
+
+
+@settings(deadline=None)
+@given(testing.comparisons(max_leaves=4), testing.prefill_shapes(max_len=10), st.integers(0, 3))
+def test_comparisons_match_a_numpy_reference(c, shape, seed):
+  """Every comparison drawn evaluates as the NumPy formula of its terms (floor division and
+  modulo rounding towards negative infinity, as in Python)."""
+  q_len, kv_len = shape
+  ops = testing.seeded_operand_values(kv_len, seed)
+  qpos = np.arange(q_len)[:, None] + (kv_len - q_len)
+  kpos = np.arange(kv_len)[None, :]
+  seg = ops["seg"].astype(np.int64)
+  img = np.asarray(ops["img"], bool)
+  rises = img & ~np.concatenate([[False], img[:-1]])
+  run_ids = np.cumsum(rises) * img  # 1, 2, ... per run of flagged tokens, 0 elsewhere
+
+  def term(t):
+    if isinstance(t, maskc.Pos):
+      return qpos if t.axis == "q" else kpos
+    if isinstance(t, maskc.Const):
+      return np.int64(t.value)
+    if isinstance(t, maskc.Scalar):
+      return np.int64(ops[t.name])
+    if isinstance(t, maskc.Neg):
+      return -term(t.arg)
+    if isinstance(t, maskc.Arith):
+      a, b = term(t.lhs), term(t.rhs)
+      if t.op == "+":
+        return a + b
+      if t.op == "-":
+        return a - b
+      if t.op == "*":
+        return a * b
+      return np.floor_divide(a, b) if t.op == "//" else np.mod(a, b)
+    if isinstance(t, maskc.Fn):
+      args = np.broadcast_arrays(*[term(x) for x in t.args])
+      if t.name == "abs":
+        return np.abs(args[0])
+      return np.minimum.reduce(args) if t.name == "min" else np.maximum.reduce(args)
+    if isinstance(t, maskc.Read):
+      values = run_ids if t.runs else seg
+      return values[term(t.index)]
+    raise AssertionError(f"no reference for {type(t).__name__}")
+
+  values = [term(t) for t in c.terms]
+  expect = np.ones((q_len, kv_len), bool)
+  ops_ = {"<": np.less, "<=": np.less_equal, "==": np.equal, "!=": np.not_equal,
+          ">=": np.greater_equal, ">": np.greater}
+  for a, op, b in zip(values, c.ops, values[1:]):
+    expect &= np.broadcast_to(ops_[op](a, b), (q_len, kv_len))
+  got = np.asarray(maskc.materialize(c, q_len, kv_len, operands=ops))
+  np.testing.assert_array_equal(got, expect, err_msg=str(c))
+
+
+def test_standard_strategies_cover_their_parts():
+  strategy = testing.mask_trees(max_leaves=4, term_leaves=3)
+  for cls in (maskc.And, maskc.Or, maskc.Xor, maskc.Not, maskc.Compare, maskc.Truth):
+    find(strategy, lambda m, cls=cls: isinstance(m, cls))
+  for name in ("document", "bidirectional", "prefix", "sink"):
+    find(testing.prelude_masks(), lambda m, name=name: isinstance(m, maskc.Call)
+         and m.name == name and bool(m.operands))
+  find(testing.truths(), lambda m: [s.name for s in m.operands] == ["allowed"])
+  find(testing.terms(), lambda t: "runs(img)" in str(t))
+  find(testing.prelude_combinations(), lambda m: isinstance(m, maskc.Not))
+
+
 def test_strategies_need_hypothesis(monkeypatch):
   monkeypatch.setitem(sys.modules, "hypothesis.strategies", None)
   with pytest.raises(ImportError, match="pip install hypothesis"):
