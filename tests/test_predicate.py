@@ -20,7 +20,7 @@ from hypothesis import given, settings
 import maskc
 from maskc import _predicate
 from maskc._compile_predicate import compile_predicate
-from strategies import masks, operand_values
+from maskc.testing import mask_trees as masks, seeded_operand_values as operand_values
 
 
 def _dense_from_predicate(bm, xp, dtype):
