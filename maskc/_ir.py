@@ -10,15 +10,23 @@ template substitution all go through them, so the three give the same IR and
 the same errors. Named masks (the prelude, user definitions) stay as `Call`
 nodes holding their `Definition`; `expand(call)` gives the body with arguments
 substituted, which is what evaluation and analysis look at.
+
+This module is the ground floor of the compiler: it imports nothing of maskc but
+the error hierarchy. What needs a layer above is attached by that layer: the
+printer sets `str` and `repr` (`maskc._printer`), the simplifier
+`Mask.simplify` (`maskc._simplify`), and the public face (`maskc/__init__.py`)
+`Mask.bind`, `Mask.to_dense` and the parser that reads text operands such as
+`mask & "causal"` (`install_parser`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
-from maskc._errors import MaskNameError, MaskTypeError, MaskValueError, Span
+from maskc._errors import MaskNameError, MaskTypeError, MaskValueError, OperandError, Span
 
 CompareOp = Literal["<", "<=", "==", "!=", ">=", ">"]
 ArithOp = Literal["+", "-", "*", "//", "%"]
@@ -74,13 +82,7 @@ class Node:
         out.extend(x for x in v if isinstance(x, Node))
     return tuple(out)
 
-  def __str__(self) -> str:
-    from maskc._printer import to_text
-    return to_text(self)
-
-  def __repr__(self) -> str:
-    from maskc._printer import to_python
-    return to_python(self)
+  # `__str__` (canonical text) and `__repr__` (Python builder form) are set by `maskc._printer`.
 
   def _repr_pretty_(self, p, cycle) -> None:  # IPython and hypothesis
     p.text(repr(self))
@@ -164,32 +166,37 @@ class Mask(Node):
   @property
   def operands(self) -> tuple["OperandSpec", ...]:
     """The runtime operands the mask needs, sorted by name."""
-    from maskc._operands import collect_operands
     return collect_operands(self)
 
-  def simplify(self) -> "Mask":
-    """An equivalent mask in canonical simplified form (see `maskc._simplify`)."""
-    from maskc._simplify import simplify
-    return simplify(self)
+  # `simplify()` is set by `maskc._simplify`; `bind(...)` and `to_dense(...)` by `maskc`.
 
-  def bind(self, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
-           operands: dict[str, Any] | None = None):
-    """This mask at a shape with static operands: a lazy `ComputableMask`."""
-    from maskc._bind import ComputableMask
-    return ComputableMask(self, q_len, kv_len, q_offset=q_offset, operands=operands)
 
-  def to_dense(self, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
-               operands: dict[str, Any] | None = None):
-    """The mask as a NumPy bool array `[..., q_len, kv_len]`."""
-    return self.bind(q_len, kv_len, q_offset=q_offset, operands=operands)[:, :]
+# ----------------------------------------------------------------------------- the parser, late
+
+_parse_text: Callable[[str], Mask] | None = None
+_mask_names: Callable[[], Iterable[str]] = tuple
+
+
+def install_parser(parse: Callable[[str], Mask], mask_names: Callable[[], Iterable[str]]) -> None:
+  """Lets the IR read mask text and suggest mask names, without importing the parser.
+
+  The parser is built on this module, so it is handed down instead: `maskc/__init__.py`
+  installs it once. `mask & "causal"` then parses its text operand, and an unknown
+  mask name in an error hint comes with the nearest known one.
+
+  Args:
+    parse: mask text to IR (`maskc.parse`).
+    mask_names: the names of the known (prelude) masks, for "did you mean" hints.
+  """
+  global _parse_text, _mask_names
+  _parse_text, _mask_names = parse, mask_names
 
 
 def _as_mask(value) -> Mask:
   if isinstance(value, (Mask, Read, PairRead)):
     return mask(value)
-  if isinstance(value, str):
-    from maskc._parse import parse
-    return parse(value)
+  if isinstance(value, str) and _parse_text is not None:
+    return _parse_text(value)
   raise MaskTypeError(f"cannot combine a mask with {type(value).__name__} {value!r}",
                       hint="Combine masks with masks: `maskc.causal() & maskc.chunk(8192)`.")
 
@@ -427,9 +434,14 @@ def mask(value: Any, span: Span | None = None) -> Mask:
   raise MaskTypeError(f"expected a mask, got {type(value).__name__} {value!r}", span=span)
 
 
+def nearest(name: str, candidates: Iterable[str]) -> str | None:
+  """The candidate closest to `name`, if any is close (for "did you mean" hints)."""
+  found = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+  return found[0] if found else None
+
+
 def _mask_name_hint(name: str) -> str:
-  from maskc._parse import known_mask_names, nearest
-  guess = nearest(name, known_mask_names())
+  guess = nearest(name, _mask_names())
   tail = (f"If `{name}` is a boolean operand, index it: `{name}[q]` or `{name}[k]`.")
   return f"Did you mean `{guess}`? {tail}" if guess else tail
 
@@ -751,6 +763,34 @@ def walk(node: Node, *, into_calls: bool = True):
       continue
     else:
       stack.extend(n.children())
+
+
+def collect_operands(m: Mask) -> tuple[OperandSpec, ...]:
+  """The operands `m` reads, sorted by name; raises if one is used as two kinds."""
+  kinds: dict[str, str] = {}
+  boolean: dict[str, bool] = {}
+  spans = {}
+  for n in walk(m):
+    if isinstance(n, Scalar):
+      name, kind, is_bool = n.name, "scalar", False
+    elif isinstance(n, Read):
+      name, kind, is_bool = n.operand.name, "token", n.runs
+    elif isinstance(n, PairRead):
+      name, kind, is_bool = n.operand.name, "pair", False
+    elif isinstance(n, Truth):
+      boolean[n.read.operand.name] = True
+      continue
+    else:
+      continue
+    if name in kinds and kinds[name] != kind:
+      raise OperandError(
+          f"operand `{name}` is used both as a {kinds[name]} and as a {kind} operand",
+          span=getattr(n, "span", None) or spans.get(name),
+          hint="Give the two operands different names.")
+    kinds[name] = kind
+    spans.setdefault(name, getattr(n, "span", None))
+    boolean[name] = boolean.get(name, False) or is_bool
+  return tuple(OperandSpec(name, kinds[name], boolean.get(name, False)) for name in sorted(kinds))
 
 
 def expanded_size(node: Node, limit: int) -> int:

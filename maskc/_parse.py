@@ -9,7 +9,6 @@ recursion is found by tracking the definitions in progress.
 
 from __future__ import annotations
 
-import difflib
 import functools
 from typing import Any, Iterator
 
@@ -18,7 +17,6 @@ import lark
 from maskc import _ir as ir
 from maskc._errors import (MaskError, MaskLimitError, MaskNameError, MaskRecursionError,
                            MaskSyntaxError, MaskTypeError, Span)
-from maskc._operands import collect_operands
 from maskc.grammar import grammar_text, prelude_text
 
 MAX_TEXT_CHARS = 100_000
@@ -181,10 +179,7 @@ def _check_nesting(tree: lark.Tree, text: str) -> None:
     stack.extend((c, depth + 1) for c in node.children if isinstance(c, lark.Tree))
 
 
-def nearest(name: str, candidates) -> str | None:
-  """The candidate closest to `name`, if any is close."""
-  found = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
-  return found[0] if found else None
+nearest = ir.nearest  # the candidate closest to a name, for hints
 
 
 class _Runs:
@@ -249,7 +244,7 @@ class _Program:
       raise MaskLimitError(f"the mask expands to more than {MAX_EXPANDED_NODES} nodes",
                            span=self.span(statements[-1]),
                            hint="Definitions used many times multiply; simplify the mask.")
-    collect_operands(result)  # raises on an operand used as two kinds
+    ir.collect_operands(result)  # raises on an operand used as two kinds
     return result
 
   def _lhs(self, node) -> tuple[str, tuple[str, ...], tuple]:

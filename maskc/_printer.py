@@ -178,3 +178,21 @@ def _py(n: ir.Node) -> str:
   if isinstance(n, ir.Definition):
     return f"<definition {n.name}>"
   return f"maskc.parse({to_text(n)!r})"
+
+
+# ----------------------------------------------------------------------------- on the IR
+
+
+def _node_str(self: ir.Node) -> str:
+  """The canonical text of the node (`to_text`); it parses back to an equal mask."""
+  return to_text(self)
+
+
+def _node_repr(self: ir.Node) -> str:
+  """The Python builder expression that constructs the node (`to_python`)."""
+  return to_python(self)
+
+
+# The IR imports nothing above it, so its text forms are attached here, where they live.
+ir.Node.__str__ = _node_str
+ir.Node.__repr__ = _node_repr

@@ -6,6 +6,9 @@ meaning (dense evaluation at several shapes) and is canonical under
 commutativity, De Morgan, double complement and absorption.
 """
 
+import subprocess
+import sys
+
 import hypothesis.strategies as st
 import numpy as np
 import pytest
@@ -391,3 +394,26 @@ def test_simplify_examples(text, expected):
 def test_prelude_combinations_simplify(m):
   s = m.simplify()
   assert_same_meaning(m, s, [(6, 6), (4, 9)])
+
+
+# ----------------------------------------------------------------------------- the ground floor
+
+
+def test_methods_from_above_the_ir_work_from_a_bare_import_of_the_ir():
+  # `maskc._ir` imports nothing above it; importing it alone still loads the public face,
+  # which attaches text, simplification, binding and the parser before anything runs.
+  code = ("import maskc._ir as ir\n"
+          "m = ir.compare((ir.Pos('q'), ir.Pos('k')), ('>=',))\n"
+          "print(m & 'causal', repr(~m), (m & ~m).simplify(), m.to_dense(2, 3).sum(),\n"
+          "      m.bind(3)[:, :].sum(), ir.nearest('casual', ['causal', 'chunk']), sep='|')\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  # q >= k at q_len 2, kv_len 3 (q_offset 1): rows q = 1, 2 allow 2 and 3 keys.
+  assert out.stdout.strip().split("|") == [
+      "q >= k & causal", "~(maskc.q >= maskc.k)", "empty", "5", "6", "causal"]
+
+
+def test_unknown_mask_passed_as_a_mask_argument_names_the_nearest_prelude_mask():
+  with pytest.raises(maskc.MaskNameError) as err:
+    maskc.parse("f(x) = x & causal\nf(casual)")
+  assert "Did you mean `causal`?" in err.value.hint
+  assert "`casual[q]`" in err.value.hint
