@@ -52,8 +52,9 @@ def _mask_bind(self: Mask, q_len: int, kv_len: int | None = None, *, q_offset: i
   return ComputableMask(self, q_len, kv_len, q_offset=q_offset, operands=operands)
 
 
-def _mask_to_dense(self: Mask, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
-              operands: dict[str, _Any] | None = None) -> np.ndarray:
+def _mask_to_dense(self: Mask, q_len: int, kv_len: int | None = None, *,
+                   q_offset: int | None = None,
+                   operands: dict[str, _Any] | None = None) -> np.ndarray:
   """The mask as a NumPy bool array `[..., q_len, kv_len]`.
 
   >>> import maskc

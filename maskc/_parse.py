@@ -22,6 +22,7 @@ from maskc.grammar import grammar_text, prelude_text
 MAX_TEXT_CHARS = 100_000
 MAX_NESTING = 128
 MAX_EXPANDED_NODES = 50_000
+MAX_BUILT_NODES = 4 * MAX_EXPANDED_NODES  # nodes built while expanding definitions, in all
 
 RESERVED = {"q", "k", "true", "false", "where"}
 BUILTINS = {"abs", "min", "max", "runs"}
@@ -221,6 +222,11 @@ class _Program:
   # ---------------------------------------------------------------- program
 
   def program(self, tree: lark.Tree, *, library_only: bool = False) -> ir.Mask | None:
+    # Expanding definitions may build at most this many nodes in all: bounded work for any text.
+    with ir.build_budget(MAX_BUILT_NODES):
+      return self._program(tree, library_only=library_only)
+
+  def _program(self, tree: lark.Tree, *, library_only: bool) -> ir.Mask | None:
     statements = tree.children
     for i, st in enumerate(statements):
       last = i == len(statements) - 1
@@ -301,7 +307,7 @@ class _Program:
       reqs = []
       for r in p.requirements:
         cond = self._mask(self.expr(r.children[0], env), r.children[0])
-        message = str(r.children[1])[1:-1] if len(r.children) > 1 else f"requires `{cond}`"
+        message = str(r.children[1])[1:-1] if len(r.children) > 1 else f"requires {ir.quote(cond)}"
         reqs.append((cond, message))
     finally:
       self.in_progress.pop()
@@ -455,7 +461,7 @@ class _Program:
         raise MaskTypeError("runs(x) takes one index", span=span, hint="`runs(x)[q]`.")
       return ir.read(base.operand, idx[0], True, span)
     if not isinstance(base, (ir.Operand, ir.Param)):
-      raise MaskTypeError(f"only operands can be indexed, not `{base}`", span=span,
+      raise MaskTypeError(f"only operands can be indexed, not {ir.quote(base)}", span=span,
                           hint="Index an operand by name: `seg[q]`, `allowed[q, k]`.")
     if len(idx) == 1:
       return ir.read(base, idx[0], False, span)

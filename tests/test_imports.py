@@ -315,7 +315,8 @@ def test_the_rules_catch_each_kind_of_violation(tmp_path):
   assert [(e.source, e.target) for e in ir_violations(edges)] == [("maskc._ir", "maskc._printer")]
   assert [(e.source, e.target) for e in compiler_to_kernel_violations(edges)] == [
       ("maskc._splash", "maskc.kernels._common")]
-  assert [(e.source, e.target) for e in kernel_violations(edges)] == [("maskc.kernels.api", "maskc")]
+  assert [(e.source, e.target) for e in kernel_violations(edges)] == [
+      ("maskc.kernels.api", "maskc")]
 
 
 def test_cycles_finds_every_circle_and_self_import():
