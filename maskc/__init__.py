@@ -40,8 +40,9 @@ if _TYPE_CHECKING:
   import numpy as np
 
 
-def _mask_bind(self: Mask, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
-          operands: dict[str, _Any] | None = None) -> ComputableMask:
+def _mask_bind(self: Mask, q_len: int, kv_len: int | None = None, *,
+               q_offset: int | None = None,
+               operands: dict[str, _Any] | None = None) -> ComputableMask:
   """This mask at a shape with static operands: a lazy `ComputableMask`.
 
   >>> import maskc

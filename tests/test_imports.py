@@ -190,9 +190,9 @@ def kernel_violations(edges: list[Edge]) -> list[Edge]:
           and e.target not in KERNEL_CONTRACT]
 
 
-def _show(edges: list[Edge]) -> str:
-  return "\n".join(f"  {e.source} -> {e.target}  (line {e.line}{', in a function' * e.in_function})"
-                   for e in edges)
+def _show(edges: list[Edge], indent: str = "  ") -> str:
+  return "\n".join(f"{indent}{e.source} -> {e.target}  "
+                   f"(line {e.line}{', in a function' * e.in_function})" for e in edges)
 
 
 def _pairs(edges: list[Edge]) -> dict[tuple[str, str], bool]:
@@ -211,7 +211,10 @@ def report(edges: list[Edge]) -> str:
     lines.append(f"  {source:<{width}} -> {target}{' *' if lazy else ''}")
   found = cycles(_cycle_edges(edges))
   lines.append(f"circles: {len(found)}")
-  lines += [f"  {' <-> '.join(group)}" for group in found]
+  for group in found:
+    lines.append(f"  {' <-> '.join(group)}, by the imports")
+    lines.append(_show([e for e in _cycle_edges(edges)
+                        if e.source in group and e.target in group], indent="    "))
   for title, bad in (("the IR imports", ir_violations(edges)),
                      ("the compiler imports a kernel", compiler_to_kernel_violations(edges)),
                      ("a kernel imports compiler internals", kernel_violations(edges))):
@@ -236,7 +239,8 @@ def test_the_graph_is_read_from_every_layer():
   edges = import_graph()
   sources = {e.source for e in edges}
   # One module from each source folder, and both kinds of import, so the rules below see them.
-  assert {"maskc._parse", "maskc.kernels.api", "maskc.cli"} <= sources
+  assert {"maskc._parse", "maskc.cli"} <= sources
+  assert any(_under(source, KERNELS) and source != KERNELS for source in sources)
   assert ("maskc._parse", "maskc._ir") in {(e.source, e.target) for e in edges}
   assert any(e.source == PUBLIC_FACE and e.in_function and _under(e.target, KERNELS)
              for e in edges)
