@@ -59,7 +59,8 @@ def module_files(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
 
 
 def _is_type_checking(test: ast.expr) -> bool:
-  return ((isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+  """`if TYPE_CHECKING:`, `if typing.TYPE_CHECKING:` or an alias such as `_TYPE_CHECKING`."""
+  return ((isinstance(test, ast.Name) and test.id.endswith("TYPE_CHECKING"))
           or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
 
 
@@ -288,7 +289,8 @@ def test_the_reader_resolves_every_import_form(tmp_path):
                            "def attention():\n  from maskc.kernels.api import g\n",
       "maskc/_a.py": "from maskc import _b as b\nimport maskc._c\nfrom maskc import parse\n"
                      "from typing import TYPE_CHECKING\n"
-                     "if TYPE_CHECKING:\n  from maskc import _d\nelse:\n  import maskc._e\n",
+                     "if TYPE_CHECKING:\n  from maskc import _d\nelse:\n  import maskc._e\n"
+                     "if typing.TYPE_CHECKING:\n  import maskc._d\n",
       "maskc/_b.py": "import numpy\n", "maskc/_c.py": "", "maskc/_d.py": "", "maskc/_e.py": "",
       "kernels/__init__.py": "from . import api\n",
       "kernels/api.py": "from ._common import x\nfrom .. import _b\n"
