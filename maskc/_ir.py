@@ -174,7 +174,7 @@ class Mask(Node):
   # `simplify()` is set by `maskc._simplify`; `bind(...)` and `to_dense(...)` by `maskc`.
 
 
-# ----------------------------------------------------------------------------- the parser, late
+# ----------------------------------------------------------------------------- text, from above
 
 _parse_text: Callable[[str], Mask] | None = None
 _mask_names: Callable[[], Iterable[str]] = tuple
