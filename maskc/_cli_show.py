@@ -16,12 +16,14 @@ import sys
 from typing import TextIO
 
 import maskc
+from maskc._cli_args import (OPERAND_VALUES_HELP, add_shape_arguments, can_encode,
+                             operands_from_items)
+from maskc._render import _matplotlib
 from maskc._show import MAX_ELEMENT_COLS, MAX_ELEMENT_ROWS, MaskView
 
 
 def add_show(subparsers) -> None:
   """Declares the `show` subcommand on `subparsers` (an argparse subparsers action)."""
-  from maskc.cli import OPERAND_VALUES_HELP, add_shape_arguments  # cli imports this module
   p = subparsers.add_parser(
       "show", help="draw a mask's tile map (or its elements, for small shapes) with its statistics",
       description="Compile a mask at a shape and print a header (shape, tiles, density, FLOPs "
@@ -45,7 +47,6 @@ def add_show(subparsers) -> None:
 
 def run_show(args: argparse.Namespace, out: TextIO) -> int:
   """Runs `maskc show` with parsed `args`, writing text to `out`; returns the exit status."""
-  from maskc.cli import _can_encode, _operands
   for name, value in (("--q-len", args.q_len), ("--kv-len", args.kv_len),
                       ("--block-q", args.block_q), ("--block-kv", args.block_kv)):
     if value is not None and value < 1:
@@ -54,12 +55,12 @@ def run_show(args: argparse.Namespace, out: TextIO) -> int:
   if width < 10:
     raise maskc.MaskValueError(f"--width must be at least 10, got {width}")
   m = maskc.parse(args.expr)
-  operands = _operands(args.operand)
+  operands = operands_from_items(args.operand)
   view = maskc.show(m, args.q_len, args.kv_len, q_offset=args.offset, operands=operands,
                     block_q=args.block_q, block_kv=args.block_kv)
   if args.tiles and view.elements:
     view = MaskView(view.blockmap)
-  ascii = args.ascii or not _can_encode(out, "█▓░·─│┌")
+  ascii = args.ascii or not can_encode(out, "█▓░·─│┌")
   out.write(view.to_text(width=width, ascii=ascii))
   if args.svg:
     _write(args.svg, lambda path: _save_svg(view, path))
@@ -86,7 +87,6 @@ def _save_svg(view: MaskView, path: str) -> None:
 
 
 def _save_png(view: MaskView, path: str) -> None:
-  from maskc._render import _matplotlib
   _matplotlib()  # a MaskError naming the `plot` extra when matplotlib is missing
   import matplotlib
   if "matplotlib.pyplot" not in sys.modules:

@@ -10,15 +10,26 @@ template substitution all go through them, so the three give the same IR and
 the same errors. Named masks (the prelude, user definitions) stay as `Call`
 nodes holding their `Definition`; `expand(call)` gives the body with arguments
 substituted, which is what evaluation and analysis look at.
+
+This module is the ground floor of the compiler: it imports nothing of maskc but
+the error hierarchy. What needs a layer above is attached by that layer: the
+printer sets `str` and `repr` (`maskc._printer`), the simplifier
+`Mask.simplify` (`maskc._simplify`), and the public face (`maskc/__init__.py`)
+`Mask.bind`, `Mask.to_dense` and the parser that reads text operands such as
+`mask & "causal"` (`install_parser`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+import difflib
 import functools
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
-from maskc._errors import MaskNameError, MaskTypeError, MaskValueError, Span
+from maskc._errors import (MaskLimitError, MaskNameError, MaskTypeError, MaskValueError,
+                           OperandError, Span)
 
 CompareOp = Literal["<", "<=", "==", "!=", ">=", ">"]
 ArithOp = Literal["+", "-", "*", "//", "%"]
@@ -74,13 +85,7 @@ class Node:
         out.extend(x for x in v if isinstance(x, Node))
     return tuple(out)
 
-  def __str__(self) -> str:
-    from maskc._printer import to_text
-    return to_text(self)
-
-  def __repr__(self) -> str:
-    from maskc._printer import to_python
-    return to_python(self)
+  # `__str__` (canonical text) and `__repr__` (Python builder form) are set by `maskc._printer`.
 
   def _repr_pretty_(self, p, cycle) -> None:  # IPython and hypothesis
     p.text(repr(self))
@@ -164,33 +169,38 @@ class Mask(Node):
   @property
   def operands(self) -> tuple["OperandSpec", ...]:
     """The runtime operands the mask needs, sorted by name."""
-    from maskc._operands import collect_operands
     return collect_operands(self)
 
-  def simplify(self) -> "Mask":
-    """An equivalent mask in canonical simplified form (see `maskc._simplify`)."""
-    from maskc._simplify import simplify
-    return simplify(self)
+  # `simplify()` is set by `maskc._simplify`; `bind(...)` and `to_dense(...)` by `maskc`.
 
-  def bind(self, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
-           operands: dict[str, Any] | None = None):
-    """This mask at a shape with static operands: a lazy `ComputableMask`."""
-    from maskc._bind import ComputableMask
-    return ComputableMask(self, q_len, kv_len, q_offset=q_offset, operands=operands)
 
-  def to_dense(self, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
-               operands: dict[str, Any] | None = None):
-    """The mask as a NumPy bool array `[..., q_len, kv_len]`."""
-    return self.bind(q_len, kv_len, q_offset=q_offset, operands=operands)[:, :]
+# ----------------------------------------------------------------------------- text, from above
+
+_parse_text: Callable[[str], Mask] | None = None
+_mask_names: Callable[[], Iterable[str]] = tuple
+
+
+def install_parser(parse: Callable[[str], Mask], mask_names: Callable[[], Iterable[str]]) -> None:
+  """Lets the IR read mask text and suggest mask names, without importing the parser.
+
+  The parser is built on this module, so it is handed down instead: `maskc/__init__.py`
+  installs it once. `mask & "causal"` then parses its text operand, and an unknown
+  mask name in an error hint comes with the nearest known one.
+
+  Args:
+    parse: mask text to IR (`maskc.parse`).
+    mask_names: the names of the known (prelude) masks, for "did you mean" hints.
+  """
+  global _parse_text, _mask_names
+  _parse_text, _mask_names = parse, mask_names
 
 
 def _as_mask(value) -> Mask:
   if isinstance(value, (Mask, Read, PairRead)):
     return mask(value)
-  if isinstance(value, str):
-    from maskc._parse import parse
-    return parse(value)
-  raise MaskTypeError(f"cannot combine a mask with {type(value).__name__} {value!r}",
+  if isinstance(value, str) and _parse_text is not None:
+    return _parse_text(value)
+  raise MaskTypeError(f"cannot combine a mask with {type(value).__name__} {quote(value)}",
                       hint="Combine masks with masks: `maskc.causal() & maskc.chunk(8192)`.")
 
 
@@ -405,10 +415,11 @@ def term(value: Any, span: Span | None = None) -> Term:
   if isinstance(value, str):
     return Scalar(value, span)
   if isinstance(value, Mask):
-    raise MaskTypeError(f"expected an integer term, got the mask `{value}`", span=span,
+    raise MaskTypeError(f"expected an integer term, got the mask {quote(value)}", span=span,
                         hint="Masks combine with `&`, `|`, `^`, `~`; integer terms compare with "
                              "`<`, `<=`, `==`, ...")
-  raise MaskTypeError(f"expected an integer term, got {type(value).__name__} {value!r}", span=span)
+  raise MaskTypeError(f"expected an integer term, got {type(value).__name__} {quote(value)}",
+                      span=span)
 
 
 def mask(value: Any, span: Span | None = None) -> Mask:
@@ -424,12 +435,17 @@ def mask(value: Any, span: Span | None = None) -> Mask:
   if isinstance(value, Operand):
     raise MaskNameError(f"`{value.name}` is not a known mask", span=value.span or span,
                         hint=_mask_name_hint(value.name))
-  raise MaskTypeError(f"expected a mask, got {type(value).__name__} {value!r}", span=span)
+  raise MaskTypeError(f"expected a mask, got {type(value).__name__} {quote(value)}", span=span)
+
+
+def nearest(name: str, candidates: Iterable[str]) -> str | None:
+  """The candidate closest to `name`, if any is close (for "did you mean" hints)."""
+  found = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+  return found[0] if found else None
 
 
 def _mask_name_hint(name: str) -> str:
-  from maskc._parse import known_mask_names, nearest
-  guess = nearest(name, known_mask_names())
+  guess = nearest(name, _mask_names())
   tail = (f"If `{name}` is a boolean operand, index it: `{name}[q]` or `{name}[k]`.")
   return f"Did you mean `{guess}`? {tail}" if guess else tail
 
@@ -442,7 +458,7 @@ def operand(value: Any, span: Span | None = None) -> Operand | Param:
     return Operand(value, span)
   if isinstance(value, Scalar):
     return Operand(value.name, value.span or span)
-  raise MaskTypeError(f"only a named operand can be indexed, not `{value}`", span=span,
+  raise MaskTypeError(f"only a named operand can be indexed, not {quote(value)}", span=span,
                       hint="Index an operand by name: `seg[q]`, `allowed[q, k]`.")
 
 
@@ -516,18 +532,19 @@ def arith(op: ArithOp, lhs: Any, rhs: Any, span: Span | None = None) -> Term:
   """`lhs op rhs`, folding constants and checking that `*`, `//`, `%` have one."""
   lhs, rhs = term(lhs, span), term(rhs, span)
   if op in ("//", "%") and isinstance(rhs, Const) and rhs.value == 0:
-    raise MaskValueError(f"division by zero in `{lhs} {op} 0`", span=rhs.span or span,
+    raise MaskValueError(f"division by zero in {quote(Arith(op, lhs, rhs))}",
+                         span=rhs.span or span,
                          hint="Divide by a positive constant, e.g. `q // 64`.")
   if isinstance(lhs, Const) and isinstance(rhs, Const):
     return _const(_FOLD[op](lhs.value, rhs.value), span)
   if op == "*" and not (isinstance(lhs, (Const, Param)) or isinstance(rhs, (Const, Param))):
     raise MaskTypeError(
-        f"`*` needs a constant on one side, got `{lhs}` and `{rhs}`", span=span,
+        f"`*` needs a constant on one side, got {quote(lhs)} and {quote(rhs)}", span=span,
         hint="Multiply by a literal or a parameter bound at parse time: `q * 2`, or "
              "`maskc.parse(text, W=64)` for `q * W`.")
   if op in ("//", "%") and not isinstance(rhs, (Const, Param)):
     raise MaskTypeError(
-        f"`{op}` needs a constant divisor, got `{rhs}`", span=rhs.span or span,
+        f"`{op}` needs a constant divisor, got {quote(rhs)}", span=rhs.span or span,
         hint=f"Divide by a literal or a parameter bound at parse time, e.g. "
              f"`maskc.parse(text, {rhs}=8192)`." if isinstance(rhs, Scalar) else
              "Divide by a literal or a parameter bound at parse time.")
@@ -561,7 +578,7 @@ def compare(terms: Sequence[Any], ops: Sequence[str], span: Span | None = None) 
   terms = tuple(term(t, span) for t in terms)
   ops = tuple(ops)
   if len(terms) != len(ops) + 1 or len(ops) < 1 or any(o not in COMPARE_OPS for o in ops):
-    raise MaskTypeError(f"malformed comparison {terms} {ops}", span=span)
+    raise MaskTypeError(f"malformed comparison {quote(terms)} {quote(ops)}", span=span)
   return Compare(terms, ops, span)
 
 
@@ -570,7 +587,7 @@ def truth(value: Any, span: Span | None = None) -> Truth:
   if isinstance(value, Truth):
     return value
   if not isinstance(value, (Read, PairRead)):
-    raise MaskTypeError(f"`{value}` is an integer term, not a mask", span=span,
+    raise MaskTypeError(f"{quote(value)} is an integer term, not a mask", span=span,
                         hint="Compare it: `x < n`.")
   return Truth(value, span)
 
@@ -627,14 +644,17 @@ def call(definition: Definition, args: Sequence[Any], span: Span | None = None) 
     if verdict is False:
       shown = f"{definition.name}({', '.join(_arg_text(a) for a in args)})"
       raise MaskValueError(f"{message}, got {shown}", span=span,
-                           hint=f"`{definition.name}` requires `{requirement}`.")
+                           hint=f"`{definition.name}` requires {quote(requirement)}.")
   if is_mask_definition(definition):
     return Call(definition.name, args, definition, span)
   return instantiate(definition.body, env, span)
 
 
 def _arg_text(a: Node) -> str:
-  return str(a) if not isinstance(a, Operand) else a.name
+  if isinstance(a, Operand):
+    return a.name
+  quoted = quote(a)
+  return quoted[1:-1] if quoted.startswith("`") else quoted
 
 
 def _signature(d: Definition) -> str:
@@ -650,7 +670,8 @@ def _call_arg(a: Any, span) -> Node:
     return Operand(a, span)
   if isinstance(a, Node):
     return a
-  raise MaskTypeError(f"cannot pass {type(a).__name__} {a!r} to a mask definition", span=span)
+  raise MaskTypeError(f"cannot pass {type(a).__name__} {quote(a)} to a mask definition",
+                      span=span)
 
 
 def is_mask_definition(d: Definition) -> bool:
@@ -679,14 +700,70 @@ _CMP = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, "==": lambda a, b: a
         "!=": lambda a, b: a != b, ">=": lambda a, b: a >= b, ">": lambda a, b: a > b}
 
 
+class _Budget:
+  """How many more nodes `instantiate` may build in the current `build_budget` block."""
+
+  __slots__ = ("left", "limit")
+
+  def __init__(self, limit: int):
+    self.left = self.limit = limit
+
+
+_BUDGET: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("maskc_ir_budget",
+                                                                        default=None)
+
+
+@contextlib.contextmanager
+def build_budget(limit: int) -> Iterator[None]:
+  """Bounds the nodes that expanding definitions may build inside the block, all calls together.
+
+  Every call of a definition copies its body (`instantiate`), and a body that uses
+  a definition twice holds two copies of it, so `d1 = d0 + d0`, `d2 = d1 + d1`, ...
+  doubles the work with each line: sixty short lines ask for 2**60 nodes. The parser
+  elaborates each program inside a budget, so any text is accepted or refused
+  (`MaskLimitError`) after building at most `limit` nodes, whatever its shape. In a
+  block inside another, the inner budget applies.
+
+  >>> twice = Definition("twice", ("x",), arith("+", Param("x"), Param("x")))
+  >>> with build_budget(100):
+  ...   str(call(twice, [Pos("q") // 2]))
+  'q // 2 + q // 2'
+  >>> with build_budget(1):
+  ...   call(twice, [Pos("q") // 2])  # doctest: +ELLIPSIS
+  Traceback (most recent call last):
+  ...
+  maskc._errors.MaskLimitError: expanding the definitions builds more than 1 nodes...
+  """
+  token = _BUDGET.set(_Budget(limit))
+  try:
+    yield
+  finally:
+    _BUDGET.reset(token)
+
+
+def _over_budget(budget: _Budget, span: Span | None) -> MaskLimitError:
+  return MaskLimitError(
+      f"expanding the definitions builds more than {budget.limit} nodes", span=span,
+      hint="Each use of a definition copies its body, so definitions that use others several "
+           "times multiply; use each fewer times or simplify them.")
+
+
 def instantiate(node: Node, env: dict[str, Node], span: Span | None = None) -> Node:
-  """`node` with each `Param` replaced by its value in `env`, rebuilt and re-checked."""
+  """`node` with each `Param` replaced by its value in `env`, rebuilt and re-checked.
+
+  Each node built counts against the current `build_budget`, if any.
+  """
   memo: dict[int, Node] = {}
+  budget = _BUDGET.get()
 
   def go(n: Node) -> Node:
     key = id(n)
     if key in memo:
       return memo[key]
+    if budget is not None:
+      budget.left -= 1
+      if budget.left < 0:
+        raise _over_budget(budget, span)
     out = _rebuild(n, go, env, span)
     memo[key] = out
     return out
@@ -751,6 +828,78 @@ def walk(node: Node, *, into_calls: bool = True):
       continue
     else:
       stack.extend(n.children())
+
+
+def printed_size(node: Node, limit: int) -> int:
+  """About how many nodes `str(node)` prints, counted up to `limit + 1` (so in bounded time).
+
+  That is the node's tree, where a node used twice counts twice (a term shared by
+  `d1 = d0 + d0` prints twice), plus once each the user definitions it calls.
+  """
+  count = 0
+  seen: set[int] = set()
+  stack: list[Node] = [node]
+  while stack and count <= limit:
+    n = stack.pop()
+    count += 1
+    if isinstance(n, Definition):
+      stack.append(n.body)
+      stack.extend(cond for cond, _ in n.requirements)
+    elif isinstance(n, Call):
+      stack.extend(n.args)
+      if not n.definition.prelude and id(n.definition) not in seen:
+        seen.add(id(n.definition))
+        stack.append(n.definition)
+    else:
+      stack.extend(n.children())
+  return min(count, limit + 1)
+
+
+QUOTED_NODES = 200  # the largest node an error message quotes in full
+
+
+def quote(value: Any) -> str:
+  """`value` for an error message: a node's text in backticks, unless it is too large to quote.
+
+  Errors quote what they refuse, and a term built by nested definitions can be
+  far too large to print (`f(f(f(...)))` with `f(x) = x + x`), so large nodes are
+  named by their size instead, and other values by a shortened `repr`.
+  """
+  if not isinstance(value, Node):
+    text = repr(value)
+    return text if len(text) <= 200 else text[:150] + " ... " + text[-40:]
+  if printed_size(value, QUOTED_NODES) <= QUOTED_NODES:
+    return f"`{value}`"
+  kind = "mask" if isinstance(value, Mask) else "term"
+  return f"a {kind} of more than {QUOTED_NODES} nodes"
+
+
+def collect_operands(m: Mask) -> tuple[OperandSpec, ...]:
+  """The operands `m` reads, sorted by name; raises if one is used as two kinds."""
+  kinds: dict[str, str] = {}
+  boolean: dict[str, bool] = {}
+  spans = {}
+  for n in walk(m):
+    if isinstance(n, Scalar):
+      name, kind, is_bool = n.name, "scalar", False
+    elif isinstance(n, Read):
+      name, kind, is_bool = n.operand.name, "token", n.runs
+    elif isinstance(n, PairRead):
+      name, kind, is_bool = n.operand.name, "pair", False
+    elif isinstance(n, Truth):
+      boolean[n.read.operand.name] = True
+      continue
+    else:
+      continue
+    if name in kinds and kinds[name] != kind:
+      raise OperandError(
+          f"operand `{name}` is used both as a {kinds[name]} and as a {kind} operand",
+          span=getattr(n, "span", None) or spans.get(name),
+          hint="Give the two operands different names.")
+    kinds[name] = kind
+    spans.setdefault(name, getattr(n, "span", None))
+    boolean[name] = boolean.get(name, False) or is_bool
+  return tuple(OperandSpec(name, kinds[name], boolean.get(name, False)) for name in sorted(kinds))
 
 
 def expanded_size(node: Node, limit: int) -> int:

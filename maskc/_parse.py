@@ -9,7 +9,6 @@ recursion is found by tracking the definitions in progress.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import re
 from typing import Any, Iterator
@@ -19,7 +18,6 @@ import lark
 from maskc import _ir as ir
 from maskc._errors import (MaskError, MaskLimitError, MaskNameError, MaskRecursionError,
                            MaskSyntaxError, MaskTypeError, MaskValueError, Span, short_repr)
-from maskc._operands import collect_operands
 from maskc.grammar import grammar_text, prelude_text
 
 MAX_TEXT_CHARS = 100_000
@@ -32,6 +30,7 @@ MAX_BRACKET_DEPTH = 4 * MAX_NESTING
 # An integer literal longer than this cannot be a sensible position, and Python refuses to
 # convert one past 4,300 digits; the IR's own range check then gives the exact bound.
 MAX_LITERAL_DIGITS = 40
+MAX_BUILT_NODES = 4 * MAX_EXPANDED_NODES  # nodes built while expanding definitions, in all
 
 RESERVED = {"q", "k", "true", "false", "where"}
 BUILTINS = {"abs", "min", "max", "runs"}
@@ -224,10 +223,7 @@ def _check_nesting(tree: lark.Tree, text: str) -> None:
     stack.extend((c, depth + 1) for c in node.children if isinstance(c, lark.Tree))
 
 
-def nearest(name: str, candidates) -> str | None:
-  """The candidate closest to `name`, if any is close."""
-  found = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
-  return found[0] if found else None
+nearest = ir.nearest  # the candidate closest to a name, for hints
 
 
 class _Runs:
@@ -269,6 +265,11 @@ class _Program:
   # ---------------------------------------------------------------- program
 
   def program(self, tree: lark.Tree, *, library_only: bool = False) -> ir.Mask | None:
+    # Expanding definitions may build at most this many nodes in all: bounded work for any text.
+    with ir.build_budget(MAX_BUILT_NODES):
+      return self._program(tree, library_only=library_only)
+
+  def _program(self, tree: lark.Tree, *, library_only: bool) -> ir.Mask | None:
     statements = tree.children
     for i, st in enumerate(statements):
       last = i == len(statements) - 1
@@ -292,7 +293,7 @@ class _Program:
       raise MaskLimitError(f"the mask expands to more than {MAX_EXPANDED_NODES} nodes",
                            span=self.span(statements[-1]),
                            hint="Definitions used many times multiply; simplify the mask.")
-    collect_operands(result)  # raises on an operand used as two kinds
+    ir.collect_operands(result)  # raises on an operand used as two kinds
     return result
 
   def _lhs(self, node) -> tuple[str, tuple[str, ...], tuple]:
@@ -349,7 +350,7 @@ class _Program:
       reqs = []
       for r in p.requirements:
         cond = self._mask(self.expr(r.children[0], env), r.children[0])
-        message = str(r.children[1])[1:-1] if len(r.children) > 1 else f"requires `{cond}`"
+        message = str(r.children[1])[1:-1] if len(r.children) > 1 else f"requires {ir.quote(cond)}"
         reqs.append((cond, message))
     finally:
       self.in_progress.pop()
@@ -508,7 +509,7 @@ class _Program:
         raise MaskTypeError("runs(x) takes one index", span=span, hint="`runs(x)[q]`.")
       return ir.read(base.operand, idx[0], True, span)
     if not isinstance(base, (ir.Operand, ir.Param)):
-      raise MaskTypeError(f"only operands can be indexed, not `{base}`", span=span,
+      raise MaskTypeError(f"only operands can be indexed, not {ir.quote(base)}", span=span,
                           hint="Index an operand by name: `seg[q]`, `allowed[q, k]`.")
     if len(idx) == 1:
       return ir.read(base, idx[0], False, span)

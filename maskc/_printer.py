@@ -9,6 +9,11 @@ used by `repr`.
 from __future__ import annotations
 
 from maskc import _ir as ir
+from maskc._errors import MaskLimitError
+
+# `str` and `repr` print at most this many nodes, so that a term built by nested definitions
+# (`f(f(f(...)))` with `f(x) = x + x` doubles with each level) raises instead of hanging.
+MAX_PRINTED_NODES = 1_000_000
 
 _OR, _XOR, _AND, _NOT, _CMP, _SUM, _PROD, _UNARY, _ATOM = range(1, 10)
 
@@ -31,31 +36,49 @@ def _prec(n: ir.Node) -> int:
   return _ATOM
 
 
-def _text(n: ir.Node, min_prec: int = 0) -> str:
-  s = _bare(n)
+class _Budget:
+  """Nodes a printer call may still print: printing stops, in bounded time, past the limit."""
+
+  __slots__ = ("left",)
+
+  def __init__(self, limit: int):
+    self.left = limit
+
+
+def _too_large() -> MaskLimitError:
+  return MaskLimitError(
+      f"the mask is too large to print (more than {MAX_PRINTED_NODES} nodes)",
+      hint="Nested definitions multiply: `f(f(f(q)))` with `f(x) = x + x` prints eight `q`s.")
+
+
+def _text(n: ir.Node, min_prec: int, b: _Budget) -> str:
+  s = _bare(n, b)
   return f"({s})" if _prec(n) < min_prec else s
 
 
-def _bare(n: ir.Node) -> str:
+def _bare(n: ir.Node, b: _Budget) -> str:
+  b.left -= 1
+  if b.left < 0:
+    raise _too_large()
   if isinstance(n, ir.Or):
-    return " | ".join(_text(i, _OR + 1) for i in n.items)
+    return " | ".join(_text(i, _OR + 1, b) for i in n.items)
   if isinstance(n, ir.Xor):
-    return " ^ ".join(_text(i, _XOR + 1) for i in n.items)
+    return " ^ ".join(_text(i, _XOR + 1, b) for i in n.items)
   if isinstance(n, ir.And):
-    return " & ".join(_text(i, _AND + 1) for i in n.items)
+    return " & ".join(_text(i, _AND + 1, b) for i in n.items)
   if isinstance(n, ir.Not):
-    return "~" + _text(n.item, _NOT)
+    return "~" + _text(n.item, _NOT, b)
   if isinstance(n, ir.Compare):
-    out = [_text(n.terms[0], _SUM)]
+    out = [_text(n.terms[0], _SUM, b)]
     for op, t in zip(n.ops, n.terms[1:]):
-      out += [op, _text(t, _SUM)]
+      out += [op, _text(t, _SUM, b)]
     return " ".join(out)
   if isinstance(n, ir.Arith):
     if n.op in "+-":
-      return f"{_text(n.lhs, _SUM)} {n.op} {_text(n.rhs, _PROD)}"
-    return f"{_text(n.lhs, _PROD)} {n.op} {_text(n.rhs, _UNARY)}"
+      return f"{_text(n.lhs, _SUM, b)} {n.op} {_text(n.rhs, _PROD, b)}"
+    return f"{_text(n.lhs, _PROD, b)} {n.op} {_text(n.rhs, _UNARY, b)}"
   if isinstance(n, ir.Neg):
-    return "-" + _text(n.arg, _UNARY)
+    return "-" + _text(n.arg, _UNARY, b)
   if isinstance(n, ir.Const):
     return str(n.value)
   if isinstance(n, ir.Pos):
@@ -65,26 +88,26 @@ def _bare(n: ir.Node) -> str:
   if isinstance(n, ir.BoolConst):
     return "true" if n.value else "false"
   if isinstance(n, ir.Fn):
-    return f"{n.name}({', '.join(_text(a) for a in n.args)})"
+    return f"{n.name}({', '.join(_text(a, 0, b) for a in n.args)})"
   if isinstance(n, ir.Read):
     base = f"runs({n.operand.name})" if n.runs else n.operand.name
-    return f"{base}[{_text(n.index)}]"
+    return f"{base}[{_text(n.index, 0, b)}]"
   if isinstance(n, ir.PairRead):
-    return f"{n.operand.name}[{_text(n.q_index)}, {_text(n.k_index)}]"
+    return f"{n.operand.name}[{_text(n.q_index, 0, b)}, {_text(n.k_index, 0, b)}]"
   if isinstance(n, ir.Truth):
-    return _bare(n.read)
+    return _bare(n.read, b)
   if isinstance(n, ir.Call):
-    return n.name + (f"({', '.join(_text(a) for a in n.args)})" if n.args else "")
+    return n.name + (f"({', '.join(_text(a, 0, b) for a in n.args)})" if n.args else "")
   if isinstance(n, ir.Definition):
-    return _definition_text(n)
+    return _definition_text(n, b)
   raise TypeError(f"cannot print {type(n).__name__}")
 
 
-def _definition_text(d: ir.Definition) -> str:
+def _definition_text(d: ir.Definition, b: _Budget) -> str:
   head = d.name + (f"({', '.join(d.params)})" if d.params else "")
-  lines = [f"{head} = {_text(d.body)}"]
+  lines = [f"{head} = {_text(d.body, 0, b)}"]
   for cond, message in d.requirements:
-    lines.append(f'  where {_text(cond)} "{message}"')
+    lines.append(f'  where {_text(cond, 0, b)} "{message}"')
   return "\n".join(lines)
 
 
@@ -110,7 +133,8 @@ def user_definitions(n: ir.Node) -> list[ir.Definition]:
 def to_text(n: ir.Node) -> str:
   """Canonical text: user definitions first (one per line), then the mask."""
   defs = user_definitions(n) if isinstance(n, ir.Mask) else []
-  return "\n".join([_definition_text(d) for d in defs] + [_text(n)])
+  b = _Budget(MAX_PRINTED_NODES)
+  return "\n".join([_definition_text(d, b) for d in defs] + [_text(n, 0, b)])
 
 
 # ----------------------------------------------------------------------------- python form
@@ -120,7 +144,7 @@ _PY_NAMES = {"global": "global_"}
 
 def to_python(n: ir.Node) -> str:
   """The Python builder expression that constructs `n`."""
-  s = _py(n)
+  s = _py(n, _Budget(MAX_PRINTED_NODES))
   return s[1:-1] if s.startswith("(") and s.endswith(")") and _balanced(s[1:-1]) else s
 
 
@@ -134,25 +158,28 @@ def _balanced(s: str) -> bool:
   return depth == 0
 
 
-def _py(n: ir.Node) -> str:
+def _py(n: ir.Node, b: _Budget) -> str:
+  b.left -= 1
+  if b.left < 0:
+    raise _too_large()
   if isinstance(n, (ir.And, ir.Or, ir.Xor)):
     op = {ir.And: " & ", ir.Or: " | ", ir.Xor: " ^ "}[type(n)]
-    return "(" + op.join(_py(i) for i in n.items) + ")"
+    return "(" + op.join(_py(i, b) for i in n.items) + ")"
   if isinstance(n, ir.Not):
-    return "~" + _py(n.item)
+    return "~" + _py(n.item, b)
   if isinstance(n, ir.Compare):
-    terms = ", ".join(_py(t) for t in n.terms)
+    terms = ", ".join(_py(t, b) for t in n.terms)
     if len(n.ops) == 1 and not isinstance(n.terms[0], ir.Const):
-      a, b = _py(n.terms[0]), _py(n.terms[1])
+      lhs, rhs = _py(n.terms[0], b), _py(n.terms[1], b)
       op = n.ops[0]
       if op in ("==", "!="):
-        return f"{a}.{'eq' if op == '==' else 'ne'}({b})"
-      return f"({a} {op} {b})"
+        return f"{lhs}.{'eq' if op == '==' else 'ne'}({rhs})"
+      return f"({lhs} {op} {rhs})"
     return f"maskc.compare(({terms},), {n.ops!r})"
   if isinstance(n, ir.Arith):
-    return f"({_py(n.lhs)} {n.op} {_py(n.rhs)})"
+    return f"({_py(n.lhs, b)} {n.op} {_py(n.rhs, b)})"
   if isinstance(n, ir.Neg):
-    return f"(-{_py(n.arg)})"
+    return f"(-{_py(n.arg, b)})"
   if isinstance(n, ir.Const):
     return str(n.value)
   if isinstance(n, ir.Pos):
@@ -165,16 +192,34 @@ def _py(n: ir.Node) -> str:
     return f"<param {n.name}>"
   if isinstance(n, ir.Fn):
     name = {"abs": "abs", "min": "maskc.minimum", "max": "maskc.maximum"}[n.name]
-    return f"{name}({', '.join(_py(a) for a in n.args)})"
+    return f"{name}({', '.join(_py(a, b) for a in n.args)})"
   if isinstance(n, ir.Read):
     base = "runs" if n.runs else "operand"
-    return f"maskc.{base}({n.operand.name!r})[{_py(n.index)}]"
+    return f"maskc.{base}({n.operand.name!r})[{_py(n.index, b)}]"
   if isinstance(n, ir.PairRead):
-    return f"maskc.operand({n.operand.name!r})[{_py(n.q_index)}, {_py(n.k_index)}]"
+    return f"maskc.operand({n.operand.name!r})[{_py(n.q_index, b)}, {_py(n.k_index, b)}]"
   if isinstance(n, ir.Truth):
-    return f"maskc.truth({_py(n.read)})"
+    return f"maskc.truth({_py(n.read, b)})"
   if isinstance(n, ir.Call) and n.definition.prelude:
-    return f"maskc.{_PY_NAMES.get(n.name, n.name)}({', '.join(_py(a) for a in n.args)})"
+    return f"maskc.{_PY_NAMES.get(n.name, n.name)}({', '.join(_py(a, b) for a in n.args)})"
   if isinstance(n, ir.Definition):
     return f"<definition {n.name}>"
   return f"maskc.parse({to_text(n)!r})"
+
+
+# ----------------------------------------------------------------------------- on the IR
+
+
+def _node_str(self: ir.Node) -> str:
+  """The canonical text of the node (`to_text`); it parses back to an equal mask."""
+  return to_text(self)
+
+
+def _node_repr(self: ir.Node) -> str:
+  """The Python builder expression that constructs the node (`to_python`)."""
+  return to_python(self)
+
+
+# The IR imports nothing above it, so its text forms are attached here, where they live.
+ir.Node.__str__ = _node_str
+ir.Node.__repr__ = _node_repr

@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 
 from maskc import _render as render
+from maskc._bind import materialize
 from maskc._blockmap import EMPTY, FULL, PARTIAL, BlockMap
 from maskc._errors import MaskTypeError
+from maskc._lower import compile as compile_
 
 MAX_ELEMENT_ROWS = 256
 MAX_ELEMENT_COLS = 512
@@ -60,7 +62,6 @@ def show(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: int | No
   causal
   ...
   """
-  from maskc._lower import compile as compile_
   kv = q_len if kv_len is None else kv_len
   small = _is_int(q_len) and _is_int(kv) and q_len <= MAX_ELEMENT_ROWS and \
       kv <= MAX_ELEMENT_COLS
@@ -72,7 +73,6 @@ def show(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: int | No
                 operands=operands)
   dense = None
   if small:
-    from maskc._bind import materialize
     dense = np.asarray(materialize(mask, q_len, kv_len, q_offset=q_offset, operands=operands))
   return MaskView(bm, dense)
 

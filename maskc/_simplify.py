@@ -12,15 +12,15 @@ from __future__ import annotations
 import functools
 
 from maskc import _ir as ir
+from maskc import _printer  # noqa: F401  (`_key` sorts by `str`, which the printer sets)
+from maskc._parse import prelude
 
 
 def _full() -> ir.Mask:
-  from maskc._parse import prelude
   return ir.call(prelude()["full"], ())
 
 
 def _empty() -> ir.Mask:
-  from maskc._parse import prelude
   return ir.call(prelude()["empty"], ())
 
 
@@ -161,3 +161,17 @@ def _xor(items: list[ir.Mask], negate: bool) -> ir.Mask:
     else:
       kept[leaf] = _complement(kept[leaf])
   return kept[0] if len(kept) == 1 else ir.Xor(tuple(kept))
+
+
+def _mask_simplify(self: ir.Mask) -> ir.Mask:
+  """An equivalent mask in canonical simplified form (see `maskc._simplify`).
+
+  >>> import maskc
+  >>> str(maskc.parse("~~causal & (sink(4) | causal)").simplify())
+  'causal'
+  """
+  return simplify(self)
+
+
+# The IR imports nothing above it, so `Mask.simplify` is attached here, where it lives.
+ir.Mask.simplify = _mask_simplify

@@ -20,7 +20,8 @@ from typing import Callable, Sequence, TextIO
 import numpy as np
 
 import maskc
-from maskc._cli_operands import parse_operand_value
+from maskc._cli_args import (OPERAND_VALUES_HELP, add_shape_arguments, can_encode,
+                             operands_from_items)
 from maskc._cli_show import add_show
 
 MAX_DENSE_ROWS = 256
@@ -69,24 +70,6 @@ def _field(out: TextIO, label: str, text: str) -> None:
 # ----------------------------------------------------------------------------- dense
 
 
-OPERAND_VALUES_HELP = (
-    "Operand values: a bare integer is a scalar (kv_len=10); comma-separated items make a "
-    "per-token array, each an integer or v*n for v repeated n times (img=0*3,1*5,0*4); "
-    "LEN:DEFAULT,VALUE:START-STOP,... sets half-open ranges in an array of LEN "
-    "(img=32768:0,1:1000-3000); @file.npy loads any array.")
-
-
-def add_shape_arguments(p: argparse.ArgumentParser) -> None:
-  """The mask, its shape and its operands: the arguments every drawing subcommand takes."""
-  p.add_argument("expr", metavar="EXPR", help="mask text")
-  p.add_argument("--q-len", type=int, required=True, metavar="N", help="query rows")
-  p.add_argument("--kv-len", type=int, metavar="M", help="key columns (default: N)")
-  p.add_argument("--offset", type=int, metavar="O",
-                 help="position of query row 0 (default: M - N, bottom-right aligned)")
-  p.add_argument("--operand", action="append", default=[], metavar="NAME=VALUES",
-                 help="a runtime operand; repeat for several")
-
-
 def _add_dense(subparsers) -> None:
   p = subparsers.add_parser(
       "dense", help="draw a mask densely as text, one row per query",
@@ -109,7 +92,7 @@ def _run_dense(args: argparse.Namespace, out: TextIO) -> int:
         f"{MAX_DENSE_ROWS} x {MAX_DENSE_COLS}",
         hint="Draw a smaller shape: the pattern of most masks shows at a few dozen tokens.")
   m = maskc.parse(args.expr)
-  operands = _operands(args.operand)
+  operands = operands_from_items(args.operand)
   needed = {s.name for s in m.operands}
   for name in operands:
     if name not in needed:
@@ -117,7 +100,7 @@ def _run_dense(args: argparse.Namespace, out: TextIO) -> int:
   dense = np.asarray(maskc.materialize(m, q_len, kv_len, q_offset=args.offset,
                                        operands=operands))
   q_offset = kv_len - q_len if args.offset is None else args.offset
-  on, off = ("#", ".") if args.ascii or not _can_encode(out, "█·") else ("█", "·")
+  on, off = ("#", ".") if args.ascii or not can_encode(out, "█·") else ("█", "·")
   out.write(f"{m}\n")
   out.write(f"q_len={q_len} kv_len={kv_len} q_offset={q_offset}\n")
   if dense.ndim == 2:
@@ -129,32 +112,6 @@ def _run_dense(args: argparse.Namespace, out: TextIO) -> int:
   allowed = int(dense.sum())
   out.write(f"allowed: {allowed} of {dense.size} ({100 * allowed / dense.size:.1f}%)\n")
   return 0
-
-
-def _operands(items: Sequence[str]) -> dict[str, np.ndarray | int]:
-  """`NAME=VALUES` strings to operand values by name."""
-  result: dict[str, np.ndarray | int] = {}
-  for item in items:
-    name, eq, text = item.partition("=")
-    name = name.strip()
-    if not eq or not name.isidentifier():
-      raise maskc.MaskValueError(f"--operand takes NAME=VALUES, got {item!r}",
-                                 hint="e.g. `--operand img=0,0,1,1` or `--operand kv_len=10`.")
-    if name in result:
-      raise maskc.MaskValueError(f"operand `{name}` is given twice")
-    try:
-      result[name] = parse_operand_value(text)
-    except maskc.MaskError as e:
-      raise maskc.MaskValueError(f"operand `{name}`: {e.message}", hint=e.hint) from None
-  return result
-
-
-def _can_encode(out: TextIO, chars: str) -> bool:
-  try:
-    chars.encode(getattr(out, "encoding", None) or "ascii")
-  except (UnicodeEncodeError, LookupError):
-    return False
-  return True
 
 
 def _draw(dense: np.ndarray, q_offset: int, on: str, off: str) -> str:

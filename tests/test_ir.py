@@ -6,6 +6,9 @@ meaning (dense evaluation at several shapes) and is canonical under
 commutativity, De Morgan, double complement and absorption.
 """
 
+import subprocess
+import sys
+
 import hypothesis.strategies as st
 import numpy as np
 import pytest
@@ -393,3 +396,155 @@ def test_simplify_examples(text, expected):
 def test_prelude_combinations_simplify(m):
   s = m.simplify()
   assert_same_meaning(m, s, [(6, 6), (4, 9)])
+
+
+# ----------------------------------------------------------------------------- the ground floor
+
+
+def test_methods_from_above_the_ir_work_from_a_bare_import_of_the_ir():
+  # `maskc._ir` imports nothing above it; importing it alone still loads the public face,
+  # which attaches text, simplification, binding and the parser before anything runs.
+  code = ("import maskc._ir as ir\n"
+          "m = ir.compare((ir.Pos('q'), ir.Pos('k')), ('>=',))\n"
+          "print(m & 'causal', repr(~m), (m & ~m).simplify(), m.to_dense(2, 3).sum(),\n"
+          "      m.bind(3)[:, :].sum(), ir.nearest('casual', ['causal', 'chunk']), sep='|')\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  # q >= k at q_len 2, kv_len 3 (q_offset 1): rows q = 1, 2 allow 2 and 3 keys.
+  assert out.stdout.strip().split("|") == [
+      "q >= k & causal", "~(maskc.q >= maskc.k)", "empty", "5", "6", "causal"]
+
+
+def test_unknown_mask_passed_as_a_mask_argument_names_the_nearest_prelude_mask():
+  with pytest.raises(maskc.MaskNameError) as err:
+    maskc.parse("f(x) = x & causal\nf(casual)")
+  assert "Did you mean `causal`?" in err.value.hint
+  assert "`casual[q]`" in err.value.hint
+
+
+# ----------------------------------------------------------------------------- bounded expansion
+# Each use of a definition copies its body, so definitions that use others twice double with
+# each line. Every such text is refused with a MaskLimitError after building a bounded number
+# of nodes (counted here through `_rebuild`, which builds each node `instantiate` makes).
+
+
+def doubling(n: int) -> str:
+  return ("d0 = q\n" + "\n".join(f"d{i} = d{i - 1} + d{i - 1}" for i in range(1, n))
+          + f"\nd{n - 1} < k")
+
+
+def min_chain(n: int) -> str:
+  return ("d0 = q\n" + "\n".join(f"d{i} = min(d{i - 1}, d{i - 1} + 1)" for i in range(1, n))
+          + f"\nd{n - 1} < k")
+
+
+def parametric(n: int) -> str:
+  return ("f0(x) = x\n" + "\n".join(f"f{i}(x) = f{i - 1}(x) + f{i - 1}(x + 1)"
+                                    for i in range(1, n)) + f"\nf{n - 1}(q) < k")
+
+
+def parametric_same_argument(n: int) -> str:
+  return ("f0(x) = x\n" + "\n".join(f"f{i}(x) = f{i - 1}(x) + f{i - 1}(x)" for i in range(1, n))
+          + f"\nf{n - 1}(q) < k")
+
+
+def discarded_copies(n: int) -> str:
+  # Each `z(d14)` copies d14 (2**15 nodes) and throws the copy away: no single step is
+  # large, but together they are.
+  return ("d0 = q\n" + "\n".join(f"d{i} = d{i - 1} + d{i - 1}" for i in range(1, 15))
+          + "\nz(x) = 1\n" + " & ".join(["z(d14) < k"] * n))
+
+
+@pytest.fixture
+def built(monkeypatch):
+  """Counts the nodes `instantiate` builds."""
+  count = [0]
+  rebuild = maskc._ir._rebuild
+
+  def counting(*args):
+    count[0] += 1
+    return rebuild(*args)
+
+  monkeypatch.setattr(maskc._ir, "_rebuild", counting)
+  return count
+
+
+BUILD_BOUND = maskc._parse.MAX_BUILT_NODES + 1
+
+
+@pytest.mark.parametrize("family", [doubling, min_chain, parametric, parametric_same_argument])
+@pytest.mark.parametrize("n", [20, 60, 200])
+def test_exponential_definitions_are_refused_after_bounded_work(family, n, built):
+  with pytest.raises(maskc.MaskLimitError):
+    maskc.parse(family(n))
+  assert built[0] <= BUILD_BOUND
+
+
+def test_many_discarded_copies_are_refused_after_bounded_work(built):
+  with pytest.raises(maskc.MaskLimitError) as err:
+    maskc.parse(discarded_copies(1000))
+  assert "expanding the definitions builds more than" in err.value.message
+  assert built[0] <= BUILD_BOUND
+  assert maskc.parse(discarded_copies(2)) == maskc.parse("1 < k & 1 < k")
+
+
+def test_exponential_definitions_in_a_config_library_are_refused(built):
+  with pytest.raises(maskc.MaskLimitError):
+    maskc.load_config({"definitions": doubling(60).rsplit("\n", 1)[0], "layers": ["d59 < k"]})
+  assert built[0] <= BUILD_BOUND
+
+
+def test_the_largest_doubling_within_the_limit_is_accepted_and_exact(built):
+  # d14 is q added to itself 2**14 times: 16384 * q < k, checked against NumPy.
+  m = maskc.parse(doubling(15))
+  assert built[0] <= BUILD_BOUND
+  assert maskc._ir.expanded_size(m, 10**6) == 2**15 + 1
+  qs, ks = np.meshgrid(np.arange(3), np.arange(40000, 40004), indexing="ij")
+  np.testing.assert_array_equal(m.to_dense(3, 40004, q_offset=0)[:, 40000:], 16384 * qs < ks)
+
+
+def test_the_budget_counts_every_expansion_in_a_block():
+  twice = maskc.parse("twice(x) = x + x\ntwice(q) < k").terms[0]
+  assert str(twice) == "q + q"
+  x = maskc._ir.Param("x")
+  definition = maskc._ir.Definition("twice", ("x",), x + x)
+  with maskc._ir.build_budget(5):
+    maskc._ir.call(definition, [q])  # 2 nodes: the sum and its shared parameter
+    maskc._ir.call(definition, [k])  # 4
+    with pytest.raises(maskc.MaskLimitError):
+      maskc._ir.call(definition, [q + 1])
+  maskc._ir.call(definition, [q + 1])  # no budget outside the block
+
+
+def nested(n: int) -> str:
+  return "f(" * n + "q" + ")" * n
+
+
+def test_errors_quote_huge_terms_by_their_size():
+  # f applied 60 times is 2**60 nodes as a tree, though 60 in memory.
+  cases = {f"f(x) = x + x\n{nested(60)} * k < 1": (maskc.MaskTypeError, "`*` needs a constant"),
+           f"f(x) = x + x\n{nested(60)}[q] < 1": (maskc.MaskTypeError, "only operands can"),
+           f"f(x) = x + x\ng(y) = y < k where y > 0 & {nested(60).replace('q', 'k')} > 0\ng(-1)":
+               (maskc.MaskValueError, "requires a mask of more than 200 nodes"),
+           f"f(x) = x + x\n{nested(60)} // 0 < 1": (maskc.MaskValueError, "division by zero")}
+  for text, (kind, message) in cases.items():
+    with pytest.raises(kind) as err:
+      maskc.parse(text)
+    assert message in err.value.message
+    assert len(str(err.value)) < 1000
+
+
+def test_printing_a_huge_term_raises_instead_of_hanging():
+  t = q
+  for _ in range(60):
+    t = t + t
+  m = t < k
+  assert maskc._ir.printed_size(m, 1000) == 1001
+  for show in (str, repr):
+    with pytest.raises(maskc.MaskLimitError, match="too large to print"):
+      show(m)
+  small = q + q < k
+  assert maskc._ir.printed_size(small, 1000) == 5
+  assert str(small) == "q + q < k" and maskc._ir.quote(small) == "`q + q < k`"
+  assert maskc._ir.quote(m) == "a mask of more than 200 nodes"
+  assert maskc._ir.quote(list(range(10**5))).endswith("99998, 99999]")
+  assert len(maskc._ir.quote(list(range(10**5)))) < 200

@@ -1,0 +1,342 @@
+"""The import graph of maskc, read from the source with `ast` (nothing is imported).
+
+The layers are grammar -> IR -> compiler -> kernels: `maskc/_ir.py` is the ground floor
+(it imports only the error hierarchy), no module of the package takes part in an import
+circle, the compiler never imports a kernel, and kernels read only the compiled contract.
+Imports inside functions count like top-level ones (a function-level import is how a circle
+hides); imports under `if TYPE_CHECKING:` do not, since they never run.
+
+Run `python tests/test_imports.py [--dot] [ROOT]` to print the graph of a checkout (one line
+per imported module, `*` marking those imported only inside functions), its circles and the
+rule violations, or with `--dot` the graph for Graphviz, e.g. to compare the graph before and
+after a change.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# Source folder -> the package it is installed as (pyproject.toml's package-dir).
+PACKAGES = {"maskc": "maskc", "kernels": "maskc.kernels", "grammar": "maskc.grammar"}
+
+# The public face may import the kernels lazily inside a function (`maskc.attention`).
+PUBLIC_FACE = "maskc"
+IR = "maskc._ir"
+IR_MAY_IMPORT = {"maskc._errors"}
+KERNELS = "maskc.kernels"
+# What a kernel may import of maskc: the compiled contract.
+KERNEL_CONTRACT = {"maskc._blockmap", "maskc._predicate", "maskc._errors"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Edge:
+  """One import of a maskc module by a maskc module.
+
+  Attributes:
+    source: the importing module, e.g. `maskc._parse`.
+    target: the imported module, e.g. `maskc._ir` (for `from maskc import _ir`).
+    line: the line of the import statement in the source file.
+    in_function: whether the import runs inside a function (or method) body.
+  """
+  source: str
+  target: str
+  line: int
+  in_function: bool
+
+
+def module_files(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
+  """Every module of the installed package, by its dotted name, with its source file."""
+  out = {}
+  for folder, package in PACKAGES.items():
+    for path in sorted((root / folder).glob("*.py")):
+      out[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+  return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+  """`if TYPE_CHECKING:`, `if typing.TYPE_CHECKING:` or an alias such as `_TYPE_CHECKING`."""
+  return ((isinstance(test, ast.Name) and test.id.endswith("TYPE_CHECKING"))
+          or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def _imports(tree: ast.AST):
+  """Yields (import node, inside a function) for every import that can run."""
+  stack: list[tuple[ast.AST, bool]] = [(tree, False)]
+  while stack:
+    node, in_function = stack.pop()
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+      yield node, in_function
+      continue
+    if isinstance(node, ast.If) and _is_type_checking(node.test):
+      stack.extend((child, in_function) for child in node.orelse)
+      continue
+    inner = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+    stack.extend((child, inner) for child in ast.iter_child_nodes(node))
+
+
+def _resolve(module: str, is_package: bool, node: ast.Import | ast.ImportFrom,
+             known: set[str]) -> list[str]:
+  """The maskc modules one import statement loads (its names, when they are modules)."""
+  if isinstance(node, ast.Import):
+    return [alias.name for alias in node.names]
+  if node.level:  # relative: `from . import x`, `from ._common import y`
+    package = module if is_package else module.rpartition(".")[0]
+    for _ in range(node.level - 1):
+      package = package.rpartition(".")[0]
+    base = f"{package}.{node.module}" if node.module else package
+  else:
+    base = node.module or ""
+  out = []
+  for alias in node.names:
+    sub = f"{base}.{alias.name}"
+    out.append(sub if sub in known else base)
+  return out
+
+
+def import_graph(root: pathlib.Path = ROOT) -> list[Edge]:
+  """Every import of a maskc module by a maskc module, sorted by source, line and target."""
+  files = module_files(root)
+  known = set(files)
+  edges = set()
+  for module, path in files.items():
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node, in_function in _imports(tree):
+      for target in _resolve(module, path.stem == "__init__", node, known):
+        if target == "maskc" or target.startswith("maskc."):
+          edges.add(Edge(module, target, node.lineno, in_function))
+  return sorted(edges, key=lambda e: (e.source, e.line, e.target))
+
+
+def cycles(edges: list[Edge]) -> list[list[str]]:
+  """The import circles: strongly connected groups of two or more modules (or a self-import).
+
+  Tarjan's algorithm, iteratively; each group is sorted, and the groups by their first member.
+  """
+  graph: dict[str, set[str]] = {}
+  for e in edges:
+    graph.setdefault(e.source, set()).add(e.target)
+    graph.setdefault(e.target, set())
+  index: dict[str, int] = {}
+  low: dict[str, int] = {}
+  on_stack: set[str] = set()
+  stack: list[str] = []
+  groups: list[list[str]] = []
+  for start in sorted(graph):
+    if start in index:
+      continue
+    work = [(start, iter(sorted(graph[start])))]
+    index[start] = low[start] = len(index)
+    stack.append(start)
+    on_stack.add(start)
+    while work:
+      node, children = work[-1]
+      child = next(children, None)
+      if child is not None:
+        if child not in index:
+          index[child] = low[child] = len(index)
+          stack.append(child)
+          on_stack.add(child)
+          work.append((child, iter(sorted(graph[child]))))
+        elif child in on_stack:
+          low[node] = min(low[node], index[child])
+        continue
+      work.pop()
+      if work:
+        low[work[-1][0]] = min(low[work[-1][0]], low[node])
+      if low[node] == index[node]:
+        group = []
+        while True:
+          member = stack.pop()
+          on_stack.discard(member)
+          group.append(member)
+          if member == node:
+            break
+        if len(group) > 1 or node in graph[node]:
+          groups.append(sorted(group))
+  return sorted(groups)
+
+
+def _cycle_edges(edges: list[Edge]) -> list[Edge]:
+  """The edges that count for circles: all but the public face's lazy imports."""
+  return [e for e in edges if not (e.source == PUBLIC_FACE and e.in_function)]
+
+
+def _under(module: str, package: str) -> bool:
+  return module == package or module.startswith(package + ".")
+
+
+def _is_compiler(module: str) -> bool:
+  return module.startswith("maskc.") and not _under(module, KERNELS) \
+      and not _under(module, "maskc.grammar")
+
+
+def ir_violations(edges: list[Edge]) -> list[Edge]:
+  """Imports of the IR module beyond the error hierarchy."""
+  return [e for e in edges if e.source == IR and e.target not in IR_MAY_IMPORT]
+
+
+def compiler_to_kernel_violations(edges: list[Edge]) -> list[Edge]:
+  """Imports of a kernel by a compiler module (`maskc/*.py` but the public face)."""
+  return [e for e in edges if _is_compiler(e.source) and _under(e.target, KERNELS)]
+
+
+def kernel_violations(edges: list[Edge]) -> list[Edge]:
+  """Imports by a kernel module of maskc beyond the contract and the kernels themselves."""
+  return [e for e in edges if _under(e.source, KERNELS) and not _under(e.target, KERNELS)
+          and e.target not in KERNEL_CONTRACT]
+
+
+def _show(edges: list[Edge], indent: str = "  ") -> str:
+  return "\n".join(f"{indent}{e.source} -> {e.target}  "
+                   f"(line {e.line}{', in a function' * e.in_function})" for e in edges)
+
+
+def _pairs(edges: list[Edge]) -> dict[tuple[str, str], bool]:
+  """Each (source, target) once, with whether every one of its imports sits in a function."""
+  out: dict[tuple[str, str], bool] = {}
+  for e in edges:
+    out[e.source, e.target] = out.get((e.source, e.target), True) and e.in_function
+  return out
+
+
+def report(edges: list[Edge]) -> str:
+  """The graph (one line per imported module), its circles and the rule violations, as text."""
+  lines = ["import graph (`*`: imported only inside functions):"]
+  width = max(len(e.source) for e in edges)
+  for (source, target), lazy in _pairs(edges).items():
+    lines.append(f"  {source:<{width}} -> {target}{' *' if lazy else ''}")
+  found = cycles(_cycle_edges(edges))
+  lines.append(f"circles: {len(found)}")
+  for group in found:
+    lines.append(f"  {' <-> '.join(group)}, by the imports")
+    lines.append(_show([e for e in _cycle_edges(edges)
+                        if e.source in group and e.target in group], indent="    "))
+  for title, bad in (("the IR imports", ir_violations(edges)),
+                     ("the compiler imports a kernel", compiler_to_kernel_violations(edges)),
+                     ("a kernel imports compiler internals", kernel_violations(edges))):
+    lines.append(f"{title}: {len(bad)}")
+    if bad:
+      lines.append(_show(bad))
+  return "\n".join(lines)
+
+
+def dot(edges: list[Edge]) -> str:
+  """The graph in Graphviz's language (`dot -Tsvg`), imports inside functions dashed."""
+  lines = ["digraph maskc {", "  rankdir=BT; node [shape=box, fontname=monospace];"]
+  for (source, target), lazy in _pairs(edges).items():
+    lines.append(f'  "{source}" -> "{target}"{" [style=dashed]" if lazy else ""};')
+  return "\n".join(lines + ["}"])
+
+
+# ----------------------------------------------------------------------------- the rules
+
+
+def test_the_graph_is_read_from_every_layer():
+  edges = import_graph()
+  sources = {e.source for e in edges}
+  # One module from each source folder, and both kinds of import, so the rules below see them.
+  assert {"maskc._parse", "maskc.cli"} <= sources
+  assert any(_under(source, KERNELS) and source != KERNELS for source in sources)
+  assert ("maskc._parse", "maskc._ir") in {(e.source, e.target) for e in edges}
+  assert any(e.source == PUBLIC_FACE and e.in_function and _under(e.target, KERNELS)
+             for e in edges)
+
+
+def test_no_import_circles():
+  found = cycles(_cycle_edges(import_graph()))
+  assert not found, "import circles:\n" + "\n".join(" <-> ".join(g) for g in found)
+
+
+def test_the_ir_imports_only_the_errors():
+  bad = ir_violations(import_graph())
+  assert not bad, "maskc/_ir.py must import no maskc module but _errors:\n" + _show(bad)
+
+
+def test_the_errors_module_is_a_leaf():
+  bad = [e for e in import_graph() if e.source == "maskc._errors"]
+  assert not bad, "maskc/_errors.py must import no maskc module:\n" + _show(bad)
+
+
+def test_the_compiler_imports_no_kernel():
+  bad = compiler_to_kernel_violations(import_graph())
+  assert not bad, "compiler modules import kernels:\n" + _show(bad)
+
+
+def test_kernels_import_only_the_contract():
+  bad = kernel_violations(import_graph())
+  assert not bad, "kernels import compiler internals:\n" + _show(bad)
+
+
+# ----------------------------------------------------------------------------- the checker itself
+
+
+def _write(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
+  for name, text in files.items():
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+  return root
+
+
+def test_the_reader_resolves_every_import_form(tmp_path):
+  root = _write(tmp_path, {
+      "maskc/__init__.py": "from maskc._a import f\n"
+                           "def attention():\n  from maskc.kernels.api import g\n",
+      "maskc/_a.py": "from maskc import _b as b\nimport maskc._c\nfrom maskc import parse\n"
+                     "from typing import TYPE_CHECKING\n"
+                     "if TYPE_CHECKING:\n  from maskc import _d\nelse:\n  import maskc._e\n"
+                     "if typing.TYPE_CHECKING:\n  import maskc._d\n",
+      "maskc/_b.py": "import numpy\n", "maskc/_c.py": "", "maskc/_d.py": "", "maskc/_e.py": "",
+      "kernels/__init__.py": "from . import api\n",
+      "kernels/api.py": "from ._common import x\nfrom .. import _b\n"
+                        "class K:\n  def m(self):\n    import maskc._lower\n",
+      "kernels/_common.py": "", "grammar/__init__.py": ""})
+  got = {(e.source, e.target, e.in_function) for e in import_graph(root)}
+  assert got == {
+      ("maskc", "maskc._a", False), ("maskc", "maskc.kernels.api", True),
+      ("maskc._a", "maskc._b", False), ("maskc._a", "maskc._c", False),
+      ("maskc._a", "maskc", False), ("maskc._a", "maskc._e", False),
+      ("maskc.kernels", "maskc.kernels.api", False),
+      ("maskc.kernels.api", "maskc.kernels._common", False),
+      ("maskc.kernels.api", "maskc._b", False), ("maskc.kernels.api", "maskc._lower", True)}
+
+
+def test_the_rules_catch_each_kind_of_violation(tmp_path):
+  root = _write(tmp_path, {
+      "maskc/__init__.py": "def attention():\n  from maskc.kernels import api\n",
+      "maskc/_errors.py": "",
+      "maskc/_ir.py": "from maskc._errors import E\ndef f():\n  from maskc import _printer\n",
+      "maskc/_printer.py": "from maskc import _ir\n",
+      "maskc/_splash.py": "def f():\n  from maskc.kernels._common import x\n",
+      "kernels/__init__.py": "", "kernels/_common.py": "from maskc._blockmap import B\n",
+      "kernels/api.py": "import maskc\nfrom maskc._errors import E\n",
+      "maskc/_blockmap.py": "", "grammar/__init__.py": ""})
+  edges = import_graph(root)
+  assert cycles(_cycle_edges(edges)) == [["maskc._ir", "maskc._printer"]]
+  assert [(e.source, e.target) for e in ir_violations(edges)] == [("maskc._ir", "maskc._printer")]
+  assert [(e.source, e.target) for e in compiler_to_kernel_violations(edges)] == [
+      ("maskc._splash", "maskc.kernels._common")]
+  assert [(e.source, e.target) for e in kernel_violations(edges)] == [
+      ("maskc.kernels.api", "maskc")]
+
+
+def test_cycles_finds_every_circle_and_self_import():
+  def edges(*pairs):
+    return [Edge(a, b, 1, False) for a, b in pairs]
+  assert cycles(edges(("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"))) == [["a", "b", "c"]]
+  assert cycles(edges(("a", "b"), ("b", "a"), ("c", "d"), ("d", "c"), ("b", "c"))) == [
+      ["a", "b"], ["c", "d"]]
+  assert cycles(edges(("a", "a"), ("a", "b"))) == [["a"]]
+  assert cycles(edges(("a", "b"), ("b", "c"), ("a", "c"))) == []
+
+
+if __name__ == "__main__":
+  # python tests/test_imports.py [--dot] [ROOT]: the graph as text (or Graphviz) for a checkout.
+  args = [a for a in sys.argv[1:] if a != "--dot"]
+  graph = import_graph(pathlib.Path(args[0]) if args else ROOT)
+  print(dot(graph) if "--dot" in sys.argv[1:] else report(graph))
