@@ -29,8 +29,10 @@ PUBLIC_FACE = "maskc"
 IR = "maskc._ir"
 IR_MAY_IMPORT = {"maskc._errors"}
 KERNELS = "maskc.kernels"
-# What a kernel may import of maskc: the compiled contract.
-KERNEL_CONTRACT = {"maskc._blockmap", "maskc._predicate", "maskc._errors"}
+# What a kernel may import of maskc: the compiled contract (the BlockMap, its predicate
+# and tile vocabulary, and the errors). `maskc._splash_info` is the BlockMap's splash format,
+# reached through `BlockMap.splash()`, never imported by a kernel.
+KERNEL_CONTRACT = {"maskc._blockmap", "maskc._predicate", "maskc._tiles", "maskc._errors"}
 
 
 @dataclasses.dataclass(frozen=True)
