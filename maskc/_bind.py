@@ -265,7 +265,8 @@ def check_requirements(m: ir.Mask, arrays: dict[str, Any], batch: int | None) ->
       if any(isinstance(n, (ir.Read, ir.PairRead)) for n in nodes):
         continue
       names = sorted({n.name for n in nodes if isinstance(n, ir.Scalar)})
-      if not names or any(n not in arrays or is_traced(arrays[n]) for n in names):
+      if not names or any(n not in arrays or isinstance(arrays[n], jax.core.Tracer)
+                          for n in names):
         continue
       exact = {n: np.asarray(arrays[n]).astype(object) for n in names}
       rows = np.arange(batch) if batch is not None else 0
