@@ -378,7 +378,9 @@ class ComputableMask(_splash.Mask):
       batch = 0
     else:
       batch = _index_array(lead[0], self.ops.batch)
-    b = batch if np.isscalar(batch) or np.ndim(batch) == 0 else np.asarray(batch)[:, None, None]
+    if not (np.isscalar(batch) or np.ndim(batch) == 0):  # rows x columns per batch row
+      batch = np.asarray(batch).reshape((-1,) + (1,) * (np.ndim(rows) + np.ndim(cols)))
+    b = batch
     if np.size(rows) * np.size(cols) * np.size(b) > MAX_DENSE_ELEMENTS:
       raise MaskLimitError(
           f"this slice has {np.size(rows)} x {np.size(cols)} positions"
@@ -387,13 +389,16 @@ class ComputableMask(_splash.Mask):
     offset = self.bound.q_offset if _uses_q(self.mask) else 0
     q = np.asarray(rows, dtype=np.int64) + offset
     k = np.asarray(cols, dtype=np.int64)
+    # Outer indexing: the result is batch rows x rows x columns (each axis dropped for an int).
     ka = k.reshape((1,) * q.ndim + k.shape)
+    tail = (1,) * k.ndim
     if q.ndim != 1:
-      qa = q.reshape(q.shape + (1,))
+      qa = q.reshape(q.shape + tail)
       return np.array(evaluate_mask(self.mask, Env(np, qa, ka, self.ops.arrays, b)), dtype=bool)
     # A band of rows at a time, so int64 temporaries stay small on big slices.
     step = max(1, _DENSE_CHUNK // max(1, k.size * np.size(b)))
-    parts = [evaluate_mask(self.mask, Env(np, q[r:r + step, None], ka, self.ops.arrays, b))
+    parts = [evaluate_mask(self.mask, Env(np, q[r:r + step].reshape((-1,) + tail), ka,
+                                          self.ops.arrays, b))
              for r in range(0, max(q.size, 1), step)]
     return np.array(np.concatenate(parts, axis=-1 - k.ndim) if len(parts) > 1 else parts[0],
                     dtype=bool)

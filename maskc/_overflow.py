@@ -130,6 +130,7 @@ class _Context:
                                (int(offset), int(offset) + shape.q_len - 1))
     self.k: Interval = (0, shape.kv_len - 1)
     self.memo: dict[int, Interval | None] = {}
+    self.extremes: dict[tuple, Interval | None] = {}  # (operand, reachable slices) -> bounds
     self.keep: list[ir.Node] = []  # expansions stay alive while their ids are memo keys
 
   def visit(self, n: ir.Node, out: list) -> Interval | None:
@@ -204,10 +205,11 @@ class _Context:
       else:
         lo, hi = (min(max(v, 0), n - 1) for v in iv)
         sel.append(slice(lo, hi + 1))
-    part = arr[tuple(sel)]
-    if part.size == 0:
-      return None
-    return int(part.min()), int(part.max())
+    key = (name, tuple((s.start, s.stop) if isinstance(s, slice) else s.tobytes() for s in sel))
+    if key not in self.extremes:
+      part = arr[tuple(sel)]
+      self.extremes[key] = None if part.size == 0 else (int(part.min()), int(part.max()))
+    return self.extremes[key]
 
 
 def _arith(op: str, a: Interval, b: Interval) -> Interval:
