@@ -199,7 +199,7 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
       value = value[None]
     # Integer terms are computed in one wide type (int64, or int32 under jit), never in
     # an operand's own narrow dtype, where `seg[q] - seg[k]` would wrap around.
-    if not is_traced(value) and value.size and \
+    if not isinstance(value, jax.core.Tracer) and value.size and \
         (int(value.min()) < lo_type or int(value.max()) > hi_type):
       raise _outside_type(spec.name, bits, xp)
     if xp is jnp:

@@ -432,6 +432,17 @@ def test_traced_equality_of_extreme_int32_ids_is_exact():
   np.testing.assert_array_equal(np.asarray(f(jnp.asarray(useg))), want)
 
 
+def test_concrete_jax_operands_outside_int32_are_refused_not_wrapped():
+  useg = jnp.asarray(np.array([2**31, 0, 2**32 - 1, 5], np.uint32))
+  with pytest.raises(maskc.OperandError, match="outside int32"):
+    maskc.materialize("seg[q] < seg[k]", 4, operands={"seg": useg})
+  small = jnp.asarray(np.array([2**31 - 1, 0, 7, 5], np.uint32))
+  want = np.array([2**31 - 1, 0, 7, 5])
+  np.testing.assert_array_equal(
+      np.asarray(maskc.materialize("seg[q] < seg[k]", 4, operands={"seg": small})),
+      want[:, None] < want[None, :])
+
+
 def test_dense_lengths_of_2_31_are_a_limit_error_before_allocating():
   for q_len, kv_len in [(1, 2**31), (2**31, 1), (2**31, 2**31), (1, 2**40)]:
     with pytest.raises(maskc.MaskLimitError):
