@@ -20,9 +20,13 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from maskc import _ir as ir
 from maskc._errors import MaskLimitError, MaskTypeError, MaskValueError, OperandError
 from maskc._evaluate import Env, evaluate, evaluate_mask
+from maskc._overflow import check_fits
 
 MaskLike = ir.Mask | str
 MAX_DENSE_ELEMENTS = 1 << 32
+MAX_DENSE_LENGTH = (1 << 31) - 1  # the longest q_len or kv_len a dense mask may have
+_DENSE_CHUNK = 1 << 22  # elements a NumPy dense evaluation computes at once
+NUMPY_BITS = 64
 
 
 def as_mask(mask: Any) -> ir.Mask:
@@ -74,12 +78,28 @@ def is_traced(value: Any) -> bool:
   return isinstance(value, jax.Array)
 
 
-def runs_of(xp, x):
-  """`runs(x)` along the last axis: 1-based index of each run of true values, 0 outside."""
+def jax_int_bits() -> int:
+  """The width of the integers the jax.numpy path computes in: 64 with `jax_enable_x64`, else 32."""
+  return 64 if jax.config.jax_enable_x64 else 32
+
+
+def jax_int():
+  """The integer dtype of the jax.numpy path (see `jax_int_bits`)."""
+  return jnp.int64 if jax_int_bits() == 64 else jnp.int32
+
+
+def runs_of(xp, x, dtype=None):
+  """`runs(x)` along the last axis: 1-based index of each run of true values, 0 outside.
+
+  Run ids are at most `(L + 1) // 2`; they are int64 with NumPy (the type the
+  NumPy path computes in, so `runs(g)[q] + 2147483648` cannot overflow) and the
+  jax.numpy path's integer type otherwise, unless `dtype` says.
+  """
+  dtype = dtype or (np.int64 if xp is np else jax_int())
   x = x != 0
   prev = xp.concatenate([xp.zeros_like(x[..., :1]), x[..., :-1]], axis=-1)
   starts = xp.logical_and(x, xp.logical_not(prev))
-  return xp.where(x, xp.cumsum(starts, axis=-1, dtype=xp.int32), 0).astype(xp.int32)
+  return xp.where(x, xp.cumsum(starts, axis=-1, dtype=dtype), 0).astype(dtype)
 
 
 _EXPECT = {"scalar": "[] or [B]", "token": "[L] or [B, L]", "pair": "[Lq, Lk] or [B, Lq, Lk]"}
@@ -107,7 +127,31 @@ class Operands:
 
 def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
                      *, allow_traced: bool = True, xp=None) -> Operands:
-  """Checks `operands` against what `m` reads at `shape` and normalizes them."""
+  """Checks `operands` against what `m` reads at `shape` and normalizes them.
+
+  Integer terms are computed in one wide type: int64 on the NumPy path, the
+  jax.numpy path's type (int32, or int64 with `jax_enable_x64`) otherwise.
+  Everything known here is checked so that the evaluation is exact:
+
+  - static operand values must fit that type (`OperandError`);
+  - a definition's `where` requirements on a runtime scalar argument
+    (`sliding(n)`, `sink(n)`) hold for a static `n` (`MaskValueError` with the
+    requirement's message);
+  - every integer sub-term (positions, literals, reads, products, ...) stays in
+    that type over the shape and the static operand values (`MaskValueError`
+    naming the term and its range; see `maskc._overflow`);
+  - reads stay inside their operands (`OperandError`).
+
+  Values traced under `jit` cannot be checked at trace time. A traced operand is
+  converted to the jax.numpy path's type (so a traced uint32 id of 2**31 or
+  more wraps to a negative one; `==` and `!=` between such ids stay exact, as
+  comparisons subtract nothing), a term built from traced values may wrap if
+  its values leave that type, and a traced scalar that breaks a `where`
+  requirement is used as given: the definition's body is computed literally
+  (`sliding(n)` with `n = 0` is empty, `sink(n)` with `n < 0` allows no key).
+  The static parts (literals, a static offset, static operands) are checked
+  all the same.
+  """
   operands = dict(operands or {})
   specs = m.operands
   traced = any(is_traced(operands.get(s.name)) for s in specs)
@@ -116,6 +160,8 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
                        hint="Use `maskc.materialize` or `maskc.compile` under jit for traced "
                             "operands.")
   xp = xp or (jnp if traced else np)
+  bits = NUMPY_BITS if xp is np else jax_int_bits()
+  lo_type, hi_type = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
   arrays: dict[str, Any] = {}
   batch: int | None = None
   batch_from = None
@@ -128,6 +174,8 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
     value = operands[spec.name]
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and \
         spec.kind == "scalar":
+      if not lo_type <= int(value) <= hi_type:
+        raise _outside_type(spec.name, bits, xp)
       value = np.asarray(value)
     if not is_traced(value):
       value = np.asarray(value)
@@ -151,23 +199,89 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
       value = value[None]
     # Integer terms are computed in one wide type (int64, or int32 under jit), never in
     # an operand's own narrow dtype, where `seg[q] - seg[k]` would wrap around.
+    if not isinstance(value, jax.core.Tracer) and value.size and \
+        (int(value.min()) < lo_type or int(value.max()) > hi_type):
+      raise _outside_type(spec.name, bits, xp)
     if xp is jnp:
-      if not is_traced(value) and value.size and (value.min() < -2**31 or value.max() >= 2**31):
-        raise OperandError(f"operand `{spec.name}` holds values outside int32, which JAX "
-                           "computes in (with jax_enable_x64 off)",
-                           hint="Renumber the values to fit in int32.")
-      value = jnp.asarray(value).astype(jnp.int32)
+      value = jnp.asarray(value).astype(jax_int())
     else:
       value = value.astype(np.int64)
     arrays[spec.name] = value
+  has_reads = False
   for n in ir.walk(m):
+    if isinstance(n, (ir.Read, ir.PairRead)):
+      has_reads = True
     if isinstance(n, ir.Read) and n.runs:
       key = f"runs({n.operand.name})"
       if key not in arrays:
         arrays[key] = runs_of(xp, arrays[n.operand.name])
   result = Operands(arrays, batch, xp)
-  _check_reads(m, shape, result)
+  check_requirements(m, arrays, batch)
+  what = "the NumPy evaluation" if xp is np else "the jax.numpy evaluation"
+  check_fits(m, shape, arrays, bits=bits, what=what, hint=_overflow_hint(xp))
+  if has_reads:
+    _check_reads(m, shape, result)
   return result
+
+
+def _overflow_hint(xp) -> str:
+  hint = ("Renumber operand ids to a smaller range (e.g. `np.unique(seg, return_inverse=True)"
+          "[1]`), use smaller literals, or a smaller q_offset")
+  if xp is not np and jax_int_bits() == 32:
+    hint += ("; or enable `jax.config.update('jax_enable_x64', True)` so the jax.numpy path "
+             "computes in int64, or pass NumPy operands and a static offset (int64)")
+  return hint + "."
+
+
+def _outside_type(name: str, bits: int, xp) -> OperandError:
+  where = "NumPy computes in" if xp is np else \
+      "JAX computes in" + (" (with jax_enable_x64 off)" if bits == 32 else "")
+  hint = "Renumber the values to fit in int32." if bits == 32 else \
+      "Renumber the values to fit in int64."
+  return OperandError(f"operand `{name}` holds values outside int{bits}, which {where}",
+                      hint=hint)
+
+
+def check_requirements(m: ir.Mask, arrays: dict[str, Any], batch: int | None) -> None:
+  """Checks the `where` requirements of calls whose arguments are static runtime scalars.
+
+  The parser checks requirements on literal arguments (`sliding(0)` is refused
+  as text); `sliding(n)` with an operand `n` can only be checked here, with the
+  value of `n` (each batch row), exactly (Python ints). Requirements that
+  depend on a traced scalar are not checked (see `prepare_operands`).
+
+  Raises:
+    MaskValueError: with the requirement's message, the call and the values.
+  """
+  for c in ir.walk(m):
+    if not isinstance(c, ir.Call) or not c.definition.requirements:
+      continue
+    env = dict(zip(c.definition.params, c.args))
+    for requirement, message in c.definition.requirements:
+      req = ir.instantiate(requirement, env)
+      if ir.const_truth(req) is not None or ir.positions_of(req):
+        continue
+      nodes = list(ir.walk(req))
+      if any(isinstance(n, (ir.Read, ir.PairRead)) for n in nodes):
+        continue
+      names = sorted({n.name for n in nodes if isinstance(n, ir.Scalar)})
+      if not names or any(n not in arrays or isinstance(arrays[n], jax.core.Tracer)
+                          for n in names):
+        continue
+      exact = {n: np.asarray(arrays[n]).astype(object) for n in names}
+      rows = np.arange(batch) if batch is not None else 0
+      ok = np.asarray(evaluate(req, Env(np, 0, 0, exact, rows)), dtype=bool).reshape(-1)
+      if ok.all():
+        continue
+      row = int(np.argmin(ok))
+      values = ", ".join(
+          f"{n} = {exact[n][row if exact[n].shape[0] > 1 else 0]}" for n in names)
+      shown = f"{c.name}({', '.join(ir._arg_text(a) for a in c.args)})"
+      at = f" in batch row {row}" if batch is not None else ""
+      raise MaskValueError(f"{message}, got {shown} with {values}{at}",
+                           hint=f"`{c.definition.name}` requires `{requirement}`; pass "
+                                f"{'values' if batch is not None else 'a value'} that "
+                                f"satisfy it.")
 
 
 def _check_reads(m: ir.Mask, shape: Shape, ops: Operands) -> None:
@@ -249,6 +363,10 @@ def _evaluated_bounds(index: ir.Term, shape: Shape, axes, scalars, batch,
 class ComputableMask(_splash.Mask):
   """A mask bound to a shape, an offset and static operands; lazy and sliceable.
 
+  Tiles are computed in int64 with NumPy and are exact: binding raises
+  `MaskValueError` when a term of the mask could leave int64 at this shape with
+  these operands (or a runtime scalar breaks a definition's `where` clause).
+
   `cm[q0:q1, k0:k1]` evaluates only that tile (a NumPy bool array), so a
   ComputableMask can be handed to JAX's splash attention wherever a splash
   `Mask` is accepted (`MultiHeadMask`, `process_mask`). Masks that read no
@@ -298,12 +416,30 @@ class ComputableMask(_splash.Mask):
       batch = 0
     else:
       batch = _index_array(lead[0], self.ops.batch)
-    b = batch if np.isscalar(batch) or np.ndim(batch) == 0 else np.asarray(batch)[:, None, None]
-    q = (np.asarray(rows, dtype=np.int64) + self.bound.q_offset)
+    if not (np.isscalar(batch) or np.ndim(batch) == 0):  # rows x columns per batch row
+      batch = np.asarray(batch).reshape((-1,) + (1,) * (np.ndim(rows) + np.ndim(cols)))
+    b = batch
+    if np.size(rows) * np.size(cols) * np.size(b) > MAX_DENSE_ELEMENTS:
+      raise MaskLimitError(
+          f"this slice has {np.size(rows)} x {np.size(cols)} positions"
+          f"{f' x {np.size(b)} batch rows' if np.ndim(b) else ''}, over the "
+          f"{MAX_DENSE_ELEMENTS:,} elements of a dense mask", hint="Slice smaller tiles.")
+    offset = self.bound.q_offset if _uses_q(self.mask) else 0
+    q = np.asarray(rows, dtype=np.int64) + offset
     k = np.asarray(cols, dtype=np.int64)
-    qa, ka = q.reshape(q.shape + (1,)), k.reshape((1,) * q.ndim + k.shape)
-    out = evaluate_mask(self.mask, Env(np, qa, ka, self.ops.arrays, b))
-    return np.array(out, dtype=bool)
+    # Outer indexing: the result is batch rows x rows x columns (each axis dropped for an int).
+    ka = k.reshape((1,) * q.ndim + k.shape)
+    tail = (1,) * k.ndim
+    if q.ndim != 1:
+      qa = q.reshape(q.shape + tail)
+      return np.array(evaluate_mask(self.mask, Env(np, qa, ka, self.ops.arrays, b)), dtype=bool)
+    # A band of rows at a time, so int64 temporaries stay small on big slices.
+    step = max(1, _DENSE_CHUNK // max(1, k.size * np.size(b)))
+    parts = [evaluate_mask(self.mask, Env(np, q[r:r + step].reshape((-1,) + tail), ka,
+                                          self.ops.arrays, b))
+             for r in range(0, max(q.size, 1), step)]
+    return np.array(np.concatenate(parts, axis=-1 - k.ndim) if len(parts) > 1 else parts[0],
+                    dtype=bool)
 
   @property
   def q_sequence(self) -> np.ndarray:
@@ -312,14 +448,30 @@ class ComputableMask(_splash.Mask):
 
   @property
   def mask_function(self):
-    """`f(q_ids, kv_ids)`: the mask at row and column indices (NumPy or jax.numpy arrays)."""
+    """`f(q_ids, kv_ids)`: the mask at row and column indices (NumPy or jax.numpy arrays).
+
+    NumPy ids are evaluated in int64 like the tiles; JAX ids (as inside splash's
+    kernel) in the jax.numpy path's integer type, int32 unless `jax_enable_x64`
+    is on, after checking that every term of the mask fits it at this shape
+    (`MaskValueError` otherwise).
+    """
     self._require_in_kernel()
-    mask, offset, arrays = self.mask, self.bound.q_offset, self.ops.arrays
+    mask, shape, arrays = self.mask, self.bound, self.ops.arrays
+    offset = shape.q_offset if _uses_q(mask) else 0
+    checked = []
 
     def mask_function(q_ids, kv_ids):
-      xp = jnp if (is_traced(q_ids) or is_traced(kv_ids)) else np
-      scalars = {n: (jnp.asarray(a) if xp is jnp else a) for n, a in arrays.items()}
-      return evaluate_mask(mask, Env(xp, q_ids + offset, kv_ids, scalars, 0))
+      if not (is_traced(q_ids) or is_traced(kv_ids)):
+        q = np.asarray(q_ids, dtype=np.int64) + offset
+        return evaluate_mask(mask, Env(np, q, np.asarray(kv_ids, dtype=np.int64), arrays, 0))
+      if not checked:
+        check_fits(mask, shape, arrays, bits=jax_int_bits(), what="the jax.numpy mask_function",
+                   hint=_overflow_hint(jnp))
+        checked.append(True)
+      dtype = jax_int()
+      scalars = {n: jnp.asarray(a).astype(dtype) for n, a in arrays.items()}
+      q = jnp.asarray(q_ids).astype(dtype) + offset
+      return evaluate_mask(mask, Env(jnp, q, jnp.asarray(kv_ids).astype(dtype), scalars, 0))
 
     return mask_function
 
@@ -381,6 +533,17 @@ def materialize(mask: Any, q_len: int, kv_len: int | None = None, *,
   `[]` / `[B]`); a batch axis on any operand gives the result a leading `B`. A
   sequence of masks (one per head) adds a head axis before the last two.
 
+  Integer terms are computed exactly or refused: NumPy evaluates in int64,
+  jax.numpy (when an operand is a JAX array or the offset is traced) in int32
+  (int64 with `jax_enable_x64`), and a term that could leave that type over
+  the shape and the static values (literals, a static offset, static operands)
+  raises `MaskValueError` naming it. Traced values cannot be checked at trace
+  time: they are int32 (with x64 off), and a wrap is possible only for a term
+  whose values, computed from traced ones, exceed int32; comparisons of reads
+  (`seg[q] == seg[k]`) subtract nothing and stay exact. A traced scalar that
+  breaks a definition's `where` requirement (`sliding(n)` with `n = 0`) is not
+  refused; the body is computed as written (see `prepare_operands`).
+
   Args:
     mask: a Mask, mask text, or a sequence of them (one per head).
     q_len: query rows. kv_len: key columns (default `q_len`).
@@ -390,6 +553,12 @@ def materialize(mask: Any, q_len: int, kv_len: int | None = None, *,
   Returns:
     A NumPy bool array when every operand is static, else a jax.Array.
 
+  Raises:
+    MaskLimitError: a length of 2**31 or more, or more than `MAX_DENSE_ELEMENTS`
+      elements (before anything is allocated).
+    MaskValueError: a term that would wrap, a broken `where` requirement, a bad
+      operand (`OperandError`).
+
   >>> import maskc
   >>> maskc.materialize("sliding(2)", 3).astype(int)
   array([[1, 0, 0],
@@ -398,21 +567,22 @@ def materialize(mask: Any, q_len: int, kv_len: int | None = None, *,
   """
   masks, multi = _masks(mask)
   shape = Shape.of(q_len, kv_len, q_offset)
-  if shape.q_len * shape.kv_len * len(masks) > MAX_DENSE_ELEMENTS:
-    raise MaskLimitError(
-        f"a dense {shape.q_len} x {shape.kv_len} mask{' per head' if multi else ''} is over "
-        f"{MAX_DENSE_ELEMENTS:,} elements", hint="Use `maskc.compile` for block-sparse metadata, "
-        "or bind the mask and slice the tiles you need: `mask.bind(...)[q0:q1, k0:k1]`.")
+  _check_dense(shape.q_len, shape.kv_len, len(masks), multi)
+  traced = not shape.static or any(is_traced(v) for v in (operands or {}).values())
   outs = []
   for m in masks:
-    ops = prepare_operands(m, shape, operands, xp=jnp if (not shape.static or any(
-        is_traced(v) for v in (operands or {}).values())) else None)
-    xp = ops.xp
-    q = xp.arange(shape.q_len, dtype=xp.int32 if xp is jnp else np.int64) + shape.q_offset
-    k = xp.arange(shape.kv_len, dtype=xp.int32 if xp is jnp else np.int64)
-    batch = 0 if ops.batch is None else xp.arange(ops.batch)[:, None, None]
-    out = evaluate_mask(m, Env(xp, q[:, None], k[None, :], ops.arrays, batch))
-    outs.append(out)
+    ops = prepare_operands(m, shape, operands, xp=jnp if traced else None)
+    _check_dense(shape.q_len, shape.kv_len, len(masks) * (ops.batch or 1), multi)
+    if ops.xp is np:
+      outs.append(_dense_numpy(m, shape, ops))
+      continue
+    dtype = jax_int()
+    q = jnp.arange(shape.q_len, dtype=dtype)
+    if _uses_q(m):  # an offset the mask never reads need not fit the type
+      q = q + shape.q_offset
+    k = jnp.arange(shape.kv_len, dtype=dtype)
+    batch = 0 if ops.batch is None else jnp.arange(ops.batch)[:, None, None]
+    outs.append(evaluate_mask(m, Env(jnp, q[:, None], k[None, :], ops.arrays, batch)))
   xp = jnp if any(is_traced(o) for o in outs) else np
   if multi:
     lead = max((o.ndim for o in outs))
@@ -421,13 +591,49 @@ def materialize(mask: Any, q_len: int, kv_len: int | None = None, *,
   return outs[0]
 
 
+def _check_dense(q_len: int, kv_len: int, count: int, multi: bool) -> None:
+  """Raises `MaskLimitError` for a dense mask too long or too large to allocate."""
+  if max(q_len, kv_len) > MAX_DENSE_LENGTH:
+    raise MaskLimitError(
+        f"a dense {q_len} x {kv_len} mask has a length of 2**31 or more; dense masks allow "
+        f"lengths up to {MAX_DENSE_LENGTH:,}",
+        hint="Use `maskc.compile` for block-sparse metadata, or bind the mask and slice the "
+             "tiles you need: `mask.bind(...)[q0:q1, k0:k1]`.")
+  if q_len * kv_len * count > MAX_DENSE_ELEMENTS:
+    raise MaskLimitError(
+        f"a dense {q_len} x {kv_len} mask{' per head' if multi else ''}"
+        f"{f' ({count} of them)' if count > 1 else ''} is over {MAX_DENSE_ELEMENTS:,} elements",
+        hint="Use `maskc.compile` for block-sparse metadata, or bind the mask and slice the "
+             "tiles you need: `mask.bind(...)[q0:q1, k0:k1]`.")
+
+
+def _uses_q(m: ir.Node) -> bool:
+  return any(isinstance(n, ir.Pos) and n.axis == "q" for n in ir.walk(m))
+
+
+def _dense_numpy(m: ir.Mask, shape: Shape, ops: Operands) -> np.ndarray:
+  """The whole mask with NumPy (int64), a band of rows at a time to bound temporaries."""
+  offset = shape.q_offset if _uses_q(m) else 0
+  k = np.arange(shape.kv_len, dtype=np.int64)[None, :]
+  batch = 0 if ops.batch is None else np.arange(ops.batch)[:, None, None]
+  lead = () if ops.batch is None else (ops.batch,)
+  out = np.empty(lead + (shape.q_len, shape.kv_len), dtype=bool)
+  step = max(1, _DENSE_CHUNK // (shape.kv_len * (ops.batch or 1)))
+  for r0 in range(0, shape.q_len, step):
+    r1 = min(r0 + step, shape.q_len)
+    q = (np.arange(r0, r1, dtype=np.int64) + offset)[:, None]
+    out[..., r0:r1, :] = evaluate_mask(m, Env(np, q, k, ops.arrays, batch))
+  return out
+
+
 def additive_bias(mask: Any, q_len: int, kv_len: int | None = None, *,
                   q_offset: int | None = None, operands: dict[str, Any] | None = None,
                   dtype=jnp.float32) -> jax.Array:
   """The mask as an additive attention bias: 0 where allowed, a large negative elsewhere.
 
   The negative is `-0.7 * finfo(dtype).max`, finite so that fully masked rows
-  do not produce NaN. Same arguments as `materialize`.
+  do not produce NaN. Same arguments, checks and errors as `materialize` (exact
+  integer terms or `MaskValueError`); jittable.
   """
   dense = materialize(mask, q_len, kv_len, q_offset=q_offset, operands=operands)
   neg = -0.7 * float(jnp.finfo(dtype).max)

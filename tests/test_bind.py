@@ -83,6 +83,26 @@ def test_batched_bind_has_a_leading_batch_axis():
   np.testing.assert_array_equal(cm[:, 1:3, 2:5], full[:, 1:3, 2:5])
 
 
+def test_tiles_in_row_bands_equal_one_shot_tiles(monkeypatch):
+  """Big slices are evaluated a band of rows at a time (int64 temporaries stay small)."""
+  from maskc import _bind
+  seg = np.array([[0, 0, 1, 1, 1, 2, 2, 3, 3], [0, 1, 1, 1, 2, 2, 2, 2, 3]])
+  text = "causal & document(seg) | q - k == 4"
+  cm = maskc.parse(text).bind(7, 9, operands={"seg": seg})
+  full = dense(text, 7, 9, operands={"seg": seg})
+  # The NumPy reference: positions q = 2 + i, k = j, per batch row.
+  q, k = np.arange(7)[:, None] + 2, np.arange(9)[None, :]
+  want = np.stack([(k <= q) & (s[np.minimum(q, 8)] == s[k]) | (q - k == 4) for s in seg])
+  np.testing.assert_array_equal(full, want)
+  monkeypatch.setattr(_bind, "_DENSE_CHUNK", 10)  # one row (of 9 x 2 elements) per band
+  for idx in [(slice(None), slice(None), slice(None)), (1, slice(None), slice(2, 7)),
+              (slice(None), 3, slice(None)), (0, np.array([0, 5, 6]), slice(1, 3)), (slice(None), slice(1, 5), 6),
+              (slice(None), np.array([True, False] * 3 + [True]), 4),
+              (1, np.array([[0, 1], [2, 3]]), slice(None))]:
+    np.testing.assert_array_equal(cm[idx], full[idx])
+  np.testing.assert_array_equal(maskc.materialize(text, 7, 9, operands={"seg": seg}), want)
+
+
 def test_to_dense_equals_materialize():
   m = maskc.parse("sliding(4) | sink(2)")
   np.testing.assert_array_equal(m.to_dense(6, 9), dense(m, 6, 9))
@@ -95,6 +115,13 @@ def test_bind_checks_operands():
     maskc.parse("document(seg)").bind(4, operands={"seg": jnp.zeros(4, jnp.int32)})
   with pytest.raises(maskc.MaskValueError):
     maskc.parse("causal").bind(0)
+  # Terms that would leave int64, and runtime scalars that break a `where` clause.
+  with pytest.raises(maskc.MaskValueError, match="64-bit"):
+    maskc.parse("q * 1099511627776 > k").bind(4, q_offset=2**23)
+  with pytest.raises(maskc.MaskValueError, match="a sliding window holds at least"):
+    maskc.parse("sliding(n)").bind(4, operands={"n": 0})
+  with pytest.raises(maskc.OperandError, match="outside int64"):
+    maskc.parse("document(seg)").bind(4, operands={"seg": np.full(4, 2**63, np.uint64)})
 
 
 def test_bound_masks_compare_by_value():
