@@ -199,14 +199,32 @@ def check_batch(bm: BlockMap, b: int) -> None:
                          hint="Give batched operands the batch size of q, or no batch axis.")
 
 
+def check_int32(bm: BlockMap, backend: str) -> None:
+  """Raises when a term of the mask leaves int32, which the kernels compute in.
+
+  The compiler bounds every term exactly (`BlockMap.int_range`); a traced map has no
+  such bound, and then values past int32 would wrap (documented on `maskc.attention`).
+  """
+  if bm.int_range is None:
+    return
+  lo, hi = bm.int_range
+  if lo < -2**31 or hi > 2**31 - 1:
+    raise MaskValueError(
+        f"the {backend} attention backend computes mask terms in int32, but a term of "
+        f"`{'; '.join(str(p) for p in bm.predicates)}` reaches values in [{lo}, {hi}]",
+        hint="Renumber operand ids, shrink literals or the q offset so every term fits in "
+             "int32 (maskc.materialize and maskc.compile compute such masks exactly in int64).")
+
+
 def check_blockmap(bm, backend: str, q_len: int, kv_len: int, batch: int) -> None:
-  """Raises unless `bm` is a BlockMap compiled for these lengths and this batch."""
+  """Raises unless `bm` is a BlockMap compiled for these lengths, this batch, and int32."""
   if not isinstance(bm, BlockMap):
     raise MaskValueError(f"the {backend} backend needs a compiled BlockMap (maskc.compile)")
   if (bm.q_len, bm.kv_len) != (q_len, kv_len):
     raise MaskValueError(f"the BlockMap is compiled for q_len={bm.q_len}, kv_len={bm.kv_len} "
                          f"but q and k have lengths {q_len} and {kv_len}")
   check_batch(bm, batch)
+  check_int32(bm, backend)
 
 
 def check_sinks(sinks, heads: int):

@@ -31,6 +31,7 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
         f"the mask is bound to q_len={bm.q_len}, kv_len={bm.kv_len} but q and k have "
         f"lengths {lq} and {lkv}")
   common.check_batch(bm, b)
+  common.check_int32(bm, "dense")
   sinks = common.check_sinks(sinks, h)
   scale = common.default_scale(d, scale)
 

@@ -56,6 +56,10 @@ class BlockMap:
     segment_split: when every distinct mask has segment conjuncts `s[q] == s[k]` and
       the map is batched or traced: the static map of the masks without them (what
       splash needs besides `SegmentIds`), else None.
+    int_range: the lowest and highest value any integer term of the masks takes at
+      this shape and these operands (exact, from `maskc._overflow`), or None when an
+      operand or the offset is traced. Kernels compute in int32 and refuse a map
+      whose range leaves it.
 
   Leading axes of every per-tile array it hands out are `[B, H]`, each present
   only when the mask has a batch (operands with a batch axis) or heads (a
@@ -81,6 +85,7 @@ class BlockMap:
   backward: Callable[[], Runs] | None = None
   line_bounds: tuple | None = None
   segment_split: "BlockMap | None" = None
+  int_range: tuple[int, int] | None = None
 
   @property
   def cols(self) -> Runs:
@@ -99,16 +104,17 @@ class BlockMap:
   def tree_flatten(self):
     children = (self.q_offset, self.rows, self.col_runs, self.operands)
     aux = (self.masks, self.head_index, self.q_len, self.kv_len, self.block_q, self.block_kv,
-           self.batch, self.predicates, self.backward, self.line_bounds, self.segment_split)
+           self.batch, self.predicates, self.backward, self.line_bounds, self.segment_split,
+           self.int_range)
     return children, aux
 
   @classmethod
   def tree_unflatten(cls, aux, children):
     q_offset, rows, col_runs, operands = children
     (masks, head_index, q_len, kv_len, block_q, block_kv, batch, predicates, backward,
-     line_bounds, segment_split) = aux
+     line_bounds, segment_split, int_range) = aux
     return cls(masks, head_index, q_len, kv_len, q_offset, block_q, block_kv, batch, rows,
-               operands, predicates, col_runs, backward, line_bounds, segment_split)
+               operands, predicates, col_runs, backward, line_bounds, segment_split, int_range)
 
   # ------------------------------------------------------------------ shape
 

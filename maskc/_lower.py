@@ -34,6 +34,7 @@ from maskc._blockmap import BlockMap
 from maskc._compile_predicate import compile_predicate, conjuncts, segment_conjunct
 from maskc._errors import MaskLimitError, MaskTypeError, MaskValueError
 from maskc._evaluate import Env, evaluate_mask
+from maskc._overflow import term_bounds
 from maskc._operand_runs import Pieces, line_pieces, reads_at
 from maskc._tiles import Runs, run_lengths, runs_from_grid
 
@@ -641,7 +642,8 @@ def _blockmap(bound: Binding, block_q: int, block_kv: int, *, rows: Runs, col_ru
                   block_kv=block_kv, batch=bound.batch, rows=rows, operands=bound.operands,
                   predicates=predicates, col_runs=col_runs, backward=backward,
                   line_bounds=line_bounds,
-                  segment_split=_segment_split(bound, block_q, block_kv, predicates))
+                  segment_split=_segment_split(bound, block_q, block_kv, predicates),
+                  int_range=term_bounds(bound.masks, bound.shape, bound.operands, bound.batch))
 
 
 def bind_map(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: Any = None,

@@ -216,3 +216,31 @@ def test_flex_counts_and_density_come_from_the_runs(case):
   assert bm.counts == {"empty": int((g == 0).sum()), "partial": int((g == 1).sum()),
                        "full": int((g == 2).sum())}
   assert bm.density == pytest.approx((g != 0).mean())
+
+
+# ----------------------------------------------------------------------------- reliability
+
+
+def test_kernels_refuse_terms_past_int32():
+  x = jnp.ones((1, 4, 1, 8))
+  ops = {"seg": np.full(4, 2**31 - 1)}
+  assert maskc.materialize("q + seg[k] > 0", 4, operands=ops).all()   # exact in int64
+  assert maskc.compile("q + seg[k] > 0", 4, operands=ops).int_range == (0, 2**31 + 2)
+  for backend in ("dense", "xla", "flash"):
+    with pytest.raises(maskc.MaskValueError, match="int32"):
+      maskc.attention(x, x, x, "q + seg[k] > 0", operands=ops, backend=backend, interpret=True)
+
+
+@pytest.mark.parametrize("mask, ops", [
+    ("a[q, k]", {"a": np.tril(np.ones((256, 256), bool))}),
+    ("causal & k < n", {"n": np.int32(200)}),
+    ("causal & document(seg) & k < n",
+     {"seg": np.repeat(np.arange(4), 64).astype(np.int32), "n": np.int32(230)}),
+])
+def test_splash_under_jit_with_traced_operands(mask, ops):
+  x = jax.random.uniform(jax.random.key(0), (1, 256, 1, 32))
+  f = jax.jit(lambda x, ops: maskc.attention(x, x, x, mask, operands=ops, backend="splash",
+                                             interpret=True, block_q=128, block_kv=128))
+  out = f(x, ops)
+  ref = maskc.attention(x, x, x, mask, operands=ops, backend="dense")
+  np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
