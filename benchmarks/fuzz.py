@@ -192,6 +192,8 @@ def lowering_cases(n: int, seed: int, report) -> dict:
            "wrong_dense": 0, "traced": 0, "traced_differs": 0}
   traced_fn = {}
   for case in range(n):
+    if case and case % 5000 == 0:
+      print(f"  lowering after {case}: {stats}", flush=True)
     big = rng.random() < 0.1
     text = random_mask(rng, rng.randint(0, 3), big)
     kv_len = rng.randint(1, 40)
@@ -269,7 +271,9 @@ ALPHABET = list("qk()[]&|^~<=>!+-*/%,;#\n 0123456789_abcxyz") + ["causal", "chun
 def text_cases(n: int, seed: int, report) -> dict:
   rng = random.Random(seed + 1)
   stats = {"texts": 0, "accepted": 0, "refused": 0, "crashes": 0, "slow": 0, "max_s": 0.0}
-  for _ in range(n):
+  for i in range(n):
+    if i and i % 100000 == 0:
+      print(f"  texts after {i}: {stats}", flush=True)
     r = rng.random()
     if r < 0.15:
       text = bytes(rng.randrange(256) for _ in range(rng.randint(0, 60))).decode("latin-1")
