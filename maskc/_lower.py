@@ -643,7 +643,7 @@ def _blockmap(bound: Binding, block_q: int, block_kv: int, *, rows: Runs, col_ru
                   predicates=predicates, col_runs=col_runs, backward=backward,
                   line_bounds=line_bounds,
                   segment_split=_segment_split(bound, block_q, block_kv, predicates),
-                  int_range=term_bounds(bound.masks, bound.shape, bound.operands, bound.batch))
+                  int_range=term_bounds(bound.masks, bound.shape, bound.operands))
 
 
 def bind_map(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: Any = None,
