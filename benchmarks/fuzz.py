@@ -241,7 +241,7 @@ def lowering_cases(n: int, seed: int, report) -> dict:
     except Exception:  # noqa: BLE001 - a finding
       stats["crashes"] += 1
       report(f"crash materializing {text!r} offset={offset}\n" + traceback.format_exc(limit=2))
-    if case % 20 == 0 and offset < 2**31 and not big:
+    if case % 250 == 0 and offset < 2**31 and not big:
       key = (str(m), q_len, kv_len, offset, bq, bk, tuple(sorted(ops_m)))
       try:
         fn = traced_fn.get(key) or jax.jit(lambda o, m=m: maskc.compile(
