@@ -18,9 +18,11 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _splash
 
 from maskc import _ir as ir
+from maskc._analysis import Analyzer, Tables
 from maskc._errors import MaskLimitError, MaskTypeError, MaskValueError, OperandError
 from maskc._evaluate import Env, evaluate, evaluate_mask
 from maskc._overflow import check_fits
+from maskc._parse import parse
 
 MaskLike = ir.Mask | str
 MAX_DENSE_ELEMENTS = 1 << 32
@@ -34,7 +36,6 @@ def as_mask(mask: Any) -> ir.Mask:
   if isinstance(mask, ir.Mask):
     return mask
   if isinstance(mask, str):
-    from maskc._parse import parse
     return parse(mask)
   raise MaskTypeError(f"expected a mask or mask text, got {type(mask).__name__}",
                       hint='Pass `maskc.parse("causal")`, `maskc.causal()` or "causal".')
@@ -296,7 +297,6 @@ def _check_reads(m: ir.Mask, shape: Shape, ops: Operands) -> None:
   scalars = {n: a for n, a in ops.arrays.items() if a.ndim == 1}
   if any(is_traced(a) for a in scalars.values()):
     return
-  from maskc._analysis import Analyzer, Tables
   q0, q1 = shape.q_offset, shape.q_offset + shape.q_len - 1
   nb = ops.batch or 1
   batch = np.arange(nb) if ops.batch else 0

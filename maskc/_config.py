@@ -55,8 +55,17 @@ import numpy as np
 
 from maskc import _ir as ir
 from maskc._config_files import key_path, read_config
-from maskc._errors import (ConfigError, MaskError, MaskTypeError, MaskValueError, OperandError,
-                           Span, config_where, short_repr)
+from maskc._errors import (
+  ConfigError,
+  MaskError,
+  MaskTypeError,
+  MaskValueError,
+  OperandError,
+  Span,
+  config_where,
+  short_repr,
+)
+from maskc._lower import compile as compile_mask
 from maskc._mask_spec import Layer
 from maskc._parse import BUILTINS, RESERVED, _Program, nearest, parse_tree, prelude
 
@@ -168,7 +177,6 @@ class MaskConfig:
     Raises:
       OperandError: a declared operand is missing or misshapen.
     """
-    from maskc._lower import compile as compile_mask
     operands = dict(operands or {})
     missing = [d for d in self.operands if d.name not in operands]
     if missing:

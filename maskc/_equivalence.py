@@ -39,9 +39,10 @@ import numpy as np
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._bind import Shape, _int, as_mask
-from maskc._tiles import runs_from_grid
 from maskc._errors import MaskTypeError, MaskValueError, OperandError
 from maskc._evaluate import Env, evaluate_mask
+from maskc._lower import compile as compile_
+from maskc._tiles import runs_from_grid
 
 _LEAF = 1024  # rectangles of at most this many positions are evaluated, not split further
 _EVAL_CHUNK = 1 << 21  # positions evaluated at once
@@ -338,7 +339,6 @@ class _MaskSide:
   """A mask at the shape: its block map, and range analysis or evaluation of rectangles."""
 
   def __init__(self, mask: ir.Mask, shape: Shape, bq: int, bk: int, operands):
-    from maskc._lower import compile as compile_
     self.mask, self.shape = mask, shape
     bm = compile_(mask, shape.q_len, shape.kv_len, block_q=bq, block_kv=bk,
                   q_offset=shape.q_offset, operands=operands)

@@ -15,6 +15,7 @@ import jax
 
 from maskc import _ir as ir
 from maskc._errors import MaskError, MaskTypeError, short_repr
+from maskc._lower import compile as compile_mask
 from maskc._parse import parse
 
 Layer = ir.Mask | tuple[ir.Mask, ...]
@@ -74,7 +75,6 @@ class MaskSpec:
 
   def compile(self, q_len: int, kv_len: int | None = None, **kw: Any):
     """`maskc.compile` of this mask; keywords as there."""
-    from maskc._lower import compile as compile_mask
     m = self._mask
     return compile_mask(m if isinstance(m, ir.Mask) else list(m), q_len, kv_len, **kw)
 
