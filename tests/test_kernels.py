@@ -505,18 +505,78 @@ class TestFlash(KernelTests):
   def run(self, q, k, v, mask, **kw):
     return maskc.attention(q, k, v, mask, backend=self.backend, interpret=True, **kw)
 
-  def supported(self, mask) -> bool:
-    p = compile_predicate(mask)
-    return not (p.pairs or p.tile_pairs)
+  @staticmethod
+  def tree_ancestors(n: int, seed: int, batch: int | None) -> np.ndarray:
+    """A random tree's ancestor-or-self relation `[.., n, n]` (speculative decoding trees)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(batch or 1):
+      parent = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)])
+      anc = np.eye(n, dtype=bool)
+      for i in range(1, n):
+        anc[i] |= anc[parent[i]]
+      out.append(anc)
+    return out[0] if batch is None else np.stack(out)
 
-  def test_masks_it_cannot_slice_name_the_xla_backend(self):
-    x = jnp.ones((1, 32, 1, 16))
-    allowed = np.ones((32, 32), bool)
-    seg = np.zeros(32, np.int32)
-    for mask, ops in (("allowed[q, k]", {"allowed": allowed}),
-                      ("seg[q // 2] == seg[k // 2]", {"seg": seg})):
-      with pytest.raises(maskc.BackendError, match="xla"):
-        self.run(x, x, x, mask, operands=ops, block_q=16, block_kv=16)
-      # auto falls back to xla rather than failing
-      out = maskc.attention(x, x, x, mask, operands=ops, block_q=16, block_kv=16)
-      assert out.shape == x.shape
+  @pytest.mark.parametrize("mask, kind, lq, lkv, t, batched", [
+      ("causal & anc[q, k]", "pairs", 70, 70, 16, False),           # tree attention
+      ("causal & anc[q, k]", "pairs", 40, 70, 32, True),
+      ("anc[q, k] | sliding(5)", "pairs", 48, 80, 16, True),
+      ("causal & sel[q // 32, k // 32]", "tile_pairs", 64, 64, 32, False),  # MoBA-style
+      ("causal & sel[q // 32, k // 32]", "tile_pairs", 48, 80, 16, True),
+      # q_offset 30 breaks the 32-alignment of the tiles: read per position instead
+      ("causal & sel[q // 32, k // 32]", "pairs", 40, 70, 32, True),
+      ("causal & sel[q // 24, k // 24]", "pairs", 70, 70, 16, False),
+  ])
+  def test_pairwise_operands_match_dense(self, mask, kind, lq, lkv, t, batched):
+    b = 2
+    q, k, v, w = qkv(lq + lkv + t, b, lq, lkv, 2, 1, 16)
+    rng = np.random.default_rng(lq * lkv)
+    lead = (b,) if batched else ()
+    if "anc" in mask:
+      ops = {"anc": self.tree_ancestors(lkv, lq, b if batched else None)}
+    else:
+      ops = {"sel": rng.random(lead + (-(-lkv // 24), -(-lkv // 24))) < 0.5}
+    bm = maskc.compile(mask, lq, lkv, block_q=t, block_kv=t, operands=ops)
+    pred = bm.predicates[0]
+    assert len(getattr(pred, kind)) == 1, (mask, pred)
+    assert (bm.batch is not None) == batched
+    run = lambda q, k, v: self.run(q, k, v, bm)
+    ref = lambda q, k, v: dense_attention(q, k, v, mask, operands=ops)
+    out, grads = out_and_grads(run, q, k, v, w)
+    out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
+    # The dense reference itself against NumPy: the mask it applied is the operand's.
+    allowed = np.asarray(bm.to_dense())
+    if "anc" in mask:
+      qpos = np.arange(lq)[:, None] + lkv - lq
+      kpos = np.arange(lkv)[None, :]
+      band = (qpos >= kpos) & (qpos - kpos < (qpos.size + kpos.size if mask.startswith("causal")
+                                                else 5))
+      anc = ops["anc"][..., lkv - lq:, :]             # rows of the queries' absolute positions
+      want = anc & band if mask.startswith("causal") else anc | band
+    else:
+      c = 32 if "32" in mask else 24
+      qpos = np.arange(lq)[:, None] + lkv - lq
+      kpos = np.arange(lkv)[None, :]
+      sel = np.broadcast_to(ops["sel"], (b,) + ops["sel"].shape[-2:]) if batched else ops["sel"]
+      want = sel[..., qpos // c, kpos // c] & (qpos >= kpos)
+    np.testing.assert_array_equal(allowed, want)
+    assert_close(out, out_ref, F32_TOL, mask)
+    for name, g, r in zip("qkv", grads, grads_ref):
+      assert_close(g, r, F32_TOL, f"d{name}, {mask}")
+
+  def test_pairwise_operands_traced_under_jit(self):
+    lq = lkv = 64
+    q, k, v, w = qkv(11, 2, lq, lkv, 2, 1, 16)
+    anc = self.tree_ancestors(lkv, 3, 2)
+    sel = np.random.default_rng(4).random((2, 2, 2)) < 0.5
+    mask = "causal & (anc[q, k] | sel[q // 32, k // 32])"
+    run = jax.jit(lambda q, k, v, a, s: self.run(q, k, v, mask, operands={"anc": a, "sel": s},
+                                                 block_q=32, block_kv=32))
+    out = run(q, k, v, jnp.asarray(anc), jnp.asarray(sel))
+    ref = dense_attention(q, k, v, mask, operands={"anc": anc, "sel": sel})
+    assert_close(out, ref, F32_TOL, mask)
+    g = jax.jit(jax.grad(lambda q: (run(q, k, v, jnp.asarray(anc), jnp.asarray(sel)) * w).sum()))
+    g_ref = jax.grad(lambda q: (dense_attention(q, k, v, mask, operands={"anc": anc, "sel": sel})
+                                * w).sum())
+    assert_close(g(q), g_ref(q), F32_TOL, f"dq, {mask}")
