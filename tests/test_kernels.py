@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 
 import maskc
 from maskc._compile_predicate import compile_predicate
-from maskc.kernels import api, dense
+from maskc.kernels import api, dense, splash
 
 try:
   from strategies import masks as random_masks
@@ -450,7 +450,7 @@ class TestSplash(KernelTests):
   blocks = (128,)
   max_len = 256
   max_examples = 4
-  supports_ragged = False
+  supports_ragged = True           # padded to the tiles in the adapter
   supports_batch_operands = False
 
   def run(self, q, k, v, mask, **kw):
@@ -490,10 +490,42 @@ class TestSplash(KernelTests):
     with pytest.raises(maskc.BackendError, match="xla"):
       self.run(x, x, x, "causal | bidirectional(img)", operands={"img": img}, block_q=128,
                block_kv=128)
-    with pytest.raises(maskc.MaskValueError, match="multiples"):
-      self.run(x[:, :200], x[:, :200], x[:, :200], "causal", block_q=128, block_kv=128)
     with pytest.raises(maskc.MaskValueError, match="128"):
       self.run(x, x, x, "causal", block_q=64, block_kv=64)
+
+  @pytest.mark.parametrize("lq, lkv, mask", [
+      (100, 300, "sliding(50) | sink(3)"),     # mask function in the kernel, q_offset 200
+      (190, 190, "causal & anc[q, k]"),        # stored partial blocks
+      (150, 200, "causal & document(seg)"),    # batched traced segment ids
+  ])
+  def test_ragged_lengths_match_dense(self, lq, lkv, mask):
+    """Lengths that are not multiples of the tiles: padded in the adapter, padding masked."""
+    rng = np.random.default_rng(lq)
+    q, k, v, w = qkv(lq, 2, lq, lkv, 2, 1, 16)
+    ops = {"anc": rng.random((lkv, lkv)) < 0.5,
+           "seg": np.sort(rng.integers(0, 3, (2, lkv)), -1).astype(np.int32)}
+    ops = {n: a for n, a in ops.items() if n in mask}
+
+    def run(q, k, v, ops):
+      return self.run(q, k, v, mask, operands=ops, block_q=128, block_kv=128)
+
+    if "seg" in ops:                           # jax arrays: compiled inside the trace
+      ours = lambda q, k, v: run(q, k, v, {n: jnp.asarray(a) for n, a in ops.items()})
+    else:
+      ours = lambda q, k, v: run(q, k, v, ops)
+    out, grads = out_and_grads(ours, q, k, v, w)
+    out_ref, grads_ref = out_and_grads(lambda q, k, v: dense_attention(q, k, v, mask,
+                                                                       operands=ops), q, k, v, w)
+    assert_close(out, out_ref, F32_TOL, mask)
+    for name, g, r in zip("qkv", grads, grads_ref):
+      assert_close(g, r, F32_TOL, f"d{name}, {mask}")
+    bm = maskc.compile(mask, lq, lkv, block_q=128, block_kv=128, operands=ops)
+    padded = splash._padded(bm)
+    assert (padded.q_len, padded.kv_len) == (-(-lq // 128) * 128, -(-lkv // 128) * 128)
+    # the padding keys are allowed nowhere; the real ones exactly where the mask says
+    allowed = np.asarray(padded.to_dense())
+    np.testing.assert_array_equal(allowed[..., lkv:], False)
+    np.testing.assert_array_equal(allowed[..., :lq, :lkv], np.asarray(bm.to_dense()))
 
 
 class TestFlash(KernelTests):

@@ -131,6 +131,15 @@ class TestSplashLowersForTpu:
     assert fwd.count("tpu_custom_call") == 1, case_id(case)
     assert bwd.count("tpu_custom_call") == 3, case_id(case)       # fwd, dq, dkv
 
+  @pytest.mark.parametrize("mask", ["sliding(100) | sink(4)", "causal & anc[q, k]",
+                                    "causal & document(seg)"])
+  def test_ragged_lengths_lower(self, mask):
+    """Lengths off the tiles: the adapter pads them, and the padded kernel lowers."""
+    case = (mask, jnp.bfloat16, 128, (4, 2), False, True, (128, 128))
+    fwd, bwd = lowered("splash", "tpu", case, 400)
+    assert fwd.count("tpu_custom_call") == 1
+    assert bwd.count("tpu_custom_call") == 3
+
   def test_batched_document_ids_lower(self):
     seg = np.stack([np.repeat(np.arange(4), 128), np.repeat(np.arange(2), 256)]).astype(np.int32)
     bm = maskc.compile("causal & document(seg)", 512, block_q=128, block_kv=128,
