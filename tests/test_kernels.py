@@ -440,6 +440,115 @@ def test_auto_picks_xla_on_cpu_and_dense_when_tiny(monkeypatch):
   assert calls == ["dense", "xla", "dense"]
 
 
+class _Picked(Exception):
+  """Raised by a faked backend: `auto` chose it (not an error `auto` falls back from)."""
+
+
+def fake_platform(monkeypatch, name: str, real=()):
+  """Pretends jax runs on `name`; records each backend `attention` calls.
+
+  Every module that imported `platform` sees the fake. A backend in `real` runs
+  for real (with its own errors, so `auto`'s fallback shows); any other raises
+  `_Picked` once recorded, so no kernel is run.
+  """
+  from maskc.kernels import _platform, flash
+  for mod in (_platform, api, flash, splash):
+    monkeypatch.setattr(mod, "platform", lambda: name)
+  calls: list[str] = []
+  for backend in ("dense", "xla", "flash", "splash"):
+    mod = api.BACKENDS[backend].load()
+    real_run = mod.run
+
+    def run(*a, _n=backend, _f=real_run, **kw):
+      calls.append(_n)
+      if _n in real:
+        return _f(*a, **kw)
+      raise _Picked(_n)
+
+    monkeypatch.setattr(mod, "run", run)
+  return calls
+
+
+def picks(monkeypatch, platform: str, q_len: int, mask: str, ops=None, real=(), batch=1,
+          **kw):
+  """The backends `maskc.attention(..., backend="auto")` calls on a faked platform."""
+  calls = fake_platform(monkeypatch, platform, real)
+  ops = ops or {}
+  x = jnp.ones((batch, q_len, 1, 8))
+  try:
+    maskc.attention(x, x, x, mask, operands=ops, **kw)
+  except _Picked:
+    pass
+  monkeypatch.undo()
+  return calls
+
+
+@pytest.mark.parametrize("platform, q_len, mask, want", [
+    # TPU: splash whatever the size, density or length (padded in the adapter)
+    ("tpu", 1024, "causal", ["splash"]),
+    ("tpu", 64, "causal", ["splash"]),
+    ("tpu", 1024, "full", ["splash"]),
+    ("tpu", 300, "sliding(40)", ["splash"]),
+    # GPU: flash, pairwise operands included, any length
+    ("gpu", 1024, "causal", ["flash"]),
+    ("gpu", 64, "full", ["flash"]),
+    ("gpu", 300, "causal & anc[q, k]", ["flash"]),
+    # CPU: dense when tiny (q_len * kv_len <= TINY) or nearly full, else block-sparse xla
+    ("cpu", 256, "sliding(8)", ["dense"]),
+    ("cpu", 257, "sliding(8)", ["xla"]),
+    ("cpu", 1024, "sliding(64)", ["xla"]),
+    ("cpu", 1024, "full", ["dense"]),
+    ("cpu", 1024, "causal", ["xla"]),                  # density 0.53: still block-sparse
+    ("cpu", 1024, "causal & anc[q, k]", ["xla"]),
+])
+def test_auto_dispatch_per_platform(monkeypatch, platform, q_len, mask, want):
+  ops = {"anc": np.tril(np.ones((q_len, q_len), bool))} if "anc" in mask else {}
+  assert picks(monkeypatch, platform, q_len, mask, ops) == want
+
+
+def test_auto_choose_backend_per_platform(monkeypatch):
+  from maskc.kernels import _platform
+  for name, want_big, want_tiny in (("tpu", "splash", "splash"), ("gpu", "flash", "flash"),
+                                    ("cpu", "xla", "dense")):
+    monkeypatch.setattr(api, "platform", lambda n=name: n)
+    monkeypatch.setattr(_platform, "platform", lambda n=name: n)
+    assert api.choose_backend("auto", 4096, 4096) == want_big, name
+    assert api.choose_backend("auto", 16, 16) == want_tiny, name
+    assert api.choose_backend("xla", 16, 16) == "xla"             # a named backend is kept
+
+
+def test_auto_falls_back_to_xla_where_the_native_kernel_cannot_run(monkeypatch):
+  # TPU: splash's MaskInfo has no batch axis; image flags per batch row cannot become one
+  img = np.zeros((2, 512), bool)
+  assert picks(monkeypatch, "tpu", 512, "causal | bidirectional(img)", {"img": img},
+               real=("splash",), batch=2) == ["splash", "xla"]
+  # ... but batched segment ids become splash SegmentIds: no fallback
+  seg = np.repeat([[0, 1], [2, 2]], 128, axis=1).astype(np.int32)
+  assert picks(monkeypatch, "tpu", 256, "causal & document(seg)", {"seg": seg},
+               real=("splash",), batch=2, interpret=True) == ["splash"]
+  # TPU: block_kv off the 128 lanes; GPU: tiles Triton cannot load
+  assert picks(monkeypatch, "tpu", 512, "causal", real=("splash",), block_q=64,
+               block_kv=64) == ["splash", "xla"]
+  assert picks(monkeypatch, "gpu", 96, "causal", real=("flash",), block_q=24,
+               block_kv=24) == ["flash", "xla"]
+
+
+def test_auto_on_a_faked_tpu_runs_ragged_lengths_on_splash(monkeypatch):
+  """End to end: `auto` on TPU takes a length off the tiles and matches dense."""
+  from maskc.kernels import _platform, flash, splash as splash_mod
+  for mod in (_platform, api, flash, splash_mod):
+    monkeypatch.setattr(mod, "platform", lambda: "tpu")
+  calls = []
+  real_run = splash_mod.run
+  monkeypatch.setattr(splash_mod, "run", lambda *a, **kw: (calls.append("splash"),
+                                                           real_run(*a, **kw))[1])
+  q, k, v, _ = qkv(12, 1, 200, 200, 2, 1, 16)
+  out = maskc.attention(q, k, v, "sliding(50) | sink(2)", interpret=True)
+  assert calls == ["splash"]
+  monkeypatch.undo()
+  assert_close(out, dense_attention(q, k, v, "sliding(50) | sink(2)"), F32_TOL, "auto on TPU")
+
+
 def test_registry_is_immutable():
   with pytest.raises(TypeError):
     api.BACKENDS["mine"] = api.Backend("mine", "x")  # type: ignore[index]
