@@ -4,7 +4,7 @@ Forward: one program per (batch, head, q tile). It walks the q tile's FULL key
 tiles, then its PARTIAL ones, from index lists derived from the BlockMap's
 compact runs, with an online softmax; EMPTY tiles are never loaded. FULL tiles do
 no mask work (keys past `kv_len` aside, in a ragged last tile); PARTIAL tiles
-evaluate the compiled predicate in the kernel (`maskc._evaluate` with jax.numpy)
+evaluate the compiled predicate in the kernel (`maskc._predicate` with jax.numpy)
 on position iotas and the tile's slices of the operands.
 
 Backward (custom_vjp), FlashAttention-2 style in two passes: dq per q tile over

@@ -602,12 +602,13 @@ class TestSplash(KernelTests):
     with pytest.raises(maskc.MaskValueError, match="128"):
       self.run(x, x, x, "causal", block_q=64, block_kv=64)
 
-  @pytest.mark.parametrize("lq, lkv, mask", [
-      (100, 300, "sliding(50) | sink(3)"),     # mask function in the kernel, q_offset 200
-      (190, 190, "causal & anc[q, k]"),        # stored partial blocks
-      (150, 200, "causal & document(seg)"),    # batched traced segment ids
+  @pytest.mark.parametrize("lq, lkv, mask, traced", [
+      (100, 300, "sliding(50) | sink(3)", False),     # mask function in the kernel, offset 200
+      (190, 190, "causal & anc[q, k]", False),        # stored partial blocks
+      (190, 190, "causal & anc[q, k]", True),         # splash's dynamic MaskInfo
+      (150, 200, "causal & document(seg)", True),     # batched segment ids
   ])
-  def test_ragged_lengths_match_dense(self, lq, lkv, mask):
+  def test_ragged_lengths_match_dense(self, lq, lkv, mask, traced):
     """Lengths that are not multiples of the tiles: padded in the adapter, padding masked."""
     rng = np.random.default_rng(lq)
     q, k, v, w = qkv(lq, 2, lq, lkv, 2, 1, 16)
@@ -618,7 +619,7 @@ class TestSplash(KernelTests):
     def run(q, k, v, ops):
       return self.run(q, k, v, mask, operands=ops, block_q=128, block_kv=128)
 
-    if "seg" in ops:                           # jax arrays: compiled inside the trace
+    if traced:                                 # jax arrays: compiled inside the trace
       ours = lambda q, k, v: run(q, k, v, {n: jnp.asarray(a) for n, a in ops.items()})
     else:
       ours = lambda q, k, v: run(q, k, v, ops)
