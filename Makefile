@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench wheel-test clean
+.PHONY: demo test test-slow test-lowering bench wheel-test clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,28 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
+# Cross-lowering checks (tests/test_lowering.py): flash -> Triton for cuda needs JAX's CUDA
+# plugin, which prints errors when imported on a machine without CUDA, so it lives in its own
+# venv, never in .venv. Its two wheels are installed without their CUDA libraries (~460 MB).
+LVENV := .venv-lowering
+LPY := $(LVENV)/bin/python
+LSTAMP := $(LVENV)/.installed
+
+$(LVENV)/bin/python:
+	$(PYTHON) -m venv $(LVENV)
+	$(LPY) -m pip install -q --upgrade pip
+
+$(LSTAMP): pyproject.toml | $(LVENV)/bin/python
+	$(LPY) -m pip install -q -e ".[test]"
+	JAX_VERSION=$$($(LPY) -c "import jax; print(jax.__version__)") && \
+	  $(LPY) -m pip install -q --no-deps "jax-cuda12-plugin==$$JAX_VERSION" \
+	    "jax-cuda12-pjrt==$$JAX_VERSION"
+	touch $(LSTAMP)
+
+test-lowering: $(LSTAMP)
+	JAX_PLATFORMS=cpu $(LPY) -m pytest -q -p no:cacheprovider -m lowering \
+	  tests/test_lowering.py
+
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
 
@@ -31,4 +53,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/compile_speed.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(LVENV) build dist *.egg-info

@@ -11,6 +11,25 @@ backend's dependencies cost nothing until then. The XLA path is always there.
 | `xla` | anywhere | block-sparse jax.numpy; time tracks density |
 | `flash` | GPU (Triton); CPU with `interpret=True` | Pallas block-sparse flash attention |
 | `splash` | TPU; CPU in interpret mode | JAX's splash kernel fed our MaskInfo |
+
+What `backend="auto"` picks, and why:
+
+- TPU: `splash` (Mosaic; any length, padded in the adapter). Falls back to xla
+  when a mask reads batched operands other than segment ids `s[q] == s[k]`
+  (splash's MaskInfo has no batch axis) or `block_kv` is not a multiple of 128.
+- GPU: `flash` (Triton; every operand kind: per-token, scalar, pairwise and
+  per-tile; any length). Falls back to xla when the tiles are not powers of two
+  >= 16.
+- CPU: `dense` when `q_len * kv_len <= TINY` or the compiled map's density is
+  above `NEARLY_FULL`, else `xla`. On CPU the Pallas kernels only interpret, and
+  for tiny or nearly full masks the block bookkeeping costs more than the
+  skipped tiles save.
+
+On TPU and GPU the choice does not depend on the mask's size or density: the
+kernels skip EMPTY tiles and do no mask work on FULL ones, so a dense mask costs
+them what dense attention costs. `choose_backend` makes the choice from the
+platform and lengths before compiling (it decides the tile sizes); `attention`
+refines an xla choice to dense once it sees the compiled map.
 """
 
 from __future__ import annotations
@@ -62,19 +81,24 @@ def check_backend(backend: str) -> None:
 def choose_backend(backend: str, q_len: int, kv_len: int) -> str:
   """The backend `attention` starts from, before a mask is compiled.
 
-  `"auto"` picks splash on TPU and flash on GPU, whatever the mask (they fall back
-  to xla for a mask they cannot run); on CPU it picks dense for tiny masks
-  (`q_len * kv_len <= TINY`, where the block bookkeeping costs more than it saves)
-  and xla otherwise. `attention` may still move an xla choice to dense once it sees
-  the compiled map's density.
+  `"auto"` picks splash on TPU and flash on GPU, whatever the mask or length (they
+  fall back to xla for a mask they cannot run; see the module's table); on CPU it
+  picks dense for tiny masks (`q_len * kv_len <= TINY`, where the block bookkeeping
+  costs more than it saves) and xla otherwise. `attention` may still move an xla
+  choice to dense once it sees the compiled map's density.
   """
   check_backend(backend)
   if backend != "auto":
     return backend
-  name = {"tpu": "splash", "gpu": "flash"}.get(platform(), "xla")
+  name = _platform_backend()
   if name == "xla" and q_len * kv_len <= TINY:
     return "dense"
   return name
+
+
+def _platform_backend() -> str:
+  """The block-sparse backend native to the platform jax runs on (xla on CPU)."""
+  return {"tpu": "splash", "gpu": "flash"}.get(platform(), "xla")
 
 
 def default_blocks(backend: str, q_len: int, kv_len: int) -> tuple[int, int]:
@@ -129,7 +153,7 @@ def attention(q, k, v, bm: BlockMap, *, backend: str = "auto", scale: float | No
         hint="Compile the mask first (`maskc.compile(mask, q_len, ...)`), or call "
              "`maskc.attention`, which accepts mask text and compiles it.")
   auto = backend == "auto"
-  name = {"tpu": "splash", "gpu": "flash"}.get(platform(), "xla") if auto else backend
+  name = _platform_backend() if auto else backend
   if auto and name == "xla" and dense_is_better(bm):
     name = "dense"
   kw = dict(scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks, interpret=interpret)

@@ -4,7 +4,7 @@ Forward: one program per (batch, head, q tile). It walks the q tile's FULL key
 tiles, then its PARTIAL ones, from index lists derived from the BlockMap's
 compact runs, with an online softmax; EMPTY tiles are never loaded. FULL tiles do
 no mask work (keys past `kv_len` aside, in a ragged last tile); PARTIAL tiles
-evaluate the compiled predicate in the kernel (`maskc._evaluate` with jax.numpy)
+evaluate the compiled predicate in the kernel (`maskc._predicate` with jax.numpy)
 on position iotas and the tile's slices of the operands.
 
 Backward (custom_vjp), FlashAttention-2 style in two passes: dq per q tile over
@@ -13,8 +13,13 @@ the same lists, and dk/dv per key tile over the transposed lists (the BlockMap's
 
 Operands in the kernel: the predicate's per-token reads (`seg[q]`, `runs(img)[k]`,
 `doc[q // 2]`) are gathered once per position outside the kernel and sliced per
-tile inside; scalars are loaded as scalars. Pairwise reads (`allowed[q, k]`) raise
-`BackendError` naming the xla backend, which evaluates any mask.
+tile inside; scalars are loaded as scalars. Pairwise reads (`anc[q, k]`, tree
+masks) are gathered once into `[B', Np, Lq_pad, Lkv_pad]` and the kernel loads the
+tile's `[block_q, block_kv]` slice (rows of its q tile, columns of its key tile);
+tile-constant pairwise reads (`sel[q // 64, k // 64]` with 64-aligned tiles,
+MoBA-style block selection) are one value per tile, loaded as a scalar. Every
+load is a power-of-two block (the tiles), as Triton requires; the arrays a block
+slices from may have any shape.
 
 Rows with no allowed key return zeros; their log-sum-exp is +inf, so the backward
 pass gives them zero weight and zero gradients.
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +39,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from maskc import _predicate
-from maskc._errors import BackendError, MaskValueError
+from maskc._errors import MaskValueError
 from maskc._predicate import Predicate
 from maskc.kernels import _common as common
 from maskc.kernels._platform import platform
@@ -51,32 +56,28 @@ def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
 # ----------------------------------------------------------------------------- mask support
 
 
-def check_predicate(pred: Predicate) -> None:
-  """Raises BackendError when the kernel cannot evaluate `pred` in its tiles."""
-  for r in pred.pairs + pred.tile_pairs:
-    raise BackendError(
-        f"the flash kernel cannot evaluate the pairwise operand read `{r.text}` in a tile",
-        hint="Use backend='xla', which evaluates pairwise operands, or dense.")
+@dataclasses.dataclass(frozen=True)
+class _Reads:
+  """A tile's read values, as loaders by slot (each returns a pre-sliced value)."""
+  qtok: Any        # slot -> [bq]
+  ktok: Any        # slot -> [bk]
+  scal: Any        # slot -> scalar
+  pair: Any        # slot -> [bq, bk]
+  tile: Any        # slot -> scalar (the tile's value)
 
 
-def supports(bm) -> bool:
-  """Whether the flash kernel evaluates every mask of the compiled map `bm` in its tiles."""
-  try:
-    for p in bm.predicates:
-      check_predicate(p)
-  except BackendError:
-    return False
-  return True
-
-
-def _tile_mask(pred: Predicate, qpos, kpos, qtok, ktok, scal):
+def _tile_mask(pred: Predicate, qpos, kpos, reads: _Reads):
   """The predicate on a tile: `qpos [bq, 1]`, `kpos [1, bk]`; reads come pre-sliced."""
   def fetch(kind: str, slot: int):
     if kind == "q_read":
-      return qtok(slot)[:, None]
+      return reads.qtok(slot)[:, None]
     if kind == "k_read":
-      return ktok(slot)[None, :]
-    return scal(slot)
+      return reads.ktok(slot)[None, :]
+    if kind == "pair":
+      return reads.pair(slot)
+    if kind == "tile_pair":
+      return reads.tile(slot)
+    return reads.scal(slot)
   return _predicate.evaluate(pred, jnp, qpos, kpos, fetch)
 
 
@@ -128,18 +129,23 @@ def _precision(x):
   return lax.Precision.HIGHEST if x.dtype == jnp.float32 else None
 
 
-def _allowed(cfg: _Config, partial: bool, i, j, qtok, ktok, scal, qoff):
+def _allowed(cfg: _Config, partial: bool, i, j, reads: _Reads, qoff):
   """The tile's mask (None when nothing needs masking)."""
   kpos = j * cfg.block_kv + lax.broadcasted_iota(jnp.int32, (1, cfg.block_kv), 1)
   in_range = kpos < cfg.kv_len
   if not partial:
     return in_range if cfg.kv_len % cfg.block_kv else None
   qpos = i * cfg.block_q + lax.broadcasted_iota(jnp.int32, (cfg.block_q, 1), 0) + qoff
-  return _tile_mask(cfg.pred, qpos, kpos, qtok, ktok, scal) & in_range
+  return _tile_mask(cfg.pred, qpos, kpos, reads) & in_range
 
 
-def _fwd_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, sink_ref, q_ref, k_ref, v_ref,
-                o_ref, lse_ref, *, cfg: _Config):
+def _tile_value(cfg: _Config, tile_ref, i, j):
+  """Loader of a tile-constant pairwise read of tile `(i, j)` from its flat `[Nt·nq·nk]` row."""
+  return lambda r: tile_ref[(r * cfg.n_q_tiles + i) * cfg.n_kv_tiles + j]
+
+
+def _fwd_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, sink_ref, q_ref,
+                k_ref, v_ref, o_ref, lse_ref, *, cfg: _Config):
   h, i = pl.program_id(1), pl.program_id(2)
   bq, bk = cfg.block_q, cfg.block_kv
   mf, _ = cfg.fwd_width
@@ -165,8 +171,10 @@ def _fwd_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, sink_ref, q_ref, k_ref, 
       k = k_ref[pl.ds(start, bk), :]
       v = v_ref[pl.ds(start, bk), :]
       s, _ = _scores(q, k, cfg)
-      ktok = lambda r: ktok_ref[r, pl.ds(start, bk)]
-      allowed = _allowed(cfg, partial, i, j, qtok, ktok, scal, qoff)
+      reads = _Reads(qtok=qtok, ktok=lambda r: ktok_ref[r, pl.ds(start, bk)], scal=scal,
+                     pair=lambda r: pair_ref[r, :, pl.ds(start, bk)],
+                     tile=_tile_value(cfg, tile_ref, i, j))
+      allowed = _allowed(cfg, partial, i, j, reads, qoff)
       if allowed is not None:
         s = jnp.where(allowed, s, common.NEG)
       m_new = jnp.maximum(m, s.max(axis=1))
@@ -190,8 +198,8 @@ def _fwd_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, sink_ref, q_ref, k_ref, 
   lse_ref[...] = lse
 
 
-def _dq_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, q_ref, k_ref, v_ref, do_ref, lse_ref,
-               delta_ref, dq_ref, *, cfg: _Config):
+def _dq_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, q_ref, k_ref, v_ref,
+               do_ref, lse_ref, delta_ref, dq_ref, *, cfg: _Config):
   i = pl.program_id(2)
   bk = cfg.block_kv
   mf, _ = cfg.fwd_width
@@ -209,8 +217,10 @@ def _dq_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, q_ref, k_ref, v_ref, do_r
       k = k_ref[pl.ds(start, bk), :]
       v = v_ref[pl.ds(start, bk), :]
       s, tanh = _scores(q, k, cfg)
-      ktok = lambda r: ktok_ref[r, pl.ds(start, bk)]
-      allowed = _allowed(cfg, partial, i, j, qtok, ktok, scal, qoff)
+      reads = _Reads(qtok=qtok, ktok=lambda r: ktok_ref[r, pl.ds(start, bk)], scal=scal,
+                     pair=lambda r: pair_ref[r, :, pl.ds(start, bk)],
+                     tile=_tile_value(cfg, tile_ref, i, j))
+      allowed = _allowed(cfg, partial, i, j, reads, qoff)
       p = jnp.exp(s - lse[:, None])
       if allowed is not None:
         p = jnp.where(allowed, p, 0.0)
@@ -227,8 +237,8 @@ def _dq_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, q_ref, k_ref, v_ref, do_r
   dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, q_ref, k_ref, v_ref, do_ref, lse_ref,
-                delta_ref, dk_ref, dv_ref, *, cfg: _Config):
+def _dkv_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, q_ref, k_ref, v_ref,
+                do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, cfg: _Config):
   j = pl.program_id(2)
   bq = cfg.block_q
   mf, _ = cfg.bwd_width
@@ -248,8 +258,10 @@ def _dkv_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, q_ref, k_ref, v_ref, do_
       lse = lse_ref[pl.ds(start, bq)]
       delta = delta_ref[pl.ds(start, bq)]
       s, tanh = _scores(q, k, cfg)
-      qtok = lambda r: qtok_ref[r, pl.ds(start, bq)]
-      allowed = _allowed(cfg, partial, i, j, qtok, ktok, scal, qoff)
+      reads = _Reads(qtok=lambda r: qtok_ref[r, pl.ds(start, bq)], ktok=ktok, scal=scal,
+                     pair=lambda r: pair_ref[r, pl.ds(start, bq), :],
+                     tile=_tile_value(cfg, tile_ref, i, j))
+      allowed = _allowed(cfg, partial, i, j, reads, qoff)
       p = jnp.exp(s - lse[:, None])
       if allowed is not None:
         p = jnp.where(allowed, p, 0.0)
@@ -282,16 +294,45 @@ def _compiler(cfg: _Config, d: int):
   return plgpu.CompilerParams(num_warps=4 if d <= 64 else 8, num_stages=2)
 
 
-def _forward(cfg: _Config, q, k, v, sinks, meta_f, scal, qtok, ktok):
+class _ReadArrays(NamedTuple):
+  """The kernel's read inputs: scalars (+ q offset), per-token q and k rows, pairwise, tiles."""
+  scal: Any      # [B', Ns + 1]
+  qtok: Any      # [B', Nq, Lq_pad]
+  ktok: Any      # [B', Nk, Lkv_pad]
+  pair: Any      # [B', Np, Lq_pad, Lkv_pad] ([B', 1, bq, bk] zeros without pairwise reads)
+  tile: Any      # [B', Nt · nq · nk] ([B', 1] zeros without tile reads)
+
+
+def _read_specs(cfg: _Config, arrays: _ReadArrays, line: str):
+  """BlockSpecs of the read inputs for a grid `(b, h, line)` over q tiles or key tiles."""
+  bq, bk = cfg.block_q, cfg.block_kv
+  tok = lambda b_: _b(cfg, b_)
+  whole = lambda a: pl.BlockSpec((None,) + a.shape[1:],
+                                 lambda b_, h_, n: (tok(b_),) + (0,) * (a.ndim - 1))
+  npair = arrays.pair.shape[1]
+  if line == "q":
+    qtok = pl.BlockSpec((None, arrays.qtok.shape[1], bq), lambda b_, h_, i: (tok(b_), 0, i))
+    ktok = whole(arrays.ktok)
+    pair = (pl.BlockSpec((None, npair, bq, arrays.pair.shape[-1]),
+                         lambda b_, h_, i: (tok(b_), 0, i, 0))
+            if cfg.pred.pairs else whole(arrays.pair))
+  else:
+    qtok = whole(arrays.qtok)
+    ktok = pl.BlockSpec((None, arrays.ktok.shape[1], bk), lambda b_, h_, j: (tok(b_), 0, j))
+    pair = (pl.BlockSpec((None, npair, arrays.pair.shape[-2], bk),
+                         lambda b_, h_, j: (tok(b_), 0, 0, j))
+            if cfg.pred.pairs else whole(arrays.pair))
+  return [whole(arrays.scal), qtok, ktok, pair, whole(arrays.tile)]
+
+
+def _forward(cfg: _Config, q, k, v, sinks, meta_f, reads: _ReadArrays):
   b, lq_pad, h, d = q.shape
   lkv_pad, dv = k.shape[1], v.shape[-1]
   bq, g = cfg.block_q, cfg.groups
   kernel = functools.partial(_fwd_kernel, cfg=cfg)
   in_specs = [
       pl.BlockSpec((None, None, meta_f.shape[-1]), lambda b_, h_, i: (_b(cfg, b_), i, 0)),
-      pl.BlockSpec((None, scal.shape[-1]), lambda b_, h_, i: (_b(cfg, b_), 0)),
-      pl.BlockSpec((None, qtok.shape[1], bq), lambda b_, h_, i: (_b(cfg, b_), 0, i)),
-      pl.BlockSpec((None,) + ktok.shape[1:], lambda b_, h_, i: (_b(cfg, b_), 0, 0)),
+      *_read_specs(cfg, reads, "q"),
       pl.BlockSpec((h,), lambda b_, h_, i: (0,)),
       pl.BlockSpec((None, bq, None, d), lambda b_, h_, i: (b_, i, h_, 0)),
       pl.BlockSpec((None, lkv_pad, None, d), lambda b_, h_, i: (b_, 0, lax.div(h_, g), 0)),
@@ -304,10 +345,10 @@ def _forward(cfg: _Config, q, k, v, sinks, meta_f, scal, qtok, ktok):
   return pl.pallas_call(kernel, grid=(b, h, cfg.n_q_tiles), in_specs=in_specs,
                         out_specs=out_specs, out_shape=out_shape, interpret=cfg.interpret,
                         compiler_params=_compiler(cfg, d), name="maskc_flash_fwd")(
-      meta_f, scal, qtok, ktok, sinks, q, k, v)
+      meta_f, *reads, sinks, q, k, v)
 
 
-def _backward(cfg: _Config, q, k, v, o, lse, do, meta_f, meta_b, scal, qtok, ktok):
+def _backward(cfg: _Config, q, k, v, o, lse, do, meta_f, meta_b, reads: _ReadArrays):
   b, lq_pad, h, d = q.shape
   lkv_pad, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
   bq, bk, g = cfg.block_q, cfg.block_kv, cfg.groups
@@ -317,9 +358,7 @@ def _backward(cfg: _Config, q, k, v, o, lse, do, meta_f, meta_b, scal, qtok, kto
       functools.partial(_dq_kernel, cfg=cfg), grid=(b, h, cfg.n_q_tiles),
       in_specs=[
           pl.BlockSpec((None, None, meta_f.shape[-1]), lambda b_, h_, i: (tok(b_), i, 0)),
-          pl.BlockSpec((None, scal.shape[-1]), lambda b_, h_, i: (tok(b_), 0)),
-          pl.BlockSpec((None, qtok.shape[1], bq), lambda b_, h_, i: (tok(b_), 0, i)),
-          pl.BlockSpec((None,) + ktok.shape[1:], lambda b_, h_, i: (tok(b_), 0, 0)),
+          *_read_specs(cfg, reads, "q"),
           pl.BlockSpec((None, bq, None, d), lambda b_, h_, i: (b_, i, h_, 0)),
           pl.BlockSpec((None, lkv_pad, None, d), lambda b_, h_, i: (b_, 0, lax.div(h_, g), 0)),
           pl.BlockSpec((None, lkv_pad, None, dv), lambda b_, h_, i: (b_, 0, lax.div(h_, g), 0)),
@@ -330,14 +369,12 @@ def _backward(cfg: _Config, q, k, v, o, lse, do, meta_f, meta_b, scal, qtok, kto
       out_specs=pl.BlockSpec((None, bq, None, d), lambda b_, h_, i: (b_, i, h_, 0)),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), interpret=cfg.interpret,
       compiler_params=_compiler(cfg, d), name="maskc_flash_dq")(
-          meta_f, scal, qtok, ktok, q, k, v, do, lse, delta)
+          meta_f, *reads, q, k, v, do, lse, delta)
   dk, dv_ = pl.pallas_call(
       functools.partial(_dkv_kernel, cfg=cfg), grid=(b, h, cfg.n_kv_tiles),
       in_specs=[
           pl.BlockSpec((None, None, meta_b.shape[-1]), lambda b_, h_, j: (tok(b_), j, 0)),
-          pl.BlockSpec((None, scal.shape[-1]), lambda b_, h_, j: (tok(b_), 0)),
-          pl.BlockSpec((None,) + qtok.shape[1:], lambda b_, h_, j: (tok(b_), 0, 0)),
-          pl.BlockSpec((None, ktok.shape[1], bk), lambda b_, h_, j: (tok(b_), 0, j)),
+          *_read_specs(cfg, reads, "k"),
           pl.BlockSpec((None, lq_pad, None, d), lambda b_, h_, j: (b_, 0, h_, 0)),
           pl.BlockSpec((None, bk, None, d), lambda b_, h_, j: (b_, j, lax.div(h_, g), 0)),
           pl.BlockSpec((None, bk, None, dv), lambda b_, h_, j: (b_, j, lax.div(h_, g), 0)),
@@ -350,7 +387,7 @@ def _backward(cfg: _Config, q, k, v, o, lse, do, meta_f, meta_b, scal, qtok, kto
       out_shape=[jax.ShapeDtypeStruct((b, lkv_pad, h, d), jnp.float32),
                  jax.ShapeDtypeStruct((b, lkv_pad, h, dv), jnp.float32)],
       interpret=cfg.interpret, compiler_params=_compiler(cfg, d), name="maskc_flash_dkv")(
-          meta_b, scal, qtok, ktok, q, k, v, do, lse, delta)
+          meta_b, *reads, q, k, v, do, lse, delta)
   # Per-query-head key gradients, summed over each key head's group.
   dk = dk.reshape(b, lkv_pad, hkv, g, d).sum(3).astype(k.dtype)
   dv_ = dv_.reshape(b, lkv_pad, hkv, g, dv).sum(3).astype(v.dtype)
@@ -358,19 +395,21 @@ def _backward(cfg: _Config, q, k, v, o, lse, do, meta_f, meta_b, scal, qtok, kto
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(cfg: _Config, q, k, v, sinks, meta_f, meta_b, scal, qtok, ktok):
-  o, _ = _forward(cfg, q, k, v, sinks, meta_f, scal, qtok, ktok)
+def _flash(cfg: _Config, q, k, v, sinks, meta_f, meta_b, scal, qtok, ktok, pair, tile):
+  reads = _ReadArrays(scal, qtok, ktok, pair, tile)
+  o, _ = _forward(cfg, q, k, v, sinks, meta_f, reads)
   return o
 
 
-def _flash_fwd(cfg, q, k, v, sinks, meta_f, meta_b, scal, qtok, ktok):
-  o, lse = _forward(cfg, q, k, v, sinks, meta_f, scal, qtok, ktok)
-  return o, (q, k, v, sinks, o, lse, meta_f, meta_b, scal, qtok, ktok)
+def _flash_fwd(cfg, q, k, v, sinks, meta_f, meta_b, scal, qtok, ktok, pair, tile):
+  reads = _ReadArrays(scal, qtok, ktok, pair, tile)
+  o, lse = _forward(cfg, q, k, v, sinks, meta_f, reads)
+  return o, (q, k, v, sinks, o, lse, meta_f, meta_b, reads)
 
 
 def _flash_bwd(cfg, res, do):
-  q, k, v, sinks, o, lse, meta_f, meta_b, scal, qtok, ktok = res
-  dq, dk, dv, delta = _backward(cfg, q, k, v, o, lse, do, meta_f, meta_b, scal, qtok, ktok)
+  q, k, v, sinks, o, lse, meta_f, meta_b, reads = res
+  dq, dk, dv, delta = _backward(cfg, q, k, v, o, lse, do, meta_f, meta_b, reads)
   dsinks = None
   if cfg.has_sinks:
     # d out / d sink = -p_sink * out, with p_sink = exp(sink - lse) per row.
@@ -378,7 +417,7 @@ def _flash_bwd(cfg, res, do):
     dsinks = -(p_sink * delta).sum(axis=(0, 2))
   else:
     dsinks = jnp.zeros_like(sinks)
-  return dq, dk, dv, dsinks, None, None, None, None, None
+  return (dq, dk, dv, dsinks) + (None,) * 7
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -387,10 +426,13 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 # ----------------------------------------------------------------------------- entry point
 
 
-def _token_arrays(bm, u: int, lq_pad: int, lkv_pad: int):
-  """q-side `[B', Nq, Lq_pad]` and k-side `[B', Nk, Lkv_pad]` read values, and the scalars.
+def _read_arrays(bm, u: int, lq_pad: int, lkv_pad: int) -> _ReadArrays:
+  """Mask `u`'s read values laid out for the kernel (see `_ReadArrays`).
 
-  The scalars row ends with the q offset. A side without reads gets one row of zeros.
+  Per-token rows and pairwise values are padded to the tiled lengths (padding
+  positions are masked by `kv_len` and dropped rows, whatever they read). The
+  scalars row ends with the q offset. A kind without reads gets a small block of
+  zeros the kernel never loads.
   """
   values = common.read_values(bm, u)
   nb = values.scalars.shape[0]
@@ -402,15 +444,20 @@ def _token_arrays(bm, u: int, lq_pad: int, lkv_pad: int):
 
   offset = jnp.broadcast_to(jnp.asarray(bm.q_offset, jnp.int32), (nb, 1))
   scal = jnp.concatenate([values.scalars, offset], axis=1)
-  return side(values.q, lq_pad), side(values.k, lkv_pad), scal
+  if values.pairs.shape[1]:
+    p = values.pairs
+    pair = jnp.pad(p, ((0, 0), (0, 0), (0, lq_pad - p.shape[2]), (0, lkv_pad - p.shape[3])))
+  else:
+    pair = jnp.zeros((nb, 1, bm.block_q, bm.block_kv), jnp.int32)
+  tiles = values.tile_pairs
+  tile = (tiles.reshape(nb, -1) if tiles.shape[1] else jnp.zeros((nb, 1), jnp.int32))
+  return _ReadArrays(scal, side(values.q, lq_pad), side(values.k, lkv_pad), pair, tile)
 
 
 def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
   """The backend entry point: attention `[B, Lq, H, Dv]` with the Pallas flash kernel."""
   b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
   common.check_blockmap(bm, "flash", lq, lkv, b)
-  for p in bm.predicates:
-    check_predicate(p)
   if interpret is None:
     interpret = platform() != "gpu"
   if not interpret:
@@ -435,7 +482,7 @@ def _attend(q, k, v, bm, u: int, *, scale, cap, sinks, interpret: bool):
   lq_pad, lkv_pad = nq * bm.block_q, nk * bm.block_kv
   meta_f, fwd_width = _meta(bm, u, transpose=False)
   meta_b, bwd_width = _meta(bm, u, transpose=True)
-  qtok, ktok, scal = _token_arrays(bm, u, lq_pad, lkv_pad)
+  reads = _read_arrays(bm, u, lq_pad, lkv_pad)
   cfg = _Config(pred=bm.predicates[u], block_q=bm.block_q, block_kv=bm.block_kv, q_len=lq,
                 kv_len=lkv, n_q_tiles=nq, n_kv_tiles=nk, groups=h // hkv, scale=scale,
                 cap=None if cap is None else float(cap), has_sinks=sinks is not None,
@@ -446,5 +493,5 @@ def _attend(q, k, v, bm, u: int, *, scale, cap, sinks, interpret: bool):
   pad = lambda x, n, m: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, m - x.shape[3])))
   sinks_in = jnp.zeros((h,), jnp.float32) if sinks is None else sinks
   out = _flash(cfg, pad(q, lq_pad, d_pad), pad(k, lkv_pad, d_pad), pad(v, lkv_pad, dv_pad),
-               sinks_in, jnp.asarray(meta_f), jnp.asarray(meta_b), scal, qtok, ktok)
+               sinks_in, jnp.asarray(meta_f), jnp.asarray(meta_b), *reads)
   return out[:, :lq, :, :v.shape[-1]]

@@ -15,8 +15,12 @@ What splash can take:
   prepared (`BlockMap.segment_split`);
 - a traced mask without a batch axis: splash's dynamic MaskInfo (every tile stored).
 Anything else (other batched operands) raises `BackendError` naming `xla` and
-`flash`. Lengths must be multiples of the tiles, and `block_kv`
-a multiple of 128 (splash's lane width).
+`flash`. `block_kv` must be a multiple of 128 (splash's lane width).
+
+Any length: q, k and v are padded to multiples of the tiles and the MaskInfo comes
+from the map of the padded shape (`_padded`): the same tiles, the key tile holding
+the padding PARTIAL rather than FULL, and every predicate `& k < kv_len`, so
+padding keys get no weight. Padding query rows are computed and dropped.
 
 Splash returns NaN or a mean of values for rows with no allowed key; the adapter
 always passes sink logits (a very negative one when the caller has none), which
@@ -25,13 +29,18 @@ makes those rows exactly zero in the kernel, with zero gradients.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 
+from maskc._blockmap import BlockMap
 from maskc._errors import BackendError, MaskValueError
+from maskc._predicate import Instr, Predicate
+from maskc._tiles import FULL, PARTIAL, grid_from_runs, runs_from_grid
 from maskc.kernels import _common as common
 from maskc.kernels._platform import platform
 
@@ -47,16 +56,44 @@ def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
   return pick(q_len), pick(kv_len)
 
 
-def _check_tiles(q_len: int, kv_len: int, bq: int, bk: int) -> None:
-  if q_len % bq or kv_len % bk:
-    raise MaskValueError(
-        f"splash needs lengths that are multiples of the tile sizes, got q_len={q_len}, "
-        f"block_q={bq}, kv_len={kv_len}, block_kv={bk}",
-        hint="Pad the sequences, pick tiles that divide them, or use backend='xla' or "
-             "'flash', which take any length.")
+def _check_tiles(bk: int) -> None:
   if bk % LANES:
     raise MaskValueError(f"splash needs block_kv to be a multiple of {LANES}, got {bk=}",
                          hint="Use block_kv=128 (or 256, 512), or backend='xla' or 'flash'.")
+
+
+def _keys_below(pred: Predicate, kv_len: int) -> Predicate:
+  """`pred & k < kv_len`: the predicate with the padding keys masked out."""
+  n = len(pred.program)
+  program = pred.program + (Instr("k"), Instr("const", (), kv_len), Instr("lt", (n, n + 1)),
+                            Instr("and", (n - 1, n + 2)))
+  rest = None if pred.rest is None else _keys_below(pred.rest, kv_len)
+  return dataclasses.replace(pred, program=program, rest=rest,
+                             text=f"({pred.text}) & k < {kv_len}")
+
+
+def _padded(bm: BlockMap) -> BlockMap:
+  """`bm` over lengths rounded up to its tiles, keys past its `kv_len` masked out.
+
+  The tiles are the same ones (rounding up adds no tile); only the last key tile,
+  which now holds padding keys, turns from FULL into PARTIAL, and each predicate
+  gains `& k < kv_len`. Padding rows keep their tile's verdict: they are dropped.
+  """
+  bq, bk, nq, nk = bm.block_q, bm.block_kv, bm.n_q_tiles, bm.n_kv_tiles
+  if (bm.q_len, bm.kv_len) == (nq * bq, nk * bk):
+    return bm
+  xp = np if bm.is_static else jnp
+  grid = grid_from_runs(xp, bm.rows, nk)                       # [B', U, nq, nk]
+  preds = bm.predicates
+  if bm.kv_len % bk:
+    last = xp.arange(nk) == nk - 1
+    grid = xp.where((grid == FULL) & last, xp.asarray(PARTIAL, grid.dtype), grid)
+    preds = tuple(_keys_below(p, bm.kv_len) for p in preds)
+  split = None if bm.segment_split is None else _padded(bm.segment_split)
+  return dataclasses.replace(
+      bm, q_len=nq * bq, kv_len=nk * bk, rows=runs_from_grid(xp, grid),
+      col_runs=runs_from_grid(xp, xp.swapaxes(grid, -1, -2)), backward=None, predicates=preds,
+      segment_split=split)
 
 
 def _plan(bm):
@@ -105,7 +142,7 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
   common.check_blockmap(bm, "splash", lq, lkv, b)
   if bm.heads is not None and bm.heads != h:
     raise MaskValueError(f"the mask has {bm.heads} heads but q has {h}")
-  _check_tiles(lq, lkv, bm.block_q, bm.block_kv)
+  _check_tiles(bm.block_kv)
   if interpret is None:
     interpret = platform() != "tpu"
   sinks = common.check_sinks(sinks, h)
@@ -113,10 +150,12 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
     sinks = jnp.full((h,), _NO_SINK, jnp.float32)
   scale = common.default_scale(d, scale)
   info_bm, segment = _plan(bm)
-  kernel = _kernel(info_bm, logits_soft_cap, bool(interpret))
+  kernel = _kernel(_padded(info_bm), logits_soft_cap, bool(interpret))
+  lq_pad, lkv_pad = bm.n_q_tiles * bm.block_q, bm.n_kv_tiles * bm.block_kv
+  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
 
-  qh = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)      # [B, H, Lq, D]
-  kh, vh = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+  qh = jnp.swapaxes(pad(q * jnp.asarray(scale, q.dtype), lq_pad), 1, 2)   # [B, H, Lq_pad, D]
+  kh, vh = jnp.swapaxes(pad(k, lkv_pad), 1, 2), jnp.swapaxes(pad(v, lkv_pad), 1, 2)
   if segment is None:
     out = jax.vmap(lambda q, k, v: kernel(q, k, v, sinks=sinks))(qh, kh, vh)
   else:
@@ -124,13 +163,16 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
     # all of them at once: one id per distinct combination, per batch row.
     values = common.read_values(bm, 0)
     qs, ks = _combined_ids(values, segment)                    # [B', L]
+    # Padding ids are arbitrary: padding keys are masked by `k < kv_len`, rows dropped.
+    qs = jnp.pad(qs, ((0, 0), (0, lq_pad - lq)))
+    ks = jnp.pad(ks, ((0, 0), (0, lkv_pad - lkv)))
     ids = sk.SegmentIds(q=qs, kv=ks)
     axis = 0 if qs.shape[0] == b and bm.batch is not None else None
     if axis is None:
       ids = sk.SegmentIds(q=ids.q[0], kv=ids.kv[0])
     out = jax.vmap(lambda q, k, v, ids: kernel(q, k, v, segment_ids=ids, sinks=sinks),
                    in_axes=(0, 0, 0, axis))(qh, kh, vh, ids)
-  return jnp.swapaxes(out, 1, 2).astype(q.dtype)
+  return jnp.swapaxes(out, 1, 2)[:, :lq].astype(q.dtype)
 
 
 def _combined_ids(values, segments):

@@ -18,8 +18,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
 import maskc
-from maskc._compile_predicate import compile_predicate
-from maskc.kernels import api, dense
+from maskc.kernels import api, dense, splash
 
 try:
   from maskc.testing import mask_trees as random_masks
@@ -440,6 +439,115 @@ def test_auto_picks_xla_on_cpu_and_dense_when_tiny(monkeypatch):
   assert calls == ["dense", "xla", "dense"]
 
 
+class _Picked(Exception):
+  """Raised by a faked backend: `auto` chose it (not an error `auto` falls back from)."""
+
+
+def fake_platform(monkeypatch, name: str, real=()):
+  """Pretends jax runs on `name`; records each backend `attention` calls.
+
+  Every module that imported `platform` sees the fake. A backend in `real` runs
+  for real (with its own errors, so `auto`'s fallback shows); any other raises
+  `_Picked` once recorded, so no kernel is run.
+  """
+  from maskc.kernels import _platform, flash
+  for mod in (_platform, api, flash, splash):
+    monkeypatch.setattr(mod, "platform", lambda: name)
+  calls: list[str] = []
+  for backend in ("dense", "xla", "flash", "splash"):
+    mod = api.BACKENDS[backend].load()
+    real_run = mod.run
+
+    def run(*a, _n=backend, _f=real_run, **kw):
+      calls.append(_n)
+      if _n in real:
+        return _f(*a, **kw)
+      raise _Picked(_n)
+
+    monkeypatch.setattr(mod, "run", run)
+  return calls
+
+
+def picks(monkeypatch, platform: str, q_len: int, mask: str, ops=None, real=(), batch=1,
+          **kw):
+  """The backends `maskc.attention(..., backend="auto")` calls on a faked platform."""
+  calls = fake_platform(monkeypatch, platform, real)
+  ops = ops or {}
+  x = jnp.ones((batch, q_len, 1, 8))
+  try:
+    maskc.attention(x, x, x, mask, operands=ops, **kw)
+  except _Picked:
+    pass
+  monkeypatch.undo()
+  return calls
+
+
+@pytest.mark.parametrize("platform, q_len, mask, want", [
+    # TPU: splash whatever the size, density or length (padded in the adapter)
+    ("tpu", 1024, "causal", ["splash"]),
+    ("tpu", 64, "causal", ["splash"]),
+    ("tpu", 1024, "full", ["splash"]),
+    ("tpu", 300, "sliding(40)", ["splash"]),
+    # GPU: flash, pairwise operands included, any length
+    ("gpu", 1024, "causal", ["flash"]),
+    ("gpu", 64, "full", ["flash"]),
+    ("gpu", 300, "causal & anc[q, k]", ["flash"]),
+    # CPU: dense when tiny (q_len * kv_len <= TINY) or nearly full, else block-sparse xla
+    ("cpu", 256, "sliding(8)", ["dense"]),
+    ("cpu", 257, "sliding(8)", ["xla"]),
+    ("cpu", 1024, "sliding(64)", ["xla"]),
+    ("cpu", 1024, "full", ["dense"]),
+    ("cpu", 1024, "causal", ["xla"]),                  # density 0.53: still block-sparse
+    ("cpu", 1024, "causal & anc[q, k]", ["xla"]),
+])
+def test_auto_dispatch_per_platform(monkeypatch, platform, q_len, mask, want):
+  ops = {"anc": np.tril(np.ones((q_len, q_len), bool))} if "anc" in mask else {}
+  assert picks(monkeypatch, platform, q_len, mask, ops) == want
+
+
+def test_auto_choose_backend_per_platform(monkeypatch):
+  from maskc.kernels import _platform
+  for name, want_big, want_tiny in (("tpu", "splash", "splash"), ("gpu", "flash", "flash"),
+                                    ("cpu", "xla", "dense")):
+    monkeypatch.setattr(api, "platform", lambda n=name: n)
+    monkeypatch.setattr(_platform, "platform", lambda n=name: n)
+    assert api.choose_backend("auto", 4096, 4096) == want_big, name
+    assert api.choose_backend("auto", 16, 16) == want_tiny, name
+    assert api.choose_backend("xla", 16, 16) == "xla"             # a named backend is kept
+
+
+def test_auto_falls_back_to_xla_where_the_native_kernel_cannot_run(monkeypatch):
+  # TPU: splash's MaskInfo has no batch axis; image flags per batch row cannot become one
+  img = np.zeros((2, 512), bool)
+  assert picks(monkeypatch, "tpu", 512, "causal | bidirectional(img)", {"img": img},
+               real=("splash",), batch=2) == ["splash", "xla"]
+  # ... but batched segment ids become splash SegmentIds: no fallback
+  seg = np.repeat([[0, 1], [2, 2]], 128, axis=1).astype(np.int32)
+  assert picks(monkeypatch, "tpu", 256, "causal & document(seg)", {"seg": seg},
+               real=("splash",), batch=2, interpret=True) == ["splash"]
+  # TPU: block_kv off the 128 lanes; GPU: tiles Triton cannot load
+  assert picks(monkeypatch, "tpu", 512, "causal", real=("splash",), block_q=64,
+               block_kv=64) == ["splash", "xla"]
+  assert picks(monkeypatch, "gpu", 96, "causal", real=("flash",), block_q=24,
+               block_kv=24) == ["flash", "xla"]
+
+
+def test_auto_on_a_faked_tpu_runs_ragged_lengths_on_splash(monkeypatch):
+  """End to end: `auto` on TPU takes a length off the tiles and matches dense."""
+  from maskc.kernels import _platform, flash, splash as splash_mod
+  for mod in (_platform, api, flash, splash_mod):
+    monkeypatch.setattr(mod, "platform", lambda: "tpu")
+  calls = []
+  real_run = splash_mod.run
+  monkeypatch.setattr(splash_mod, "run", lambda *a, **kw: (calls.append("splash"),
+                                                           real_run(*a, **kw))[1])
+  q, k, v, _ = qkv(12, 1, 200, 200, 2, 1, 16)
+  out = maskc.attention(q, k, v, "sliding(50) | sink(2)", interpret=True)
+  assert calls == ["splash"]
+  monkeypatch.undo()
+  assert_close(out, dense_attention(q, k, v, "sliding(50) | sink(2)"), F32_TOL, "auto on TPU")
+
+
 def test_registry_is_immutable():
   with pytest.raises(TypeError):
     api.BACKENDS["mine"] = api.Backend("mine", "x")  # type: ignore[index]
@@ -450,7 +558,7 @@ class TestSplash(KernelTests):
   blocks = (128,)
   max_len = 256
   max_examples = 4
-  supports_ragged = False
+  supports_ragged = True           # padded to the tiles in the adapter
   supports_batch_operands = False
 
   def run(self, q, k, v, mask, **kw):
@@ -490,10 +598,43 @@ class TestSplash(KernelTests):
     with pytest.raises(maskc.BackendError, match="xla"):
       self.run(x, x, x, "causal | bidirectional(img)", operands={"img": img}, block_q=128,
                block_kv=128)
-    with pytest.raises(maskc.MaskValueError, match="multiples"):
-      self.run(x[:, :200], x[:, :200], x[:, :200], "causal", block_q=128, block_kv=128)
     with pytest.raises(maskc.MaskValueError, match="128"):
       self.run(x, x, x, "causal", block_q=64, block_kv=64)
+
+  @pytest.mark.parametrize("lq, lkv, mask, traced", [
+      (100, 300, "sliding(50) | sink(3)", False),     # mask function in the kernel, offset 200
+      (190, 190, "causal & anc[q, k]", False),        # stored partial blocks
+      (190, 190, "causal & anc[q, k]", True),         # splash's dynamic MaskInfo
+      (150, 200, "causal & document(seg)", True),     # batched segment ids
+  ])
+  def test_ragged_lengths_match_dense(self, lq, lkv, mask, traced):
+    """Lengths that are not multiples of the tiles: padded in the adapter, padding masked."""
+    rng = np.random.default_rng(lq)
+    q, k, v, w = qkv(lq, 2, lq, lkv, 2, 1, 16)
+    ops = {"anc": rng.random((lkv, lkv)) < 0.5,
+           "seg": np.sort(rng.integers(0, 3, (2, lkv)), -1).astype(np.int32)}
+    ops = {n: a for n, a in ops.items() if n in mask}
+
+    def run(q, k, v, ops):
+      return self.run(q, k, v, mask, operands=ops, block_q=128, block_kv=128)
+
+    if traced:                                 # jax arrays: compiled inside the trace
+      ours = lambda q, k, v: run(q, k, v, {n: jnp.asarray(a) for n, a in ops.items()})
+    else:
+      ours = lambda q, k, v: run(q, k, v, ops)
+    out, grads = out_and_grads(ours, q, k, v, w)
+    out_ref, grads_ref = out_and_grads(lambda q, k, v: dense_attention(q, k, v, mask,
+                                                                       operands=ops), q, k, v, w)
+    assert_close(out, out_ref, F32_TOL, mask)
+    for name, g, r in zip("qkv", grads, grads_ref):
+      assert_close(g, r, F32_TOL, f"d{name}, {mask}")
+    bm = maskc.compile(mask, lq, lkv, block_q=128, block_kv=128, operands=ops)
+    padded = splash._padded(bm)
+    assert (padded.q_len, padded.kv_len) == (-(-lq // 128) * 128, -(-lkv // 128) * 128)
+    # the padding keys are allowed nowhere; the real ones exactly where the mask says
+    allowed = np.asarray(padded.to_dense())
+    np.testing.assert_array_equal(allowed[..., lkv:], False)
+    np.testing.assert_array_equal(allowed[..., :lq, :lkv], np.asarray(bm.to_dense()))
 
 
 class TestFlash(KernelTests):
@@ -505,9 +646,18 @@ class TestFlash(KernelTests):
   def run(self, q, k, v, mask, **kw):
     return maskc.attention(q, k, v, mask, backend=self.backend, interpret=True, **kw)
 
-  def supported(self, mask) -> bool:
-    p = compile_predicate(mask)
-    return not (p.pairs or p.tile_pairs)
+  @staticmethod
+  def tree_ancestors(n: int, seed: int, batch: int | None) -> np.ndarray:
+    """A random tree's ancestor-or-self relation `[.., n, n]` (speculative decoding trees)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(batch or 1):
+      parent = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)])
+      anc = np.eye(n, dtype=bool)
+      for i in range(1, n):
+        anc[i] |= anc[parent[i]]
+      out.append(anc)
+    return out[0] if batch is None else np.stack(out)
 
   def test_reads_at_any_index_of_one_position(self):
     # The compiler gathers `seg[q // 2]` per position; the kernel slices it like `seg[q]`.
@@ -517,13 +667,65 @@ class TestFlash(KernelTests):
     out = self.run(x, x, x, mask, operands={"seg": seg}, block_q=16, block_kv=16)
     assert_close(out, dense_attention(x, x, x, mask, operands={"seg": seg}), F32_TOL, mask)
 
-  def test_masks_it_cannot_slice_name_the_xla_backend(self):
-    x = jnp.ones((1, 32, 1, 16))
-    allowed = np.ones((32, 32), bool)
-    seg = np.zeros(32, np.int32)
-    for mask, ops in (("allowed[q, k]", {"allowed": allowed}),):
-      with pytest.raises(maskc.BackendError, match="xla"):
-        self.run(x, x, x, mask, operands=ops, block_q=16, block_kv=16)
-      # auto falls back to xla rather than failing
-      out = maskc.attention(x, x, x, mask, operands=ops, block_q=16, block_kv=16)
-      assert out.shape == x.shape
+  @pytest.mark.parametrize("mask, kind, lq, lkv, t, batched", [
+      ("causal & anc[q, k]", "pairs", 70, 70, 16, False),           # tree attention
+      ("causal & anc[q, k]", "pairs", 40, 70, 32, True),
+      ("anc[q, k] | sliding(5)", "pairs", 48, 80, 16, True),
+      ("causal & sel[q // 32, k // 32]", "tile_pairs", 64, 64, 32, False),  # MoBA-style
+      ("causal & sel[q // 32, k // 32]", "tile_pairs", 48, 80, 16, True),
+      # q_offset 30 breaks the 32-alignment of the tiles: read per position instead
+      ("causal & sel[q // 32, k // 32]", "pairs", 40, 70, 32, True),
+      ("causal & sel[q // 24, k // 24]", "pairs", 70, 70, 16, False),
+  ])
+  def test_pairwise_operands_match_dense(self, mask, kind, lq, lkv, t, batched):
+    b = 2
+    q, k, v, w = qkv(lq + lkv + t, b, lq, lkv, 2, 1, 16)
+    rng = np.random.default_rng(lq * lkv)
+    lead = (b,) if batched else ()
+    if "anc" in mask:
+      ops = {"anc": self.tree_ancestors(lkv, lq, b if batched else None)}
+    else:
+      ops = {"sel": rng.random(lead + (-(-lkv // 24), -(-lkv // 24))) < 0.5}
+    bm = maskc.compile(mask, lq, lkv, block_q=t, block_kv=t, operands=ops)
+    pred = bm.predicates[0]
+    assert len(getattr(pred, kind)) == 1, (mask, pred)
+    assert (bm.batch is not None) == batched
+    run = lambda q, k, v: self.run(q, k, v, bm)
+    ref = lambda q, k, v: dense_attention(q, k, v, mask, operands=ops)
+    out, grads = out_and_grads(run, q, k, v, w)
+    out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
+    # The dense reference itself against NumPy: the mask it applied is the operand's.
+    allowed = np.asarray(bm.to_dense())
+    if "anc" in mask:
+      qpos = np.arange(lq)[:, None] + lkv - lq
+      kpos = np.arange(lkv)[None, :]
+      band = (qpos >= kpos) & (qpos - kpos < (qpos.size + kpos.size if mask.startswith("causal")
+                                                else 5))
+      anc = ops["anc"][..., lkv - lq:, :]             # rows of the queries' absolute positions
+      want = anc & band if mask.startswith("causal") else anc | band
+    else:
+      c = 32 if "32" in mask else 24
+      qpos = np.arange(lq)[:, None] + lkv - lq
+      kpos = np.arange(lkv)[None, :]
+      sel = np.broadcast_to(ops["sel"], (b,) + ops["sel"].shape[-2:]) if batched else ops["sel"]
+      want = sel[..., qpos // c, kpos // c] & (qpos >= kpos)
+    np.testing.assert_array_equal(allowed, want)
+    assert_close(out, out_ref, F32_TOL, mask)
+    for name, g, r in zip("qkv", grads, grads_ref):
+      assert_close(g, r, F32_TOL, f"d{name}, {mask}")
+
+  def test_pairwise_operands_traced_under_jit(self):
+    lq = lkv = 64
+    q, k, v, w = qkv(11, 2, lq, lkv, 2, 1, 16)
+    anc = self.tree_ancestors(lkv, 3, 2)
+    sel = np.random.default_rng(4).random((2, 2, 2)) < 0.5
+    mask = "causal & (anc[q, k] | sel[q // 32, k // 32])"
+    run = jax.jit(lambda q, k, v, a, s: self.run(q, k, v, mask, operands={"anc": a, "sel": s},
+                                                 block_q=32, block_kv=32))
+    out = run(q, k, v, jnp.asarray(anc), jnp.asarray(sel))
+    ref = dense_attention(q, k, v, mask, operands={"anc": anc, "sel": sel})
+    assert_close(out, ref, F32_TOL, mask)
+    g = jax.jit(jax.grad(lambda q: (run(q, k, v, jnp.asarray(anc), jnp.asarray(sel)) * w).sum()))
+    g_ref = jax.grad(lambda q: (dense_attention(q, k, v, mask, operands={"anc": anc, "sel": sel})
+                                * w).sum())
+    assert_close(g(q), g_ref(q), F32_TOL, f"dq, {mask}")

@@ -1,0 +1,214 @@
+"""The Pallas kernels lower for their hardware, checked on a CPU-only machine.
+
+`jax.jit(f).trace(...).lower(lowering_platforms=(...,))` runs each kernel's real
+lowering without the device: flash through Pallas' Triton lowering to an
+`xla.gpu.triton` custom call (cuda), splash through Mosaic to a
+`tpu_custom_call` (tpu). A mask, operand kind, dtype, head dimension or tile
+size the lowering rejects (Triton's power-of-two blocks, Mosaic's layouts) fails
+here, as it would on the device. What this cannot show: numerics and speed on
+the device (the interpret-mode tests in test_kernels.py check numerics).
+
+- TPU (`TestSplashLowersForTpu`): needs nothing beyond jax, so it runs in the
+  default suite.
+- CUDA (`TestFlashLowersForCuda`, marker `lowering`): needs `jax-cuda12-plugin` and
+  `jax-cuda12-pjrt` of the installed jax version, installed without their CUDA
+  libraries. Importing the plugin on a machine without CUDA prints errors, so it
+  lives in its own environment: `make test-lowering` builds `.venv-lowering` and
+  runs these with `JAX_PLATFORMS=cpu`; the default run deselects the marker.
+
+The matrix is pairwise, not the full product: every mask once with rotating
+dtypes, head dims, heads, soft cap, sinks and tiles, then every dtype × head
+dimension once, forward and backward each.
+
+Known limit: a mask whose in-kernel predicate divides integers (`chunk(c)`, and
+splash's own `ChunkedCausalMask`) does not lower for tpu on a CPU host: Mosaic's
+integer division asks for the TPU generation, which a CPU host has none of. Such
+masks are left out of the TPU matrix (`test_chunked_needs_a_tpu_generation`
+records the limit, so a JAX that lifts it shows up here).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import maskc
+from maskc.kernels import attention
+
+DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32)
+HEAD_DIMS = (64, 96, 128, 256)
+HEADS = ((4, 1), (2, 2), (4, 2))              # (query heads, key heads): MQA, MHA, GQA
+
+
+def operands(length: int, seed: int = 0) -> dict:
+  """Operand values for every mask of the matrix at `length` keys."""
+  rng = np.random.default_rng(seed)
+  seg = np.sort(rng.integers(0, 4, length)).astype(np.int32)
+  img = np.zeros(length, bool)
+  img[length // 5: length // 2] = True
+  parent = [-1] + [int(rng.integers(0, i)) for i in range(1, length)]
+  anc = np.eye(length, dtype=bool)
+  for i in range(1, length):
+    anc[i] |= anc[parent[i]]
+  sel = rng.random((-(-length // 64), -(-length // 64))) < 0.5
+  return {"seg": seg, "img": img, "anc": anc, "sel": sel}
+
+
+# (mask, what it exercises): prelude masks, token operands, documents, image spans,
+# dilated, pairwise and block-pairwise operands.
+MASKS = (
+    ("causal", "prelude"),
+    ("sliding(100) | sink(4)", "prelude"),
+    ("local(40, 8) | global(3)", "prelude"),
+    ("causal & document(seg)", "documents"),
+    ("causal | bidirectional(img)", "image spans"),
+    ("causal & (q - k) % 4 == 0", "dilated"),
+    ("causal & seg[q] >= seg[k] - 1", "token operands"),
+    ("causal & anc[q, k]", "pairwise"),
+    ("causal & sel[q // 64, k // 64]", "block-pairwise"),
+)
+
+
+def matrix(tiles: tuple[tuple[int, int], ...], masks=MASKS):
+  """Pairwise cases: `(mask, dtype, head_dim, heads, cap, sinks, tiles)`."""
+  cases = []
+  for n, (mask, _) in enumerate(masks):
+    cases.append((mask, DTYPES[n % 3], HEAD_DIMS[n % 4], HEADS[n % 3], n % 2 == 0,
+                  (n // 2) % 2 == 1, tiles[n % len(tiles)]))
+  for n, (dtype, d) in enumerate(itertools.product(DTYPES, HEAD_DIMS)):
+    cases.append(("causal", dtype, d, HEADS[n % 3], n % 2 == 1, n % 3 == 0,
+                  tiles[n % len(tiles)]))
+  return cases
+
+
+def case_id(case) -> str:
+  mask, dtype, d, (h, hkv), cap, sinks, (bq, bk) = case
+  return (f"{mask}|{jnp.dtype(dtype).name}|D{d}|H{h}/{hkv}|{'cap|' if cap else ''}"
+          f"{'sinks|' if sinks else ''}{bq}x{bk}")
+
+
+def lowered(backend: str, platform: str, case, length: int, interpret: bool = False) -> str:
+  """The lowered module text of forward and of forward+backward for one case."""
+  mask, dtype, d, (h, hkv), cap, sinks, (bq, bk) = case
+  ops = operands(length)
+  m = maskc.parse(mask)
+  bm = maskc.compile(m, length, block_q=bq, block_kv=bk,
+                     operands={s.name: ops[s.name] for s in m.operands})
+  kw = dict(backend=backend, interpret=interpret, logits_soft_cap=2.0 if cap else None)
+  sink = jnp.linspace(-1.0, 1.0, h) if sinks else None
+  qs = jax.ShapeDtypeStruct((1, length, h, d), dtype)
+  ks = jax.ShapeDtypeStruct((1, length, hkv, d), dtype)
+
+  def fwd(q, k, v):
+    return attention(q, k, v, bm, sinks=sink, **kw)
+
+  def bwd(q, k, v):
+    return jax.grad(lambda q, k, v: fwd(q, k, v).astype(jnp.float32).sum(), (0, 1, 2))(q, k, v)
+
+  return tuple(jax.jit(f).trace(qs, ks, ks).lower(lowering_platforms=(platform,)).as_text()
+               for f in (fwd, bwd))
+
+
+def count_triton(text: str) -> int:
+  return text.count('"__gpu$xla.gpu.triton"') or text.count("xla.gpu.triton")
+
+
+# ----------------------------------------------------------------------------- tpu
+
+
+class TestSplashLowersForTpu:
+  """Splash (our MaskInfo, JAX's kernel) → Mosaic `tpu_custom_call`, fwd and bwd."""
+
+  length = 512
+
+  @pytest.mark.parametrize("case", matrix(((128, 128), (256, 128), (128, 256))), ids=case_id)
+  def test_lowers_to_mosaic(self, case):
+    fwd, bwd = lowered("splash", "tpu", case, self.length)
+    assert fwd.count("tpu_custom_call") == 1, case_id(case)
+    assert bwd.count("tpu_custom_call") == 3, case_id(case)       # fwd, dq, dkv
+
+  @pytest.mark.parametrize("mask", ["sliding(100) | sink(4)", "causal & anc[q, k]",
+                                    "causal & document(seg)"])
+  def test_ragged_lengths_lower(self, mask):
+    """Lengths off the tiles: the adapter pads them, and the padded kernel lowers."""
+    case = (mask, jnp.bfloat16, 128, (4, 2), False, True, (128, 128))
+    fwd, bwd = lowered("splash", "tpu", case, 400)
+    assert fwd.count("tpu_custom_call") == 1
+    assert bwd.count("tpu_custom_call") == 3
+
+  def test_batched_document_ids_lower(self):
+    seg = np.stack([np.repeat(np.arange(4), 128), np.repeat(np.arange(2), 256)]).astype(np.int32)
+    bm = maskc.compile("causal & document(seg)", 512, block_q=128, block_kv=128,
+                       operands={"seg": seg})
+    qs = jax.ShapeDtypeStruct((2, 512, 2, 128), jnp.bfloat16)
+    f = lambda q, k, v: attention(q, k, v, bm, backend="splash", interpret=False)
+    text = jax.jit(f).trace(qs, qs, qs).lower(lowering_platforms=("tpu",)).as_text()
+    assert text.count("tpu_custom_call") == 1
+
+  def test_interpret_mode_lowers_no_kernel(self):
+    """The check can fail: interpret mode lowers to plain HLO, with no custom call."""
+    case = ("causal", jnp.float32, 128, (2, 2), False, False, (128, 128))
+    fwd, _ = lowered("splash", "tpu", case, self.length, interpret=True)
+    assert "tpu_custom_call" not in fwd
+
+  def test_chunked_needs_a_tpu_generation(self):
+    case = ("causal & chunk(128)", jnp.bfloat16, 128, (2, 2), False, False, (128, 128))
+    with pytest.raises(ValueError, match="TPU device kind"):
+      lowered("splash", "tpu", case, self.length)
+
+
+# ----------------------------------------------------------------------------- cuda
+
+
+@pytest.fixture(scope="module")
+def cuda_plugin():
+  """Fails with the command to run unless JAX's CUDA plugin is installed (never in .venv)."""
+  try:
+    import jax_plugins.xla_cuda12  # noqa: F401
+  except ImportError:
+    pytest.fail("the cuda lowering tests need jax-cuda12-plugin and jax-cuda12-pjrt; run them "
+                "with `make test-lowering`, which installs both in .venv-lowering")
+
+
+@pytest.mark.lowering
+@pytest.mark.usefixtures("cuda_plugin")
+class TestFlashLowersForCuda:
+  """Flash (Pallas) → Triton `xla.gpu.triton` custom calls, fwd and bwd."""
+
+  length = 320          # not a multiple of the tiles: the padded path lowers too
+
+  @pytest.mark.parametrize("case", matrix(((64, 64), (128, 64), (32, 128), (16, 16))),
+                           ids=case_id)
+  def test_lowers_to_triton(self, case):
+    fwd, bwd = lowered("flash", "cuda", case, self.length)
+    assert count_triton(fwd) == 1, case_id(case)
+    assert count_triton(bwd) == 3, case_id(case)                  # fwd, dq, dkv
+
+  def test_batched_pairwise_and_traced_operands_lower(self):
+    rng = np.random.default_rng(1)
+    anc = rng.random((2, 256, 256)) < 0.5
+    sel = rng.random((2, 4, 4)) < 0.5
+    mask = "causal & (anc[q, k] | sel[q // 64, k // 64]) & document(seg)"
+    qs = jax.ShapeDtypeStruct((2, 256, 4, 128), jnp.bfloat16)
+    ks = jax.ShapeDtypeStruct((2, 256, 2, 128), jnp.bfloat16)
+    seg = np.sort(rng.integers(0, 3, (2, 256)), -1).astype(np.int32)
+
+    def f(q, k, v, anc, sel, seg):
+      return maskc.attention(q, k, v, mask, operands={"anc": anc, "sel": sel, "seg": seg},
+                             backend="flash", interpret=False, block_q=64, block_kv=64)
+
+    g = lambda *a: jax.grad(lambda q, *r: f(q, *r).astype(jnp.float32).sum())(*a)
+    for fn, calls in ((f, 1), (g, 3)):
+      text = jax.jit(fn).trace(qs, ks, ks, anc, sel, seg).lower(
+          lowering_platforms=("cuda",)).as_text()
+      assert count_triton(text) == calls
+
+  def test_interpret_mode_lowers_no_kernel(self):
+    """The check can fail: interpret mode lowers to plain HLO, with no Triton call."""
+    case = ("causal", jnp.float32, 64, (2, 2), False, False, (64, 64))
+    fwd, _ = lowered("flash", "cuda", case, self.length, interpret=True)
+    assert count_triton(fwd) == 0
