@@ -46,7 +46,8 @@ from maskc._equivalence import equivalent as equivalent
 def attention(q, k, v, mask, *, operands: dict | None = None, backend: str = "auto",
               block_q: int | None = None, block_kv: int | None = None,
               scale: float | None = None, logits_soft_cap: float | None = None, sinks=None,
-              q_offset: int | None = None, interpret: bool | None = None):
+              q_offset: int | None = None, interpret: bool | None = None,
+              q_positions=None, kv_positions=None):
   """Masked multi-head attention: compiles `mask` and runs it on an attention backend.
 
   Works under `jit`, `grad` and `vmap`. Static masks compile once (`maskc.compile`
@@ -69,6 +70,9 @@ def attention(q, k, v, mask, *, operands: dict | None = None, backend: str = "au
     q_offset: position of query row 0 (default `Lkv - Lq`, bottom-right aligned).
     interpret: run Pallas kernels in interpret mode (default: when not on their
       native platform).
+    q_positions, kv_positions: the mask position of each query row / key column,
+      `[L]` or `[B, L]` (NumPy or traced), instead of `q_offset + i` and `j`: for
+      sequences stored out of order (zigzag or striped context-parallel layouts).
 
   Returns:
     `[B, Lq, H, Dv]` in q's dtype. Rows with no allowed key are zero, with zero
@@ -90,6 +94,9 @@ def attention(q, k, v, mask, *, operands: dict | None = None, backend: str = "au
     if operands:
       raise MaskValueError("operands were given with a compiled BlockMap, which holds its own",
                            hint="Pass the operands to maskc.compile instead.")
+    if q_positions is not None or kv_positions is not None:
+      raise MaskValueError("positions were given with a compiled BlockMap, which holds its own",
+                           hint="Pass q_positions/kv_positions to maskc.compile instead.")
     if q_offset is not None and mask.is_static and int(q_offset) != int(mask.q_offset):
       raise MaskValueError(f"q_offset={q_offset} differs from the BlockMap's "
                            f"q_offset={mask.q_offset}")
@@ -102,9 +109,11 @@ def attention(q, k, v, mask, *, operands: dict | None = None, backend: str = "au
   _, lq, _, lkv, _, _ = _common.check_qkv(q, k, v)
   name = api.choose_backend(backend, lq, lkv)
   if name == "dense":
-    bm = _bind_map(mask, lq, lkv, q_offset=q_offset, operands=operands)
+    bm = _bind_map(mask, lq, lkv, q_offset=q_offset, operands=operands,
+                   q_positions=q_positions, kv_positions=kv_positions)
     return api.attention(q, k, v, bm, backend="dense", **kw)
   bq, bk = api.default_blocks(name, lq, lkv)
   bm = compile(mask, lq, lkv, block_q=block_q or bq, block_kv=block_kv or bk,
-               q_offset=q_offset, operands=operands)
+               q_offset=q_offset, operands=operands, q_positions=q_positions,
+               kv_positions=kv_positions)
   return api.attention(q, k, v, bm, backend=backend, **kw)

@@ -173,10 +173,11 @@ class Mask(Node):
     return simplify(self)
 
   def bind(self, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
-           operands: dict[str, Any] | None = None):
-    """This mask at a shape with static operands: a lazy `ComputableMask`."""
+           operands: dict[str, Any] | None = None, q_positions=None, kv_positions=None):
+    """This mask at a shape with static operands (and positions): a lazy `ComputableMask`."""
     from maskc._bind import ComputableMask
-    return ComputableMask(self, q_len, kv_len, q_offset=q_offset, operands=operands)
+    return ComputableMask(self, q_len, kv_len, q_offset=q_offset, operands=operands,
+                          q_positions=q_positions, kv_positions=kv_positions)
 
   def to_dense(self, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
                operands: dict[str, Any] | None = None):
