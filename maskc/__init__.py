@@ -41,6 +41,7 @@ from maskc._config import (ConfigError as ConfigError, ConfigWarning as ConfigWa
                            mask_field as mask_field)
 from maskc._show import MaskView as MaskView, show as show
 from maskc._equivalence import equivalent as equivalent
+from maskc._layout import Layout as Layout, balance as balance
 
 
 def attention(q, k, v, mask, *, operands: dict | None = None, backend: str = "auto",
