@@ -250,7 +250,7 @@ def _attend(q, k, v, bm, u: int, *, scale: float, cap, sinks, with_lse: bool = F
     out = jnp.where((m > common.NEG / 2)[..., None], out, 0.0)
   out = jnp.moveaxis(out, 4, 2).reshape(b, nq * bq, h, dv)[:, :lq]
   if with_lse:
-    seen = l > 0
+    seen = (l > 0) & (m > common.NEG / 2)   # a row that met an allowed key
     lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), NEG_LSE)
     lse = jnp.moveaxis(lse, 4, 2).reshape(b, nq * bq, h)[:, :lq]
     return out, lse

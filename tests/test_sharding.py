@@ -130,3 +130,28 @@ def test_bad_arguments_raise():
     maskc.sharded_attention(x, x, x, "causal", mesh=mesh, seq_axis="context", layout=lay)
   with pytest.raises(maskc.MaskValueError):
     _sharding.plan("causal", lay, strategy="tree", block_q=4, block_kv=4)
+
+
+def test_xla_run_with_lse_matches_numpy():
+  import jax.numpy as jnp
+  from maskc.kernels import xla
+  rng = np.random.default_rng(0)
+  q = rng.standard_normal((2, 24, 4, 8)).astype(np.float32)
+  k = rng.standard_normal((2, 24, 2, 8)).astype(np.float32)
+  v = rng.standard_normal((2, 24, 2, 8)).astype(np.float32)
+  p = np.random.default_rng(1).permutation(24)
+  mask = "sliding(4) & (q >= 3)"   # rows 0..2 of position < 3 have no key: lse = NEG_LSE
+  bm = maskc.compile(mask, 24, block_q=8, block_kv=8, q_positions=p)
+  out, lse = xla.run_with_lse(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), bm)
+  allowed = maskc.materialize(mask, 24, q_positions=p)
+  kk, vv = np.repeat(k, 2, axis=2), np.repeat(v, 2, axis=2)
+  s = np.einsum("bqhd,bkhd->bhqk", q.astype(np.float64), kk) / np.sqrt(8)
+  s = np.where(allowed, s, -np.inf)
+  seen = allowed.any(-1)
+  mx = np.where(seen[None, None, :, None], s.max(-1, keepdims=True), 0)
+  e = np.exp(s - mx)
+  total = e.sum(-1)
+  want_lse = np.where(seen, np.log(np.where(seen, total, 1.0)) + mx[..., 0], xla.NEG_LSE)
+  want = np.einsum("bhqk,bkhd->bqhd", e / np.maximum(e.sum(-1, keepdims=True), 1e-300), vv)
+  np.testing.assert_allclose(np.asarray(lse), np.moveaxis(want_lse, 1, 2), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-5)
