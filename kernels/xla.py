@@ -46,6 +46,25 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
   return common.per_mask(one, q, k, v, bm, sinks)
 
 
+def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None):
+  """Attention and its log-sum-exp: `(out [B, Lq, H, Dv] f32, lse [B, Lq, H] f32)`.
+
+  For combining partial attentions over disjoint key sets exactly (ring attention):
+  `out = sum_t exp(lse_t - LSE) out_t` with `LSE = logsumexp_t lse_t`. Rows with no
+  allowed key have `out = 0` and `lse = NEG_LSE` (finite, so combining stays NaN-free).
+  One mask for every head (the map must not be per-head).
+  """
+  b, lq, h, lkv, _, d = common.check_qkv(q, k, v)
+  common.check_blockmap(bm, "xla", lq, lkv, b)
+  if bm.head_index is not None:
+    raise ValueError("run_with_lse takes a map of one mask for every head")
+  scale = common.default_scale(d, scale)
+  return _attend(q, k, v, bm, 0, scale=scale, cap=logits_soft_cap, sinks=None, with_lse=True)
+
+
+NEG_LSE = -1e30
+
+
 def _pad_to(x, axis: int, size: int):
   pad = size - x.shape[axis]
   if not pad:
@@ -130,7 +149,7 @@ def _tile_fetch(values, bidx, i, j, rows, cols):
   return fetch
 
 
-def _attend(q, k, v, bm, u: int, *, scale: float, cap, sinks):
+def _attend(q, k, v, bm, u: int, *, scale: float, cap, sinks, with_lse: bool = False):
   """Attention of all heads of q under mask `u` of `bm` (GQA: H = G × Hkv)."""
   b, lq, h, d = q.shape
   lkv, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
@@ -230,4 +249,9 @@ def _attend(q, k, v, bm, u: int, *, scale: float, cap, sinks):
     # A row that met no allowed key still has the initial max; its sums are padding.
     out = jnp.where((m > common.NEG / 2)[..., None], out, 0.0)
   out = jnp.moveaxis(out, 4, 2).reshape(b, nq * bq, h, dv)[:, :lq]
+  if with_lse:
+    seen = (l > 0) & (m > common.NEG / 2)   # a row that met an allowed key
+    lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), NEG_LSE)
+    lse = jnp.moveaxis(lse, 4, 2).reshape(b, nq * bq, h)[:, :lq]
+    return out, lse
   return out.astype(q.dtype)

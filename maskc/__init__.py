@@ -83,12 +83,14 @@ from maskc._config import (ConfigError as ConfigError, ConfigWarning as ConfigWa
 from maskc._mask_spec import MaskSpec as MaskSpec, mask_field as mask_field
 from maskc._show import MaskView as MaskView, show as show
 from maskc._equivalence import equivalent as equivalent
+from maskc._layout import Layout as Layout, balance as balance
 
 
 def attention(q, k, v, mask, *, operands: dict | None = None, backend: str = "auto",
               block_q: int | None = None, block_kv: int | None = None,
               scale: float | None = None, logits_soft_cap: float | None = None, sinks=None,
-              q_offset: int | None = None, interpret: bool | None = None):
+              q_offset: int | None = None, interpret: bool | None = None,
+              q_positions=None, kv_positions=None):
   """Masked multi-head attention: compiles `mask` and runs it on an attention backend.
 
   Works under `jit`, `grad` and `vmap`. Static masks compile once (`maskc.compile`
@@ -111,6 +113,9 @@ def attention(q, k, v, mask, *, operands: dict | None = None, backend: str = "au
     q_offset: position of query row 0 (default `Lkv - Lq`, bottom-right aligned).
     interpret: run Pallas kernels in interpret mode (default: when not on their
       native platform).
+    q_positions, kv_positions: the mask position of each query row / key column,
+      `[L]` or `[B, L]` (NumPy or traced), instead of `q_offset + i` and `j`: for
+      sequences stored out of order (zigzag or striped context-parallel layouts).
 
   Returns:
     `[B, Lq, H, Dv]` in q's dtype. Rows with no allowed key are zero, with zero
@@ -132,6 +137,9 @@ def attention(q, k, v, mask, *, operands: dict | None = None, backend: str = "au
     if operands:
       raise MaskValueError("operands were given with a compiled BlockMap, which holds its own",
                            hint="Pass the operands to maskc.compile instead.")
+    if q_positions is not None or kv_positions is not None:
+      raise MaskValueError("positions were given with a compiled BlockMap, which holds its own",
+                           hint="Pass q_positions/kv_positions to maskc.compile instead.")
     if q_offset is not None and mask.is_static and int(q_offset) != int(mask.q_offset):
       raise MaskValueError(f"q_offset={q_offset} differs from the BlockMap's "
                            f"q_offset={mask.q_offset}")
@@ -144,9 +152,121 @@ def attention(q, k, v, mask, *, operands: dict | None = None, backend: str = "au
   _, lq, _, lkv, _, _ = _common.check_qkv(q, k, v)
   name = api.choose_backend(backend, lq, lkv)
   if name == "dense":
-    bm = _bind_map(mask, lq, lkv, q_offset=q_offset, operands=operands)
+    bm = _bind_map(mask, lq, lkv, q_offset=q_offset, operands=operands,
+                   q_positions=q_positions, kv_positions=kv_positions)
     return api.attention(q, k, v, bm, backend="dense", **kw)
   bq, bk = api.default_blocks(name, lq, lkv)
   bm = compile(mask, lq, lkv, block_q=block_q or bq, block_kv=block_kv or bk,
-               q_offset=q_offset, operands=operands)
+               q_offset=q_offset, operands=operands, q_positions=q_positions,
+               kv_positions=kv_positions)
   return api.attention(q, k, v, bm, backend=backend, **kw)
+
+
+def sharded_attention(q, k, v, mask, *, mesh, batch_axis: str | None = None,
+                      head_axis: str | None = None, seq_axis: str | None = None,
+                      strategy: str = "all_gather", layout="contiguous",
+                      operands: dict | None = None, backend: str = "auto",
+                      inputs_permuted: bool = False, block_q: int | None = None,
+                      block_kv: int | None = None, scale: float | None = None,
+                      logits_soft_cap: float | None = None, sinks=None,
+                      interpret: bool | None = None):
+  """Masked attention sharded over a `jax.sharding.Mesh` with `jax.shard_map`.
+
+  Batch goes over `batch_axis`, heads and KV heads over `head_axis`, the sequence
+  over `seq_axis` (context parallelism), each None to leave that dimension whole.
+  The sequence is laid out by `layout` (`maskc.balance`): each shard's queries
+  attend with the block map compiled for its own rows (at the layout's positions),
+  so the mask can be any mask, with static operands.
+
+  Args:
+    q, k, v: global `[B, L, H, D]` / `[B, L, Hkv, D]` arrays (self-attention: q and
+      k have the same length), in natural token order unless `inputs_permuted`.
+    mask: mask text or a Mask (one for every head).
+    mesh: the device mesh; the named axes must divide B, H and Hkv, and L into
+      whole tiles per shard.
+    strategy: `"all_gather"` (K/V gathered over `seq_axis`, any backend) or `"ring"`
+      (K/V passed around the ring with `ppermute`, one block map per (q shard, kv
+      shard) step, empty steps skipped, partial softmaxes combined exactly by their
+      log-sum-exp; the xla backend).
+    layout: `"contiguous"`, `"zigzag"`, `"balanced"` or a `maskc.Layout` for `L`
+      tokens over the `seq_axis` shards.
+    operands: static (NumPy) operand values at natural positions; batched ones are
+      split over `batch_axis`.
+    backend: the per-shard attention backend (`"auto"`, `"xla"`, `"dense"`, ...);
+      ring steps always run on xla.
+    inputs_permuted: q, k, v are already in the layout's stored order (permuted once
+      in the input pipeline, as MaxText does); the output is then in that order too.
+    block_q, block_kv: tile sizes (default: the backend's, cut to divide the chunks).
+    scale, logits_soft_cap, sinks, interpret: as in `maskc.attention`.
+
+  Returns:
+    `[B, L, H, Dv]` in the order of the inputs.
+
+  Raises:
+    MaskValueError: axes that do not divide the arrays, or a layout that does not fit.
+  """
+  import math
+
+  import numpy as np
+
+  from maskc import _sharding
+  from maskc._bind import as_mask as _as_mask
+  from maskc.kernels import _common, api, sharded
+
+  b, lq, h, lkv, hkv, _ = _common.check_qkv(q, k, v)
+  if lq != lkv:
+    raise MaskValueError(f"sharded attention is self-attention: q has {lq} tokens, k {lkv}",
+                         hint="Give q, k and v the same sequence length.")
+  sizes = {}
+  for name, axis, dims in (("batch_axis", batch_axis, [("batch", b)]),
+                           ("head_axis", head_axis, [("heads", h), ("kv heads", hkv)]),
+                           ("seq_axis", seq_axis, [])):
+    if axis is None:
+      sizes[name] = 1
+      continue
+    if axis not in mesh.shape:
+      raise MaskValueError(f"{name}={axis!r} is not an axis of the mesh {dict(mesh.shape)}")
+    sizes[name] = int(mesh.shape[axis])
+    for what, n in dims:
+      if n % sizes[name]:
+        raise MaskValueError(f"{what} = {n} does not divide over {sizes[name]} devices of "
+                             f"mesh axis {axis!r}")
+  shards = sizes["seq_axis"]
+  if strategy == "ring":
+    if backend not in ("auto", "xla"):
+      raise BackendError(f"the ring strategy runs its steps on the xla backend, not {backend!r}",
+                         hint="Use backend='xla' (or 'auto'), or strategy='all_gather'.")
+    name = "xla"
+  else:
+    name = api.choose_backend(backend, lq // shards, lkv)
+  if isinstance(layout, Layout):
+    if layout.seq_len != lq or layout.shards != shards:
+      raise MaskValueError(f"the layout is for {layout.seq_len} tokens over {layout.shards} "
+                           f"shards; the call has {lq} tokens over {shards}")
+    chunk = layout.chunk
+  else:
+    chunk = lq // (2 * shards) if layout == "zigzag" else lq // shards
+    if layout == "balanced":
+      chunk = lq // shards
+  if name == "dense":
+    bq = bk = chunk
+  else:
+    dq, dk = api.default_blocks(name, max(1, lq // shards), lkv)
+    bq, bk = block_q or math.gcd(dq, chunk), block_kv or math.gcd(dk, chunk)
+  if not isinstance(layout, Layout):
+    layout = balance(mask, lq, shards, block=math.lcm(bq, bk), operands=operands,
+                     method=layout)
+  ndim = {"scalar": 0, "token": 1, "pair": 2}
+  given = operands or {}
+  batched = any(s.name in given and np.ndim(given[s.name]) > ndim[s.kind]
+                for s in _as_mask(mask).operands)
+  plan = _sharding.plan(mask, layout, strategy=strategy, block_q=bq, block_kv=bk,
+                        operands=operands, batch=b,
+                        data_shards=sizes["batch_axis"] if batched else 1)
+  if not inputs_permuted:
+    q, k, v = (layout.permute(x, axis=1) for x in (q, k, v))
+  out = sharded.run(q, k, v, plan, mesh=mesh, batch_axis=batch_axis, head_axis=head_axis,
+                    seq_axis=seq_axis, backend=name, sinks=sinks, scale=scale,
+                    logits_soft_cap=logits_soft_cap, interpret=interpret)
+  return out if inputs_permuted else layout.unpermute(out, axis=1)
+

@@ -54,24 +54,98 @@ def _int(name: str, value: Any, *, minimum: int | None = None) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-  """A mask's shape and the position of its first query row."""
+  """A mask's shape and the positions of its rows and columns.
+
+  Row `i` is query position `q_positions[..., i]` when positions are given, else
+  `q_offset + i`; column `j` is key position `kv_positions[..., j]`, else `j`.
+  Given positions are stored as `[B', L]` integer arrays (`B'` is 1 without a
+  batch axis): int64 NumPy when static, int32 jax arrays when traced.
+  """
   q_len: int
   kv_len: int
   q_offset: Any  # int, or a traced scalar under jit
+  q_positions: Any = None
+  kv_positions: Any = None
 
   @staticmethod
-  def of(q_len: Any, kv_len: Any = None, q_offset: Any = None) -> "Shape":
+  def of(q_len: Any, kv_len: Any = None, q_offset: Any = None, *, q_positions: Any = None,
+         kv_positions: Any = None) -> "Shape":
     q_len = _int("q_len", q_len, minimum=1)
     kv_len = q_len if kv_len is None else _int("kv_len", kv_len, minimum=1)
+    if q_positions is not None and q_offset is not None:
+      raise MaskValueError("both q_offset and q_positions were given",
+                           hint="Pass q_positions = q_offset + arange(q_len) instead.")
     if q_offset is None:
       q_offset = kv_len - q_len
     elif not isinstance(q_offset, jax.core.Tracer):
       q_offset = _int("q_offset", q_offset)
-    return Shape(q_len, kv_len, q_offset)
+    return Shape(q_len, kv_len, q_offset, _positions("q_positions", q_positions, q_len),
+                 _positions("kv_positions", kv_positions, kv_len))
 
   @property
   def static(self) -> bool:
-    return not isinstance(self.q_offset, jax.core.Tracer)
+    return not any(isinstance(x, jax.core.Tracer)
+                   for x in (self.q_offset, self.q_positions, self.kv_positions))
+
+  @property
+  def has_positions(self) -> bool:
+    """Whether explicit positions were given for the rows or the columns."""
+    return self.q_positions is not None or self.kv_positions is not None
+
+  @property
+  def positions_batch(self) -> int | None:
+    """The batch size of batched (`[B, L]`) positions, else None."""
+    sizes = {int(p.shape[0]) for p in (self.q_positions, self.kv_positions)
+             if p is not None and p.shape[0] > 1}
+    if len(sizes) > 1:
+      raise MaskValueError(f"q_positions and kv_positions disagree on the batch size: "
+                           f"{sorted(sizes)}")
+    return sizes.pop() if sizes else None
+
+  def rows(self, xp, dtype=None):
+    """Query positions of every row, `[B', q_len]`."""
+    if self.q_positions is not None:
+      return self.q_positions if dtype is None else self.q_positions.astype(dtype)
+    dtype = dtype or (np.int64 if xp is np else jnp.int32)
+    return (xp.arange(self.q_len, dtype=dtype) + xp.asarray(self.q_offset, dtype))[None]
+
+  def cols(self, xp, dtype=None):
+    """Key positions of every column, `[B', kv_len]`."""
+    if self.kv_positions is not None:
+      return self.kv_positions if dtype is None else self.kv_positions.astype(dtype)
+    return xp.arange(self.kv_len, dtype=dtype or (np.int64 if xp is np else jnp.int32))[None]
+
+  def q_hull(self) -> tuple[int, int]:
+    """Static smallest and largest query position."""
+    if self.q_positions is None:
+      return self.q_offset, self.q_offset + self.q_len - 1
+    return int(self.q_positions.min()), int(self.q_positions.max())
+
+  def k_hull(self) -> tuple[int, int]:
+    """Static smallest and largest key position."""
+    if self.kv_positions is None:
+      return 0, self.kv_len - 1
+    return int(self.kv_positions.min()), int(self.kv_positions.max())
+
+
+def _positions(name: str, value: Any, length: int):
+  """Checked positions `[L]` or `[B, L]` as `[B', L]`: int64 NumPy, or int32 when traced."""
+  if value is None:
+    return None
+  traced = isinstance(value, jax.core.Tracer)
+  arr = value if traced else np.asarray(value)
+  if not (jnp.issubdtype(arr.dtype, jnp.integer)):
+    raise MaskTypeError(f"{name} must hold integers, got {arr.dtype}",
+                        hint=f"Cast it: `{name}.astype(np.int32)`.")
+  if arr.ndim not in (1, 2) or arr.shape[-1] != length:
+    raise MaskValueError(f"{name} has shape {tuple(arr.shape)}; it must be [{length}] or "
+                         f"[B, {length}], one position per row or column")
+  if traced:
+    return jnp.asarray(arr, jnp.int32).reshape((-1, length))
+  if arr.size and (arr.min() < -2**62 or arr.max() >= 2**62):
+    raise MaskValueError(f"{name} holds positions beyond +-2**62",
+                         hint="Renumber the positions to fit in int64 with room to compute.")
+  return arr.astype(np.int64).reshape((-1, length))
 
 
 def is_traced(value: Any) -> bool:
@@ -297,10 +371,10 @@ def _check_reads(m: ir.Mask, shape: Shape, ops: Operands) -> None:
   scalars = {n: a for n, a in ops.arrays.items() if a.ndim == 1}
   if any(is_traced(a) for a in scalars.values()):
     return
-  q0, q1 = shape.q_offset, shape.q_offset + shape.q_len - 1
+  (q0, q1), (k0, k1) = shape.q_hull(), shape.k_hull()
   nb = ops.batch or 1
   batch = np.arange(nb) if ops.batch else 0
-  analyzer = Analyzer(np, Tables(np, scalars), q0, q1, 0, shape.kv_len - 1, batch)
+  analyzer = Analyzer(np, Tables(np, scalars), q0, q1, k0, k1, batch)
   for n in ir.walk(m):
     if isinstance(n, ir.Read):
       checks = [(n.index, n.operand.name, -1, "")]
@@ -318,13 +392,13 @@ def _check_reads(m: ir.Mask, shape: Shape, ops: Operands) -> None:
       bounds = _index_bounds(analyzer, index)
       if bounds is not None and bounds[0] >= 0 and bounds[1] < length:
         continue  # sound bounds inside the operand: every index is
-      if bounds is None or not bounds[2]:  # not attained: the exact range, in chunks
+      if bounds is None or not bounds[2] or shape.has_positions:  # the exact range, in chunks
         lo, hi = _evaluated_bounds(index, shape, axes, scalars, batch)
       else:
         lo, hi = bounds[0], bounds[1]
       if lo < 0 or hi >= length:
         where = (f"positions q in [{q0}, {q1}]" if "q" in axes
-                 else f"positions k in [0, {shape.kv_len - 1}]")
+                 else f"positions k in [{k0}, {k1}]")
         raise OperandError(
             f"operand `{name}` has length {length} on its {which}axis, but the mask reads "
             f"`{n}` at indices {lo}..{hi} (for {where})",
@@ -348,12 +422,14 @@ def _index_bounds(analyzer, index: ir.Term) -> tuple[int, int, bool] | None:
 def _evaluated_bounds(index: ir.Term, shape: Shape, axes, scalars, batch,
                       chunk: int = 1 << 20) -> tuple[int, int]:
   """Exact min and max of an index over the positions of its axis, evaluated in chunks."""
-  n = shape.q_len if "q" in axes else shape.kv_len
-  start = shape.q_offset if "q" in axes else 0
+  every = shape.rows(np) if "q" in axes else shape.cols(np)
+  n = every.shape[-1]
   lo, hi = None, None
   b = batch[:, None] if not np.isscalar(batch) else 0
+  if every.shape[0] > 1 and np.isscalar(batch):
+    b = np.zeros((every.shape[0], 1), np.int64)
   for s0 in range(0, n, chunk):
-    pos = (np.arange(s0, min(n, s0 + chunk), dtype=np.int64) + start)[None, :]
+    pos = every[:, s0:s0 + chunk]
     values = np.asarray(evaluate(index, Env(np, pos, pos, scalars, b)))
     lo = int(values.min()) if lo is None else min(lo, int(values.min()))
     hi = int(values.max()) if hi is None else max(hi, int(values.max()))
@@ -381,10 +457,16 @@ class ComputableMask(_splash.Mask):
   """
 
   def __init__(self, mask: MaskLike, q_len: int, kv_len: int | None = None, *,
-               q_offset: int | None = None, operands: dict[str, Any] | None = None):
+               q_offset: int | None = None, operands: dict[str, Any] | None = None,
+               q_positions=None, kv_positions=None):
     self.mask = as_mask(mask)
-    self.bound = Shape.of(q_len, kv_len, q_offset)
+    if any(is_traced(p) for p in (q_positions, kv_positions)):
+      raise MaskTypeError("a ComputableMask needs static positions (NumPy arrays)",
+                          hint="Use `maskc.materialize` for traced positions.")
+    self.bound = Shape.of(q_len, kv_len, q_offset, q_positions=q_positions,
+                          kv_positions=kv_positions)
     self.ops = prepare_operands(self.mask, self.bound, operands, allow_traced=False)
+    self._batch = _batch_of(self.ops.batch, self.bound)
 
   @property
   def q_len(self) -> int:
@@ -400,7 +482,7 @@ class ComputableMask(_splash.Mask):
 
   @property
   def shape(self) -> tuple[int, ...]:
-    lead = () if self.ops.batch is None else (self.ops.batch,)
+    lead = () if self._batch is None else (self._batch,)
     return lead + (self.bound.q_len, self.bound.kv_len)
 
   def __getitem__(self, idx) -> np.ndarray:
@@ -412,10 +494,12 @@ class ComputableMask(_splash.Mask):
     *lead, qi, ki = idx
     rows = _index_array(qi, self.bound.q_len)
     cols = _index_array(ki, self.bound.kv_len)
-    if self.ops.batch is None:
+    if self._batch is None:
       batch = 0
     else:
-      batch = _index_array(lead[0], self.ops.batch)
+      batch = _index_array(lead[0], self._batch)
+    if self.bound.has_positions:
+      return self._at_positions(batch, rows, cols)
     if not (np.isscalar(batch) or np.ndim(batch) == 0):  # rows x columns per batch row
       batch = np.asarray(batch).reshape((-1,) + (1,) * (np.ndim(rows) + np.ndim(cols)))
     b = batch
@@ -440,6 +524,27 @@ class ComputableMask(_splash.Mask):
              for r in range(0, max(q.size, 1), step)]
     return np.array(np.concatenate(parts, axis=-1 - k.ndim) if len(parts) > 1 else parts[0],
                     dtype=bool)
+
+  def _at_positions(self, batch, rows, cols) -> np.ndarray:
+    """`__getitem__` for explicit positions: rows and columns read their positions."""
+    b = batch if np.isscalar(batch) or np.ndim(batch) == 0 else np.asarray(batch)[:, None, None]
+    qp, kp = self.bound.rows(np), self.bound.cols(np)
+    rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
+    if np.ndim(b):  # several batch rows: positions per row, `[nb, *rows, *cols]` out
+      sel = np.asarray(batch).reshape(-1)
+      q = qp[sel if qp.shape[0] > 1 else np.zeros_like(sel)][:, rows]
+      k = kp[sel if kp.shape[0] > 1 else np.zeros_like(sel)][:, cols]
+      nb = sel.size
+      qa = q.reshape(q.shape + (1,) * cols.ndim)
+      ka = k.reshape((nb,) + (1,) * rows.ndim + cols.shape)
+      b = sel.reshape((nb,) + (1,) * (rows.ndim + cols.ndim))
+      return np.array(evaluate_mask(self.mask, Env(np, qa, ka, self.ops.arrays, b)), dtype=bool)
+    bi = int(batch)
+    q = qp[bi if qp.shape[0] > 1 else 0][rows]
+    k = kp[bi if kp.shape[0] > 1 else 0][cols]
+    qa, ka = q.reshape(q.shape + (1,)), k.reshape((1,) * q.ndim + k.shape)
+    out = evaluate_mask(self.mask, Env(np, qa, ka, self.ops.arrays, b))
+    return np.array(out, dtype=bool)
 
   @property
   def q_sequence(self) -> np.ndarray:
@@ -478,10 +583,14 @@ class ComputableMask(_splash.Mask):
   def _require_in_kernel(self) -> None:
     if any(s.kind != "scalar" for s in self.mask.operands) or self.ops.batch is not None:
       raise AttributeError("a mask that reads array operands has no in-kernel mask_function")
+    if self.bound.has_positions:
+      raise AttributeError("a mask with explicit positions has no in-kernel mask_function")
 
   def _key(self):
+    pos = tuple(None if p is None else p.tobytes()
+                for p in (self.bound.q_positions, self.bound.kv_positions))
     return (self.mask, self.bound.q_len, self.bound.kv_len, self.bound.q_offset,
-            self.ops.static_bytes())
+            self.ops.static_bytes(), pos)
 
   def __eq__(self, other: object) -> bool:
     if not isinstance(other, ComputableMask):
@@ -499,6 +608,15 @@ class ComputableMask(_splash.Mask):
     ops = ", ".join(self.ops.arrays)
     return (f"ComputableMask({str(self.mask)!r}, q_len={self.q_len}, kv_len={self.kv_len}, "
             f"q_offset={self.q_offset}" + (f", operands=[{ops}]" if ops else "") + ")")
+
+
+def _batch_of(ops_batch: int | None, shape: Shape) -> int | None:
+  """The batch size of operands and positions together (they must agree)."""
+  pb = shape.positions_batch
+  if ops_batch is not None and pb is not None and ops_batch != pb:
+    raise MaskValueError(f"the operands' batch size {ops_batch} differs from the positions' "
+                         f"{pb}", hint="Give operands and positions the same leading size.")
+  return ops_batch if ops_batch is not None else pb
 
 
 def _index_array(i, n: int) -> np.ndarray | int:
@@ -526,7 +644,8 @@ def _masks(mask: Any) -> tuple[list[ir.Mask], bool]:
 
 
 def materialize(mask: Any, q_len: int, kv_len: int | None = None, *,
-                q_offset: int | None = None, operands: dict[str, Any] | None = None):
+                q_offset: int | None = None, operands: dict[str, Any] | None = None,
+                q_positions=None, kv_positions=None):
   """The mask as a dense bool array `[..., q_len, kv_len]`.
 
   Works under `jax.jit` with traced operands (per-token `[L]` / `[B, L]`, scalars
@@ -549,9 +668,12 @@ def materialize(mask: Any, q_len: int, kv_len: int | None = None, *,
     q_len: query rows. kv_len: key columns (default `q_len`).
     q_offset: position of row 0 (default `kv_len - q_len`).
     operands: runtime operand values by name.
+    q_positions, kv_positions: the position of each row / column, `[L]` or `[B, L]`
+      (NumPy or traced; default `q_offset + i` and `j`). Row `i` is then query
+      position `q_positions[i]`: a permutation of positions permutes the rows.
 
   Returns:
-    A NumPy bool array when every operand is static, else a jax.Array.
+    A NumPy bool array when every operand and position is static, else a jax.Array.
 
   Raises:
     MaskLimitError: a length of 2**31 or more, or more than `MAX_DENSE_ELEMENTS`
@@ -566,13 +688,17 @@ def materialize(mask: Any, q_len: int, kv_len: int | None = None, *,
          [0, 1, 1]])
   """
   masks, multi = _masks(mask)
-  shape = Shape.of(q_len, kv_len, q_offset)
+  shape = Shape.of(q_len, kv_len, q_offset, q_positions=q_positions,
+                   kv_positions=kv_positions)
   _check_dense(shape.q_len, shape.kv_len, len(masks), multi)
   traced = not shape.static or any(is_traced(v) for v in (operands or {}).values())
   outs = []
   for m in masks:
     ops = prepare_operands(m, shape, operands, xp=jnp if traced else None)
     _check_dense(shape.q_len, shape.kv_len, len(masks) * (ops.batch or 1), multi)
+    if shape.has_positions:
+      outs.append(_evaluate_at_positions(m, shape, ops))
+      continue
     if ops.xp is np:
       outs.append(_dense_numpy(m, shape, ops))
       continue
@@ -626,15 +752,32 @@ def _dense_numpy(m: ir.Mask, shape: Shape, ops: Operands) -> np.ndarray:
   return out
 
 
+def _evaluate_at_positions(m: ir.Mask, shape: Shape, ops: Operands):
+  """The dense mask with rows and columns at explicit positions, `[B?, Lq, Lkv]`."""
+  traced = ops.xp is jnp or not shape.static
+  xp = jnp if traced else np
+  int_t = jnp.int32 if traced else np.int64
+  q = xp.asarray(shape.rows(xp, int_t))
+  k = xp.asarray(shape.cols(xp, int_t))
+  arrays = ops.arrays
+  if traced:
+    arrays = {n: jnp.asarray(a) for n, a in arrays.items()}
+  batch = _batch_of(ops.batch, shape)
+  b = 0 if batch is None else xp.arange(batch)[:, None, None]
+  out = evaluate_mask(m, Env(xp, q[:, :, None], k[:, None, :], arrays, b))
+  return out if batch is not None else out[0]
+
+
 def additive_bias(mask: Any, q_len: int, kv_len: int | None = None, *,
                   q_offset: int | None = None, operands: dict[str, Any] | None = None,
-                  dtype=jnp.float32) -> jax.Array:
+                  dtype=jnp.float32, q_positions=None, kv_positions=None) -> jax.Array:
   """The mask as an additive attention bias: 0 where allowed, a large negative elsewhere.
 
   The negative is `-0.7 * finfo(dtype).max`, finite so that fully masked rows
-  do not produce NaN. Same arguments, checks and errors as `materialize` (exact
-  integer terms or `MaskValueError`); jittable.
+  do not produce NaN. Same arguments (positions included), checks and errors as
+  `materialize` (exact integer terms or `MaskValueError`); jittable.
   """
-  dense = materialize(mask, q_len, kv_len, q_offset=q_offset, operands=operands)
+  dense = materialize(mask, q_len, kv_len, q_offset=q_offset, operands=operands,
+                      q_positions=q_positions, kv_positions=kv_positions)
   neg = -0.7 * float(jnp.finfo(dtype).max)
   return jnp.where(jnp.asarray(dense), jnp.asarray(0, dtype), jnp.asarray(neg, dtype))

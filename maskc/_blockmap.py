@@ -60,6 +60,9 @@ class BlockMap:
       this shape and these operands (exact, from `maskc._overflow`), or None when an
       operand or the offset is traced. Kernels compute in int32 and refuse a map
       whose range leaves it.
+    q_positions, kv_positions: explicit positions of the rows / columns, `[B', L]`
+      (None: `q_offset + row` and `col`). The predicates then read positions as
+      per-token reads (`read_values` gathers them), never the bare `q`/`k`.
 
   Leading axes of every per-tile array it hands out are `[B, H]`, each present
   only when the mask has a batch (operands with a batch axis) or heads (a
@@ -86,6 +89,8 @@ class BlockMap:
   line_bounds: tuple | None = None
   segment_split: "BlockMap | None" = None
   int_range: tuple[int, int] | None = None
+  q_positions: Any = None
+  kv_positions: Any = None
 
   @property
   def cols(self) -> Runs:
@@ -102,7 +107,8 @@ class BlockMap:
   # ------------------------------------------------------------------ pytree
 
   def tree_flatten(self):
-    children = (self.q_offset, self.rows, self.col_runs, self.operands)
+    children = (self.q_offset, self.rows, self.col_runs, self.operands, self.q_positions,
+                self.kv_positions)
     aux = (self.masks, self.head_index, self.q_len, self.kv_len, self.block_q, self.block_kv,
            self.batch, self.predicates, self.backward, self.line_bounds, self.segment_split,
            self.int_range)
@@ -110,11 +116,12 @@ class BlockMap:
 
   @classmethod
   def tree_unflatten(cls, aux, children):
-    q_offset, rows, col_runs, operands = children
+    q_offset, rows, col_runs, operands, q_positions, kv_positions = children
     (masks, head_index, q_len, kv_len, block_q, block_kv, batch, predicates, backward,
      line_bounds, segment_split, int_range) = aux
     return cls(masks, head_index, q_len, kv_len, q_offset, block_q, block_kv, batch, rows,
-               operands, predicates, col_runs, backward, line_bounds, segment_split, int_range)
+               operands, predicates, col_runs, backward, line_bounds, segment_split, int_range,
+               q_positions, kv_positions)
 
   # ------------------------------------------------------------------ shape
 
@@ -166,11 +173,15 @@ class BlockMap:
     `rest` gives those of the predicate without its segment conjuncts.
     """
     pred = self.predicates[u].rest if rest else self.predicates[u]
-    xp = np if self.is_static and all(isinstance(a, np.ndarray)
-                                      for a in self.operands.values()) else jnp
+    xp = np if self.is_static and all(isinstance(a, np.ndarray) for a in (
+        list(self.operands.values()) + self._positions())) else jnp
     int_t = xp.int32 if xp is jnp else np.int64
     q = xp.arange(self.q_len, dtype=int_t) + xp.asarray(self.q_offset, int_t)
     k = xp.arange(self.kv_len, dtype=int_t)
+    if self.q_positions is not None:
+      q = xp.asarray(self.q_positions).astype(int_t)
+    if self.kv_positions is not None:
+      k = xp.asarray(self.kv_positions).astype(int_t)
     return _predicate.gather(pred, self.operands, q, k, xp, batch=self.batch,
                              block_q=self.block_q, block_kv=self.block_kv,
                              dtype=dtype or int_t)
@@ -288,14 +299,19 @@ class BlockMap:
 
   # ------------------------------------------------------------------ identity
 
+  def _positions(self) -> list:
+    return [p for p in (self.q_positions, self.kv_positions) if p is not None]
+
   def static_key(self) -> tuple:
     """What the map is, without its arrays: masks, shape, tiles, heads, batch, predicates."""
     offset = int(self.q_offset) if not isinstance(self.q_offset, jax.core.Tracer) else None
     return (self.masks, self.head_index, self.q_len, self.kv_len, offset, self.block_q,
-            self.block_kv, self.batch, self.predicates)
+            self.block_kv, self.batch, self.predicates, self.q_positions is not None,
+            self.kv_positions is not None)
 
   def _arrays(self):
-    return tuple(self.rows) + tuple(self.operands[n] for n in sorted(self.operands))
+    return tuple(self.rows) + tuple(self.operands[n] for n in sorted(self.operands)) + tuple(
+        self._positions())
 
   def __eq__(self, other):
     if not isinstance(other, BlockMap):

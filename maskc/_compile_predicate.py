@@ -24,7 +24,8 @@ def run_ids_key(name: str) -> str:
 
 def compile_predicate(m: ir.Mask, *, q_positions: np.ndarray | None = None,
                       kv_len: int | None = None, block_q: int = 1, block_kv: int = 1,
-                      facts: bool = True) -> Predicate:
+                      facts: bool = True, kv_positions: np.ndarray | None = None,
+                      positions_read: bool = False) -> Predicate:
   """The compiled predicate of `m`.
 
   Args:
@@ -35,12 +36,19 @@ def compile_predicate(m: ir.Mask, *, q_positions: np.ndarray | None = None,
     kv_len: the number of key columns (with `q_positions`).
     block_q, block_kv: the tile sizes.
     facts: also find segment equalities, the `q - k` band and a chunk size.
+    kv_positions: static key positions, when they are not `0..kv_len-1`.
+    positions_read: rows and columns are at explicit positions (not `q_offset + row`
+      and `col`): every bare `q` and `k` becomes a per-token read of the position
+      itself (`TokenRead` with no array), gathered at the given positions like any
+      other read, so kernels that feed `q` with `q_offset + row` need no change. No
+      band or chunk fact is recorded then (they are facts about rows and columns).
   """
   tiles = None
   if q_positions is not None and kv_len is not None:
-    tiles = (np.asarray(q_positions, np.int64), np.arange(kv_len, dtype=np.int64), block_q,
-             block_kv)
-  c = _Compiler(tiles)
+    k_pos = (np.arange(kv_len, dtype=np.int64) if kv_positions is None
+             else np.asarray(kv_positions, np.int64))
+    tiles = (np.asarray(q_positions, np.int64), k_pos, block_q, block_kv)
+  c = _Compiler(tiles, positions_read)
   out = c.mask(m)
   program = c.finish(out)
   pred = Predicate(program, tuple(c.q_reads), tuple(c.k_reads), tuple(c.scalars),
@@ -57,12 +65,13 @@ def compile_predicate(m: ir.Mask, *, q_positions: np.ndarray | None = None,
     qs = c.token_slot(seg[0], "q")
     ks = c.token_slot(seg[1], "k")
     segments.append((qs, ks))
-  band, chunk = _band(items), _chunk(items)
+  band, chunk = ((None, None), None) if positions_read else (_band(items), _chunk(items))
   rest_pred = None
   if segments:
     rest_mask = ir.and_(rest) if rest else ir.BoolConst(True)
     rest_pred = compile_predicate(rest_mask, q_positions=q_positions, kv_len=kv_len,
-                                  block_q=block_q, block_kv=block_kv, facts=False)
+                                  block_q=block_q, block_kv=block_kv, facts=False,
+                                  kv_positions=kv_positions, positions_read=positions_read)
   # token_slot may have added nothing new (the reads are in the program already).
   return Predicate(program, tuple(c.q_reads), tuple(c.k_reads), tuple(c.scalars),
                    tuple(c.pairs), tuple(c.tile_pairs), tuple(segments), rest_pred, band, chunk,
@@ -81,8 +90,9 @@ def conjuncts(m: ir.Mask) -> list[ir.Mask]:
 class _Compiler:
   """Emits instructions, one per distinct IR node, and fills the read tables."""
 
-  def __init__(self, tiles):
+  def __init__(self, tiles, positions_read: bool = False):
     self.tiles = tiles
+    self.positions_read = positions_read
     self.program: list[Instr] = []
     self.memo: dict[Any, int] = {}
     self.q_reads: list[TokenRead] = []
@@ -126,6 +136,14 @@ class _Compiler:
       table.append(read)
     return table.index(read)
 
+  def position_read(self, axis: str) -> Instr:
+    """The position of a row (`q`) or column (`k`) as a per-token read of no array."""
+    read = TokenRead("", (Instr("pos"),), axis)
+    table = self.q_reads if axis == "q" else self.k_reads
+    if read not in table:
+      table.append(read)
+    return Instr(f"{axis}_read", (), table.index(read))
+
   def read(self, r: ir.Read) -> Instr:
     side = "k" if "k" in ir.positions_of(r.index) else "q"
     return Instr(f"{side}_read", (), self.token_slot(r, side))
@@ -165,6 +183,8 @@ class _Compiler:
     if isinstance(t, ir.Const):
       return self.emit(key, Instr("const", (), int(t.value)))
     if isinstance(t, ir.Pos):
+      if self.positions_read and not index:
+        return self.emit(key, self.position_read(t.axis))
       return self.emit(key, Instr("pos" if index else t.axis))
     if isinstance(t, ir.Scalar):
       return self.emit(key, Instr("scalar", (), self.scalar_slot(t.name)))

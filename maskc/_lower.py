@@ -68,7 +68,8 @@ class _Budget:
 def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 128,
             block_kv: int = 128, q_offset: int | None = None,
             operands: dict[str, Any] | None = None, exact: bool = False,
-            refine_budget: int | None = None, memory_budget: int | None = None) -> BlockMap:
+            refine_budget: int | None = None, memory_budget: int | None = None,
+            q_positions: Any = None, kv_positions: Any = None) -> BlockMap:
   """Lowers a mask to block-sparsity metadata.
 
   Args:
@@ -89,6 +90,11 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
       (default `maskc._lower.MEMORY_BUDGET`, 256 MiB). Work is done in chunks that
       fit; a lowering that cannot fit raises `MaskLimitError` instead of running
       out of memory.
+    q_positions, kv_positions: the position of each row / column, `[L]` or `[B, L]`
+      (NumPy: static path; traced: dynamic path), instead of `q_offset + row` and
+      `col`. Lowering is sound for any positions (a tile's positions are bounded by
+      their min and max) and exact where each tile's positions are consecutive
+      integers in order, as in zigzag and striped layouts with block-aligned chunks.
 
   Returns:
     A `BlockMap`. Static results are cached by (masks, shape, tiles, operand bytes).
@@ -101,12 +107,15 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
   block_kv = _int("block_kv", block_kv, minimum=1)
   budget = _Budget(MEMORY_BUDGET if memory_budget is None else
                    _int("memory_budget", memory_budget, minimum=1))
-  bound = bind_masks(mask, q_len, kv_len, q_offset=q_offset, operands=operands)
+  bound = bind_masks(mask, q_len, kv_len, q_offset=q_offset, operands=operands,
+                     q_positions=q_positions, kv_positions=kv_positions)
   refine = [exact or ir.is_prelude_only(m) for m in bound.masks]
   if bound.traced:
     return _compile_dynamic(bound, block_q, block_kv, refine, refine_budget, budget)
   key = (bound.masks, bound.head_index, bound.q_len, bound.kv_len, bound.q_offset, block_q,
-         block_kv, tuple(refine), tuple(p.static_bytes() for p in bound.prepared))
+         block_kv, tuple(refine), tuple(p.static_bytes() for p in bound.prepared),
+         tuple(None if p is None else p.tobytes()
+               for p in (bound.shape.q_positions, bound.shape.kv_positions)))
   if key in _CACHE:
     _CACHE.move_to_end(key)
     return _CACHE[key]
@@ -152,13 +161,16 @@ class Binding:
 
 
 def bind_masks(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: Any = None,
-               operands: dict[str, Any] | None = None) -> Binding:
+               operands: dict[str, Any] | None = None, q_positions: Any = None,
+               kv_positions: Any = None) -> Binding:
   """Binds a mask (text, Mask or a per-head sequence) to a shape and checks its operands.
 
   Concrete JAX arrays become NumPy (the static path); traced ones stay traced.
   """
   masks, multi = _masks(mask)
-  shape = Shape.of(q_len, kv_len, q_offset)
+  q_positions, kv_positions = (np.asarray(p) if isinstance(p, jax.Array) and not isinstance(
+      p, jax.core.Tracer) else p for p in (q_positions, kv_positions))
+  shape = Shape.of(q_len, kv_len, q_offset, q_positions=q_positions, kv_positions=kv_positions)
   operands = dict(operands or {})
   traced = not shape.static or any(isinstance(v, jax.core.Tracer) for v in operands.values())
   if not traced:
@@ -167,9 +179,10 @@ def bind_masks(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: An
   head_index = [unique.setdefault(m, len(unique)) for m in masks]
   uniq = tuple(unique)
   prepared = tuple(prepare_operands(m, shape, operands, xp=jnp if traced else np) for m in uniq)
-  batches = {p.batch for p in prepared} - {None}
+  batches = ({p.batch for p in prepared} | {shape.positions_batch}) - {None}
   if len(batches) > 1:
-    raise MaskValueError(f"the heads' operands disagree on the batch size: {sorted(batches)}")
+    raise MaskValueError(f"the heads' operands (and positions) disagree on the batch size: "
+                         f"{sorted(batches)}")
   batch = batches.pop() if batches else None
   return Binding(uniq, tuple(head_index) if multi else None, shape, prepared, batch, traced,
                  _merge_operands(list(prepared), batch))
@@ -196,28 +209,133 @@ def _merge_operands(prepared: list[Operands], batch: int | None) -> dict[str, An
 # ----------------------------------------------------------------------------- static
 
 
-class _Tile:
-  """Tile geometry: inclusive position bounds of runs of tiles."""
+class _Axis:
+  """Per-tile position facts of one axis with explicit positions `[B', L]`.
 
-  def __init__(self, shape: Shape, block_q: int, block_kv: int):
+  A tile's position interval is the min and max of its positions, so analysis over
+  it is sound for any positions. A tile is *dense* when its positions are
+  `p, p+1, ..., p+n-1` in row order: only then is the interval exact, and a
+  sub-range of its rows a sub-range of positions (`first + row offset`), which the
+  finer analyses (certainty, pieces, sub-rectangles) rely on. Hulls over runs of
+  tiles come from sparse tables of the tiles' minima and maxima (static path).
+  """
+
+  def __init__(self, xp, positions, length: int, block: int):
+    self.xp = xp
+    n = -(-length // block)
+    pad = n * block - length
+    pos = xp.asarray(positions)
+    padded = xp.concatenate([pos, xp.broadcast_to(pos[:, -1:], (pos.shape[0], pad))], axis=1)
+    tiles = padded.reshape(pos.shape[0], n, block)
+    self.positions = pos
+    self.first = tiles[:, :, 0]
+    self.tmin = tiles.min(axis=-1)
+    self.tmax = tiles.max(axis=-1)
+    step = xp.arange(block, dtype=pos.dtype)
+    rows = xp.arange(n * block).reshape(n, block)
+    ok = (tiles == self.first[..., None] + step) | (rows >= length)
+    self.dense_tiles = ok.all(axis=-1)
+    self.many = pos.shape[0] > 1
+    self._mins, self._maxs = [self.tmin], [self.tmax]
+    if xp is np:
+      span = 1
+      while 2 * span <= n:
+        lo, hi = self._mins[-1], self._maxs[-1]
+        self._mins.append(np.minimum(lo, np.concatenate([lo[:, span:], lo[:, -span:]], 1)))
+        self._maxs.append(np.maximum(hi, np.concatenate([hi[:, span:], hi[:, -span:]], 1)))
+        span *= 2
+
+  def row(self, b):
+    return b if self.many else 0
+
+  def hull(self, b, a, z):
+    """Inclusive position bounds of the tiles `[a, z)` (static, NumPy)."""
+    a, z = np.asarray(a, np.int64), np.asarray(z, np.int64)
+    n = np.maximum(z - a, 1)
+    j = np.floor(np.log2(n)).astype(np.int64)
+    j = np.where((1 << (j + 1)) <= n, j + 1, j)
+    j = np.where((1 << j) > n, j - 1, j)
+    j = np.clip(j, 0, len(self._mins) - 1)
+    second = z - (1 << j)
+    mins, maxs = np.stack(self._mins), np.stack(self._maxs)
+    r = self.row(b)
+    return (np.minimum(mins[j, r, a], mins[j, r, second]),
+            np.maximum(maxs[j, r, a], maxs[j, r, second]))
+
+  def dense(self, b, i):
+    return self.dense_tiles[self.row(b), i]
+
+  def start(self, b, i):
+    return self.first[self.row(b), i]
+
+  def at(self, b, idx):
+    """Positions at row indices `idx` (clipped to the length), batch rows `b`."""
+    return self.positions[self.row(b), idx]
+
+
+class _Tile:
+  """Tile geometry: inclusive position bounds of runs of tiles.
+
+  Without explicit positions, row `r` is position `q_offset + r` and column `c`
+  is `c`. With them (`shape.q_positions` / `kv_positions`), bounds are position
+  hulls (see `_Axis`) and finer analyses are limited to dense tiles: `dense_q`,
+  `dense_k` say which; `b` selects the batch row of batched positions.
+  """
+
+  def __init__(self, shape: Shape, block_q: int, block_kv: int, xp=np):
     self.shape, self.bq, self.bk = shape, block_q, block_kv
     self.nq = -(-shape.q_len // block_q)
     self.nk = -(-shape.kv_len // block_kv)
+    self.qa = None if shape.q_positions is None else _Axis(
+        xp, shape.q_positions, shape.q_len, block_q)
+    self.ka = None if shape.kv_positions is None else _Axis(
+        xp, shape.kv_positions, shape.kv_len, block_kv)
     # Whether every query position fits the integer type the analysis computes in
     # (int32 for a traced offset): where not, the analysis treats `q` as unknown.
-    if shape.static:
+    if shape.static or self.qa is not None:
       self.pos_ok = True
     else:
       top = int(np.iinfo(jnp.asarray(0).dtype).max) - (shape.q_len - 1)
       self.pos_ok = shape.q_offset <= top
 
-  def q_bounds(self, a, z):
+  @property
+  def positions(self) -> bool:
+    return self.qa is not None or self.ka is not None
+
+  @property
+  def batched_positions(self) -> bool:
+    return any(a is not None and a.many for a in (self.qa, self.ka))
+
+  def q_bounds(self, a, z, b=0):
+    if self.qa is not None:
+      return self.qa.hull(b, a, z)
     lo = a * self.bq
     hi = np.minimum(z * self.bq, self.shape.q_len) - 1
     return lo + self.shape.q_offset, hi + self.shape.q_offset
 
-  def k_bounds(self, a, z):
+  def k_bounds(self, a, z, b=0):
+    if self.ka is not None:
+      return self.ka.hull(b, a, z)
     return a * self.bk, np.minimum(z * self.bk, self.shape.kv_len) - 1
+
+  def dense_q(self, b, i):
+    return True if self.qa is None else self.qa.dense(b, i)
+
+  def dense_k(self, b, j):
+    return True if self.ka is None else self.ka.dense(b, j)
+
+  def q_start(self, b, i):
+    """Position of tile i's first row (rows of a dense tile follow it one by one)."""
+    return i * self.bq + self.shape.q_offset if self.qa is None else self.qa.start(b, i)
+
+  def k_start(self, b, j):
+    return j * self.bk if self.ka is None else self.ka.start(b, j)
+
+  def q_at(self, b, rows):
+    return rows + self.shape.q_offset if self.qa is None else self.qa.at(b, rows)
+
+  def k_at(self, b, cols):
+    return cols if self.ka is None else self.ka.at(b, cols)
 
 
 def _evaluate_tiles(m: ir.Mask, geo: _Tile, tables: Tables, xp, b, i, j):
@@ -230,9 +348,9 @@ def _evaluate_tiles(m: ir.Mask, geo: _Tile, tables: Tables, xp, b, i, j):
     rows = ii[:, None, None] * bq + xp.arange(bq)[None, :, None]
     cols = jj[:, None, None] * bk + xp.arange(bk)[None, None, :]
     valid = (rows < geo.shape.q_len) & (cols < geo.shape.kv_len)
-    q = xp.minimum(rows, geo.shape.q_len - 1) + geo.shape.q_offset
-    k = xp.minimum(cols, geo.shape.kv_len - 1)
     bb = b[s:s + per_chunk][:, None, None] if not np.isscalar(b) else 0
+    q = geo.q_at(bb, xp.minimum(rows, geo.shape.q_len - 1))
+    k = geo.k_at(bb, xp.minimum(cols, geo.shape.kv_len - 1))
     v = evaluate_mask(m, Env(xp, q, k, tables.arrays, bb))
     any_ = xp.any(v & valid, axis=(1, 2))
     all_ = xp.all(v | ~valid, axis=(1, 2))
@@ -246,9 +364,14 @@ def _subdivide(m: ir.Mask, geo: _Tile, tables: Tables, xp, b, i, j, parts: int):
   A sub-rectangle that is FULL (or certainly PARTIAL) witnesses a true
   position, one that is EMPTY (or certainly PARTIAL) a false one. Returns the
   tiles' states and whether each is still ambiguous (no witness of one kind).
+  Tiles whose positions are not dense (see `_Axis`) are left PARTIAL and ambiguous.
   """
   n = i.shape[0]
   sub = xp.arange(parts)
+  bt = b if not np.isscalar(b) else 0
+  dense = xp.asarray(geo.dense_q(bt, i)) & xp.asarray(geo.dense_k(bt, j))
+  q_shift = geo.q_start(bt, i) - i * geo.bq   # position - row, on dense tiles
+  k_shift = geo.k_start(bt, j) - j * geo.bk
   q0 = i * geo.bq
   q_len = xp.minimum(geo.bq, geo.shape.q_len - q0)
   k0 = j * geo.bk
@@ -259,10 +382,12 @@ def _subdivide(m: ir.Mask, geo: _Tile, tables: Tables, xp, b, i, j, parts: int):
   k_lo = k0[:, None] + (sub[None, :] * k_len[:, None]) // parts
   k_hi = k0[:, None] + ((sub[None, :] + 1) * k_len[:, None]) // parts - 1
   shape = (n, parts, parts)
-  ql = xp.broadcast_to(q_lo[:, :, None], shape) + geo.shape.q_offset
-  qh = xp.broadcast_to(q_hi[:, :, None], shape) + geo.shape.q_offset
-  kl = xp.broadcast_to(k_lo[:, None, :], shape)
-  kh = xp.broadcast_to(k_hi[:, None, :], shape)
+  q_shift = xp.broadcast_to(xp.asarray(q_shift), (n,))[:, None, None]
+  k_shift = xp.broadcast_to(xp.asarray(k_shift), (n,))[:, None, None]
+  ql = xp.broadcast_to(q_lo[:, :, None], shape) + q_shift
+  qh = xp.broadcast_to(q_hi[:, :, None], shape) + q_shift
+  kl = xp.broadcast_to(k_lo[:, None, :], shape) + k_shift
+  kh = xp.broadcast_to(k_hi[:, None, :], shape) + k_shift
   real = (qh >= ql) & (kh >= kl)
   bb = xp.broadcast_to(b[:, None, None], shape) if not np.isscalar(b) else 0
   t = Analyzer(xp, tables, ql, xp.maximum(qh, ql), kl, xp.maximum(kh, kl), bb,
@@ -274,7 +399,8 @@ def _subdivide(m: ir.Mask, geo: _Tile, tables: Tables, xp, b, i, j, parts: int):
   all_full = xp.all(~real | (state == FULL), axis=(1, 2))
   all_empty = xp.all(~real | (state == EMPTY), axis=(1, 2))
   out = xp.where(all_full, FULL, xp.where(all_empty, EMPTY, PARTIAL)).astype(xp.int8)
-  ambiguous = (out == PARTIAL) & ~(has_true & has_false)
+  out = xp.where(dense, out, PARTIAL).astype(xp.int8)
+  ambiguous = ((out == PARTIAL) & ~(has_true & has_false)) | ~dense
   return out, ambiguous
 
 
@@ -312,7 +438,9 @@ def _decide_by_pieces(m: ir.Mask, geo: _Tile, tables: Tables, b, i, j, pieces, n
   t = Analyzer(np, tables, ql, qh, col_pieces.lo[kp], col_pieces.hi[kp],
                bb[item2] if nb > 1 else 0).truth(m)
   out, _, mixed = _combine_pieces(item2, i.size, t.state, t.certain)
-  return out, (out == PARTIAL) & ~mixed
+  dense = np.asarray(geo.dense_q(bb, i)) & np.asarray(geo.dense_k(bb, j))
+  out = np.where(dense, out, PARTIAL).astype(np.int8)
+  return out, ((out == PARTIAL) & ~mixed) | ~dense
 
 
 def _decide_tiles(m: ir.Mask, geo: _Tile, tables: Tables, b, i, j, budget: _Budget,
@@ -401,6 +529,12 @@ def _frontier(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, along_r
           _, _, uni = _frontier_pieces(m, geo, tables, batch, along_rows, pieces, b[sel],
                                        line[sel], a[sel], z[sel])
           uniform[sel] = uni
+    if geo.positions:  # certainty and uniformity need real positions (dense tiles)
+      dq, dk = (line, a) if along_rows else (a, line)
+      line_dense = np.asarray(geo.dense_q(b, dq) if along_rows else geo.dense_k(b, dk))
+      other_dense = np.asarray(geo.dense_k(b, dk) if along_rows else geo.dense_q(b, dq))
+      certain = np.asarray(certain) & line_dense & other_dense
+      uniform = np.asarray(uniform) & line_dense
     fin = (state != PARTIAL) | single | uniform
     done.append((b[fin], line[fin], a[fin], z[fin], state[fin], (~certain[fin]) &
                  (state[fin] == PARTIAL) & ~uniform[fin]))
@@ -423,11 +557,11 @@ def _change_tiles(pieces: Pieces, nb: int, limit: int = 64) -> np.ndarray | None
 def _analyse_runs(m, geo: _Tile, tables: Tables, batch, along_rows: bool, b, line, a, z):
   """(state, certain) of runs `[a, z)` of tiles on lines `line`, by whole-rectangle analysis."""
   if along_rows:
-    ql, qh = geo.q_bounds(line, line + 1)
-    kl, kh = geo.k_bounds(a, z)
+    ql, qh = geo.q_bounds(line, line + 1, b)
+    kl, kh = geo.k_bounds(a, z, b)
   else:
-    ql, qh = geo.q_bounds(a, z)
-    kl, kh = geo.k_bounds(line, line + 1)
+    ql, qh = geo.q_bounds(a, z, b)
+    kl, kh = geo.k_bounds(line, line + 1, b)
   t = Analyzer(np, tables, ql, qh, kl, kh, b if batch else 0).truth(m)
   state = np.broadcast_to(np.asarray(t.state, np.int8), line.shape)
   certain = np.broadcast_to(np.asarray(t.certain, bool), line.shape)
@@ -440,10 +574,10 @@ def _frontier_pieces(m, geo: _Tile, tables: Tables, batch, along_rows: bool, pie
   n_lines = geo.nq if along_rows else geo.nk
   item, plo, phi = pieces.expand(b * n_lines + line)
   if along_rows:
-    kl, kh = geo.k_bounds(a[item], z[item])
+    kl, kh = geo.k_bounds(a[item], z[item], b[item])
     ql, qh = plo, phi
   else:
-    ql, qh = geo.q_bounds(a[item], z[item])
+    ql, qh = geo.q_bounds(a[item], z[item], b[item])
     kl, kh = plo, phi
   t = Analyzer(np, tables, ql, qh, kl, kh, b[item] if batch else 0).truth(m)
   state, uniform, mixed = _combine_pieces(item, line.size, t.state, t.certain)
@@ -492,13 +626,17 @@ class _StaticRuns:
     self.budget = budget or _Budget(MEMORY_BUDGET)
     self.refined_keys = np.zeros(0, np.int64)  # flat ids of refined tiles, sorted
     self.refined_states = np.zeros(0, np.int8)
-    self.pieces = (_pieces(m, geo, tables, batch, True, self.budget),
-                   _pieces(m, geo, tables, batch, False, self.budget))
+    # Pieces are cut in position space, the same for every batch row: not with
+    # batched positions, whose ambiguous tiles are refined without them.
+    self.pieces = None if geo.batched_positions else (
+        _pieces(m, geo, tables, batch, True, self.budget),
+        _pieces(m, geo, tables, batch, False, self.budget))
 
   def runs(self, along_rows: bool) -> Runs:
     geo, batch = self.geo, self.batch
-    line_pieces_ = self.pieces[0 if along_rows else 1]
-    cuts = _change_tiles(self.pieces[1 if along_rows else 0], batch or 1)
+    line_pieces_ = None if self.pieces is None else self.pieces[0 if along_rows else 1]
+    cuts = None if self.pieces is None else _change_tiles(self.pieces[1 if along_rows else 0],
+                                                          batch or 1)
     b, line, a, z, state, ambiguous = _frontier(self.m, geo, self.tables, batch, along_rows,
                                                 self.budget, line_pieces_, self.refine, cuts)
     if self.refine and ambiguous.any():
@@ -576,13 +714,15 @@ def _compile_static(bound: Binding, block_q: int, block_kv: int, refine: list[bo
 def _predicates(bound: Binding, block_q: int, block_kv: int):
   """The compiled predicate of each distinct mask (pairwise reads per tile where they can be)."""
   out = []
+  shape = bound.shape
   for m in bound.masks:
     pairwise = any(s.kind == "pair" for s in m.operands)
-    q_pos = None
-    if pairwise and bound.shape.static:
-      q_pos = np.arange(bound.q_len, dtype=np.int64) + bound.q_offset
+    q_pos = k_pos = None
+    if pairwise and shape.static and (shape.positions_batch is None):
+      q_pos, k_pos = shape.rows(np)[0], shape.cols(np)[0]
     out.append(compile_predicate(m, q_positions=q_pos, kv_len=bound.kv_len, block_q=block_q,
-                                 block_kv=block_kv))
+                                 block_kv=block_kv, kv_positions=k_pos,
+                                 positions_read=shape.has_positions))
   return tuple(out)
 
 
@@ -610,7 +750,18 @@ def _segment_split(bound: Binding, block_q: int, block_kv: int,
       ops[spec.name] = np.asarray(a)[0]
   masks = [rests[u] for u in bound.head_index] if bound.head_index is not None else rests[0]
   return compile(masks, bound.q_len, bound.kv_len, block_q=block_q, block_kv=block_kv,
-                 q_offset=bound.q_offset, operands=ops)
+                 q_offset=None if bound.shape.q_positions is not None else bound.q_offset,
+                 operands=ops, **_positions_of(bound.shape))
+
+
+def _positions_of(shape: Shape) -> dict[str, Any]:
+  """The explicit positions of a shape as `compile` keywords (`[B', L]` kept as given)."""
+  out = {}
+  for name in ("q_positions", "kv_positions"):
+    p = getattr(shape, name)
+    if p is not None:
+      out[name] = p if p.shape[0] > 1 else p[0]
+  return out
 
 
 def _line_bounds(bound: Binding, block_q: int, block_kv: int):
@@ -627,7 +778,9 @@ def _line_bounds(bound: Binding, block_q: int, block_kv: int):
       out.append(None)
       continue
     part = compile(ir.and_(static) if len(static) > 1 else static[0], bound.q_len,
-                   bound.kv_len, block_q=block_q, block_kv=block_kv, q_offset=bound.q_offset)
+                   bound.kv_len, block_q=block_q, block_kv=block_kv,
+                   q_offset=None if bound.shape.q_positions is not None else bound.q_offset,
+                   **_positions_of(bound.shape))
     fwd, bwd = run_lengths(part.rows), run_lengths(part.cols)
     out.append((max(1, int(fwd.max())), max(1, int(fwd.sum())), max(1, int(bwd.max())),
                 max(1, int(bwd.sum()))))
@@ -643,17 +796,20 @@ def _blockmap(bound: Binding, block_q: int, block_kv: int, *, rows: Runs, col_ru
                   predicates=predicates, col_runs=col_runs, backward=backward,
                   line_bounds=line_bounds,
                   segment_split=_segment_split(bound, block_q, block_kv, predicates),
-                  int_range=term_bounds(bound.masks, bound.shape, bound.operands))
+                  int_range=term_bounds(bound.masks, bound.shape, bound.operands),
+                  q_positions=bound.shape.q_positions, kv_positions=bound.shape.kv_positions)
 
 
 def bind_map(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: Any = None,
-             operands: dict[str, Any] | None = None) -> BlockMap:
+             operands: dict[str, Any] | None = None, q_positions: Any = None,
+             kv_positions: Any = None) -> BlockMap:
   """A map of one tile covering the whole mask, marked PARTIAL, without analysis.
 
   Sound (PARTIAL promises nothing) and free to build: for consumers that evaluate
   every position anyway, like the dense reference attention.
   """
-  bound = bind_masks(mask, q_len, kv_len, q_offset=q_offset, operands=operands)
+  bound = bind_masks(mask, q_len, kv_len, q_offset=q_offset, operands=operands,
+                     q_positions=q_positions, kv_positions=kv_positions)
   nb, u = bound.batch or 1, len(bound.masks)
   xp = jnp if bound.traced else np
   one = lambda v, t: xp.full((nb, u, 1, 1), v, t)
@@ -675,13 +831,20 @@ def _dynamic_grid(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, ref
   q_hi = jnp.minimum((i + 1) * geo.bq, geo.shape.q_len) - 1 + geo.shape.q_offset
   k_lo = j * geo.bk
   k_hi = jnp.minimum((j + 1) * geo.bk, geo.shape.kv_len) - 1
+  dense = True
+  if geo.qa is not None:  # explicit positions: per-tile hulls, `[B', nq, 1]`
+    q_lo, q_hi = geo.qa.tmin[:, :, None], geo.qa.tmax[:, :, None]
+    dense = geo.qa.dense_tiles[:, :, None]
+  if geo.ka is not None:
+    k_lo, k_hi = geo.ka.tmin[:, None, :], geo.ka.tmax[:, None, :]
+    dense = dense & geo.ka.dense_tiles[:, None, :]
   b = jnp.arange(nb)[:, None, None] if batch else 0
   t = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b, geo.pos_ok).truth(m)
   full_shape = (nb, geo.nq, geo.nk)
   state = jnp.broadcast_to(jnp.asarray(t.state, jnp.int8), full_shape)
   if not refine:
     return state
-  certain = jnp.broadcast_to(jnp.asarray(t.certain, bool), full_shape)
+  certain = jnp.broadcast_to(jnp.asarray(t.certain, bool) & dense, full_shape)
   ambiguous = ((state == PARTIAL) & ~certain).reshape(-1)
   total = ambiguous.size
   tiles = geo.nq * geo.nk
@@ -737,7 +900,7 @@ def _dynamic_grid(m: ir.Mask, geo: _Tile, tables: Tables, batch: int | None, ref
 
 def _compile_dynamic(bound: Binding, block_q: int, block_kv: int, refine: list[bool],
                      budget: int | None, memory: _Budget | None = None) -> BlockMap:
-  geo = _Tile(bound.shape, block_q, block_kv)
+  geo = _Tile(bound.shape, block_q, block_kv, xp=jnp)
   memory = memory or _Budget(MEMORY_BUDGET)
   tables = Tables(jnp, bound.operands)
   for name, a in bound.operands.items():

@@ -128,7 +128,13 @@ class _Context:
     offset = shape.q_offset
     self.q: Interval | None = (None if isinstance(offset, jax.core.Tracer) else
                                (int(offset), int(offset) + shape.q_len - 1))
-    self.k: Interval = (0, shape.kv_len - 1)
+    self.k: Interval | None = (0, shape.kv_len - 1)
+    # Explicit positions (`q_positions`, `kv_positions`) range over their own values.
+    for side, pos, hull in (("q", getattr(shape, "q_positions", None), "q_hull"),
+                            ("k", getattr(shape, "kv_positions", None), "k_hull")):
+      if pos is not None:
+        bounds = None if isinstance(pos, jax.core.Tracer) else getattr(shape, hull)()
+        setattr(self, side, None if bounds is None else (int(bounds[0]), int(bounds[1])))
     self.memo: dict[int, Interval | None] = {}
     self.extremes: dict[tuple, Interval | None] = {}  # (operand, reachable slices) -> bounds
     self.keep: list[ir.Node] = []  # expansions stay alive while their ids are memo keys

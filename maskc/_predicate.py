@@ -58,7 +58,9 @@ class TokenRead:
   """`array[index(pos)]`: a per-token operand read at a term of one position.
 
   Attributes:
-    array: the operand array it reads (a key of the compiled object's operands).
+    array: the operand array it reads (a key of the compiled object's operands); the
+      empty string for a read of no array, whose value is the index itself (the
+      position of a row or column when the map has explicit positions).
     index: a program over `pos` (and scalar slots) giving the index; clipped to the array.
     text: the read as written, for messages.
   """
@@ -218,7 +220,8 @@ def gather(pred: Predicate, operands: dict[str, Any], q_positions, kv_positions,
   Args:
     pred: the compiled predicate.
     operands: operand arrays by name, batch axis first (size B or 1).
-    q_positions, kv_positions: `[Lq]` and `[Lkv]` positions of the rows and columns.
+    q_positions, kv_positions: `[Lq]` / `[Lkv]` positions of the rows and columns, or
+      `[B', Lq]` / `[B', Lkv]` per batch row.
     xp: numpy or jax.numpy.
     batch: the batch size, or None.
     block_q, block_kv: tile sizes (for `tile_pairs`, read at each tile's first row/column).
@@ -232,15 +235,19 @@ def gather(pred: Predicate, operands: dict[str, Any], q_positions, kv_positions,
 
   def index(program, pos):
     fetch = lambda kind, slot: scalars[:, slot][:, None]
-    return xp.broadcast_to(run(program, xp, pos[None, :], None, fetch), (nb, pos.shape[0]))
+    pos = pos if pos.ndim == 2 else pos[None, :]
+    return xp.broadcast_to(run(program, xp, pos, None, fetch), (nb, pos.shape[-1]))
 
   def token(reads, pos):
     rows = []
     for r in reads:
+      if not r.array:  # the position itself
+        rows.append(cast(index(r.index, pos)))
+        continue
       arr = arrays[r.array]
       idx = xp.clip(index(r.index, pos), 0, arr.shape[-1] - 1)
       rows.append(xp.take_along_axis(xp.broadcast_to(arr, (nb, arr.shape[-1])), idx, axis=-1))
-    return xp.stack(rows, axis=1) if rows else xp.zeros((nb, 0, pos.shape[0]),
+    return xp.stack(rows, axis=1) if rows else xp.zeros((nb, 0, pos.shape[-1]),
                                                          arrays_dtype(xp, dtype))
 
   def pairwise(reads, qp, kp):
@@ -251,13 +258,13 @@ def gather(pred: Predicate, operands: dict[str, Any], q_positions, kv_positions,
       ki = xp.clip(index(r.k_index, kp), 0, arr.shape[-1] - 1)
       b = xp.arange(nb)[:, None, None]
       out.append(arr[b, qi[:, :, None], ki[:, None, :]])
-    return xp.stack(out, axis=1) if out else xp.zeros((nb, 0, qp.shape[0], kp.shape[0]),
+    return xp.stack(out, axis=1) if out else xp.zeros((nb, 0, qp.shape[-1], kp.shape[-1]),
                                                       arrays_dtype(xp, dtype))
 
   qp, kp = xp.asarray(q_positions), xp.asarray(kv_positions)
   return ReadValues(token(pred.q_reads, qp), token(pred.k_reads, kp), scalars,
                     pairwise(pred.pairs, qp, kp),
-                    pairwise(pred.tile_pairs, qp[::block_q], kp[::block_kv]))
+                    pairwise(pred.tile_pairs, qp[..., ::block_q], kp[..., ::block_kv]))
 
 
 def arrays_dtype(xp, dtype):

@@ -1,0 +1,139 @@
+"""Context-parallel load balance: contiguous vs zigzag vs balanced layouts, and balance's speed.
+
+For each mask at `--length` tokens (default 1M) with `--block`-token tiles, the
+imbalance (heaviest shard's visited tiles / mean, PARTIAL tiles weighted 1.5) of
+each layout at 8, 16 and 64 sequence shards. The tile costs come from one
+compile per mask (the same one `maskc.balance` does); the layouts are then built
+for every shard count and method from those costs. Then the time of a whole
+`maskc.balance(..., method="balanced")` call at 64 shards, from a cold compile
+cache. Last, the wall time of sharded attention on 8 fake CPU devices against the
+unsharded xla backend (`--cpu-length` tokens): the fake devices share the
+machine's cores, so this shows the overhead of the sharded program, not a speedup.
+
+  python benchmarks/sharding.py [--length 1048576] [--block 128] [--cpu-length 8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+# 8 fake CPU devices for the sharded CPU run; must be set before JAX starts.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+
+import maskc  # noqa: E402
+from maskc import _layout, _lower  # noqa: E402
+
+
+def packed_segments(n: int, seed: int = 0) -> np.ndarray:
+  """Segment ids of documents of 1K-64K tokens packed into `n` tokens."""
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1024, 65536, n // 1024 + 1)
+  return np.repeat(np.arange(lengths.size), lengths)[:n].astype(np.int32)
+
+
+def image_spans(n: int, seed: int = 0) -> np.ndarray:
+  """Image-token flags: one span of 1K-16K tokens per 64K tokens, at random places."""
+  rng = np.random.default_rng(seed)
+  img = np.zeros(n, bool)
+  for start in range(0, n, 65536):
+    s = start + int(rng.integers(0, 65536 - 16384))
+    img[s:s + int(rng.integers(1024, 16385))] = True
+  return img
+
+
+def cases(n: int):
+  return [("causal", "causal", {}),
+          ("sliding(4096) | global(64)", "sliding(4096) | global(64)", {}),
+          ("causal & chunk(8192)", "causal & chunk(8192)", {}),
+          ("packed documents", "causal & document(seg)", {"seg": packed_segments(n)}),
+          ("image spans", "causal | bidirectional(img)", {"img": image_spans(n)})]
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--length", type=int, default=1 << 20)
+  ap.add_argument("--block", type=int, default=128)
+  ap.add_argument("--shards", default="8,16,64")
+  ap.add_argument("--cpu-length", type=int, default=8192)
+  args = ap.parse_args()
+  n, block = args.length, args.block
+  shard_counts = [int(s) for s in args.shards.split(",")]
+  methods = ("contiguous", "zigzag", "balanced")
+  print(f"imbalance (max / mean visited tiles, PARTIAL x{_layout.PARTIAL_COST}) at {n:,} "
+        f"tokens, {block}x{block} tiles\n")
+  head = "| mask | " + " | ".join(f"{s} shards: contiguous / zigzag / balanced"
+                                   for s in shard_counts) + " |"
+  print(head)
+  print("|---|" + "---|" * len(shard_counts))
+  timing = []
+  for label, mask, ops in cases(n):
+    costs = _layout.tile_costs(mask, n, block=block, operands=ops)
+    cells = []
+    for s in shard_counts:
+      vals = []
+      for m in methods:
+        chunk = {"contiguous": n // s, "zigzag": n // (2 * s), "balanced": block}[m]
+        lay = _layout._layout_from_costs(costs, n, s, block, chunk, m, _layout.PARTIAL_COST)
+        vals.append(f"{lay.imbalance:.3f}")
+      cells.append(" / ".join(vals))
+    name = label.replace("|", "\\|")
+    print(f"| `{name}` | " + " | ".join(cells) + " |", flush=True)
+    _lower._CACHE.clear()
+    t0 = time.perf_counter()
+    maskc.balance(mask, n, max(shard_counts), block=block, operands=ops)
+    timing.append((label, time.perf_counter() - t0))
+  print(f"\ntime of maskc.balance(..., {n:,} tokens, {max(shard_counts)} shards, block={block}),"
+        " cold compile cache\n")
+  print("| mask | seconds |")
+  print("|---|---|")
+  for label, sec in timing:
+    name = label.replace('|', '\\|')
+    print(f"| `{name}` | {sec:.2f} |")
+  cpu_run(args.cpu_length, block)
+
+
+def _best(fn, *args, repeat: int = 3) -> float:
+  jax.block_until_ready(fn(*args))  # compile
+  times = []
+  for _ in range(repeat):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t0)
+  return min(times)
+
+
+def cpu_run(n: int, block: int) -> None:
+  """Sharded (8 fake devices, context axis) vs unsharded xla attention: ms per call."""
+  devices = jax.devices()
+  if len(devices) < 8:
+    print("\n(sharded CPU run skipped: fewer than 8 devices)")
+    return
+  mesh = Mesh(np.array(devices[:8]), ("context",))
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.standard_normal((1, n, 4, 64)), jnp.float32) for _ in range(3))
+  print(f"\nwall time, B=1, L={n:,}, H=4, D=64, fp32, {block}-tiles, 8 fake CPU devices "
+        "sharing the machine's cores (ms per call, after compilation)\n")
+  print("| mask | unsharded xla | all_gather, balanced | ring, balanced |")
+  print("|---|---|---|---|")
+  for mask in ("causal", "sliding(1024) | global(64)"):
+    plain = jax.jit(lambda q, k, v, m=mask: maskc.attention(q, k, v, m, backend="xla",
+                                                            block_q=block, block_kv=block))
+    row = [_best(plain, q, k, v)]
+    for strategy in ("all_gather", "ring"):
+      f = jax.jit(lambda q, k, v, m=mask, s=strategy: maskc.sharded_attention(
+          q, k, v, m, mesh=mesh, seq_axis="context", strategy=s, layout="balanced",
+          backend="xla", block_q=block, block_kv=block))
+      row.append(_best(f, q, k, v))
+    name = mask.replace("|", "\\|")
+    print(f"| `{name}` | " + " | ".join(f"{1e3 * t:.1f}" for t in row) + " |", flush=True)
+
+
+if __name__ == "__main__":
+  main()

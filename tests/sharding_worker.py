@@ -1,0 +1,122 @@
+"""Runs sharded attention cases on 8 fake CPU devices; `tests/test_sharding.py` drives it.
+
+`XLA_FLAGS=--xla_force_host_platform_device_count=8` must be set before JAX
+starts, so this runs as its own process: `python tests/sharding_worker.py OUT.json`.
+For each case it writes the relative errors of the sharded forward output and of
+the gradients of `sum(out * w)` with respect to q, k and v against unsharded
+`maskc.attention`, and of the unsharded output against a NumPy reference.
+Importing this module does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+CASES = [
+    # (mesh shape, axis names, strategy, layout, mask, operands kind, grads)
+    ((2, 2, 2), ("data", "model", "context"), "all_gather", "contiguous", "causal & document(seg)",
+     "seg", True),
+    ((2, 2, 2), ("data", "model", "context"), "all_gather", "zigzag", "causal & document(seg)",
+     "seg", False),
+    ((2, 2, 2), ("data", "model", "context"), "all_gather", "balanced", "causal & document(seg)",
+     "seg", False),
+    ((2, 2, 2), ("data", "model", "context"), "ring", "contiguous", "causal & document(seg)",
+     "seg", False),
+    ((2, 2, 2), ("data", "model", "context"), "ring", "zigzag", "causal & document(seg)",
+     "seg", True),
+    ((2, 2, 2), ("data", "model", "context"), "ring", "balanced", "sliding(5) | global(2)",
+     None, False),
+    ((8,), ("context",), "all_gather", "zigzag", "causal | bidirectional(img)", "img", True),
+    ((8,), ("context",), "ring", "balanced", "causal | bidirectional(img)", "img", True),
+    ((8,), ("context",), "ring", "contiguous", "causal", None, False),
+    ((2, 4), ("data", "context"), "all_gather", "balanced", "causal", None, False),
+    ((2, 4), ("data", "context"), "ring", "zigzag", "sliding(6)", None, True),
+]
+
+
+def case_id(case) -> str:
+  shape, _, strategy, layout, mask, _, grads = case
+  return f"{'x'.join(map(str, shape))}-{strategy}-{layout}-{mask}{'-grad' if grads else ''}"
+
+
+def main(path: str) -> None:
+  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  import jax
+  jax.config.update("jax_platforms", "cpu")
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import Mesh
+
+  import maskc
+
+  assert len(jax.devices()) == 8
+  rng = np.random.default_rng(0)
+  b, n, h, hkv, d = 2, 32, 4, 2, 4          # GQA: 2 query heads per kv head
+  q = jnp.asarray(rng.standard_normal((b, n, h, d)), jnp.float32)
+  k = jnp.asarray(rng.standard_normal((b, n, hkv, d)), jnp.float32)
+  v = jnp.asarray(rng.standard_normal((b, n, hkv, d)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((b, n, h, d)), jnp.float32)
+  operands = {
+      "seg": {"seg": np.stack([np.repeat(np.arange(4), 8),
+                               np.repeat(np.arange(3), [5, 20, 7])]).astype(np.int32)},
+      "img": {"img": np.isin(np.arange(n), list(range(3, 9)) + list(range(17, 27)))},
+      None: {},
+  }
+
+  def reference(mask, ops):
+    """NumPy softmax attention with the dense mask; GQA by repeating kv heads."""
+    allowed = np.asarray(maskc.materialize(mask, n, operands=ops))
+    allowed = np.broadcast_to(allowed, (b, n, n)) if allowed.ndim == 3 else allowed[None]
+    kk = np.repeat(np.asarray(k), h // hkv, axis=2)
+    vv = np.repeat(np.asarray(v), h // hkv, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", np.asarray(q, np.float64), kk) / np.sqrt(d)
+    s = np.where(allowed[:, None], s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", p, vv)
+
+  def rel(a, ref):
+    a, ref = np.asarray(a, np.float64), np.asarray(ref, np.float64)
+    return float(np.abs(a - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+  results = {}
+  for case in CASES:
+    shape, names, strategy, layout, mask, kind, grads = case
+    ops = operands[kind]
+    mesh = Mesh(np.array(jax.devices()).reshape(shape), names)
+    axes = dict(batch_axis="data" if "data" in names else None,
+                head_axis="model" if "model" in names else None, seq_axis="context")
+
+    def sharded(q, k, v, strategy=strategy):
+      return maskc.sharded_attention(q, k, v, mask, mesh=mesh, strategy=strategy,
+                                     layout=layout, operands=ops, backend="xla", **axes)
+
+    def plain(q, k, v):
+      return maskc.attention(q, k, v, mask, operands=ops, backend="xla")
+
+    out, want = sharded(q, k, v), plain(q, k, v)
+    res = {"forward": rel(out, want), "reference": rel(want, reference(mask, ops))}
+    other = "ring" if strategy == "all_gather" else "all_gather"
+    res["ring_vs_all_gather"] = rel(out, sharded(q, k, v, strategy=other))
+    if grads:
+      gs = jax.grad(lambda *a: jnp.sum(sharded(*a) * w), argnums=(0, 1, 2))(q, k, v)
+      gp = jax.grad(lambda *a: jnp.sum(plain(*a) * w), argnums=(0, 1, 2))(q, k, v)
+      for name, x, y in zip("qkv", gs, gp):
+        res[f"grad_{name}"] = rel(x, y)
+    # inputs already in the layout's order give the output in that order
+    lay = layout if not isinstance(layout, str) else maskc.balance(
+        mask, n, mesh.shape["context"], block=2, operands=ops, method=layout)
+    permuted = maskc.sharded_attention(*(lay.permute(x) for x in (q, k, v)), mask, mesh=mesh,
+                                       strategy=strategy, layout=lay, operands=ops,
+                                       backend="xla", inputs_permuted=True, **axes)
+    res["inputs_permuted"] = rel(permuted, lay.permute(want))
+    results[case_id(case)] = res
+    print(case_id(case), res, flush=True)
+  with open(path, "w") as f:
+    json.dump(results, f)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])
