@@ -37,11 +37,11 @@ import jax
 import numpy as np
 
 from maskc import _ir as ir
+from maskc import _lower
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._bind import Shape, _int, as_mask
 from maskc._errors import MaskTypeError, MaskValueError, OperandError
 from maskc._evaluate import Env, evaluate_mask
-from maskc._lower import compile as compile_
 from maskc._tiles import runs_from_grid
 
 _LEAF = 1024  # rectangles of at most this many positions are evaluated, not split further
@@ -340,7 +340,7 @@ class _MaskSide:
 
   def __init__(self, mask: ir.Mask, shape: Shape, bq: int, bk: int, operands):
     self.mask, self.shape = mask, shape
-    bm = compile_(mask, shape.q_len, shape.kv_len, block_q=bq, block_kv=bk,
+    bm = _lower.compile(mask, shape.q_len, shape.kv_len, block_q=bq, block_kv=bk,
                   q_offset=shape.q_offset, operands=operands)
     self.batch = bm.batch
     self.arrays = bm.operands
