@@ -41,21 +41,22 @@ if _TYPE_CHECKING:
 
 
 def _mask_bind(self: Mask, q_len: int, kv_len: int | None = None, *,
-               q_offset: int | None = None,
-               operands: dict[str, _Any] | None = None) -> ComputableMask:
-  """This mask at a shape with static operands: a lazy `ComputableMask`.
+               q_offset: int | None = None, operands: dict[str, _Any] | None = None,
+               q_positions=None, kv_positions=None) -> ComputableMask:
+  """This mask at a shape with static operands (and positions): a lazy `ComputableMask`.
 
   >>> import maskc
   >>> maskc.parse("causal").bind(3)[1:, :].astype(int)
   array([[1, 1, 0],
          [1, 1, 1]])
   """
-  return ComputableMask(self, q_len, kv_len, q_offset=q_offset, operands=operands)
+  return ComputableMask(self, q_len, kv_len, q_offset=q_offset, operands=operands,
+                        q_positions=q_positions, kv_positions=kv_positions)
 
 
 def _mask_to_dense(self: Mask, q_len: int, kv_len: int | None = None, *,
-                   q_offset: int | None = None,
-                   operands: dict[str, _Any] | None = None) -> np.ndarray:
+                   q_offset: int | None = None, operands: dict[str, _Any] | None = None,
+                   q_positions=None, kv_positions=None) -> np.ndarray:
   """The mask as a NumPy bool array `[..., q_len, kv_len]`.
 
   >>> import maskc
@@ -63,7 +64,8 @@ def _mask_to_dense(self: Mask, q_len: int, kv_len: int | None = None, *,
   array([[1, 1, 0],
          [1, 1, 1]])
   """
-  return self.bind(q_len, kv_len, q_offset=q_offset, operands=operands)[:, :]
+  return self.bind(q_len, kv_len, q_offset=q_offset, operands=operands, q_positions=q_positions,
+                   kv_positions=kv_positions)[:, :]
 
 
 # The IR imports nothing above it: the methods that need the binding and the parser are

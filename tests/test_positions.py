@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import maskc
-from strategies import masks, operand_values, prelude_combinations
+from maskc.testing import (mask_trees as masks, prelude_combinations,
+                           seeded_operand_values as operand_values)
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
