@@ -35,6 +35,9 @@ def results(tmp_path_factory):
   return json.loads(out.read_text())
 
 
+# One subprocess on 8 fake devices runs every case (minutes on 2 cores): `make test-slow`,
+# which CI runs too.
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sharding_worker.CASES, ids=sharding_worker.case_id)
 def test_sharded_equals_unsharded(results, case):
   res = results[sharding_worker.case_id(case)]
