@@ -118,6 +118,7 @@ def test_exact_on_prelude_masks(s):
   assert not wrong.any(), f"{int(wrong.sum())} PARTIAL tiles are really FULL or EMPTY"
 
 
+@pytest.mark.slow  # a jit compile per example, about a minute; run_structured cases stay fast
 @settings(max_examples=25)
 @given(setups(any_masks))
 def test_dynamic_path_equals_static(s):
