@@ -199,7 +199,7 @@ class Analyzer:
       return Interval(v, v, True, True, frozenset())
     if isinstance(t, ir.Read):
       idx = self.term(t.index)
-      name = f"runs({t.operand.name})" if t.runs else t.operand.name
+      name = ir.array_key(t)
       # An unknown index still reads an operand value: bound it by the whole operand.
       i_lo = _where(xp, idx.ok, idx.lo, 0)
       i_hi = _where(xp, idx.ok, idx.hi, self.info.max)

@@ -197,7 +197,7 @@ class Operands:
   def static_bytes(self) -> tuple:
     """A hashable digest of static operand values, for caches."""
     return tuple(sorted((n, a.shape, str(a.dtype), a.tobytes()) for n, a in self.arrays.items()
-                        if not n.startswith("runs(")))
+                        if not ir.is_run_ids_key(n)))
 
 
 def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
@@ -287,7 +287,7 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
     if isinstance(n, (ir.Read, ir.PairRead)):
       has_reads = True
     if isinstance(n, ir.Read) and n.runs:
-      key = f"runs({n.operand.name})"
+      key = ir.run_ids_key(n.operand.name)
       if key not in arrays:
         arrays[key] = runs_of(xp, arrays[n.operand.name])
   result = Operands(arrays, batch, xp)

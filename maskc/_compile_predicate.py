@@ -17,11 +17,6 @@ from maskc import _ir as ir
 from maskc._predicate import Instr, PairwiseRead, Predicate, Program, TokenRead, run
 
 
-def run_ids_key(name: str) -> str:
-  """The operand key of the run-id array computed for `runs(name)`."""
-  return f"runs({name})"
-
-
 def compile_predicate(m: ir.Mask, *, q_positions: np.ndarray | None = None,
                       kv_len: int | None = None, block_q: int = 1, block_kv: int = 1,
                       facts: bool = True, kv_positions: np.ndarray | None = None,
@@ -51,10 +46,9 @@ def compile_predicate(m: ir.Mask, *, q_positions: np.ndarray | None = None,
   c = _Compiler(tiles, positions_read)
   out = c.mask(m)
   program = c.finish(out)
-  pred = Predicate(program, tuple(c.q_reads), tuple(c.k_reads), tuple(c.scalars),
-                   tuple(c.pairs), tuple(c.tile_pairs), text=str(m))
   if not facts:
-    return pred
+    return Predicate(program, tuple(c.q_reads), tuple(c.k_reads), tuple(c.scalars),
+                     tuple(c.pairs), tuple(c.tile_pairs), text=str(m))
   items = conjuncts(m)
   segments, rest = [], []
   for item in items:
@@ -72,7 +66,6 @@ def compile_predicate(m: ir.Mask, *, q_positions: np.ndarray | None = None,
     rest_pred = compile_predicate(rest_mask, q_positions=q_positions, kv_len=kv_len,
                                   block_q=block_q, block_kv=block_kv, facts=False,
                                   kv_positions=kv_positions, positions_read=positions_read)
-  # token_slot may have added nothing new (the reads are in the program already).
   return Predicate(program, tuple(c.q_reads), tuple(c.k_reads), tuple(c.scalars),
                    tuple(c.pairs), tuple(c.tile_pairs), tuple(segments), rest_pred, band, chunk,
                    str(m))
@@ -129,7 +122,7 @@ class _Compiler:
     return sub.finish(out)
 
   def token_slot(self, r: ir.Read, side: str) -> int:
-    array = run_ids_key(r.operand.name) if r.runs else r.operand.name
+    array = ir.array_key(r)
     read = TokenRead(array, self.index_program(r.index), str(r))
     table = self.q_reads if side == "q" else self.k_reads
     if read not in table:

@@ -54,7 +54,7 @@ def _eval(m: ir.Node, env: Env):
     arr = _operand(env, m.name)
     return arr[_row(arr, env)]
   if isinstance(m, ir.Read):
-    arr = _operand(env, f"runs({m.operand.name})" if m.runs else m.operand.name)
+    arr = _operand(env, ir.array_key(m))
     idx = xp.clip(evaluate(m.index, env), 0, arr.shape[-1] - 1)
     return arr[_row(arr, env), idx]
   if isinstance(m, ir.PairRead):

@@ -462,6 +462,21 @@ def operand(value: Any, span: Span | None = None) -> Operand | Param:
                       hint="Index an operand by name: `seg[q]`, `allowed[q, k]`.")
 
 
+def run_ids_key(name: str) -> str:
+  """The operand-table key of the run-id array computed for `runs(name)`: the one convention."""
+  return f"runs({name})"
+
+
+def is_run_ids_key(key: str) -> bool:
+  """Whether an operand-table key names a computed run-id array (not a user operand)."""
+  return key.startswith("runs(")
+
+
+def array_key(r: "Read") -> str:
+  """The operand-table key a per-token read indexes: the operand, or its run ids."""
+  return run_ids_key(r.operand.name) if r.runs else r.operand.name
+
+
 def positions_of(t: Node) -> frozenset[str]:
   """The positions (`q`, `k`) a term depends on."""
   if isinstance(t, Pos):

@@ -132,7 +132,7 @@ def reads_at(m: ir.Mask, axis: str) -> list[tuple[str, int]]:
   for n in ir.walk(m):
     if not isinstance(n, ir.Read):
       continue
-    name = f"runs({n.operand.name})" if n.runs else n.operand.name
+    name = ir.array_key(n)
     shift = _unit_shift(n.index, axis)
     if shift is not None:
       out.add((name, shift))

@@ -168,7 +168,7 @@ class _Context:
     if isinstance(n, ir.Scalar):
       return self._values(n.name, ())
     if isinstance(n, ir.Read):
-      name = f"runs({n.operand.name})" if n.runs else n.operand.name
+      name = ir.array_key(n)
       return self._values(name, (child[id(n.index)],))
     if isinstance(n, ir.PairRead):
       return self._values(n.operand.name, (child[id(n.q_index)], child[id(n.k_index)]))
@@ -198,7 +198,7 @@ class _Context:
     if arr is None:
       return None
     length = arr.shape[-1] if arr.ndim > 1 else 1
-    if name.startswith("runs(") and isinstance(arr, jax.core.Tracer):
+    if ir.is_run_ids_key(name) and isinstance(arr, jax.core.Tracer):
       return 0, (length + 1) // 2
     if isinstance(arr, jax.core.Tracer) or arr.size == 0:
       return None
