@@ -139,12 +139,12 @@ def test_traced_equals_static_on_run_structured_operands(case):
 
 
 def test_bidirectional_is_decided_by_analysis_without_evaluation(monkeypatch):
-  from maskc import _lower
+  from maskc import _lower, _lower_static
 
   def no_evaluation(*args, **kwargs):
     raise AssertionError("a tile was evaluated")
 
-  monkeypatch.setattr(_lower, "_evaluate_tiles", no_evaluation)
+  monkeypatch.setattr(_lower_static, "evaluate_tiles", no_evaluation)
   img = np.zeros(4096, bool)
   for start, length in [(5, 300), (700, 129), (1024, 128), (2000, 1000), (3500, 7)]:
     img[start:start + length] = True
