@@ -100,106 +100,150 @@ def _decide_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, budget
   return out
 
 
-def _frontier(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, along_rows: bool,
-              budget: Budget, pieces: Pieces | None = None, by_pieces: bool = False,
-              cuts: np.ndarray | None = None):
-  """Decided runs `(b, line, a, z, state, ambiguous)` covering every line of tiles.
+def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, budget: Budget,
+            pieces: tuple[Pieces, Pieces] | None, hints: tuple[np.ndarray, np.ndarray]):
+  """Decided rectangles of tiles `(b, i0, i1, j0, j1, state, ambiguous)` tiling the grid.
 
-  Runs start as whole lines (cut before and after each tile of `cuts`, the
-  tiles along the line where an operand changes, when given) and PARTIAL ones
-  are bisected, a bounded chunk of runs at a time. With `pieces` (lines cut at
-  their operands' changes), a run is also decided when one piece is FULL and
-  another EMPTY over it: every tile of the run is then PARTIAL, so the run needs
-  no bisection. With `by_pieces` the states come from the pieces, which is exact
-  where the whole tile's analysis is not.
+  Each batch row starts as one rectangle of the whole grid; PARTIAL rectangles
+  are split, a bounded chunk at a time, until each is decided, a single tile, or
+  a strip that the pieces prove PARTIAL in every tile. Splits go first to the
+  `hints` (tile boundaries where an operand changes: between them every operand
+  read along the axis is constant, so the analysis is as sharp as for a mask
+  without operands), then halve both sides. The work follows the tiles on the
+  mask's boundary, and the leaves serve the forward and the backward runs alike.
+
+  A strip one tile high (wide) whose row (column) is cut by its operands is
+  analysed piece by piece: all pieces FULL or EMPTY decide it; a FULL and an
+  EMPTY piece put a true and a false position in every one of its tiles, which
+  makes every tile PARTIAL with no further split.
   """
-  n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
   nb = batch or 1
-  bounds = np.asarray([0, n_span], np.int64)
-  if cuts is not None and cuts.size:
-    bounds = np.unique(np.concatenate([bounds, cuts, cuts + 1]))
-    bounds = bounds[(bounds >= 0) & (bounds <= n_span)]
-  per_line = bounds.size - 1
-  use_pieces = pieces is not None and pieces.cut
-  chunk = max(1, min(1 << 16, budget.items(ITEM_BYTES * (2 if use_pieces else 1))))
-  budget.charge(nb * n_lines * per_line * 40, "the initial runs")
-  line = np.tile(np.repeat(np.arange(n_lines, dtype=np.int64), per_line), nb)
-  b = np.repeat(np.arange(nb, dtype=np.int64), n_lines * per_line)
-  a = np.tile(bounds[:-1], nb * n_lines)
-  z = np.tile(bounds[1:], nb * n_lines)
-  pending = [(b, line, a, z)]
+  chunk = max(1, min(1 << 16, budget.items(ITEM_BYTES * 2)))
+  zeros = np.zeros(nb, np.int64)
+  pending = [(np.arange(nb, dtype=np.int64), zeros, zeros + geo.nq, zeros, zeros + geo.nk)]
   done = []
   while pending:
-    b, line, a, z = pending.pop()
-    if line.size > chunk:  # split the work, not the runs: bounded memory per step
-      pending.append((b[chunk:], line[chunk:], a[chunk:], z[chunk:]))
-      b, line, a, z = b[:chunk], line[:chunk], a[:chunk], z[:chunk]
-    single = (z - a) == 1
-    if use_pieces and by_pieces:
-      state, certain, uniform = _frontier_pieces(m, geo, tables, batch, along_rows, pieces,
-                                                 b, line, a, z)
-    else:
-      state, certain = _analyse_runs(m, geo, tables, batch, along_rows, b, line, a, z)
-      uniform = np.zeros(line.shape, bool)
-      if use_pieces:
-        sel = np.flatnonzero((state == PARTIAL) & ~single)
-        if sel.size:
-          _, _, uni = _frontier_pieces(m, geo, tables, batch, along_rows, pieces, b[sel],
-                                       line[sel], a[sel], z[sel])
-          uniform[sel] = uni
-    if geo.positions:  # certainty and uniformity need real positions (dense tiles)
-      dq, dk = (line, a) if along_rows else (a, line)
-      line_dense = np.asarray(geo.dense_q(b, dq) if along_rows else geo.dense_k(b, dk))
-      other_dense = np.asarray(geo.dense_k(b, dk) if along_rows else geo.dense_q(b, dq))
-      certain = np.asarray(certain) & line_dense & other_dense
-      uniform = np.asarray(uniform) & line_dense
+    rect = pending.pop()
+    if rect[0].size > chunk:  # split the work, not the rectangles: bounded memory per step
+      pending.append(tuple(x[chunk:] for x in rect))
+      rect = tuple(x[:chunk] for x in rect)
+    b, i0, i1, j0, j1 = rect
+    ql, qh = geo.q_bounds(i0, i1, b)
+    kl, kh = geo.k_bounds(j0, j1, b)
+    t = Analyzer(np, tables, ql, qh, kl, kh, b if batch else 0).truth(m)
+    state = np.array(np.broadcast_to(np.asarray(t.state, np.int8), b.shape))
+    certain = np.array(np.broadcast_to(np.asarray(t.certain, bool), b.shape))
+    tall, wide = i1 - i0, j1 - j0
+    uniform = np.zeros(b.shape, bool)
+    for along_rows in (True, False):
+      if pieces is None or not pieces[0 if along_rows else 1].cut:
+        continue
+      line_pieces_ = pieces[0 if along_rows else 1]
+      line, n_lines = (i0, geo.nq) if along_rows else (j0, geo.nk)
+      thin = (tall if along_rows else wide) == 1
+      sel = np.flatnonzero((state == PARTIAL) & thin &
+                           (line_pieces_.count[b * n_lines + line] > 1))
+      if not sel.size:
+        continue
+      st, uni, mixed = _strip_pieces(m, geo, tables, batch, along_rows, line_pieces_, b[sel],
+                                     i0[sel], i1[sel], j0[sel], j1[sel])
+      dense = np.asarray(geo.dense_q(b[sel], i0[sel]) if along_rows else
+                         geo.dense_k(b[sel], j0[sel]), bool)
+      state[sel] = st
+      uniform[sel] |= uni & dense & (st == PARTIAL)
+      certain[sel] |= mixed & dense
+    single = (tall == 1) & (wide == 1)
+    if geo.positions:  # certainty needs real positions: dense tiles
+      certain &= np.asarray(geo.dense_q(b, i0), bool) & np.asarray(geo.dense_k(b, j0), bool)
     fin = (state != PARTIAL) | single | uniform
-    done.append((b[fin], line[fin], a[fin], z[fin], state[fin], (~certain[fin]) &
-                 (state[fin] == PARTIAL) & ~uniform[fin]))
+    done.append(tuple(x[fin] for x in (b, i0, i1, j0, j1, state)) +
+                ((state[fin] == PARTIAL) & ~certain[fin] & ~uniform[fin],))
     split = ~fin
     if split.any():
-      mid = (a[split] + z[split]) // 2
-      pending.append((np.concatenate([b[split], b[split]]),
-                      np.concatenate([line[split], line[split]]),
-                      np.concatenate([a[split], mid]), np.concatenate([mid, z[split]])))
-  return [np.concatenate(c) for c in zip(*done)]
+      budget.charge(int(split.sum()) * 4 * 48, "splitting rectangles of tiles")
+      pending.append(_split(tuple(x[split] for x in rect), hints, geo.nq, geo.nk))
+  return [np.concatenate(x) for x in zip(*done)]
 
 
-def _change_tiles(pieces: Pieces, nb: int, limit: int = 64) -> np.ndarray | None:
-  """Tiles (indices along a line) where an operand read along that axis changes, if few."""
-  n = pieces.count.size // nb
-  changed = np.flatnonzero((pieces.count > 1).reshape(nb, n).any(axis=0))
-  return changed if 0 < changed.size <= limit else None
+def _split(rect, hints: tuple[np.ndarray, np.ndarray], nq: int, nk: int):
+  """Children of rectangles: at the median hint along the axis with more, else halved."""
+  b, i0, i1, j0, j1 = rect
+  cut_q, n_q = _median_hint(hints[0], b, i0, i1, nq)
+  cut_k, n_k = _median_hint(hints[1], b, j0, j1, nk)
+  hinted = (n_q > 0) | (n_k > 0)
+  on_q = hinted & (n_q >= n_k)
+  on_k = hinted & ~on_q
+  mid_q = np.where(on_q, cut_q, np.where(~hinted & (i1 - i0 > 1), (i0 + i1) // 2, i1))
+  mid_k = np.where(on_k, cut_k, np.where(~hinted & (j1 - j0 > 1), (j0 + j1) // 2, j1))
+  qa, qz = np.stack([i0, mid_q]), np.stack([mid_q, i1])
+  ka, kz = np.stack([j0, mid_k]), np.stack([mid_k, j1])
+  # the four combinations of halves; halves that are empty (no split there) are dropped
+  parts = [(b, qa[u], qz[u], ka[v], kz[v]) for u in (0, 1) for v in (0, 1)]
+  out = [np.concatenate(x) for x in zip(*parts)]
+  keep = (out[2] > out[1]) & (out[4] > out[3])
+  return tuple(x[keep] for x in out)
 
 
-def _analyse_runs(m, geo: TileGeometry, tables: Tables, batch, along_rows: bool, b, line, a, z):
-  """(state, certain) of runs `[a, z)` of tiles on lines `line`, by whole-rectangle analysis."""
-  if along_rows:
-    ql, qh = geo.q_bounds(line, line + 1, b)
-    kl, kh = geo.k_bounds(a, z, b)
-  else:
-    ql, qh = geo.q_bounds(a, z, b)
-    kl, kh = geo.k_bounds(line, line + 1, b)
-  t = Analyzer(np, tables, ql, qh, kl, kh, b if batch else 0).truth(m)
-  state = np.broadcast_to(np.asarray(t.state, np.int8), line.shape)
-  certain = np.broadcast_to(np.asarray(t.certain, bool), line.shape)
-  return state, certain
+def _median_hint(hints: np.ndarray, b, lo, hi, n: int):
+  """The median hint strictly inside `(lo, hi)` of batch row `b`, and how many there are."""
+  if not hints.size:
+    return hi, np.zeros(b.shape, np.int64)
+  base = b * (n + 1)
+  first = np.searchsorted(hints, base + lo, side="right")
+  last = np.searchsorted(hints, base + hi, side="left")
+  count = last - first
+  mid = hints[np.clip((first + last) // 2, 0, hints.size - 1)] - base
+  return np.where(count > 0, mid, hi), count
 
 
-def _frontier_pieces(m, geo: TileGeometry, tables: Tables, batch, along_rows: bool, pieces: Pieces,
-                     b, line, a, z):
-  """(state, certain, uniform) of runs from the pieces of their lines (see `_combine_pieces`)."""
+def _split_hints(m: ir.Mask, geo: TileGeometry, tables: Tables, nb: int, along_rows: bool,
+                 budget: Budget) -> np.ndarray:
+  """Sorted flat tile boundaries `b * (n + 1) + t` where an operand read along the axis changes.
+
+  A change at a tile's first row gives the boundary before it; one inside a tile
+  the boundaries on both sides, so that the tile becomes a strip of its own. None
+  for an axis with explicit positions (the reads change in position space there).
+  """
+  axis_pos = geo.qa if along_rows else geo.ka
+  n, block = (geo.nq, geo.bq) if along_rows else (geo.nk, geo.bk)
+  length = geo.shape.q_len if along_rows else geo.shape.kv_len
+  origin = geo.shape.q_offset if along_rows else 0
+  reads = reads_at(m, "q" if along_rows else "k")
+  if axis_pos is not None or not reads:
+    return np.zeros(0, np.int64)
+  out = []
+  for name, shift in reads:
+    t = tables.run_table(name)
+    budget.charge(t.starts.size * 8 * (4 + (nb if t.batch == 1 else 1)),
+                  f"the changes of operand `{name}`")
+    row = t.starts // t.length
+    rows = t.starts - row * t.length - shift - origin  # the row (column) reading the change
+    keep = (rows > 0) & (rows < length) & (t.starts % t.length != 0)
+    row, rows = row[keep], rows[keep]
+    tile, inside = rows // block, rows % block != 0
+    bounds = np.concatenate([tile, (tile + 1)[inside]])
+    owner = np.concatenate([row, row[inside]])
+    if t.batch == 1 and nb > 1:
+      owner = np.repeat(np.arange(nb, dtype=np.int64), bounds.size)
+      bounds = np.tile(bounds, nb)
+    out.append(owner * (n + 1) + bounds)
+  return np.unique(np.concatenate(out))
+
+
+def _strip_pieces(m, geo: TileGeometry, tables: Tables, batch, along_rows: bool, pieces: Pieces,
+                  b, i0, i1, j0, j1):
+  """(state, uniform, mixed) of strips one tile thick, from the pieces of their line."""
   n_lines = geo.nq if along_rows else geo.nk
+  line = i0 if along_rows else j0
   item, plo, phi = pieces.expand(b * n_lines + line)
   if along_rows:
-    kl, kh = geo.k_bounds(a[item], z[item], b[item])
+    kl, kh = geo.k_bounds(j0[item], j1[item], b[item])
     ql, qh = plo, phi
   else:
-    ql, qh = geo.q_bounds(a[item], z[item], b[item])
+    ql, qh = geo.q_bounds(i0[item], i1[item], b[item])
     kl, kh = plo, phi
   t = Analyzer(np, tables, ql, qh, kl, kh, b[item] if batch else 0).truth(m)
-  state, uniform, mixed = _combine_pieces(item, line.size, t.state, t.certain)
-  return state, mixed, uniform
+  return _combine_pieces(item, line.size, t.state, t.certain)
 
 
 def _pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
@@ -232,48 +276,42 @@ def _pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
 
 
 class _StaticRuns:
-  """The runs of one mask along rows now and along columns on demand.
+  """The runs of one mask along rows now and along columns on demand, from one set of leaves.
 
   Backward passes need the per-key-tile runs; a forward-only user never pays for
-  them. Tiles refined for the rows are remembered, so the columns reuse them.
+  packing them. Ambiguous single tiles are decided once, for both.
   """
 
-  def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
-               budget: Budget | None = None):
-    self.m, self.geo, self.tables, self.batch, self.refine = m, geo, tables, batch, refine
+  def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
+               refine: bool, budget: Budget | None = None):
+    self.geo, self.batch = geo, batch
     self.budget = budget or Budget(MEMORY_BUDGET)
-    self.refined_keys = np.zeros(0, np.int64)  # flat ids of refined tiles, sorted
-    self.refined_states = np.zeros(0, np.int8)
+    nb = batch or 1
     # Pieces are cut in position space, the same for every batch row: not with
     # batched positions, whose ambiguous tiles are refined without them.
-    self.pieces = None if geo.batched_positions else (
+    pieces = None if geo.batched_positions else (
         _pieces(m, geo, tables, batch, True, self.budget),
         _pieces(m, geo, tables, batch, False, self.budget))
+    hints = (_split_hints(m, geo, tables, nb, True, self.budget),
+             _split_hints(m, geo, tables, nb, False, self.budget))
+    b, i0, i1, j0, j1, state, ambiguous = _leaves(m, geo, tables, batch, self.budget, pieces,
+                                                  hints)
+    if refine and ambiguous.any():
+      idx = np.flatnonzero(ambiguous)  # single tiles
+      state[idx] = _decide_tiles(m, geo, tables, b[idx] if batch else 0, i0[idx], j0[idx],
+                                 self.budget, pieces, nb)
+    keep = state != EMPTY
+    self.leaves = tuple(x[keep] for x in (b, i0, i1, j0, j1, state))
 
   def runs(self, along_rows: bool) -> Runs:
-    geo, batch = self.geo, self.batch
-    line_pieces_ = None if self.pieces is None else self.pieces[0 if along_rows else 1]
-    cuts = None if self.pieces is None else _change_tiles(self.pieces[1 if along_rows else 0],
-                                                          batch or 1)
-    b, line, a, z, state, ambiguous = _frontier(self.m, geo, self.tables, batch, along_rows,
-                                                self.budget, line_pieces_, self.refine, cuts)
-    if self.refine and ambiguous.any():
-      idx = np.flatnonzero(ambiguous)
-      ti, tj = (line[idx], a[idx]) if along_rows else (a[idx], line[idx])
-      key = (b[idx] * geo.nq + ti) * geo.nk + tj  # flat tile ids; decisions are shared
-      known = np.isin(key, self.refined_keys)
-      todo = np.flatnonzero(~known)
-      if todo.size:
-        new = _decide_tiles(self.m, geo, self.tables, b[idx][todo] if batch else 0, ti[todo],
-                            tj[todo], self.budget, self.pieces, batch or 1)
-        keys = np.concatenate([self.refined_keys, key[todo]])
-        order = np.argsort(keys, kind="stable")
-        self.refined_keys = keys[order]
-        self.refined_states = np.concatenate([self.refined_states, new])[order]
-      state = state.copy()
-      state[idx] = self.refined_states[np.searchsorted(self.refined_keys, key)]
-    self.budget.charge(state.size * 24, "the packed runs")
-    return _pack_runs(b, line, a, z, state, batch or 1, geo.nq if along_rows else geo.nk)
+    b, i0, i1, j0, j1, state = self.leaves
+    lo, hi, a, z = (i0, i1, j0, j1) if along_rows else (j0, j1, i0, i1)
+    n = hi - lo
+    self.budget.charge(int(n.sum()) * 48, "the packed runs")
+    item = np.repeat(np.arange(n.size), n)
+    line = lo[item] + np.arange(item.size) - np.repeat(np.cumsum(n) - n, n)
+    return _pack_runs(b[item], line, a[item], z[item], state[item], self.batch or 1,
+                      self.geo.nq if along_rows else self.geo.nk)
 
 
 def _pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, along_rows: bool,
