@@ -9,6 +9,7 @@ positions it reads them at, so evaluation never indexes out of bounds.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import operator
 from typing import Any, Sequence
 
@@ -148,6 +149,11 @@ def _positions(name: str, value: Any, length: int):
   return arr.astype(np.int64).reshape((-1, length))
 
 
+def _digest(a: np.ndarray) -> bytes:
+  """A 256-bit digest of an array's bytes: cache keys hold it instead of a copy of the array."""
+  return hashlib.blake2b(memoryview(np.ascontiguousarray(a)).cast("B"), digest_size=32).digest()
+
+
 def is_traced(value: Any) -> bool:
   """Whether `value` is a JAX array (concrete or traced) rather than static data."""
   return isinstance(value, jax.Array)
@@ -171,10 +177,35 @@ def runs_of(xp, x, dtype=None):
   jax.numpy path's integer type otherwise, unless `dtype` says.
   """
   dtype = dtype or (np.int64 if xp is np else jax_int())
+  if xp is np:
+    return _runs_of_numpy(np.asarray(x), dtype)
   x = x != 0
   prev = xp.concatenate([xp.zeros_like(x[..., :1]), x[..., :-1]], axis=-1)
   starts = xp.logical_and(x, xp.logical_not(prev))
   return xp.where(x, xp.cumsum(starts, axis=-1, dtype=dtype), 0).astype(dtype)
+
+
+def _runs_of_numpy(x: np.ndarray, dtype) -> np.ndarray:
+  """`runs_of` from the runs of `x`: memory and time follow the output, not a cumsum's temporaries."""
+  shape = x.shape
+  if x.size == 0:
+    return np.zeros(shape, dtype)
+  flat = (x != 0).reshape(-1, shape[-1]) if x.ndim else (x != 0).reshape(1, 1)
+  rows, length = flat.shape
+  # runs of equal flags, row by row: starts (global index), then their lengths and flags
+  r, c = np.nonzero(flat[:, 1:] != flat[:, :-1])
+  starts = np.sort(np.concatenate([np.arange(rows, dtype=np.int64) * length,
+                                   r.astype(np.int64) * length + c + 1]))
+  lengths = np.diff(np.append(starts, rows * length))
+  on = flat.reshape(-1)[starts]
+  row = starts // length
+  # 1-based count of true runs so far in the row, for true runs; 0 for false runs
+  count = np.cumsum(on)
+  before = np.concatenate([[0], count[:-1]])
+  first_of_row = np.concatenate([[True], row[1:] != row[:-1]])
+  base = np.maximum.accumulate(np.where(first_of_row, before, 0))
+  ids = np.where(on, count - base, 0).astype(dtype)
+  return np.repeat(ids, lengths).reshape(shape)
 
 
 _EXPECT = {"scalar": "[] or [B]", "token": "[L] or [B, L]", "pair": "[Lq, Lk] or [B, Lq, Lk]"}
@@ -196,7 +227,7 @@ class Operands:
 
   def static_bytes(self) -> tuple:
     """A hashable digest of static operand values, for caches."""
-    return tuple(sorted((n, a.shape, str(a.dtype), a.tobytes()) for n, a in self.arrays.items()
+    return tuple(sorted((n, a.shape, str(a.dtype), _digest(a)) for n, a in self.arrays.items()
                         if not ir.is_run_ids_key(n)))
 
 

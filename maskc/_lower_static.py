@@ -10,11 +10,14 @@ backward pass, on demand.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._bind import Shape
+from maskc._diagonal_period import diagonal_period
 from maskc._operand_runs import Pieces, line_pieces, reads_at
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK,
@@ -101,8 +104,11 @@ def _decide_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, budget
 
 
 def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, budget: Budget,
-            pieces: tuple[Pieces, Pieces] | None, hints: tuple[np.ndarray, np.ndarray]):
+            pieces: tuple[Pieces, Pieces] | None, hints: tuple[np.ndarray, np.ndarray],
+            start: tuple[np.ndarray, ...] | None = None):
   """Decided rectangles of tiles `(b, i0, i1, j0, j1, state, ambiguous)` tiling the grid.
+
+  (Or tiling the rectangles `start = (b, i0, i1, j0, j1)` when given.)
 
   Each batch row starts as one rectangle of the whole grid; PARTIAL rectangles
   are split, a bounded chunk at a time, until each is decided, a single tile, or
@@ -120,7 +126,7 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
   nb = batch or 1
   chunk = max(1, min(1 << 16, budget.items(ITEM_BYTES * 2)))
   zeros = np.zeros(nb, np.int64)
-  pending = [(np.arange(nb, dtype=np.int64), zeros, zeros + geo.nq, zeros, zeros + geo.nk)]
+  pending = [start or (np.arange(nb, dtype=np.int64), zeros, zeros + geo.nq, zeros, zeros + geo.nk)]
   done = []
   while pending:
     rect = pending.pop()
@@ -246,8 +252,8 @@ def _strip_pieces(m, geo: TileGeometry, tables: Tables, batch, along_rows: bool,
   return _combine_pieces(item, line.size, t.state, t.certain)
 
 
-def _pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
-  """Sorted, merged runs of non-empty tiles packed into `[nb, n_lines, R]` arrays."""
+def _merge_runs(b, line, a, z, state):
+  """Runs of non-empty tiles sorted by (b, line, a), adjacent runs of one state merged."""
   keep = state != EMPTY
   b, line, a, z, state = b[keep], line[keep], a[keep], z[keep], state[keep]
   order = np.lexsort((a, line, b))
@@ -259,6 +265,12 @@ def _pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
     starts = np.flatnonzero(new)
     b, line, state, a = b[starts], line[starts], state[starts], a[starts]
     z = np.maximum.reduceat(z, starts)
+  return b, line, a, z, state
+
+
+def _pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
+  """Sorted, merged runs of non-empty tiles packed into `[nb, n_lines, R]` arrays."""
+  b, line, a, z, state = _merge_runs(b, line, a, z, state)
   flat_line = b * n_lines + line
   count = np.bincount(flat_line, minlength=nb * n_lines).astype(np.int32)
   r = max(1, int(count.max()) if count.size else 1)
@@ -304,14 +316,100 @@ class _StaticRuns:
     self.leaves = tuple(x[keep] for x in (b, i0, i1, j0, j1, state))
 
   def runs(self, along_rows: bool) -> Runs:
-    b, i0, i1, j0, j1, state = self.leaves
-    lo, hi, a, z = (i0, i1, j0, j1) if along_rows else (j0, j1, i0, i1)
-    n = hi - lo
-    self.budget.charge(int(n.sum()) * 48, "the packed runs")
-    item = np.repeat(np.arange(n.size), n)
-    line = lo[item] + np.arange(item.size) - np.repeat(np.cumsum(n) - n, n)
-    return _pack_runs(b[item], line, a[item], z[item], state[item], self.batch or 1,
+    b, i0, i1, j0, j1, _ = self.leaves
+    self.budget.charge(int(((i1 - i0) if along_rows else (j1 - j0)).sum()) * 48, "the packed runs")
+    return _pack_runs(*_expand(self.leaves, along_rows), self.batch or 1,
                       self.geo.nq if along_rows else self.geo.nk)
+
+
+def _expand(leaves, along_rows: bool):
+  """Leaves `(b, i0, i1, j0, j1, state)` as runs `(b, line, a, z, state)` of single lines."""
+  b, i0, i1, j0, j1, state = leaves
+  lo, hi, a, z = (i0, i1, j0, j1) if along_rows else (j0, j1, i0, i1)
+  n = hi - lo
+  item = np.repeat(np.arange(n.size), n)
+  line = lo[item] + np.arange(item.size) - np.repeat(np.cumsum(n) - n, n)
+  return b[item], line, a[item], z[item], state[item]
+
+
+class _PeriodicRuns:
+  """The runs of a mask without operands that has a diagonal period (`maskc._diagonal_period`).
+
+  With `T = lcm(P, bq, bk)`, tile `(i + T / bq, j + T / bk)` has the state of tile
+  `(i, j)` wherever both are whole tiles, so one period of rows is classified over
+  enough columns to the left (a grid moved along the diagonal by a multiple of
+  `T`) and repeated down the grid; likewise one period of columns. The last row
+  and column of tiles, when cut short by the lengths, are classified directly.
+  Work and memory follow one period plus the output, not the grid.
+  """
+
+  def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
+               refine: bool, budget: Budget, period: int):
+    self.m, self.geo, self.tables, self.batch, self.refine = m, geo, tables, batch, refine
+    self.budget = budget
+    step = math.lcm(period, geo.bq, geo.bk)
+    self.step, self.tq, self.tk = step, step // geo.bq, step // geo.bk
+    self.nq, self.nk = geo.shape.q_len // geo.bq, geo.shape.kv_len // geo.bk  # whole tiles
+    edges = []
+    if self.nq < geo.nq:
+      edges.append((self.nq, geo.nq, 0, geo.nk))
+    if self.nk < geo.nk and self.nq:
+      edges.append((0, self.nq, self.nk, geo.nk))
+    self.edges = None
+    if edges:
+      start = tuple(np.asarray(x, np.int64) for x in zip(*([(0,) + e for e in edges])))
+      self.edges = self._decided(geo, start)
+
+  @staticmethod
+  def worth(geo: TileGeometry, period: int) -> bool:
+    step = math.lcm(period, geo.bq, geo.bk)
+    return (step // geo.bq) * 4 <= geo.shape.q_len // geo.bq and (
+        step // geo.bk) * 4 <= geo.shape.kv_len // geo.bk
+
+  def _decided(self, geo: TileGeometry, start=None):
+    """Leaves of `geo` (or of rectangles `start`), ambiguous tiles refined, EMPTY ones dropped."""
+    none = np.zeros(0, np.int64)
+    b, i0, i1, j0, j1, state, ambiguous = _leaves(self.m, geo, self.tables, None, self.budget,
+                                                  None, (none, none), start)
+    if self.refine and ambiguous.any():
+      idx = np.flatnonzero(ambiguous)
+      state[idx] = _decide_tiles(self.m, geo, self.tables, 0, i0[idx], j0[idx], self.budget)
+    keep = state != EMPTY
+    return tuple(x[keep] for x in (b, i0, i1, j0, j1, state))
+
+  def runs(self, along_rows: bool) -> Runs:
+    geo, shape = self.geo, self.geo.shape
+    n_lines, n_span = (self.nq, self.nk) if along_rows else (self.nk, self.nq)
+    t_line, t_span = (self.tq, self.tk) if along_rows else (self.tk, self.tq)
+    parts = []
+    if n_lines and n_span:
+      reps = -(-n_lines // t_line) - 1  # repeats after the first period
+      base_lines = min(t_line, n_lines)
+      if along_rows:  # one period of rows, over the columns that reach `reps` periods left
+        virtual = Shape.of(base_lines * geo.bq, (n_span + reps * t_span) * geo.bk,
+                           shape.q_offset + reps * self.step)
+      else:  # one period of columns, over the rows that reach `reps` periods up
+        virtual = Shape.of((n_span + reps * t_span) * geo.bq, base_lines * geo.bk,
+                           shape.q_offset - reps * self.step)
+      leaves = self._decided(TileGeometry(virtual, geo.bq, geo.bk))
+      _, line, a, z, st = _merge_runs(*_expand(leaves, along_rows))
+      self.budget.charge(line.size * (reps + 1) * 48, "the repeated runs")
+      t = np.arange(reps + 1, dtype=np.int64)[:, None]
+      line = line[None, :] + t * t_line
+      shift = (reps - t) * t_span
+      a = np.maximum(a[None, :] - shift, 0)
+      z = np.minimum(z[None, :] - shift, n_span)
+      keep = (line < n_lines) & (z > a)
+      st = np.broadcast_to(st[None, :], keep.shape)
+      parts.append((np.zeros(int(keep.sum()), np.int64), line[keep], a[keep], z[keep], st[keep]))
+    if self.edges is not None:
+      parts.append(_expand(self.edges, along_rows))
+    if not parts:
+      parts.append(tuple(np.zeros(0, np.int64) for _ in range(4)) + (np.zeros(0, np.int8),))
+    flat = [np.concatenate(x) for x in zip(*parts)]
+    runs = _pack_runs(*flat, 1, geo.nq if along_rows else geo.nk)
+    nb = self.batch or 1
+    return Runs(*(np.repeat(x, nb, axis=0) for x in runs)) if nb > 1 else runs
 
 
 def _pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, along_rows: bool,
@@ -357,11 +455,21 @@ class _Backward:
     return self.runs
 
 
+def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
+                  budget: Budget):
+  """How one mask's runs are computed: by its diagonal period where it has one, else by leaves."""
+  if not m.operands and not geo.positions:
+    period = diagonal_period(m)
+    if period is not None and _PeriodicRuns.worth(geo, period):
+      return _PeriodicRuns(m, geo, tables, batch, refine, budget, period)
+  return _StaticRuns(m, geo, tables, batch, refine, budget)
+
+
 def compile_static(masks, shape: Shape, operands: dict, batch: int | None, block_q: int,
                    block_kv: int, refine: list[bool], budget: Budget | None = None):
   """Per-q-tile runs `[B, U, nq, R]` of the masks, and the memo computing the per-key-tile runs."""
   geo = TileGeometry(shape, block_q, block_kv)
   tables = Tables(np, operands)  # shared: tables are built for the operands masks read
-  per_mask = [_StaticRuns(m, geo, tables, batch, ref, budget)
-              for m, ref in zip(masks, refine)]
+  budget = budget or Budget(MEMORY_BUDGET)
+  per_mask = [_runs_of_mask(m, geo, tables, batch, ref, budget) for m, ref in zip(masks, refine)]
   return _stack_runs([r.runs(along_rows=True) for r in per_mask]), _Backward(per_mask)
