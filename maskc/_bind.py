@@ -22,6 +22,7 @@ from maskc import _ir as ir
 from maskc._analysis import Analyzer, Tables
 from maskc._errors import MaskLimitError, MaskTypeError, MaskValueError, OperandError
 from maskc._evaluate import Env, evaluate, evaluate_mask
+from maskc._operand_runs import run_starts
 from maskc._overflow import check_fits
 from maskc._parse import parse
 
@@ -193,9 +194,7 @@ def _runs_of_numpy(x: np.ndarray, dtype) -> np.ndarray:
   flat = (x != 0).reshape(-1, shape[-1]) if x.ndim else (x != 0).reshape(1, 1)
   rows, length = flat.shape
   # runs of equal flags, row by row: starts (global index), then their lengths and flags
-  r, c = np.nonzero(flat[:, 1:] != flat[:, :-1])
-  starts = np.sort(np.concatenate([np.arange(rows, dtype=np.int64) * length,
-                                   r.astype(np.int64) * length + c + 1]))
+  starts = run_starts(flat)
   lengths = np.diff(np.append(starts, rows * length))
   on = flat.reshape(-1)[starts]
   row = starts // length

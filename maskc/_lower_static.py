@@ -256,8 +256,13 @@ def _merge_runs(b, line, a, z, state):
   """Runs of non-empty tiles sorted by (b, line, a), adjacent runs of one state merged."""
   keep = state != EMPTY
   b, line, a, z, state = b[keep], line[keep], a[keep], z[keep], state[keep]
-  order = np.lexsort((a, line, b))
-  b, line, a, z, state = b[order], line[order], a[order], z[order], state[order]
+  if b.size:
+    lines, span = int(line.max()) + 1, int(a.max()) + 1
+    if (int(b.max()) + 1) * lines * span < 1 << 62:  # one int64 key sorts faster than three
+      order = np.argsort((b.astype(np.int64) * lines + line) * span + a, kind="stable")
+    else:
+      order = np.lexsort((a, line, b))
+    b, line, a, z, state = b[order], line[order], a[order], z[order], state[order]
   if b.size:
     new = np.ones(b.size, bool)
     new[1:] = (b[1:] != b[:-1]) | (line[1:] != line[:-1]) | (state[1:] != state[:-1]) | (
@@ -327,9 +332,10 @@ def _expand(leaves, along_rows: bool):
   b, i0, i1, j0, j1, state = leaves
   lo, hi, a, z = (i0, i1, j0, j1) if along_rows else (j0, j1, i0, i1)
   n = hi - lo
-  item = np.repeat(np.arange(n.size), n)
-  line = lo[item] + np.arange(item.size) - np.repeat(np.cumsum(n) - n, n)
-  return b[item], line, a[item], z[item], state[item]
+  item = np.repeat(np.arange(n.size, dtype=np.int32), n)  # tile counts fit int32 (`Runs`)
+  line = (lo - (np.cumsum(n) - n)).astype(np.int32)[item] + np.arange(item.size, dtype=np.int32)
+  return (b.astype(np.int32)[item], line, a.astype(np.int32)[item], z.astype(np.int32)[item],
+          state[item])
 
 
 class _PeriodicRuns:

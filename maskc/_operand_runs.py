@@ -32,6 +32,15 @@ def _floor_log2(n: np.ndarray) -> np.ndarray:
   return np.where((np.int64(1) << np.clip(j, 0, 62)) > n, j - 1, j)
 
 
+def run_starts(a: np.ndarray) -> np.ndarray:
+  """Sorted flat indices (`row * L + i`) where a run of equal values of `a` (`[B, L]`) starts."""
+  rows, length = a.shape
+  flat = a.reshape(-1)
+  changed = np.flatnonzero(flat[1:] != flat[:-1]) + 1  # across row ends too: a superset
+  row_starts = np.arange(rows, dtype=np.int64) * length
+  return np.union1d(changed, row_starts) if rows > 1 else np.concatenate([[0], changed])
+
+
 class RunTable:
   """One per-token operand `[B, L]` as runs: `starts` (global `b * L + i`, sorted) and values.
 
@@ -43,10 +52,7 @@ class RunTable:
     a = np.asarray(a)
     nb, length = a.shape
     self.length, self.batch = length, nb
-    rows, cols = np.nonzero(a[:, 1:] != a[:, :-1])
-    starts = np.concatenate([np.arange(nb, dtype=np.int64) * length,
-                             rows.astype(np.int64) * length + cols + 1])
-    starts.sort()
+    starts = run_starts(a).astype(np.int64)
     self.starts = starts
     values = a.reshape(-1)[starts].astype(np.int64)
     self.values = values
@@ -73,7 +79,7 @@ class RunTable:
     return self.mins.nbytes * 2 + self.starts.nbytes * 3
 
   def clip(self, i):
-    return np.clip(np.asarray(i), 0, self.length - 1).astype(np.int64)
+    return np.minimum(np.maximum(np.asarray(i, np.int64), 0), self.length - 1)
 
   def run_index(self, b, i) -> np.ndarray:
     """Index of the run holding token `i` (clipped to the length) of batch row `b`."""
