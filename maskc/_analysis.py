@@ -74,7 +74,7 @@ class Tables:
   def run_table(self, name: str) -> RunTable:
     """Static path: operand `name` (`[B, L]`) in run-length form."""
     if name not in self._runs:
-      self._runs[name] = RunTable(self.arrays[name])
+      self._runs[name] = RunTable(self.arrays[name], self._runs.values())
     return self._runs[name]
 
   def sparse(self, name: str):

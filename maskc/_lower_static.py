@@ -368,9 +368,13 @@ class _PeriodicRuns:
 
   @staticmethod
   def worth(geo: TileGeometry, period: int) -> bool:
+    """Whether a period spans at most a quarter of the grid, and the moved grids stay far
+    from the integer limits (positions near them take the general path's overflow checks)."""
     step = math.lcm(period, geo.bq, geo.bk)
-    return (step // geo.bq) * 4 <= geo.shape.q_len // geo.bq and (
-        step // geo.bk) * 4 <= geo.shape.kv_len // geo.bk
+    shape = geo.shape
+    return ((step // geo.bq) * 4 <= shape.q_len // geo.bq and
+            (step // geo.bk) * 4 <= shape.kv_len // geo.bk and
+            abs(shape.q_offset) + 2 * (shape.q_len + shape.kv_len + step) < 1 << 62)
 
   def _decided(self, geo: TileGeometry, start=None):
     """Leaves of `geo` (or of rectangles `start`), ambiguous tiles refined, EMPTY ones dropped."""

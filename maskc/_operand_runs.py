@@ -16,6 +16,7 @@ of whole tiles where it wants exact answers (see `maskc._lower`).
 from __future__ import annotations
 
 import dataclasses
+from typing import Iterable
 
 import numpy as np
 
@@ -48,11 +49,17 @@ class RunTable:
     a: the operand, integer NumPy array `[B, L]`.
   """
 
-  def __init__(self, a: np.ndarray):
+  def __init__(self, a: np.ndarray, others: "Iterable[RunTable]" = ()):
     a = np.asarray(a)
     nb, length = a.shape
     self.length, self.batch = length, nb
     starts = run_starts(a).astype(np.int64)
+    self._spans: dict = {}  # memo of run spans by the identity of the queried index arrays
+    for other in others:  # `x` and `runs(x)` change at the same tokens: share the run search
+      if other.starts.shape == starts.shape and other.length == length and \
+          np.array_equal(other.starts, starts):
+        starts, self._spans = other.starts, other._spans
+        break
     self.starts = starts
     values = a.reshape(-1)[starts].astype(np.int64)
     self.values = values
@@ -86,13 +93,30 @@ class RunTable:
     return np.searchsorted(self.starts, np.asarray(b, np.int64) * self.length + self.clip(i),
                            side="right") - 1
 
+  def _runs_spanned(self, b, lo, hi):
+    """(first run, last run, sparse-table level, second start) of tokens `[lo, hi]` of row `b`.
+
+    Remembered for the last few queries by the identity of their arrays (kept alive
+    with the entry, so an identity is never reused): the analysis reads `x[q]` and
+    `runs(x)[q]` over the same position arrays, and tables with the same runs share it.
+    """
+    key = (id(b), id(lo), id(hi))
+    hit = self._spans.get(key)
+    if hit is not None and hit[0][0] is b and hit[0][1] is lo and hit[0][2] is hi:
+      return hit[1]
+    l, h = self.clip(lo), self.clip(hi)
+    h = np.maximum(h, l)
+    rl, rh = self.run_index(b, l), self.run_index(b, h)
+    j = _floor_log2(rh - rl + 1)
+    out = rl, j, rh - (np.int64(1) << j) + 1
+    if len(self._spans) >= 4:  # the q and k ranges of a round, with room to spare
+      self._spans.clear()
+    self._spans[key] = ((b, lo, hi), out)
+    return out
+
   def range_min_max(self, b, lo, hi) -> tuple[np.ndarray, np.ndarray]:
     """Min and max over tokens `[lo, hi]` of row `b` (clipped to the length), as int64."""
-    lo, hi = self.clip(lo), self.clip(hi)
-    hi = np.maximum(hi, lo)
-    rl, rh = self.run_index(b, lo), self.run_index(b, hi)
-    j = _floor_log2(rh - rl + 1)
-    second = rh - (np.int64(1) << j) + 1
+    rl, j, second = self._runs_spanned(b, lo, hi)
     vmin = np.minimum(self.mins[j, rl], self.mins[j, second]).astype(np.int64)
     vmax = np.maximum(self.maxs[j, rl], self.maxs[j, second]).astype(np.int64)
     return vmin, vmax

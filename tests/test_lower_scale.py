@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import maskc
+from maskc._tiles import grid_from_runs
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -125,6 +126,9 @@ def test_exact_and_sound_on_run_structured_operands(case):
   bm = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops)
   expected = _expected_grid(_dense(text, q_len, n, offset, ops), bq, bk)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
+  # the backward runs (per key tile) describe the same tiles
+  cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
+  np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)
 
 
 @settings(max_examples=8)
