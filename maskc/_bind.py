@@ -151,8 +151,10 @@ def _positions(name: str, value: Any, length: int):
 
 
 def _digest(a: np.ndarray) -> bytes:
-  """A 256-bit digest of an array's bytes: cache keys hold it instead of a copy of the array."""
-  return hashlib.blake2b(memoryview(np.ascontiguousarray(a)).cast("B"), digest_size=32).digest()
+  """A digest of an array's bytes (SHA-256, hardware-accelerated on common CPUs): cache keys
+  hold it instead of a copy of the array."""
+  return hashlib.sha256(memoryview(np.ascontiguousarray(a)).cast("B"),
+                        usedforsecurity=False).digest()
 
 
 def is_traced(value: Any) -> bool:
