@@ -1,11 +1,23 @@
 """The static lowering path: every operand a NumPy value.
 
-For all q tiles at once, classify the whole run of key tiles with range analysis,
-keep runs that are EMPTY or FULL, and bisect the PARTIAL ones, until every run is
-decided or a single tile. The work is proportional to the tiles on the mask's
-boundary times the log of the grid width, the tile grid is never allocated, and no
-`q_len × kv_len` array ever exists. The same runs are computed per key tile for the
-backward pass, on demand.
+Two ways to the same runs, chosen per mask:
+
+- A mask without operands that has a *diagonal period* (`causal`, `sliding(w)`,
+  `chunk(n)`, `(q - k) % 4 == 0`: see `maskc._diagonal_period`) has the same tile
+  states one period further down the diagonal. One period of rows is classified,
+  over a grid moved along the diagonal so that it reaches every column the
+  repeats need, and repeated; the same for columns. Cost: one period plus the
+  output.
+- Any other mask: rectangles of tiles are classified by range analysis and the
+  PARTIAL ones split in two dimensions, first where an operand changes (between
+  such cuts every read is constant, so the analysis is as sharp as without
+  operands), then in halves, until each is decided, a single tile, or a strip of
+  tiles the operand pieces prove PARTIAL throughout. Cost: the tiles on the
+  mask's boundary plus the operand runs, times a logarithm.
+
+Neither allocates the tile grid or any `q_len × kv_len` array. The decided
+rectangles give the per-q-tile runs at once and the per-key-tile runs for the
+backward pass on demand.
 """
 
 from __future__ import annotations
@@ -127,7 +139,7 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
   chunk = max(1, min(1 << 16, budget.items(ITEM_BYTES * 2)))
   zeros = np.zeros(nb, np.int64)
   pending = [start or (np.arange(nb, dtype=np.int64), zeros, zeros + geo.nq, zeros, zeros + geo.nk)]
-  done = []
+  done, decided = [], 0
   while pending:
     rect = pending.pop()
     if rect[0].size > chunk:  # split the work, not the rectangles: bounded memory per step
@@ -164,6 +176,8 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
     fin = (state != PARTIAL) | single | uniform
     done.append(tuple(x[fin] for x in (b, i0, i1, j0, j1, state)) +
                 ((state[fin] == PARTIAL) & ~certain[fin] & ~uniform[fin],))
+    decided += int(fin.sum())
+    budget.charge(decided * 64, "the decided rectangles of tiles")
     split = ~fin
     if split.any():
       budget.charge(int(split.sum()) * 4 * 48, "splitting rectangles of tiles")
