@@ -251,3 +251,32 @@ def test_check_reads_needs_no_per_token_arrays():
   assert peak < 64 << 20  # a per-token int64 array alone would be 2 GiB
   with pytest.raises(maskc.OperandError, match="length"):
     maskc.compile("seg[q + 10] == seg[k]", 64, operands={"seg": np.zeros(64, np.int64)})
+
+
+@settings(max_examples=25, deadline=None)
+@given(run_operands(), st.sampled_from(["img[q + 1] & img[k + 2]", "seg[q + 2] == seg[k + 1]",
+                                        "seg[q] == seg[k + 3] & k <= q + 5",
+                                        "img[q + 1] | img[k + 3] & causal"]))
+def test_shifted_reads_are_exact_with_cuts_at_their_changes(case, text):
+  """Splits go to where a shifted read changes; `exact=True` maps equal the dense tiles."""
+  _, n, q_len, offset, bq, bk, ops = case
+  # operands 3 tokens longer than the keys, so that every shifted read stays inside
+  ops = {name: np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, 3)], mode="edge")
+         for name, a in _ops_for(text, ops).items()}
+  q = np.arange(q_len)[:, None] + offset
+  k = np.arange(n)[None, :]
+  seg, img = ops.get("seg"), ops.get("img")
+
+  def at(a, i):
+    return a[..., i] if a.ndim == 1 else a[:, i]
+
+  bm = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops,
+                     exact=True)
+  dense = {"img[q + 1] & img[k + 2]": lambda: at(img, q + 1) & at(img, k + 2),
+           "seg[q + 2] == seg[k + 1]": lambda: at(seg, q + 2) == at(seg, k + 1),
+           "seg[q] == seg[k + 3] & k <= q + 5": lambda: (at(seg, q) == at(seg, k + 3)) & (
+               k <= q + 5),
+           "img[q + 1] | img[k + 3] & causal": lambda: at(img, q + 1) | (at(img, k + 3) & (
+               k <= q))}[text]()
+  expected = _expected_grid(np.asarray(dense), bq, bk)
+  np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
