@@ -17,6 +17,11 @@ What splash can take:
 Anything else (other batched operands) raises `BackendError` naming `xla` and
 `flash`. `block_kv` must be a multiple of 128 (splash's lane width).
 
+On a mesh: `make_kernel(bm, head_shards=, q_seq_shards=)` returns splash's own
+kernel object with its MaskInfo laid out per (head shard, q shard), to run under
+`jax.shard_map` with `kernel.manual_sharding_spec(...)` exactly as splash's
+`make_splash_mha(..., head_shards=, q_seq_shards=)`.
+
 Any length: q, k and v are padded to multiples of the tiles and the MaskInfo comes
 from the map of the padded shape (`_padded`): the same tiles, the key tile holding
 the padding PARTIAL rather than FULL, and every predicate `& k < kv_len`, so
@@ -121,12 +126,15 @@ def _to_jax(info):
 
 
 @functools.lru_cache(maxsize=32)
-def _static_infos(bm):
-  return bm.splash()
+def _static_infos(bm, head_shards: int = 1, q_seq_shards: int = 1):
+  return bm.splash(head_shards=head_shards, q_seq_shards=q_seq_shards)
 
 
-def _kernel(bm, cap, interpret: bool):
-  infos = _static_infos(bm) if bm.is_static else bm.splash()
+def _kernel(bm, cap, interpret: bool, head_shards: int = 1, q_seq_shards: int = 1):
+  if bm.is_static:
+    infos = _static_infos(bm, head_shards, q_seq_shards)
+  else:
+    infos = bm.splash(head_shards=head_shards, q_seq_shards=q_seq_shards)
   fwd, dq, dkv, fn = infos
   to_jax = _to_jax
   bq, bk = bm.block_q, bm.block_kv
@@ -136,6 +144,50 @@ def _kernel(bm, cap, interpret: bool):
       to_jax(fwd), to_jax(dq), to_jax(dkv), block_sizes=sizes, is_mqa=False,
       save_residuals=False, mask_value=sk.DEFAULT_MASK_VALUE, attn_logits_soft_cap=cap,
       residual_checkpoint_name=None, mask_function=fn, interpret=interpret)
+
+
+def make_kernel(bm: BlockMap, *, head_shards: int = 1, q_seq_shards: int = 1,
+                logits_soft_cap: float | None = None,
+                interpret: bool | None = None) -> sk.SplashAttentionKernel:
+  """JAX's `SplashAttentionKernel` for a compiled map, laid out for a mesh.
+
+  What splash's `make_splash_mha(mask, head_shards=, q_seq_shards=)` returns, with
+  the MaskInfo from the BlockMap (`BlockMap.splash(head_shards=, q_seq_shards=)`,
+  the same arrays splash's `process_mask` gives for masks it can express). Use it
+  as splash's own, MaxText style: one batch row is `kernel(q, k, v)` with
+  `q [H, Lq, D]` already scaled, `k, v [Hkv, Lkv, D]`, optional `segment_ids=` and
+  `sinks=`; on a mesh, shard the kernel's MaskInfo with
+  `kernel.manual_sharding_spec(NamedSharding(mesh, P(head_axis, q_seq_axis)))`:
+
+      spec = kernel.manual_sharding_spec(NamedSharding(mesh, P("heads", "seq")))
+      attend = jax.shard_map(
+          lambda kern, q, k, v: jax.vmap(kern)(q, k, v), mesh=mesh,
+          in_specs=(spec, P(None, "heads", "seq"), P(None, "heads"), P(None, "heads")),
+          out_specs=P(None, "heads", "seq"))
+
+  Splash shards queries only: keys and values stay whole on each device. Rows
+  with no allowed key get what splash gives them (pass a very negative `sinks`
+  entry per head, as `run` does, to make them zero).
+
+  Args:
+    bm: a map without a batch axis (static or traced) whose lengths are multiples
+      of its tiles, with `block_kv` a multiple of 128.
+    head_shards, q_seq_shards: the mesh's shards of heads and of the q sequence;
+      `q_seq_shards` must divide the q tiles.
+    logits_soft_cap: splash's `attn_logits_soft_cap`.
+    interpret: Pallas interpret mode (default: off on TPU only).
+
+  Raises:
+    MaskValueError: lengths not multiples of the tiles, tiles splash cannot take,
+      or shards that do not divide the q tiles (or a per-head map's heads).
+    BackendError: the map has a batch axis.
+  """
+  if not isinstance(bm, BlockMap):
+    raise MaskValueError("make_kernel needs a compiled BlockMap (maskc.compile)")
+  _check_tiles(bm.block_kv)
+  if interpret is None:
+    interpret = platform() != "tpu"
+  return _kernel(bm, logits_soft_cap, bool(interpret), head_shards, q_seq_shards)
 
 
 def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
@@ -322,4 +374,4 @@ def _combined_ids(values, segments):
   return ids[:, :lq], ids[:, lq:]
 
 
-__all__ = ["run", "run_with_lse", "default_blocks"]
+__all__ = ["run", "run_with_lse", "make_kernel", "default_blocks"]
