@@ -230,9 +230,15 @@ class BlockMap:
     out["block_size"] = (self.block_q, self.block_kv)
     return out
 
-  def splash(self, *, downcast_smem_data: bool = True):
-    """Splash `MaskInfo`s `(fwd, dq, dkv, mask_function)` for JAX's splash kernel."""
-    return _splash_info.splash_mask_info(self, downcast_smem_data=downcast_smem_data)
+  def splash(self, *, downcast_smem_data: bool = True, head_shards: int = 1,
+             q_seq_shards: int = 1):
+    """Splash `MaskInfo`s `(fwd, dq, dkv, mask_function)` for JAX's splash kernel.
+
+    `head_shards` / `q_seq_shards` lay them out for a mesh as splash's `process_mask`
+    does (see `maskc._splash_info.splash_mask_info`).
+    """
+    return _splash_info.splash_mask_info(self, downcast_smem_data=downcast_smem_data,
+                                         head_shards=head_shards, q_seq_shards=q_seq_shards)
 
   def to_dense(self):
     """The mask this map was compiled from, dense: bool `[..., q_len, kv_len]`.

@@ -48,7 +48,8 @@ class MaskFunction:
 
 
 def splash_mask_info(bm, downcast_smem_data: bool = True, *,
-                     use_mask_function: bool | None = None
+                     use_mask_function: bool | None = None, head_shards: int = 1,
+                     q_seq_shards: int = 1
                      ) -> tuple[MaskInfo, MaskInfo, MaskInfo, MaskFunction | None]:
   """`(fwd, dq, dkv, mask_function)` MaskInfos for JAX's splash kernel, from a BlockMap.
 
@@ -62,6 +63,15 @@ def splash_mask_info(bm, downcast_smem_data: bool = True, *,
       instead of loading stored blocks. Default: when the map is static, has one
       mask and the mask reads no array operands (splash's choice for its
       computable masks).
+    head_shards, q_seq_shards: the shards of the mesh the kernel runs on, as in
+      splash's `process_mask`: the arrays are laid out so that splitting their
+      leading axis into `head_shards` and their q-tile axis into `q_seq_shards`
+      equal parts gives each device its own MaskInfo (indices relative to its
+      slice, each q shard's shrunk grid padded to the widest shard). One mask for
+      all heads gives a leading axis of `head_shards`; per-head masks give one row
+      per head shard when each shard's heads share a mask, else one per head.
+      Run the kernel under `jax.shard_map` with `manual_sharding_spec` (see
+      `maskc.kernels.splash.make_kernel`).
 
   Returns:
     `(fwd_mask_info, dq_mask_info, dkv_mask_info, mask_function_or_None)`. The dq
@@ -70,7 +80,8 @@ def splash_mask_info(bm, downcast_smem_data: bool = True, *,
     layout (`is_dynamic_mask=True`, every tile's block stored).
 
   Raises:
-    MaskValueError: a length is not a multiple of its tile size.
+    MaskValueError: a length is not a multiple of its tile size, or the shards do
+      not divide the q tiles or the heads.
     BackendError: the map has a batch axis (splash has none).
 
   >>> import maskc
@@ -91,8 +102,9 @@ def splash_mask_info(bm, downcast_smem_data: bool = True, *,
         f"{bm.batch}",
         hint="Use backend='xla' or 'flash'; the splash backend itself lowers `document(s)` "
              "with batched segment ids to splash SegmentIds.")
+  _check_shards(bm, head_shards, q_seq_shards)
   if not bm.is_static:
-    return _dynamic_info(bm, downcast_smem_data)
+    return _dynamic_info(bm, downcast_smem_data, head_shards, q_seq_shards)
   unique = len(bm.masks)
   if use_mask_function is None:
     use_mask_function = unique == 1 and not bm.predicates[0].reads_arrays
@@ -101,11 +113,11 @@ def splash_mask_info(bm, downcast_smem_data: bool = True, *,
                          f"{unique} distinct head masks", hint="Pass use_mask_function=False.")
   blocks, ids = _partial_blocks(bm)
   if unique == 1:
-    fwd = _shrunk_info(bm, ids, blocks, dkv=False)
-    dkv = _shrunk_info(bm, ids, blocks, dkv=True)
+    fwd = _shrunk_info(bm, ids, blocks, False, head_shards, q_seq_shards)
+    dkv = _shrunk_info(bm, ids, blocks, True, head_shards, q_seq_shards)
   else:
-    fwd = _per_head_info(bm, ids, blocks, dkv=False)
-    dkv = _per_head_info(bm, ids, blocks, dkv=True)
+    fwd = _per_head_info(bm, ids, blocks, False, head_shards, q_seq_shards)
+    dkv = _per_head_info(bm, ids, blocks, True, head_shards, q_seq_shards)
   fn = None
   if use_mask_function:
     pred = bm.predicates[0]
@@ -120,6 +132,21 @@ def splash_mask_info(bm, downcast_smem_data: bool = True, *,
   if downcast_smem_data:
     fwd, dkv = _downcast(fwd), _downcast(dkv)
   return fwd, fwd, dkv, fn
+
+
+def _check_shards(bm, head_shards: int, q_seq_shards: int) -> None:
+  """Raises unless the shards split the q tiles (and the heads of a per-head map) evenly."""
+  for name, n in (("head_shards", head_shards), ("q_seq_shards", q_seq_shards)):
+    if not isinstance(n, (int, np.integer)) or n < 1:
+      raise MaskValueError(f"{name} must be a positive int, got {n!r}")
+  if bm.n_q_tiles % q_seq_shards:
+    raise MaskValueError(
+        f"q_seq_shards={q_seq_shards} must divide the {bm.n_q_tiles} q tiles "
+        f"(q_len={bm.q_len}, block_q={bm.block_q}): each shard holds whole tiles",
+        hint="Pick a block_q that makes the q tiles a multiple of the shards.")
+  heads = bm.heads
+  if heads is not None and heads % head_shards:
+    raise MaskValueError(f"head_shards={head_shards} must divide the mask's {heads} heads")
 
 
 # ----------------------------------------------------------------------------- static
@@ -191,68 +218,139 @@ def _next_ids(order_keys: np.ndarray, partial_keys: np.ndarray, partial_ids: np.
   return pid[pos].astype(np.int32)
 
 
-def _shrunk_info(bm, ids, blocks, dkv: bool) -> MaskInfo:
-  """One mask: splash's shrunk grid `[1, nq, width]` (forward) or `[1, height, nk]` (dkv)."""
+def _shrunk_info(bm, ids, blocks, dkv: bool, head_shards: int = 1,
+                 q_seq_shards: int = 1) -> MaskInfo:
+  """One mask: splash's shrunk grid `[S_h, nq, width]` (forward) or `[S_h, height, nk]` (dkv).
+
+  Each q shard is shrunk on its own (indices relative to its rows), then padded
+  to the widest (forward) or tallest (dkv) shard as splash pads: block_mask with
+  0, the index arrays with copies of their last column (row).
+  """
   nq, nk = bm.n_q_tiles, bm.n_kv_tiles
+  rows = nq // q_seq_shards
   pi, pj, pid = ids[0]
-  if not dkv:
-    line, other, st = _tiles(bm.rows, 0)           # line = q tile, other = key tile
-    i, j = line, other
-    key, pkey = i * nk + j, pi * nk + pj
+  line, other, st = _tiles(bm.cols if dkv else bm.rows, 0)
+  i, j = (other, line) if dkv else (line, other)
+  shards = []
+  for s in range(q_seq_shards):
+    lo = s * rows
+    sel = (i >= lo) & (i < lo + rows)
+    psel = (pi >= lo) & (pi < lo + rows)
+    shards.append(_shrunk_shard(i[sel] - lo, j[sel], st[sel], pi[psel] - lo, pj[psel], pid[psel],
+                                rows, nk, dkv, blocks is not None))
+  axis = 0 if dkv else 1                    # dkv shrinks the q axis, forward the key axis
+  size = max(x[0].shape[axis] for x in shards)
+
+  def pad(a, mode):
+    widths = [(0, 0), (0, 0)]
+    widths[axis] = (0, size - a.shape[axis])
+    return np.pad(a, widths, mode=mode) if mode == "edge" else np.pad(a, widths)
+
+  block_mask = np.concatenate([pad(x[0], "constant") for x in shards], axis=0)
+  data_next = np.concatenate([pad(x[1], "edge") for x in shards], axis=0)
+  mask_next = (None if blocks is None else
+               np.concatenate([pad(x[2], "edge") for x in shards], axis=0))
+  lead = lambda a: None if a is None else np.repeat(a[None], head_shards, axis=0)
+  partial = None if blocks is None else (np.swapaxes(blocks, -1, -2) if dkv else blocks)
+  return MaskInfo(data_next=lead(data_next), mask_next=lead(mask_next),
+                  block_mask=lead(block_mask), partial_mask_blocks=partial, q_sequence=None)
+
+
+def _shrunk_shard(i, j, st, pi, pj, pid, rows: int, nk: int, dkv: bool, stored: bool):
+  """One q shard's shrunk `(block_mask, data_next, mask_next)`; `i` relative to the shard.
+
+  Tiles come sorted by line (q tile forward, key tile for dkv) then the other index.
+  A tile's slot holds its state and its data index (key tile forward, the shard's
+  q tile for dkv); `mask_next` is the block id of the first partial tile at or
+  after it in splash's walk over the shard, wrapping to the shard's first.
+  """
+  if dkv:
+    line, other, n_lines = j, i, nk
+    key, pkey = j * rows + i, pj * rows + pi
   else:
-    line, other, st = _tiles(bm.cols, 0)           # line = key tile, other = q tile
-    i, j = other, line
-    key, pkey = j * nq + i, pj * nq + pi
-  n_lines = nk if dkv else nq
+    line, other, n_lines = i, j, rows
+    key, pkey = i * nk + j, pi * nk + pj
   count = np.bincount(line, minlength=n_lines)
   width = max(1, int(count.max()) if count.size else 1)
   first = np.concatenate([[0], np.cumsum(count)[:-1]])
   slot = np.arange(line.size) - first[line]
   if dkv:
     slot = slot + (width - count[line])              # splash pads dkv columns at the front
-  shape = (width, nk) if dkv else (nq, width)
+  shape = (width, nk) if dkv else (rows, width)
   where = (slot, line) if dkv else (line, slot)
   block_mask = np.zeros(shape, np.int32)
   data_next = np.zeros(shape, np.int32)
   block_mask[where] = st
   data_next[where] = other
   mask_next = None
-  partial = None
-  if blocks is not None:
+  if stored:
     mask_next = np.zeros(shape, np.int32)
     mask_next[where] = _next_ids(key, pkey, pid)
-    partial = np.swapaxes(blocks, -1, -2) if dkv else blocks
-  return MaskInfo(data_next=data_next[None], mask_next=None if mask_next is None else
-                  mask_next[None], block_mask=block_mask[None], partial_mask_blocks=partial,
-                  q_sequence=None)
+  return block_mask, data_next, mask_next
 
 
-def _per_head_info(bm, ids, blocks, dkv: bool) -> MaskInfo:
-  """Several masks: splash's unshrunk per-head grid `[H, nq, nk]`."""
+def _per_head_info(bm, ids, blocks, dkv: bool, head_shards: int = 1,
+                   q_seq_shards: int = 1) -> MaskInfo:
+  """Several masks: splash's unshrunk grid `[R, nq, nk]`, walked per (head shard, q shard).
+
+  R is the number of head shards when every shard's heads share one mask (each
+  row that mask), else the number of heads. Within a slice splash walks heads,
+  q tiles, key tiles (forward) or key tiles, heads, q tiles (dkv); every position
+  holds the data index of the first non-empty tile at or after it (the key tile,
+  or the q tile relative to the shard for dkv) and the block id of the first
+  partial one, wrapping to the slice's first.
+  """
   nq, nk = bm.n_q_tiles, bm.n_kv_tiles
   heads = len(bm.head_index)
-  grids = np.asarray(bm.grid, np.int32)             # [H, nq, nk]
-  h, i, j = np.meshgrid(np.arange(heads), np.arange(nq), np.arange(nk), indexing="ij")
-  key = ((j * heads + h) * nq + i) if dkv else ((h * nq + i) * nk + j)
-  nonempty = grids != EMPTY
-  nkeys = np.sort(key[nonempty])
+  per_shard = heads // head_shards
+  shard_masks = [set(bm.head_index[s * per_shard:(s + 1) * per_shard])
+                 for s in range(head_shards)]
+  if all(len(m) == 1 for m in shard_masks):
+    row_heads = [s * per_shard for s in range(head_shards)]
+    slice_rows = 1
+  else:
+    row_heads = list(range(heads))
+    slice_rows = per_shard
+  grids = np.asarray(bm.grid, np.int32)[np.asarray(row_heads)]      # [R, nq, nk]
+  pids = np.full(grids.shape, -1, np.int64)
+  for r, h in enumerate(row_heads):
+    pi, pj, pid = ids[bm.head_index[h]]
+    pids[r, pi, pj] = pid
+  rows = nq // q_seq_shards
   data_next = np.zeros(grids.shape, np.int32)
-  if nkeys.size:
-    pos = np.searchsorted(nkeys, key.reshape(-1))
-    nxt = nkeys[np.where(pos >= nkeys.size, 0, pos)]
-    data_next = (nxt % nq if dkv else nxt % nk).reshape(grids.shape).astype(np.int32)
-  mask_next = partial = None
+  mask_next = np.zeros(grids.shape, np.int32)
+  for r0 in range(0, len(row_heads), slice_rows):
+    for q0 in range(0, nq, rows):
+      g = grids[r0:r0 + slice_rows, q0:q0 + rows]
+      p = pids[r0:r0 + slice_rows, q0:q0 + rows]
+      idx = np.indices(g.shape)                    # (row, q tile in shard, key tile)
+      data = idx[1] if dkv else idx[2]
+      if dkv:                                      # walk order: key tile, row, q tile
+        order = lambda a: np.moveaxis(a, 2, 0)
+        back = lambda a: np.moveaxis(a, 0, 2)
+      else:
+        order = back = lambda a: a
+      gw, dw, pw = (order(a).reshape(-1) for a in (g, data, p))
+      shape = order(g).shape
+      dn = _next_in_walk(gw != EMPTY, dw)
+      mn = _next_in_walk(pw >= 0, pw)
+      data_next[r0:r0 + slice_rows, q0:q0 + rows] = back(dn.reshape(shape))
+      mask_next[r0:r0 + slice_rows, q0:q0 + rows] = back(mn.reshape(shape))
+  partial = None
   if blocks is not None:
-    pk, pids = [], []
-    for hh, u in enumerate(bm.head_index):
-      pi, pj, pid = ids[u]
-      pk.append(((pj * heads + hh) * nq + pi) if dkv else ((hh * nq + pi) * nk + pj))
-      pids.append(pid)
-    mask_next = _next_ids(key.reshape(-1), np.concatenate(pk), np.concatenate(pids)).reshape(
-        grids.shape)
     partial = np.swapaxes(blocks, -1, -2) if dkv else blocks
-  return MaskInfo(data_next=data_next, mask_next=mask_next, block_mask=grids,
-                  partial_mask_blocks=partial, q_sequence=None)
+  return MaskInfo(data_next=data_next, mask_next=None if blocks is None else mask_next,
+                  block_mask=grids, partial_mask_blocks=partial, q_sequence=None)
+
+
+def _next_in_walk(hit: np.ndarray, value: np.ndarray) -> np.ndarray:
+  """For each position of a walk, `value` at the first hit at or after it (wrapping); 0s if none."""
+  where = np.flatnonzero(hit)
+  if not where.size:
+    return np.zeros(hit.shape, np.int32)
+  pos = np.searchsorted(where, np.arange(hit.size), side="left")
+  pos = np.where(pos >= where.size, 0, pos)
+  return value[where[pos]].astype(np.int32)
 
 
 def _downcast(info: MaskInfo) -> MaskInfo:
@@ -271,8 +369,13 @@ def _downcast(info: MaskInfo) -> MaskInfo:
 # ----------------------------------------------------------------------------- dynamic
 
 
-def _dynamic_info(bm, downcast: bool):
-  """Splash's dynamic layout from a traced map: every tile's block stored, per mask head."""
+def _dynamic_info(bm, downcast: bool, head_shards: int = 1, q_seq_shards: int = 1):
+  """Splash's dynamic layout from a traced map: every tile's block stored, per mask head.
+
+  Indices are relative to each (head shard, q shard) slice, as splash's
+  `process_dynamic_mask` lays them out. One mask for all heads is given one head
+  per head shard (splash would take the mask broadcast to `head_shards` heads).
+  """
   import jax.numpy as jnp
 
   bq, bk = bm.block_q, bm.block_kv
@@ -290,23 +393,28 @@ def _dynamic_info(bm, downcast: bool):
   per_head = [dense[u] for u in (bm.head_index or (0,))]
   full = jnp.stack([jnp.broadcast_to(d, (bm.q_len, bm.kv_len)) for d in per_head])
   blocks = full.reshape(-1, nq, bq, nk, bk).swapaxes(-2, -3)   # [H, nq, nk, bq, bk]
+  if grid.shape[0] == 1 and head_shards > 1:
+    grid = jnp.broadcast_to(grid, (head_shards, nq, nk))
+    blocks = jnp.broadcast_to(blocks, (head_shards,) + blocks.shape[1:])
   heads = grid.shape[0]
-  flat = jnp.arange(heads * nq * nk, dtype=jnp.int32).reshape(grid.shape)
+  per_shard, rows = heads // head_shards, nq // q_seq_shards
+  h, i, j = np.indices(grid.shape)
+  flat = jnp.asarray((((h % per_shard) * rows + i % rows) * nk + j).astype(np.int32))
   mask_next = jnp.where(grid == PARTIAL, flat, 0)
-  cols = jnp.broadcast_to(jnp.arange(nk, dtype=jnp.int32)[None, None, :], grid.shape)
-  rows = jnp.broadcast_to(jnp.arange(nq, dtype=jnp.int32)[None, :, None], grid.shape)
+  cols = jnp.asarray(j.astype(np.int32))
+  local_rows = jnp.asarray((i % rows).astype(np.int32))
 
-  def info(data_next, partial):
+  def info(data_next, partial, data_top):
     block_mask, dn, mn = grid, data_next, mask_next
     if downcast:
       block_mask = block_mask.astype(jnp.int8)
-      dn = dn.astype(_small_type(max(nq, nk)))
-      mn = mn.astype(_small_type(heads * nq * nk))
+      dn = dn.astype(_small_type(data_top))
+      mn = mn.astype(_small_type(per_shard * rows * nk))
     return MaskInfo(data_next=dn, mask_next=mn, block_mask=block_mask, partial_mask_blocks=partial,
                     q_sequence=None, is_dynamic_mask=True)
 
-  fwd = info(jnp.where(grid == EMPTY, 0, cols), blocks)
-  dkv = info(jnp.where(grid == EMPTY, 0, rows), blocks.swapaxes(-1, -2))
+  fwd = info(jnp.where(grid == EMPTY, 0, cols), blocks, nk)
+  dkv = info(jnp.where(grid == EMPTY, 0, local_rows), blocks.swapaxes(-1, -2), rows)
   return fwd, fwd, dkv, None
 
 
