@@ -1,24 +1,265 @@
 """The dynamic lowering path: traced operands or offset, under `jit`.
 
 The same range analysis as the static path, over the whole tile grid in
-jax.numpy, with shapes from the lengths and tile sizes only. Ambiguous PARTIAL
-tiles are refined in rounds of a fixed number of tiles inside a `while_loop`, so
-the cost follows their number; `refine_budget` caps it, leaving any beyond
-PARTIAL (sound).
+jax.numpy, with shapes from the lengths and tile sizes only. Per-token operands
+are read through blocked range tables (`maskc._analysis.BlockedRange`): a few
+operand-sized arrays, cheap to build and to compile.
+
+Ambiguous PARTIAL tiles (the analysis cannot prove them mixed) are listed once,
+in order, and decided in rounds of a fixed number of tiles inside `while_loop`s,
+so the cost follows their number, never the grid's, per round:
+
+1. by *pieces*, as the static path does: each tile line is cut where an operand
+   read along it (`x[q + c]`, `x[k + c]`) changes, up to `MAX_CUTS` cuts per line;
+   within a piece every such read is one value, which makes the analysis exact on
+   prelude masks;
+2. by 4 x 4 and 16 x 16 sub-rectangles, for tiles pieces leave undecided;
+3. by evaluating the mask on the tile, at most `refine_budget` tiles; any beyond
+   stay PARTIAL (sound).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from maskc import _ir as ir
-from maskc._analysis import PARTIAL, Analyzer, Tables
+from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, unit_read
 from maskc._bind import Shape
+from maskc._operand_runs import reads_at
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK,
                                  Budget, evaluate_tiles, subdivide)
 from maskc._tiles import runs_from_grid
+
+MAX_CUTS = 4  # operand changes a tile line may be cut at (pieces per tile: (MAX_CUTS + 1) ** 2)
+
+
+def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budget):
+  """Decides the ambiguous tiles: `decide` on `chunk` at a time, then `evaluate` what it leaves.
+
+  The ambiguous tiles are listed once, in order, by one sort (XLA compiles a sort
+  far faster than a prefix sum, an associative scan of log2(N) levels, and
+  compile time is much of a traced lowering's cost). A `while_loop` takes them
+  `chunk` at a time; within each chunk, the tiles `decide` leaves ambiguous are
+  listed by a small sort and evaluated `eval_chunk` at a time in an inner loop,
+  as long as fewer than `budget` tiles were evaluated. No round looks at the
+  whole grid.
+
+  Args:
+    flat: the flat tile states, `[N]`.
+    ambiguous: `[N]` bool.
+    decide: flat tile indices `[chunk]` (clipped to real tiles) -> (states, still
+      ambiguous), or None to evaluate every ambiguous tile.
+    evaluate: flat tile indices `[eval_chunk]` -> exact states.
+    budget: at most how many tiles to evaluate (None: all).
+  """
+  n = flat.shape[0]
+  padded = -(-n // chunk) * chunk
+  todo = jnp.sort(jnp.where(ambiguous, jnp.arange(n, dtype=jnp.int32), n))
+  todo = jnp.concatenate([todo, jnp.full((padded - n + 1,), n, jnp.int32)])
+  local_size = -(-chunk // eval_chunk) * eval_chunk + 1
+  positions = jnp.arange(chunk, dtype=jnp.int32)
+
+  def body(carry):
+    r, flat, used = carry
+    idx = jax.lax.dynamic_slice(todo, (r * chunk,), (chunk,))
+    if decide is None:
+      unresolved = idx < n
+    else:
+      new, unresolved = decide(jnp.minimum(idx, n - 1))
+      # Entries past the list carry the out-of-bounds index N and are dropped: writing
+      # them to a real tile would put its old value back over the real update.
+      flat = flat.at[idx].set(new.astype(flat.dtype), mode="drop")
+      unresolved = unresolved & (idx < n)
+    local = jnp.sort(jnp.where(unresolved, positions, chunk))
+    local = jnp.concatenate([local, jnp.full((local_size - chunk,), chunk, jnp.int32)])
+
+    def more(c):
+      going = local[c[0] * eval_chunk] < chunk
+      return going if budget is None else going & (c[2] < budget)
+
+    def step(c):
+      s, flat, used = c
+      at = jax.lax.dynamic_slice(local, (s * eval_chunk,), (eval_chunk,))
+      valid = at < chunk
+      if budget is not None:
+        valid = valid & (used + jnp.arange(eval_chunk) < budget)
+      tiles = jnp.where(valid, idx[jnp.minimum(at, chunk - 1)], n)
+      flat = flat.at[tiles].set(evaluate(jnp.minimum(tiles, n - 1)).astype(flat.dtype),
+                                mode="drop")
+      return s + 1, flat, used + valid.sum(dtype=jnp.int32)
+
+    _, flat, used = jax.lax.while_loop(more, step, (jnp.int32(0), flat, used))
+    return r + 1, flat, used
+
+  def going(carry):
+    return todo[carry[0] * chunk] < n
+
+  _, flat, _ = jax.lax.while_loop(going, body, (jnp.int32(0), flat, jnp.int32(0)))
+  return flat
+
+
+class _Lines:
+  """The tile lines of one axis, their pieces, and the values read along them.
+
+  Attributes:
+    starts, ends: `[nb, n_lines, MAX_CUTS + 1]` inclusive position bounds of each
+      line's pieces (`ends < starts`: no piece). A line is cut where an operand read
+      along the axis (`x[q + c]`) changes, unless it changes more than `MAX_CUTS`
+      times: then the line is one piece.
+    tile: `{(table, axis, c): (min, max)}`, `[nb, n_lines]`: each read over each line.
+    piece: per read, where its min and max per piece are in `packed`: on a cut line
+      each read is one value per piece; an uncut line's one piece has the line's range.
+    packed: `[nb * n_lines, F, MAX_CUTS + 1]`: `starts`, `ends` and the pieces' values.
+  """
+
+  def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, axis: str, nb: int):
+    n_lines, block, length = (geo.nq, geo.bq, geo.shape.q_len) if axis == "q" else (
+        geo.nk, geo.bk, geo.shape.kv_len)
+    t = jnp.arange(n_lines)
+    lo = t * block
+    hi = jnp.minimum((t + 1) * block, length) - 1
+    if axis == "q":
+      lo, hi = lo + geo.shape.q_offset, hi + geo.shape.q_offset
+    lo = jnp.broadcast_to(lo, (nb, n_lines))
+    hi = jnp.broadcast_to(hi, (nb, n_lines))
+    # Shifts beyond any length read clipped ends only; they would leave int32 here.
+    reads = [(n, c) for n, c in reads_at(m, axis) if abs(c) < 1 << 30]
+    self.tile, self.piece = {}, {}
+    cuts, total = [], jnp.zeros((nb, n_lines), jnp.int32)
+    step = jnp.arange(block, dtype=jnp.int32)
+    windows = []
+    for name, shift in reads:
+      a = tables.arrays[name]
+      size = a.shape[-1]
+      # the line's tokens (at most `block`), clipped to the operand as range queries are
+      i_lo = jnp.clip(lo + shift, 0, size - 1)
+      i_hi = jnp.clip(hi + shift, 0, size - 1)
+      c = i_lo[..., None] + step
+      inside = c <= i_hi[..., None]
+      rows = jnp.arange(a.shape[0])[:, None, None] if a.shape[0] > 1 else 0
+      v = a[rows, jnp.minimum(c, size - 1)]
+      info = np.iinfo(a.dtype)
+      self.tile[(name, axis, shift)] = (jnp.where(inside, v, info.max).min(-1),
+                                        jnp.where(inside, v, info.min).max(-1))
+      # changes at token c (a[c] != a[c - 1]) with lo + shift < c <= hi + shift
+      change = inside[..., 1:] & (v[..., 1:] != v[..., :-1])
+      total = total + change.sum(-1, dtype=jnp.int32)
+      cut = jnp.where(change, c[..., 1:] - shift, hi[..., None] + 1)
+      cuts.append(cut)
+      windows.append((name, shift, a, rows, size))
+    self.axis = axis
+    self._cuts, self._total, self._windows, self._lo, self._hi = cuts, total, windows, lo, hi
+    self.starts = self.ends = None
+
+  def cut(self) -> None:
+    """Cuts the lines into pieces (`starts`, `ends`, `piece`): for refinement only."""
+    cuts, total, windows, lo, hi = self._cuts, self._total, self._windows, self._lo, self._hi
+    axis = self.axis
+    c = jnp.sort(jnp.concatenate(cuts, axis=-1), axis=-1)
+    cut = total <= MAX_CUTS
+    c = jnp.where(cut[..., None], c[..., :MAX_CUTS], hi[..., None] + 1)
+    # Pieces start at the line's lo, then at each cut, and end before the next start:
+    # a cut repeated (two reads change together) leaves an empty piece, as do unused slots.
+    self.starts = jnp.concatenate([lo[..., None], c], axis=-1)
+    self.ends = jnp.concatenate([c - 1, hi[..., None]], axis=-1)
+    fields = [self.starts, self.ends]
+    for name, shift, a, rows, size in windows:
+      point = a[rows, jnp.clip(self.starts + shift, 0, size - 1)]
+      t_min, t_max = self.tile[(name, axis, shift)]
+      self.piece[(name, axis, shift)] = len(fields)
+      fields += [jnp.where(cut[..., None], point, t_min[..., None]),
+                 jnp.where(cut[..., None], point, t_max[..., None])]
+    # one array, so that a round gathers a tile's pieces once: `[nb * n_lines, F, pieces]`
+    stacked = jnp.stack(fields, axis=2)
+    self.packed = stacked.reshape((-1,) + stacked.shape[2:])
+    self.n_lines = lo.shape[1]
+
+  @property
+  def any_reads(self) -> bool:
+    return bool(self.tile)
+
+
+def _verdicts(t, real):
+  """Per tile, from its parts' truths `[n, a, b]` (`real`: which parts exist): (state, mixed).
+
+  A FULL part (or a certain PARTIAL one) witnesses a true position, an EMPTY one a
+  false position; a tile with both is PARTIAL for sure.
+  """
+  shape = real.shape
+  state = jnp.broadcast_to(jnp.asarray(t.state), shape)
+  certain = jnp.broadcast_to(jnp.asarray(t.certain, bool), shape) & (state == PARTIAL)
+  has_true = jnp.any(real & ((state == FULL) | certain), axis=(1, 2))
+  has_false = jnp.any(real & ((state == EMPTY) | certain), axis=(1, 2))
+  all_full = jnp.all(~real | (state == FULL), axis=(1, 2))
+  all_empty = jnp.all(~real | (state == EMPTY), axis=(1, 2))
+  out = jnp.where(all_full, FULL, jnp.where(all_empty, EMPTY, PARTIAL)).astype(jnp.int8)
+  return out, has_true & has_false
+
+
+def _decide_by_pieces(m, geo: TileGeometry, tables: Tables, lines, batch, b, i, j):
+  """States of tiles `(b, i, j)` from their pieces, and whether each stays ambiguous.
+
+  Pieces are exact on prelude masks, where every read is constant over them.
+  """
+  q, k = lines
+  qp = q.packed[b * q.n_lines + i][:, :, :, None]  # [n, F, pieces, 1]
+  kp = k.packed[b * k.n_lines + j][:, :, None, :]  # [n, F, 1, pieces]
+  known = {key: (qp[:, f], qp[:, f + 1]) for key, f in q.piece.items()}
+  known.update({key: (kp[:, f], kp[:, f + 1]) for key, f in k.piece.items()})
+  ql, qh, kl, kh = qp[:, 0], qp[:, 1], kp[:, 0], kp[:, 1]
+  real = (qh >= ql) & (kh >= kl)
+  t = Analyzer(jnp, tables, ql, jnp.maximum(qh, ql), kl, jnp.maximum(kh, kl),
+               b[:, None, None] if batch else 0, geo.pos_ok,
+               spans={"q": geo.bq, "k": geo.bk}, known=known).truth(m)
+  out, mixed = _verdicts(t, real)
+  # Where positions leave the integer type the bounds wrapped: left to the next step.
+  out = jnp.where(geo.pos_ok, out, PARTIAL).astype(jnp.int8)
+  return out, ((out == PARTIAL) & ~mixed) | ~jnp.asarray(geo.pos_ok)
+
+
+def _subdivide(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, parts: int):
+  """Decides tiles `(b, i, j)` from their `parts x parts` sub-rectangles, without evaluating.
+
+  `maskc._tile_refine.subdivide` for default positions (`q_offset + row`, `col`),
+  which bounds every sub-rectangle's extent, so that reads along an axis are read
+  directly (`Analyzer(spans=...)`) instead of through range tables.
+  """
+  sub = jnp.arange(parts)
+  q0, k0 = i * geo.bq, j * geo.bk
+  q_len = jnp.minimum(geo.bq, geo.shape.q_len - q0)
+  k_len = jnp.minimum(geo.bk, geo.shape.kv_len - k0)
+  q_lo = q0[:, None] + (sub[None, :] * q_len[:, None]) // parts + geo.shape.q_offset
+  q_hi = q0[:, None] + ((sub[None, :] + 1) * q_len[:, None]) // parts - 1 + geo.shape.q_offset
+  k_lo = k0[:, None] + (sub[None, :] * k_len[:, None]) // parts
+  k_hi = k0[:, None] + ((sub[None, :] + 1) * k_len[:, None]) // parts - 1
+  ql, qh = q_lo[:, :, None], q_hi[:, :, None]
+  kl, kh = k_lo[:, None, :], k_hi[:, None, :]
+  real = (qh >= ql) & (kh >= kl)
+  spans = {"q": -(-geo.bq // parts), "k": -(-geo.bk // parts)}
+  t = Analyzer(jnp, tables, ql, jnp.maximum(qh, ql), kl, jnp.maximum(kh, kl),
+               b if np.isscalar(b) else b[:, None, None], geo.pos_ok, spans=spans).truth(m)
+  out, mixed = _verdicts(t, real)
+  return out, (out == PARTIAL) & ~mixed
+
+
+def _prepare_tables(m: ir.Mask, tables: Tables, spans: bool) -> None:
+  """Builds the tables the analysis of `m` reads, before any loop (whose traces stay inside).
+
+  With `spans`, reads at `q + c` and `k + c` need none; any other per-token read a
+  `BlockedRange`, and pairwise reads their prefix sums.
+  """
+  for n in ir.walk(m):
+    if isinstance(n, ir.Read):
+      name = ir.array_key(n)
+      tables.monotone(name)
+      tables.whole(name)
+      if not (spans and unit_read(n.index) is not None):
+        tables.blocked(name)
+    elif isinstance(n, ir.PairRead):
+      tables.prefix(n.operand.name)
 
 
 def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
@@ -38,15 +279,23 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   if geo.ka is not None:
     k_lo, k_hi = geo.ka.tmin[:, None, :], geo.ka.tmax[:, None, :]
     dense = dense & geo.ka.dense_tiles[:, None, :]
+  spans = not geo.positions  # tile extents bound reads along an axis (not position hulls)
+  _prepare_tables(m, tables, spans)
+  lines, known = None, {}
+  if spans:  # every read along an axis read once per line, for the grid and the pieces
+    lines = (_Lines(m, geo, tables, "q", nb), _Lines(m, geo, tables, "k", nb))
+    known = {key: (lo[:, :, None], hi[:, :, None]) for key, (lo, hi) in lines[0].tile.items()}
+    known.update({key: (lo[:, None, :], hi[:, None, :])
+                  for key, (lo, hi) in lines[1].tile.items()})
   b = jnp.arange(nb)[:, None, None] if batch else 0
-  t = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b, geo.pos_ok).truth(m)
+  t = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b, geo.pos_ok,
+               spans={"q": geo.bq, "k": geo.bk} if spans else None, known=known).truth(m)
   full_shape = (nb, geo.nq, geo.nk)
   state = jnp.broadcast_to(jnp.asarray(t.state, jnp.int8), full_shape)
   if not refine:
     return state
   certain = jnp.broadcast_to(jnp.asarray(t.certain, bool) & dense, full_shape)
   ambiguous = ((state == PARTIAL) & ~certain).reshape(-1)
-  total = ambiguous.size
   tiles = geo.nq * geo.nk
 
   def coords(idx):
@@ -54,47 +303,43 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     ti, tj = jnp.divmod(rest, geo.nk)
     return (tb if batch else 0), ti, tj
 
-  def rounds(decide, chunk, budget_tiles):
-    """Applies `decide` to the ambiguous tiles, `chunk` at a time, in a while_loop."""
-    chunk = max(1, min(total, chunk))
-    limit = -(-total // chunk) if budget_tiles is None else max(0, -(-int(budget_tiles) // chunk))
+  items = max(1, min(PIECE_CHUNK, memory.items(ITEM_BYTES)))
+  if lines is not None and (lines[0].any_reads or lines[1].any_reads):
+    # pieces: exact on prelude masks, one analysis per pair of pieces
+    lines[0].cut()
+    lines[1].cut()
+    per_tile = lines[0].starts.shape[-1] * lines[1].starts.shape[-1]
 
-    def body(carry):
-      flat_state, todo, left, n = carry
-      (idx,) = jnp.nonzero(todo, size=chunk, fill_value=total)
-      valid = idx < total
-      new, unresolved = decide(*coords(jnp.where(valid, idx, 0)))
-      # Padding entries carry the out-of-bounds index `total` and are dropped: writing
-      # them to a real tile would put its old value back over the real update.
-      flat_state = flat_state.at[idx].set(new.astype(flat_state.dtype), mode="drop")
-      todo = todo.at[idx].set(False, mode="drop")
-      left = left.at[idx].set(unresolved, mode="drop")
-      return flat_state, todo, left, n + 1
+    def decide(idx):
+      tb, ti, tj = coords(idx)
+      return _decide_by_pieces(m, geo, tables, lines, batch,
+                               tb if batch else jnp.zeros_like(ti), ti, tj)
+  else:
+    # sub-rectangles, 4 x 4 then 16 x 16
+    per_tile = 256
 
-    def more(carry):
-      return jnp.logical_and(carry[1].any(), carry[3] < limit)
+    def decide(idx):
+      tb, ti, tj = coords(idx)
+      if spans:
+        out, amb = _subdivide(m, geo, tables, tb, ti, tj, 4)
+      else:
+        out, amb = subdivide(m, geo, tables, jnp, tb, ti, tj, 4)
+      if max(geo.bq, geo.bk) >= 16:
+        if spans:
+          out16, amb16 = _subdivide(m, geo, tables, tb, ti, tj, 16)
+        else:
+          out16, amb16 = subdivide(m, geo, tables, jnp, tb, ti, tj, 16)
+        out = jnp.where(amb, out16, out)
+        amb = amb & amb16
+      return out, amb
 
-    return body, more
+  def evaluate(idx):
+    tb, ti, tj = coords(idx)
+    return evaluate_tiles(m, geo, tables, jnp, tb, ti, tj)
 
-  def by_analysis(b, i, j):
-    out, amb = subdivide(m, geo, tables, jnp, b, i, j, 4)
-    if max(geo.bq, geo.bk) >= 16:
-      out16, amb16 = subdivide(m, geo, tables, jnp, b, i, j, 16)
-      out = jnp.where(amb, out16, out)
-      amb = amb & amb16
-    return out, amb
-
-  def by_evaluation(b, i, j):
-    return evaluate_tiles(m, geo, tables, jnp, b, i, j), jnp.zeros(i.shape, bool)
-
-  flat = state.reshape(-1)
-  none_left = jnp.zeros_like(ambiguous)
-  # Cost follows the number of ambiguous tiles: finer analysis first, then evaluation.
-  body, more = rounds(by_analysis, max(1, min(PIECE_CHUNK, memory.items(ITEM_BYTES)) // 256),
-                     None)
-  flat, _, left, _ = jax.lax.while_loop(more, body, (flat, ambiguous, none_left, 0))
-  body, more = rounds(by_evaluation, EVAL_CHUNK // (geo.bq * geo.bk), budget)
-  flat, _, _, _ = jax.lax.while_loop(more, body, (flat, left, none_left, 0))
+  flat = _refine(state.reshape(-1), ambiguous, decide, evaluate, max(1, items // per_tile),
+                 max(1, EVAL_CHUNK // (geo.bq * geo.bk)),
+                 None if budget is None else max(0, int(budget)))
   return flat.reshape(full_shape)
 
 
@@ -106,8 +351,8 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
   memory = memory or Budget(MEMORY_BUDGET)
   tables = Tables(jnp, operands)
   for name, a in operands.items():
-    if a.ndim == 2:  # per-token: sparse tables of log2(L) levels
-      memory.charge(a.size * 8 * max(1, a.shape[-1].bit_length()), f"the tables of `{name}`")
+    if a.ndim == 2:  # per-token: at most blocked range tables, about 6 arrays of its size
+      memory.charge(a.size * a.dtype.itemsize * 6, f"the tables of `{name}`")
   grid = jnp.stack([_dynamic_grid(m, geo, tables, batch, ref, budget, memory)
                     for m, ref in zip(masks, refine)], axis=1)
   return runs_from_grid(jnp, grid), runs_from_grid(jnp, jnp.swapaxes(grid, -1, -2))
