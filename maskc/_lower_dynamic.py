@@ -33,7 +33,8 @@ from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHU
                                  Budget, evaluate_tiles, subdivide)
 from maskc._tiles import runs_from_grid
 
-MAX_CUTS = 4  # operand changes a tile line may be cut at (pieces per tile: (MAX_CUTS + 1) ** 2)
+MAX_CUTS = 4  # operand changes a tile line may be cut at
+SUB_PARTS = 4  # and equal parts it is cut into (pieces per tile: (MAX_CUTS + SUB_PARTS) ** 2)
 
 
 def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budget):
@@ -128,54 +129,67 @@ class _Lines:
     # Shifts beyond any length read clipped ends only; they would leave int32 here.
     reads = [(n, c) for n, c in reads_at(m, axis) if abs(c) < 1 << 30]
     self.tile, self.piece = {}, {}
-    cuts, total = [], jnp.zeros((nb, n_lines), jnp.int32)
-    step = jnp.arange(block, dtype=jnp.int32)
-    windows = []
+    self.axis, self.n_lines = axis, n_lines
+    self._lo, self._hi = lo, hi
+    # Each read over each line's positions p = lo + t (t < block), its index clipped to
+    # the operand as range queries clip it; a change at p: the value differs from p - 1's.
+    p = lo[..., None] + jnp.arange(block, dtype=jnp.int32)
+    inside = p <= hi[..., None]
+    self._change = jnp.zeros(p.shape[:-1] + (block - 1,), bool)
+    self._reads = []
     for name, shift in reads:
       a = tables.arrays[name]
       size = a.shape[-1]
-      # the line's tokens (at most `block`), clipped to the operand as range queries are
-      i_lo = jnp.clip(lo + shift, 0, size - 1)
-      i_hi = jnp.clip(hi + shift, 0, size - 1)
-      c = i_lo[..., None] + step
-      inside = c <= i_hi[..., None]
       rows = jnp.arange(a.shape[0])[:, None, None] if a.shape[0] > 1 else 0
-      v = a[rows, jnp.minimum(c, size - 1)]
+      v = a[rows, jnp.clip(p + shift, 0, size - 1)]
       info = np.iinfo(a.dtype)
       self.tile[(name, axis, shift)] = (jnp.where(inside, v, info.max).min(-1),
                                         jnp.where(inside, v, info.min).max(-1))
-      # changes at token c (a[c] != a[c - 1]) with lo + shift < c <= hi + shift
-      change = inside[..., 1:] & (v[..., 1:] != v[..., :-1])
-      total = total + change.sum(-1, dtype=jnp.int32)
-      cut = jnp.where(change, c[..., 1:] - shift, hi[..., None] + 1)
-      cuts.append(cut)
-      windows.append((name, shift, a, rows, size))
-    self.axis = axis
-    self._cuts, self._total, self._windows, self._lo, self._hi = cuts, total, windows, lo, hi
-    self.starts = self.ends = None
+      self._change = self._change | (inside[..., 1:] & (v[..., 1:] != v[..., :-1]))
+      self._reads.append((name, shift, v, info))
+    self._p, self._inside = p, inside
 
   def cut(self) -> None:
-    """Cuts the lines into pieces (`starts`, `ends`, `piece`): for refinement only."""
-    cuts, total, windows, lo, hi = self._cuts, self._total, self._windows, self._lo, self._hi
-    axis = self.axis
-    c = jnp.sort(jnp.concatenate(cuts, axis=-1), axis=-1)
-    cut = total <= MAX_CUTS
-    c = jnp.where(cut[..., None], c[..., :MAX_CUTS], hi[..., None] + 1)
-    # Pieces start at the line's lo, then at each cut, and end before the next start:
-    # a cut repeated (two reads change together) leaves an empty piece, as do unused slots.
+    """Cuts the lines into pieces (`starts`, `ends`, `piece`, `packed`): for refinement only.
+
+    Cuts are the first `MAX_CUTS` positions where a read changes (none if it changes
+    more often) and the `SUB_PARTS` equal parts of the line, as the static path's
+    4 x 4 sub-rectangles: one analysis then does the work of both.
+    """
+    lo, hi, axis = self._lo, self._hi, self.axis
+    cut = self._change.sum(-1, dtype=jnp.int32) <= MAX_CUTS
+    at = lo[..., None] + 1 + jnp.arange(self._change.shape[-1], dtype=jnp.int32)
+    c = jnp.sort(jnp.where(self._change, at, hi[..., None] + 1), axis=-1)
+    pad = jnp.broadcast_to(hi[..., None] + 1, c.shape[:-1] + (MAX_CUTS,))
+    c = jnp.concatenate([c, pad], axis=-1)[..., :MAX_CUTS]  # lines shorter than MAX_CUTS
+    c = jnp.where(cut[..., None], c, hi[..., None] + 1)
+    length = (hi - lo + 1)[..., None]
+    parts = lo[..., None] + (jnp.arange(1, SUB_PARTS, dtype=jnp.int32) * length) // SUB_PARTS
+    c = jnp.sort(jnp.concatenate([c, parts], axis=-1), axis=-1)
+    # Pieces start at the line's lo, then at each cut, and end before the next start
+    # (a repeated cut or an unused slot makes an empty piece).
     self.starts = jnp.concatenate([lo[..., None], c], axis=-1)
     self.ends = jnp.concatenate([c - 1, hi[..., None]], axis=-1)
     fields = [self.starts, self.ends]
-    for name, shift, a, rows, size in windows:
-      point = a[rows, jnp.clip(self.starts + shift, 0, size - 1)]
-      t_min, t_max = self.tile[(name, axis, shift)]
+    # Each read's exact min and max per piece. On a cut line a read is constant between
+    # cuts: its value at the piece's start. An uncut line's pieces are its parts (the
+    # operand cuts are all past its end): the read's min and max over each part.
+    first = jnp.clip(self.starts - lo[..., None], 0, self._p.shape[-1] - 1)
+    in_part = ((self._p[..., None, :] >= self.starts[..., :SUB_PARTS, None]) &
+               (self._p[..., None, :] <= self.ends[..., :SUB_PARTS, None]) &
+               self._inside[..., None, :])
+    rest = self.starts.shape[-1] - SUB_PARTS
+    for name, shift, v, info in self._reads:
+      point = jnp.take_along_axis(v, first, axis=-1)
+      lo_v = jnp.where(in_part, v[..., None, :], info.max).min(-1)
+      hi_v = jnp.where(in_part, v[..., None, :], info.min).max(-1)
+      lo_v = jnp.concatenate([lo_v, point[..., SUB_PARTS:]], axis=-1) if rest else lo_v
+      hi_v = jnp.concatenate([hi_v, point[..., SUB_PARTS:]], axis=-1) if rest else hi_v
       self.piece[(name, axis, shift)] = len(fields)
-      fields += [jnp.where(cut[..., None], point, t_min[..., None]),
-                 jnp.where(cut[..., None], point, t_max[..., None])]
+      fields += [jnp.where(cut[..., None], point, lo_v), jnp.where(cut[..., None], point, hi_v)]
     # one array, so that a round gathers a tile's pieces once: `[nb * n_lines, F, pieces]`
     stacked = jnp.stack(fields, axis=2)
     self.packed = stacked.reshape((-1,) + stacked.shape[2:])
-    self.n_lines = lo.shape[1]
 
   @property
   def any_reads(self) -> bool:
@@ -305,7 +319,8 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
 
   items = max(1, min(PIECE_CHUNK, memory.items(ITEM_BYTES)))
   if lines is not None and (lines[0].any_reads or lines[1].any_reads):
-    # pieces: exact on prelude masks, one analysis per pair of pieces
+    # pieces: exact on prelude masks, one analysis per pair of pieces (the parts of the
+    # static path's 4 x 4 sub-rectangles included)
     lines[0].cut()
     lines[1].cut()
     per_tile = lines[0].starts.shape[-1] * lines[1].starts.shape[-1]
