@@ -35,7 +35,12 @@ def cases(n: int, batch: int):
   def imgs(s):
     return {"img": np.stack([image_spans(n, 4, 256, 2048, s * batch + r) for r in range(batch)])}
 
+  def rolled(s):  # as in compile_speed.py: the last document wraps to the front (unsorted)
+    return {"seg": np.stack([np.roll(packed_segments(n, s * batch + r), 1000 * (s + 1))
+                             for r in range(batch)])}
+
   return [("documents of 1K-8K", "causal & document(seg)", segs),
+          ("documents, rolled: unsorted ids", "causal & document(seg)", rolled),
           ("4 image spans of 256-2048", "causal & chunk(8192) | bidirectional(img)", imgs)]
 
 

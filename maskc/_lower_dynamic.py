@@ -29,9 +29,10 @@ from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, unit_read
 from maskc._bind import Shape
 from maskc._operand_runs import reads_at
 from maskc._tile_geometry import TileGeometry
+from maskc._evaluate import Env, evaluate_mask
 from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK,
-                                 Budget, evaluate_tiles, subdivide)
-from maskc._tiles import runs_from_grid
+                                 Budget, subdivide)
+from maskc._tiles import Runs
 
 MAX_CUTS = 4  # operand changes a tile line may be cut at
 SUB_PARTS = 4  # and equal parts it is cut into (pieces per tile: (MAX_CUTS + SUB_PARTS) ** 2)
@@ -159,13 +160,13 @@ class _Lines:
     lo, hi, axis = self._lo, self._hi, self.axis
     cut = self._change.sum(-1, dtype=jnp.int32) <= MAX_CUTS
     at = lo[..., None] + 1 + jnp.arange(self._change.shape[-1], dtype=jnp.int32)
-    c = jnp.sort(jnp.where(self._change, at, hi[..., None] + 1), axis=-1)
-    pad = jnp.broadcast_to(hi[..., None] + 1, c.shape[:-1] + (MAX_CUTS,))
-    c = jnp.concatenate([c, pad], axis=-1)[..., :MAX_CUTS]  # lines shorter than MAX_CUTS
-    c = jnp.where(cut[..., None], c, hi[..., None] + 1)
+    c = jnp.where(self._change & cut[..., None], at, hi[..., None] + 1)
     length = (hi - lo + 1)[..., None]
     parts = lo[..., None] + (jnp.arange(1, SUB_PARTS, dtype=jnp.int32) * length) // SUB_PARTS
-    c = jnp.sort(jnp.concatenate([c, parts], axis=-1), axis=-1)
+    pad = jnp.broadcast_to(hi[..., None] + 1, c.shape[:-1] + (MAX_CUTS,))  # short lines
+    # one sort: the cuts, then the unused slots (past the line's end)
+    c = jnp.sort(jnp.concatenate([c, parts, pad], axis=-1), axis=-1)[
+        ..., :MAX_CUTS + SUB_PARTS - 1]
     # Pieces start at the line's lo, then at each cut, and end before the next start
     # (a repeated cut or an unused slot makes an empty piece).
     self.starts = jnp.concatenate([lo[..., None], c], axis=-1)
@@ -200,17 +201,37 @@ def _verdicts(t, real):
   """Per tile, from its parts' truths `[n, a, b]` (`real`: which parts exist): (state, mixed).
 
   A FULL part (or a certain PARTIAL one) witnesses a true position, an EMPTY one a
-  false position; a tile with both is PARTIAL for sure.
+  false position; a tile with both is PARTIAL for sure. One OR-reduction of bit
+  flags per part (one kernel, not four).
   """
   shape = real.shape
   state = jnp.broadcast_to(jnp.asarray(t.state), shape)
   certain = jnp.broadcast_to(jnp.asarray(t.certain, bool), shape) & (state == PARTIAL)
-  has_true = jnp.any(real & ((state == FULL) | certain), axis=(1, 2))
-  has_false = jnp.any(real & ((state == EMPTY) | certain), axis=(1, 2))
-  all_full = jnp.all(~real | (state == FULL), axis=(1, 2))
-  all_empty = jnp.all(~real | (state == EMPTY), axis=(1, 2))
-  out = jnp.where(all_full, FULL, jnp.where(all_empty, EMPTY, PARTIAL)).astype(jnp.int8)
-  return out, has_true & has_false
+  flag = lambda x, bit: x.astype(jnp.int32) * bit  # noqa: E731
+  bits = (flag((state == FULL) | certain, 1) | flag((state == EMPTY) | certain, 2) |
+          flag(state != FULL, 4) | flag(state != EMPTY, 8))
+  bits = jnp.bitwise_or.reduce(jnp.where(real, bits, 0), axis=(1, 2))
+  out = jnp.where(bits & 4 == 0, FULL, jnp.where(bits & 8 == 0, EMPTY, PARTIAL)).astype(jnp.int8)
+  return out, bits & 3 == 3
+
+
+def _evaluate(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j):
+  """Exact states of tiles `(b, i, j)` by evaluating the mask on them.
+
+  `maskc._tile_refine.evaluate_tiles` for one chunk, with any and all in one
+  OR-reduction of bit flags (one kernel, not two).
+  """
+  bq, bk = geo.bq, geo.bk
+  rows = i[:, None, None] * bq + jnp.arange(bq)[None, :, None]
+  cols = j[:, None, None] * bk + jnp.arange(bk)[None, None, :]
+  valid = (rows < geo.shape.q_len) & (cols < geo.shape.kv_len)
+  bb = 0 if np.isscalar(b) else b[:, None, None]
+  q = geo.q_at(bb, jnp.minimum(rows, geo.shape.q_len - 1))
+  k = geo.k_at(bb, jnp.minimum(cols, geo.shape.kv_len - 1))
+  v = evaluate_mask(m, Env(jnp, q, k, tables.arrays, bb))
+  bits = jnp.where(valid, jnp.where(v, 1, 2), 0)
+  bits = jnp.bitwise_or.reduce(bits, axis=(1, 2))
+  return jnp.where(bits == 1, FULL, jnp.where(bits == 3, PARTIAL, EMPTY)).astype(jnp.int8)
 
 
 def _decide_by_pieces(m, geo: TileGeometry, tables: Tables, lines, batch, b, i, j):
@@ -312,10 +333,11 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   ambiguous = ((state == PARTIAL) & ~certain).reshape(-1)
   tiles = geo.nq * geo.nk
 
-  def coords(idx):
-    tb, rest = jnp.divmod(idx, tiles)
-    ti, tj = jnp.divmod(rest, geo.nk)
-    return (tb if batch else 0), ti, tj
+  def coords(idx):  # indices are never negative: truncating division, no sign fix-ups
+    rest = jax.lax.rem(idx, jnp.int32(tiles))
+    tb = jax.lax.div(idx, jnp.int32(tiles))
+    return (tb if batch else 0), jax.lax.div(rest, jnp.int32(geo.nk)), jax.lax.rem(
+        rest, jnp.int32(geo.nk))
 
   items = max(1, min(PIECE_CHUNK, memory.items(ITEM_BYTES)))
   if lines is not None and (lines[0].any_reads or lines[1].any_reads):
@@ -350,7 +372,7 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
 
   def evaluate(idx):
     tb, ti, tj = coords(idx)
-    return evaluate_tiles(m, geo, tables, jnp, tb, ti, tj)
+    return _evaluate(m, geo, tables, tb, ti, tj)
 
   flat = _refine(state.reshape(-1), ambiguous, decide, evaluate, max(1, items // per_tile),
                  max(1, EVAL_CHUNK // (geo.bq * geo.bk)),
@@ -370,4 +392,29 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
       memory.charge(a.size * a.dtype.itemsize * 6, f"the tables of `{name}`")
   grid = jnp.stack([_dynamic_grid(m, geo, tables, batch, ref, budget, memory)
                     for m, ref in zip(masks, refine)], axis=1)
-  return runs_from_grid(jnp, grid), runs_from_grid(jnp, jnp.swapaxes(grid, -1, -2))
+  return _runs(grid), _runs(jnp.swapaxes(grid, -1, -2))
+
+
+def _runs(grid) -> Runs:
+  """Maximal runs of equal non-empty states along the last axis of `grid` (`[..., n]`).
+
+  The runs of `maskc._tiles.runs_from_grid` (`R = n` slots), from one sort per line:
+  each tile gives a start key `8 j + state` where a run starts and an end key
+  `8 j + 4` where one ends, so the sorted keys alternate start, end, start, ...
+  and carry the run's state.
+  """
+  n = grid.shape[-1]
+  g = grid.astype(jnp.int32)
+  pad = jnp.zeros(g.shape[:-1] + (1,), jnp.int32)
+  prev = jnp.concatenate([pad, g[..., :-1]], axis=-1)
+  nxt = jnp.concatenate([g[..., 1:], pad], axis=-1)
+  j = jnp.arange(n, dtype=jnp.int32)
+  never = 8 * n + 8
+  start = jnp.where((g != prev) & (g != EMPTY), 8 * j + g, never)
+  end = jnp.where((g != nxt) & (g != EMPTY), 8 * j + 4, never)
+  keys = jnp.sort(jnp.stack([start, end], axis=-1).reshape(g.shape[:-1] + (2 * n,)), axis=-1)
+  first, last = keys[..., 0::2], keys[..., 1::2]
+  valid = first < never
+  count = valid.sum(-1, dtype=jnp.int32)
+  return Runs(jnp.where(valid, first // 8, 0), jnp.where(valid, last // 8 + 1, 0),
+              jnp.where(valid, first % 8, 0).astype(jnp.int8), count)

@@ -173,8 +173,8 @@ def test_traced_with_an_offset_equals_dense_reference(ops):
 def test_prelude_masks_on_few_runs_need_no_evaluation(monkeypatch):
   # Evaluation replaced by a wrong answer (state 3): a map equal to the reference
   # was decided by analysis of the operand pieces alone.
-  monkeypatch.setattr(_lower_dynamic, "evaluate_tiles",
-                      lambda m, geo, tables, xp, b, i, j: jnp.full(i.shape, 3, jnp.int8))
+  monkeypatch.setattr(_lower_dynamic, "_evaluate",
+                      lambda m, geo, tables, b, i, j: jnp.full(i.shape, 3, jnp.int8))
   rng = np.random.default_rng(7)
   # Runs of at least BQ / 2 tokens change at most twice along a tile line; the masks
   # read at most two operands along an axis (`runs(img)` changes where `img` does).
