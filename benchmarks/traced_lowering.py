@@ -22,9 +22,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import maskc  # noqa: E402
-from maskc import _lower  # noqa: E402
-from compile_speed import image_spans, packed_segments  # noqa: E402
+from compile_speed import image_spans, packed_segments
+
+import maskc
+from maskc import _lower
 
 
 def cases(n: int, batch: int):

@@ -79,7 +79,7 @@ class Tables:
       self._runs[name] = RunTable(self.arrays[name])
     return self._runs[name]
 
-  def blocked(self, name: str) -> "BlockedRange":
+  def blocked(self, name: str) -> BlockedRange:
     """Traced path: operand `name` (`[B, L]`) as a `BlockedRange`, built once."""
     if name not in self._blocked:
       self._blocked[name] = BlockedRange(self.xp, self.arrays[name])

@@ -1,21 +1,28 @@
 """The dynamic lowering path: traced operands or offset, under `jit`.
 
 The same range analysis as the static path, over the whole tile grid in
-jax.numpy, with shapes from the lengths and tile sizes only. Per-token operands
-are read through blocked range tables (`maskc._analysis.BlockedRange`): a few
-operand-sized arrays, cheap to build and to compile.
+jax.numpy, with shapes from the lengths and tile sizes only. A per-token read
+along an axis (`x[q + c]`, `x[k + c]`) is read once per tile line (its min, max
+and changes over the line's tokens); other reads go through blocked range tables
+(`maskc._analysis.BlockedRange`). No table has log2(L) levels of the operand.
 
 Ambiguous PARTIAL tiles (the analysis cannot prove them mixed) are listed once,
-in order, and decided in rounds of a fixed number of tiles inside `while_loop`s,
-so the cost follows their number, never the grid's, per round:
+in order, by one sort, and decided `chunk` at a time in a `while_loop`, so the
+cost follows their number, never the grid's, per round:
 
-1. by *pieces*, as the static path does: each tile line is cut where an operand
-   read along it (`x[q + c]`, `x[k + c]`) changes, up to `MAX_CUTS` cuts per line;
-   within a piece every such read is one value, which makes the analysis exact on
-   prelude masks;
-2. by 4 x 4 and 16 x 16 sub-rectangles, for tiles pieces leave undecided;
-3. by evaluating the mask on the tile, at most `refine_budget` tiles; any beyond
+1. by *pieces*, as the static path does: each tile line is cut where a read along
+   it changes (up to `MAX_CUTS` cuts, none if it changes more often) and into
+   `SUB_PARTS` equal parts (the static path's 4 x 4 sub-rectangles); on a cut line
+   every read is one value per piece, which makes the analysis exact on prelude
+   masks. Masks without such reads use 4 x 4 and 16 x 16 sub-rectangles instead;
+2. what is left by evaluating the mask on the tile, in an inner loop of
+   `EVAL_CHUNK` elements a round, at most `refine_budget` tiles in all; any beyond
    stay PARTIAL (sound).
+
+XLA compiles every fused kernel separately, and on a CPU that is most of a traced
+lowering's cost: the code prefers sorts to prefix sums (associative scans of
+log2(N) levels), one reduction of bit flags to several reductions, and one
+gather per round of a tile's packed pieces.
 """
 
 from __future__ import annotations
@@ -27,11 +34,10 @@ import numpy as np
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, unit_read
 from maskc._bind import Shape
+from maskc._evaluate import Env, evaluate_mask
 from maskc._operand_runs import reads_at
 from maskc._tile_geometry import TileGeometry
-from maskc._evaluate import Env, evaluate_mask
-from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK,
-                                 Budget, subdivide)
+from maskc._tile_refine import EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget, subdivide
 from maskc._tiles import Runs
 
 MAX_CUTS = 4  # operand changes a tile line may be cut at
@@ -207,7 +213,7 @@ def _verdicts(t, real):
   shape = real.shape
   state = jnp.broadcast_to(jnp.asarray(t.state), shape)
   certain = jnp.broadcast_to(jnp.asarray(t.certain, bool), shape) & (state == PARTIAL)
-  flag = lambda x, bit: x.astype(jnp.int32) * bit  # noqa: E731
+  flag = lambda x, bit: x.astype(jnp.int32) * bit
   bits = (flag((state == FULL) | certain, 1) | flag((state == EMPTY) | certain, 2) |
           flag(state != FULL, 4) | flag(state != EMPTY, 8))
   bits = jnp.bitwise_or.reduce(jnp.where(real, bits, 0), axis=(1, 2))
@@ -280,21 +286,28 @@ def _subdivide(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, parts: in
   return out, (out == PARTIAL) & ~mixed
 
 
-def _prepare_tables(m: ir.Mask, tables: Tables, spans: bool) -> None:
+def _prepare_tables(m: ir.Mask, tables: Tables, spans: bool, pos_ok) -> None:
   """Builds the tables the analysis of `m` reads, before any loop (whose traces stay inside).
 
-  With `spans`, reads at `q + c` and `k + c` need none; any other per-token read a
-  `BlockedRange`, and pairwise reads their prefix sums.
+  With `spans`, reads at `q + c` and `k + c` need no range table; any other
+  per-token read a `BlockedRange`, and pairwise reads their prefix sums. Only
+  what the analysis asks for: every table is a kernel to compile.
   """
   for n in ir.walk(m):
     if isinstance(n, ir.Read):
       name = ir.array_key(n)
-      tables.monotone(name)
-      tables.whole(name)
+      bare = isinstance(n.index, ir.Pos) and (pos_ok is True or n.index.axis == "k")
+      if not bare:  # an index that may leave the type reads the whole operand's range
+        tables.whole(name)
       if not (spans and unit_read(n.index) is not None):
         tables.blocked(name)
     elif isinstance(n, ir.PairRead):
       tables.prefix(n.operand.name)
+    elif isinstance(n, ir.Compare):  # `x[i] == x[j]` may use x's monotonicity
+      for op, a, b in zip(n.ops, n.terms, n.terms[1:]):
+        if (op in ("==", "!=") and isinstance(a, ir.Read) and isinstance(b, ir.Read) and
+            not a.runs and ir.array_key(a) == ir.array_key(b)):
+          tables.monotone(ir.array_key(a))
 
 
 def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
@@ -315,7 +328,7 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     k_lo, k_hi = geo.ka.tmin[:, None, :], geo.ka.tmax[:, None, :]
     dense = dense & geo.ka.dense_tiles[:, None, :]
   spans = not geo.positions  # tile extents bound reads along an axis (not position hulls)
-  _prepare_tables(m, tables, spans)
+  _prepare_tables(m, tables, spans, geo.pos_ok)
   lines, known = None, {}
   if spans:  # every read along an axis read once per line, for the grid and the pieces
     lines = (_Lines(m, geo, tables, "q", nb), _Lines(m, geo, tables, "k", nb))
@@ -388,8 +401,8 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
   memory = memory or Budget(MEMORY_BUDGET)
   tables = Tables(jnp, operands)
   for name, a in operands.items():
-    if a.ndim == 2:  # per-token: at most blocked range tables, about 6 arrays of its size
-      memory.charge(a.size * a.dtype.itemsize * 6, f"the tables of `{name}`")
+    if a.ndim == 2:  # per-token: its lines' tokens, parts and pieces, or blocked range tables
+      memory.charge(a.size * a.dtype.itemsize * 12, f"the tables of `{name}`")
   grid = jnp.stack([_dynamic_grid(m, geo, tables, batch, ref, budget, memory)
                     for m, ref in zip(masks, refine)], axis=1)
   return _runs(grid), _runs(jnp.swapaxes(grid, -1, -2))

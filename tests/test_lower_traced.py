@@ -132,7 +132,7 @@ def operands(draw, names, batch):
   return {name: _operand(rng, style, name, N, batch, sorted_ids) for name in names}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _traced(text: str, q_len: int, n: int, offset: int, bq: int, bk: int,
             budget: int | None = None):
   """The jitted lowering, built once per shape: (row runs, column runs)."""
