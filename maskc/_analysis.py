@@ -17,7 +17,8 @@ PARTIAL; otherwise the verdict is ambiguous and the lowering may refine it by
 evaluating the tile.
 
 Operands contribute through precomputed tables: per-token operands through
-sparse tables of range minima and maxima (any index interval in O(1)), pairwise
+their runs (static path, `maskc._operand_runs`) or blocked range tables (traced
+path, `BlockedRange`), either giving exact min and max over any index interval, pairwise
 operands through 2-D prefix sums of their nonzero entries. Everything is
 written against an array module `xp` (NumPy or jax.numpy), so the static and
 the traced lowering share it.
@@ -66,7 +67,8 @@ class Tables:
   def __init__(self, xp, arrays: dict[str, Any]):
     self.xp = xp
     self.arrays = arrays
-    self._sparse: dict[str, tuple] = {}
+    self._blocked: dict[str, BlockedRange] = {}
+    self._whole: dict[str, tuple] = {}
     self._prefix: dict[str, Any] = {}
     self._mono: dict[str, Any] = {}
     self._runs: dict[str, RunTable] = {}
@@ -77,44 +79,47 @@ class Tables:
       self._runs[name] = RunTable(self.arrays[name], self._runs.values())
     return self._runs[name]
 
-  def sparse(self, name: str):
-    """Traced path: stacked sparse tables `(mins, maxs)`: `[J, B, L]`, level j covers 2**j."""
-    if name not in self._sparse:
-      xp = self.xp
-      a = self.arrays[name]
-      info = xp.iinfo(a.dtype)
-      mins, maxs = [a], [a]
-      span = 1
-      while 2 * span <= a.shape[-1]:
-        lo, hi = mins[-1], maxs[-1]
-        pad_lo = xp.full(lo.shape[:-1] + (span,), info.max, a.dtype)
-        pad_hi = xp.full(hi.shape[:-1] + (span,), info.min, a.dtype)
-        mins.append(xp.minimum(lo, xp.concatenate([lo[..., span:], pad_lo], axis=-1)))
-        maxs.append(xp.maximum(hi, xp.concatenate([hi[..., span:], pad_hi], axis=-1)))
-        span *= 2
-      self._sparse[name] = (xp.stack(mins), xp.stack(maxs))
-    return self._sparse[name]
+  def blocked(self, name: str) -> BlockedRange:
+    """Traced path: operand `name` (`[B, L]`) as a `BlockedRange`, built once."""
+    if name not in self._blocked:
+      self._blocked[name] = BlockedRange(self.xp, self.arrays[name])
+    return self._blocked[name]
 
   def range_min_max(self, name: str, b, lo, hi):
     """Min and max of operand `name` over indices `[lo, hi]` (clipped to its length)."""
-    xp = self.xp
-    if xp.__name__ == "numpy":  # static: binary search over the operand's runs
+    if self.xp.__name__ == "numpy":  # static: binary search over the operand's runs
       return self.run_table(name).range_min_max(b, lo, hi)
-    mins, maxs = self.sparse(name)
-    length = mins.shape[-1]
-    lo = xp.clip(lo, 0, length - 1)
-    hi = xp.clip(hi, 0, length - 1)
-    hi = xp.maximum(hi, lo)
-    n = hi - lo + 1
-    j = xp.floor(xp.log2(n.astype(xp.float64 if xp.__name__ == "numpy" else xp.float32)))
-    j = xp.clip(j.astype(xp.int32), 0, mins.shape[0] - 1)
-    j = xp.where((1 << (j + 1)) <= n, j + 1, j)  # guard float rounding
-    j = xp.where((1 << j) > n, j - 1, j)
-    j = xp.clip(j, 0, mins.shape[0] - 1)
-    second = hi - (1 << j) + 1
-    vmin = xp.minimum(mins[j, b, lo], mins[j, b, second])
-    vmax = xp.maximum(maxs[j, b, lo], maxs[j, b, second])
-    return vmin, vmax
+    return self.blocked(name).range_min_max(b, lo, hi)
+
+  def window_min_max(self, name: str, b, lo, hi, ok, span: int):
+    """Traced path: min and max over indices `[lo, hi]`, an interval of at most `span` tokens.
+
+    Reads the interval's tokens directly (clipped to the length, as `range_min_max`);
+    where `ok` is False (the index left the integer type) the whole operand's.
+    """
+    xp = self.xp
+    a = self.arrays[name]
+    length = a.shape[-1]
+    lo = xp.clip(xp.asarray(lo), 0, length - 1)
+    hi = xp.maximum(xp.clip(xp.asarray(hi), 0, length - 1), lo)
+    idx = lo[..., None] + xp.arange(span)
+    inside = idx <= hi[..., None]
+    bi = b if np.isscalar(b) else xp.asarray(b)[..., None]
+    vals = a[bi, xp.minimum(idx, length - 1)]
+    info = np.iinfo(a.dtype)
+    vmin = xp.where(inside, vals, info.max).min(axis=-1)
+    vmax = xp.where(inside, vals, info.min).max(axis=-1)
+    if ok is True:
+      return vmin, vmax
+    whole_min, whole_max = self.whole(name)
+    return xp.where(ok, vmin, whole_min[b]), xp.where(ok, vmax, whole_max[b])
+
+  def whole(self, name: str):
+    """Min and max of operand `name` per batch row (`[B]` each)."""
+    if name not in self._whole:
+      a = self.arrays[name]
+      self._whole[name] = (a.min(axis=-1), a.max(axis=-1))
+    return self._whole[name]
 
   def monotone(self, name: str):
     """Per batch row: whether the operand is nondecreasing (`[B]` bool)."""
@@ -139,6 +144,107 @@ class Tables:
     return self._prefix[name]
 
 
+RANGE_BLOCK = 8  # tokens per block of a `BlockedRange`
+
+
+class BlockedRange:
+  """Traced path: exact min and max of a per-token operand `[B, L]` over any index interval.
+
+  Tokens are grouped in blocks of `RANGE_BLOCK`. Per token it keeps the min and
+  max from its block's start to it (prefix) and from it to its block's end
+  (suffix); per block, sparse tables over whole blocks (log2(L / RANGE_BLOCK)
+  levels of `L / RANGE_BLOCK` entries). An interval over several blocks is its
+  first token's suffix, its last token's prefix and the whole blocks between; an
+  interval inside one block is read token by token (at most `RANGE_BLOCK` reads).
+
+  Why not a sparse table over tokens: its log2(L) levels of `[B, L]` cost as much
+  memory, and XLA takes seconds to compile their construction; these tables are a
+  few operand-sized arrays built in a few passes.
+
+  Args:
+    xp: the array module (jax.numpy; NumPy works the same, for checks).
+    a: the operand, integer `[B, L]`.
+  """
+
+  def __init__(self, xp, a):
+    self.xp, self.a = xp, a
+    nb, length = a.shape
+    g = RANGE_BLOCK
+    n = -(-length // g)
+    self.length, self.g, self.n = length, g, n
+    pad = n * g - length
+    # Padding repeats the last token: no query reads it except with that token.
+    padded = xp.concatenate([a, xp.broadcast_to(a[:, -1:], (nb, pad))], axis=1) if pad else a
+    blocks = padded.reshape(nb, n, g)
+    flat = (nb, n * g)
+    self.pre_min = _block_scan(xp, xp.minimum, blocks, False).reshape(flat)
+    self.pre_max = _block_scan(xp, xp.maximum, blocks, False).reshape(flat)
+    self.suf_min = _block_scan(xp, xp.minimum, blocks, True).reshape(flat)
+    self.suf_max = _block_scan(xp, xp.maximum, blocks, True).reshape(flat)
+    mins, maxs = [blocks.min(axis=-1)], [blocks.max(axis=-1)]
+    span = 1
+    while 2 * span <= n:  # level j covers 2**j blocks; entries past the end are never read
+      lo, hi = mins[-1], maxs[-1]
+      mins.append(xp.minimum(lo, xp.concatenate([lo[:, span:], lo[:, -span:]], axis=1)))
+      maxs.append(xp.maximum(hi, xp.concatenate([hi[:, span:], hi[:, -span:]], axis=1)))
+      span *= 2
+    self.mins, self.maxs = xp.stack(mins), xp.stack(maxs)
+
+  @property
+  def nbytes(self) -> int:
+    """Bytes of the tables (beyond the operand)."""
+    return int(4 * self.pre_min.size + 2 * self.mins.size) * self.a.dtype.itemsize
+
+  def range_min_max(self, b, lo, hi):
+    """Min and max over tokens `[lo, hi]` (clipped to the length) of batch rows `b`."""
+    xp, g, length = self.xp, self.g, self.length
+    lo = xp.clip(xp.asarray(lo), 0, length - 1)
+    hi = xp.maximum(xp.clip(xp.asarray(hi), 0, length - 1), lo)
+    bl, bh = lo // g, hi // g
+    # inside one block: its tokens one by one
+    idx = lo[..., None] + xp.arange(g)
+    inside = idx <= hi[..., None]
+    bi = b if np.isscalar(b) else xp.asarray(b)[..., None]
+    vals = self.a[bi, xp.minimum(idx, length - 1)]
+    info = np.iinfo(self.a.dtype)
+    one_min = xp.where(inside, vals, info.max).min(axis=-1)
+    one_max = xp.where(inside, vals, info.min).max(axis=-1)
+    # over blocks: the ends' suffix and prefix, and the whole blocks between
+    many_min = xp.minimum(self.suf_min[b, lo], self.pre_min[b, hi])
+    many_max = xp.maximum(self.suf_max[b, lo], self.pre_max[b, hi])
+    first, last = bl + 1, bh - 1
+    between = last >= first
+    count = xp.maximum(last - first + 1, 1)
+    j = xp.clip(_floor_log2(xp, count), 0, self.mins.shape[0] - 1)
+    first = xp.clip(first, 0, self.n - 1)
+    second = xp.clip(last - (1 << j) + 1, 0, self.n - 1)
+    mid_min = xp.minimum(self.mins[j, b, first], self.mins[j, b, second])
+    mid_max = xp.maximum(self.maxs[j, b, first], self.maxs[j, b, second])
+    many_min = xp.where(between, xp.minimum(many_min, mid_min), many_min)
+    many_max = xp.where(between, xp.maximum(many_max, mid_max), many_max)
+    same = bl == bh
+    return xp.where(same, one_min, many_min), xp.where(same, one_max, many_max)
+
+
+def _block_scan(xp, op, blocks, reverse: bool):
+  """Running `op` (minimum or maximum) along each block's last axis, from its start or end."""
+  x, step, g = blocks, 1, blocks.shape[-1]
+  while step < g:
+    if reverse:
+      x = xp.concatenate([op(x[..., :-step], x[..., step:]), x[..., -step:]], axis=-1)
+    else:
+      x = xp.concatenate([x[..., :step], op(x[..., step:], x[..., :-step])], axis=-1)
+    step *= 2
+  return x
+
+
+def _floor_log2(xp, n):
+  """`floor(log2(n))` for positive integer arrays `n` below 2**24, exactly."""
+  j = xp.floor(xp.log2(n.astype(xp.float32))).astype(n.dtype)
+  j = xp.where((1 << (j + 1)) <= n, j + 1, j)  # guard float rounding
+  return xp.where((1 << j) > n, j - 1, j)
+
+
 class Analyzer:
   """Analyzes one mask over many rectangles at once.
 
@@ -147,12 +253,22 @@ class Analyzer:
     tables: operand tables.
     ql, qh, kl, kh: inclusive position bounds of each rectangle (broadcastable arrays).
     b: batch row of each rectangle (array) or 0.
+    pos_ok: False where the positions themselves left the integer type.
+    spans: traced path: static bounds `{"q": n, "k": m}` on every rectangle's extent
+      (`qh - ql + 1 <= n`), or None. A read at `q + c` (or `k + c`) then covers at
+      most that many tokens, which are read directly: no range tables at all.
+    known: traced path: `{(table name, axis, c): (lo, hi)}`, the exact min and max of
+      the read at `axis + c` over each rectangle (arrays broadcastable to the
+      rectangles), computed by the caller; used where the index stays in the type.
   """
 
-  def __init__(self, xp, tables: Tables, ql, qh, kl, kh, b=0, pos_ok=True):
+  def __init__(self, xp, tables: Tables, ql, qh, kl, kh, b=0, pos_ok=True,
+               spans: dict[str, int] | None = None, known: dict | None = None):
     self.xp, self.tables = xp, tables
     self.ql, self.qh, self.kl, self.kh, self.b = ql, qh, kl, kh, b
-    self.pos_ok = pos_ok  # False where the positions themselves left the integer type
+    self.pos_ok = pos_ok
+    self.spans = spans or {}
+    self.known = known or {}
     self.info = np.iinfo(xp.asarray(0).dtype)  # int64, or int32 under jit without x64
     self.memo: dict[int, Any] = {}
 
@@ -203,7 +319,18 @@ class Analyzer:
       # An unknown index still reads an operand value: bound it by the whole operand.
       i_lo = _where(xp, idx.ok, idx.lo, 0)
       i_hi = _where(xp, idx.ok, idx.hi, self.info.max)
-      lo, hi = self.tables.range_min_max(name, self.b, i_lo, i_hi)
+      unit = unit_read(t.index)
+      span = self.spans.get(unit[0]) if unit else None
+      if unit and (name,) + unit in self.known:
+        lo, hi = self.known[(name,) + unit]
+        if idx.ok is not True:
+          whole_min, whole_max = self.tables.whole(name)
+          lo = xp.where(idx.ok, lo, whole_min[self.b])
+          hi = xp.where(idx.ok, hi, whole_max[self.b])
+      elif span is not None and xp.__name__ != "numpy":
+        lo, hi = self.tables.window_min_max(name, self.b, idx.lo, idx.hi, idx.ok, span)
+      else:
+        lo, hi = self.tables.range_min_max(name, self.b, i_lo, i_hi)
       # A read that is constant over the rectangle is one attained value: tight and dense.
       point = lo == hi
       dense_idx = _and(xp, True, idx.dense, idx.ok)
@@ -422,6 +549,18 @@ class Analyzer:
       new_certain = xp.where(a_known, p.certain, xp.where(b_known, certain, False))
       state, certain = new_state, new_certain
     return Truth3(state, certain)
+
+
+def unit_read(t: ir.Term) -> tuple[str, int] | None:
+  """`(axis, c)` for an index `q`, `q + c`, `q - c` or `c + q` (`k` alike), else None."""
+  if isinstance(t, ir.Pos):
+    return t.axis, 0
+  if isinstance(t, ir.Arith) and t.op in "+-":
+    if isinstance(t.lhs, ir.Pos) and isinstance(t.rhs, ir.Const):
+      return t.lhs.axis, (t.rhs.value if t.op == "+" else -t.rhs.value)
+    if t.op == "+" and isinstance(t.lhs, ir.Const) and isinstance(t.rhs, ir.Pos):
+      return t.rhs.axis, t.lhs.value
+  return None
 
 
 def _is_true(x) -> bool:

@@ -1,24 +1,313 @@
 """The dynamic lowering path: traced operands or offset, under `jit`.
 
 The same range analysis as the static path, over the whole tile grid in
-jax.numpy, with shapes from the lengths and tile sizes only. Ambiguous PARTIAL
-tiles are refined in rounds of a fixed number of tiles inside a `while_loop`, so
-the cost follows their number; `refine_budget` caps it, leaving any beyond
-PARTIAL (sound).
+jax.numpy, with shapes from the lengths and tile sizes only. A per-token read
+along an axis (`x[q + c]`, `x[k + c]`) is read once per tile line (its min, max
+and changes over the line's tokens); other reads go through blocked range tables
+(`maskc._analysis.BlockedRange`). No table has log2(L) levels of the operand.
+
+Ambiguous PARTIAL tiles (the analysis cannot prove them mixed) are listed once,
+in order, by one sort, and decided `chunk` at a time in a `while_loop`, so the
+cost follows their number, never the grid's, per round:
+
+1. by *pieces*, as the static path does: each tile line is cut where a read along
+   it changes (up to `MAX_CUTS` cuts, none if it changes more often) and into
+   `SUB_PARTS` equal parts (the static path's 4 x 4 sub-rectangles); on a cut line
+   every read is one value per piece, which makes the analysis exact on prelude
+   masks. Masks without such reads use 4 x 4 and 16 x 16 sub-rectangles instead;
+2. what is left by evaluating the mask on the tile, in an inner loop of
+   `EVAL_CHUNK` elements a round, at most `refine_budget` tiles in all; any beyond
+   stay PARTIAL (sound).
+
+XLA compiles every fused kernel separately, and on a CPU that is most of a traced
+lowering's cost: the code prefers sorts to prefix sums (associative scans of
+log2(N) levels), one reduction of bit flags to several reductions, and one
+gather per round of a tile's packed pieces.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from maskc import _ir as ir
-from maskc._analysis import PARTIAL, Analyzer, Tables
+from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, unit_read
 from maskc._bind import Shape
+from maskc._evaluate import Env, evaluate_mask
+from maskc._operand_runs import reads_at
 from maskc._tile_geometry import TileGeometry
-from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK,
-                                 Budget, evaluate_tiles, subdivide)
-from maskc._tiles import runs_from_grid
+from maskc._tile_refine import EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget, subdivide
+from maskc._tiles import Runs
+
+MAX_CUTS = 4  # operand changes a tile line may be cut at
+SUB_PARTS = 4  # and equal parts it is cut into (pieces per tile: (MAX_CUTS + SUB_PARTS) ** 2)
+
+
+def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budget):
+  """Decides the ambiguous tiles: `decide` on `chunk` at a time, then `evaluate` what it leaves.
+
+  The ambiguous tiles are listed once, in order, by one sort (XLA compiles a sort
+  far faster than a prefix sum, an associative scan of log2(N) levels, and
+  compile time is much of a traced lowering's cost). A `while_loop` takes them
+  `chunk` at a time; within each chunk, the tiles `decide` leaves ambiguous are
+  listed by a small sort and evaluated `eval_chunk` at a time in an inner loop,
+  as long as fewer than `budget` tiles were evaluated. No round looks at the
+  whole grid.
+
+  Args:
+    flat: the flat tile states, `[N]`.
+    ambiguous: `[N]` bool.
+    decide: flat tile indices `[chunk]` (clipped to real tiles) -> (states, still
+      ambiguous), or None to evaluate every ambiguous tile.
+    evaluate: flat tile indices `[eval_chunk]` -> exact states.
+    budget: at most how many tiles to evaluate (None: all).
+  """
+  n = flat.shape[0]
+  padded = -(-n // chunk) * chunk
+  todo = jnp.sort(jnp.where(ambiguous, jnp.arange(n, dtype=jnp.int32), n))
+  todo = jnp.concatenate([todo, jnp.full((padded - n + 1,), n, jnp.int32)])
+  local_size = -(-chunk // eval_chunk) * eval_chunk + 1
+  positions = jnp.arange(chunk, dtype=jnp.int32)
+
+  def body(carry):
+    r, flat, used = carry
+    idx = jax.lax.dynamic_slice(todo, (r * chunk,), (chunk,))
+    if decide is None:
+      unresolved = idx < n
+    else:
+      new, unresolved = decide(jnp.minimum(idx, n - 1))
+      # Entries past the list carry the out-of-bounds index N and are dropped: writing
+      # them to a real tile would put its old value back over the real update.
+      flat = flat.at[idx].set(new.astype(flat.dtype), mode="drop")
+      unresolved = unresolved & (idx < n)
+    local = jnp.sort(jnp.where(unresolved, positions, chunk))
+    local = jnp.concatenate([local, jnp.full((local_size - chunk,), chunk, jnp.int32)])
+
+    def more(c):
+      going = local[c[0] * eval_chunk] < chunk
+      return going if budget is None else going & (c[2] < budget)
+
+    def step(c):
+      s, flat, used = c
+      at = jax.lax.dynamic_slice(local, (s * eval_chunk,), (eval_chunk,))
+      valid = at < chunk
+      if budget is not None:
+        valid = valid & (used + jnp.arange(eval_chunk) < budget)
+      tiles = jnp.where(valid, idx[jnp.minimum(at, chunk - 1)], n)
+      flat = flat.at[tiles].set(evaluate(jnp.minimum(tiles, n - 1)).astype(flat.dtype),
+                                mode="drop")
+      return s + 1, flat, used + valid.sum(dtype=jnp.int32)
+
+    _, flat, used = jax.lax.while_loop(more, step, (jnp.int32(0), flat, used))
+    return r + 1, flat, used
+
+  def going(carry):
+    return todo[carry[0] * chunk] < n
+
+  _, flat, _ = jax.lax.while_loop(going, body, (jnp.int32(0), flat, jnp.int32(0)))
+  return flat
+
+
+class _Lines:
+  """The tile lines of one axis, their pieces, and the values read along them.
+
+  Attributes:
+    starts, ends: `[nb, n_lines, MAX_CUTS + 1]` inclusive position bounds of each
+      line's pieces (`ends < starts`: no piece). A line is cut where an operand read
+      along the axis (`x[q + c]`) changes, unless it changes more than `MAX_CUTS`
+      times: then the line is one piece.
+    tile: `{(table, axis, c): (min, max)}`, `[nb, n_lines]`: each read over each line.
+    piece: per read, where its min and max per piece are in `packed`: on a cut line
+      each read is one value per piece; an uncut line's one piece has the line's range.
+    packed: `[nb * n_lines, F, MAX_CUTS + 1]`: `starts`, `ends` and the pieces' values.
+  """
+
+  def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, axis: str, nb: int):
+    n_lines, block, length = (geo.nq, geo.bq, geo.shape.q_len) if axis == "q" else (
+        geo.nk, geo.bk, geo.shape.kv_len)
+    t = jnp.arange(n_lines)
+    lo = t * block
+    hi = jnp.minimum((t + 1) * block, length) - 1
+    if axis == "q":
+      lo, hi = lo + geo.shape.q_offset, hi + geo.shape.q_offset
+    lo = jnp.broadcast_to(lo, (nb, n_lines))
+    hi = jnp.broadcast_to(hi, (nb, n_lines))
+    # Shifts beyond any length read clipped ends only; they would leave int32 here.
+    reads = [(n, c) for n, c in reads_at(m, axis) if abs(c) < 1 << 30]
+    self.tile, self.piece = {}, {}
+    self.axis, self.n_lines = axis, n_lines
+    self._lo, self._hi = lo, hi
+    # Each read over each line's positions p = lo + t (t < block), its index clipped to
+    # the operand as range queries clip it; a change at p: the value differs from p - 1's.
+    p = lo[..., None] + jnp.arange(block, dtype=jnp.int32)
+    inside = p <= hi[..., None]
+    self._change = jnp.zeros(p.shape[:-1] + (block - 1,), bool)
+    self._reads = []
+    for name, shift in reads:
+      a = tables.arrays[name]
+      size = a.shape[-1]
+      rows = jnp.arange(a.shape[0])[:, None, None] if a.shape[0] > 1 else 0
+      v = a[rows, jnp.clip(p + shift, 0, size - 1)]
+      info = np.iinfo(a.dtype)
+      self.tile[(name, axis, shift)] = (jnp.where(inside, v, info.max).min(-1),
+                                        jnp.where(inside, v, info.min).max(-1))
+      self._change = self._change | (inside[..., 1:] & (v[..., 1:] != v[..., :-1]))
+      self._reads.append((name, shift, v, info))
+    self._p, self._inside = p, inside
+
+  def cut(self) -> None:
+    """Cuts the lines into pieces (`starts`, `ends`, `piece`, `packed`): for refinement only.
+
+    Cuts are the first `MAX_CUTS` positions where a read changes (none if it changes
+    more often) and the `SUB_PARTS` equal parts of the line, as the static path's
+    4 x 4 sub-rectangles: one analysis then does the work of both.
+    """
+    lo, hi, axis = self._lo, self._hi, self.axis
+    cut = self._change.sum(-1, dtype=jnp.int32) <= MAX_CUTS
+    at = lo[..., None] + 1 + jnp.arange(self._change.shape[-1], dtype=jnp.int32)
+    c = jnp.where(self._change & cut[..., None], at, hi[..., None] + 1)
+    length = (hi - lo + 1)[..., None]
+    parts = lo[..., None] + (jnp.arange(1, SUB_PARTS, dtype=jnp.int32) * length) // SUB_PARTS
+    pad = jnp.broadcast_to(hi[..., None] + 1, c.shape[:-1] + (MAX_CUTS,))  # short lines
+    # one sort: the cuts, then the unused slots (past the line's end)
+    c = jnp.sort(jnp.concatenate([c, parts, pad], axis=-1), axis=-1)[
+        ..., :MAX_CUTS + SUB_PARTS - 1]
+    # Pieces start at the line's lo, then at each cut, and end before the next start
+    # (a repeated cut or an unused slot makes an empty piece).
+    self.starts = jnp.concatenate([lo[..., None], c], axis=-1)
+    self.ends = jnp.concatenate([c - 1, hi[..., None]], axis=-1)
+    fields = [self.starts, self.ends]
+    # Each read's exact min and max per piece. On a cut line a read is constant between
+    # cuts: its value at the piece's start. An uncut line's pieces are its parts (the
+    # operand cuts are all past its end): the read's min and max over each part.
+    first = jnp.clip(self.starts - lo[..., None], 0, self._p.shape[-1] - 1)
+    in_part = ((self._p[..., None, :] >= self.starts[..., :SUB_PARTS, None]) &
+               (self._p[..., None, :] <= self.ends[..., :SUB_PARTS, None]) &
+               self._inside[..., None, :])
+    rest = self.starts.shape[-1] - SUB_PARTS
+    for name, shift, v, info in self._reads:
+      point = jnp.take_along_axis(v, first, axis=-1)
+      lo_v = jnp.where(in_part, v[..., None, :], info.max).min(-1)
+      hi_v = jnp.where(in_part, v[..., None, :], info.min).max(-1)
+      lo_v = jnp.concatenate([lo_v, point[..., SUB_PARTS:]], axis=-1) if rest else lo_v
+      hi_v = jnp.concatenate([hi_v, point[..., SUB_PARTS:]], axis=-1) if rest else hi_v
+      self.piece[(name, axis, shift)] = len(fields)
+      fields += [jnp.where(cut[..., None], point, lo_v), jnp.where(cut[..., None], point, hi_v)]
+    # one array, so that a round gathers a tile's pieces once: `[nb * n_lines, F, pieces]`
+    stacked = jnp.stack(fields, axis=2)
+    self.packed = stacked.reshape((-1,) + stacked.shape[2:])
+
+  @property
+  def any_reads(self) -> bool:
+    return bool(self.tile)
+
+
+def _verdicts(t, real):
+  """Per tile, from its parts' truths `[n, a, b]` (`real`: which parts exist): (state, mixed).
+
+  A FULL part (or a certain PARTIAL one) witnesses a true position, an EMPTY one a
+  false position; a tile with both is PARTIAL for sure. One OR-reduction of bit
+  flags per part (one kernel, not four).
+  """
+  shape = real.shape
+  state = jnp.broadcast_to(jnp.asarray(t.state), shape)
+  certain = jnp.broadcast_to(jnp.asarray(t.certain, bool), shape) & (state == PARTIAL)
+  flag = lambda x, bit: x.astype(jnp.int32) * bit
+  bits = (flag((state == FULL) | certain, 1) | flag((state == EMPTY) | certain, 2) |
+          flag(state != FULL, 4) | flag(state != EMPTY, 8))
+  bits = jnp.bitwise_or.reduce(jnp.where(real, bits, 0), axis=(1, 2))
+  out = jnp.where(bits & 4 == 0, FULL, jnp.where(bits & 8 == 0, EMPTY, PARTIAL)).astype(jnp.int8)
+  return out, bits & 3 == 3
+
+
+def _evaluate(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j):
+  """Exact states of tiles `(b, i, j)` by evaluating the mask on them.
+
+  `maskc._tile_refine.evaluate_tiles` for one chunk, with any and all in one
+  OR-reduction of bit flags (one kernel, not two).
+  """
+  bq, bk = geo.bq, geo.bk
+  rows = i[:, None, None] * bq + jnp.arange(bq)[None, :, None]
+  cols = j[:, None, None] * bk + jnp.arange(bk)[None, None, :]
+  valid = (rows < geo.shape.q_len) & (cols < geo.shape.kv_len)
+  bb = 0 if np.isscalar(b) else b[:, None, None]
+  q = geo.q_at(bb, jnp.minimum(rows, geo.shape.q_len - 1))
+  k = geo.k_at(bb, jnp.minimum(cols, geo.shape.kv_len - 1))
+  v = evaluate_mask(m, Env(jnp, q, k, tables.arrays, bb))
+  bits = jnp.where(valid, jnp.where(v, 1, 2), 0)
+  bits = jnp.bitwise_or.reduce(bits, axis=(1, 2))
+  return jnp.where(bits == 1, FULL, jnp.where(bits == 3, PARTIAL, EMPTY)).astype(jnp.int8)
+
+
+def _decide_by_pieces(m, geo: TileGeometry, tables: Tables, lines, batch, b, i, j):
+  """States of tiles `(b, i, j)` from their pieces, and whether each stays ambiguous.
+
+  Pieces are exact on prelude masks, where every read is constant over them.
+  """
+  q, k = lines
+  qp = q.packed[b * q.n_lines + i][:, :, :, None]  # [n, F, pieces, 1]
+  kp = k.packed[b * k.n_lines + j][:, :, None, :]  # [n, F, 1, pieces]
+  known = {key: (qp[:, f], qp[:, f + 1]) for key, f in q.piece.items()}
+  known.update({key: (kp[:, f], kp[:, f + 1]) for key, f in k.piece.items()})
+  ql, qh, kl, kh = qp[:, 0], qp[:, 1], kp[:, 0], kp[:, 1]
+  real = (qh >= ql) & (kh >= kl)
+  t = Analyzer(jnp, tables, ql, jnp.maximum(qh, ql), kl, jnp.maximum(kh, kl),
+               b[:, None, None] if batch else 0, geo.pos_ok,
+               spans={"q": geo.bq, "k": geo.bk}, known=known).truth(m)
+  out, mixed = _verdicts(t, real)
+  # Where positions leave the integer type the bounds wrapped: left to the next step.
+  out = jnp.where(geo.pos_ok, out, PARTIAL).astype(jnp.int8)
+  return out, ((out == PARTIAL) & ~mixed) | ~jnp.asarray(geo.pos_ok)
+
+
+def _subdivide(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, parts: int):
+  """Decides tiles `(b, i, j)` from their `parts x parts` sub-rectangles, without evaluating.
+
+  `maskc._tile_refine.subdivide` for default positions (`q_offset + row`, `col`),
+  which bounds every sub-rectangle's extent, so that reads along an axis are read
+  directly (`Analyzer(spans=...)`) instead of through range tables.
+  """
+  sub = jnp.arange(parts)
+  q0, k0 = i * geo.bq, j * geo.bk
+  q_len = jnp.minimum(geo.bq, geo.shape.q_len - q0)
+  k_len = jnp.minimum(geo.bk, geo.shape.kv_len - k0)
+  q_lo = q0[:, None] + (sub[None, :] * q_len[:, None]) // parts + geo.shape.q_offset
+  q_hi = q0[:, None] + ((sub[None, :] + 1) * q_len[:, None]) // parts - 1 + geo.shape.q_offset
+  k_lo = k0[:, None] + (sub[None, :] * k_len[:, None]) // parts
+  k_hi = k0[:, None] + ((sub[None, :] + 1) * k_len[:, None]) // parts - 1
+  ql, qh = q_lo[:, :, None], q_hi[:, :, None]
+  kl, kh = k_lo[:, None, :], k_hi[:, None, :]
+  real = (qh >= ql) & (kh >= kl)
+  spans = {"q": -(-geo.bq // parts), "k": -(-geo.bk // parts)}
+  t = Analyzer(jnp, tables, ql, jnp.maximum(qh, ql), kl, jnp.maximum(kh, kl),
+               b if np.isscalar(b) else b[:, None, None], geo.pos_ok, spans=spans).truth(m)
+  out, mixed = _verdicts(t, real)
+  return out, (out == PARTIAL) & ~mixed
+
+
+def _prepare_tables(m: ir.Mask, tables: Tables, spans: bool, pos_ok) -> None:
+  """Builds the tables the analysis of `m` reads, before any loop (whose traces stay inside).
+
+  With `spans`, reads at `q + c` and `k + c` need no range table; any other
+  per-token read a `BlockedRange`, and pairwise reads their prefix sums. Only
+  what the analysis asks for: every table is a kernel to compile.
+  """
+  for n in ir.walk(m):
+    if isinstance(n, ir.Read):
+      name = ir.array_key(n)
+      bare = isinstance(n.index, ir.Pos) and (pos_ok is True or n.index.axis == "k")
+      if not bare:  # an index that may leave the type reads the whole operand's range
+        tables.whole(name)
+      if not (spans and unit_read(n.index) is not None):
+        tables.blocked(name)
+    elif isinstance(n, ir.PairRead):
+      tables.prefix(n.operand.name)
+    elif isinstance(n, ir.Compare):  # `x[i] == x[j]` may use x's monotonicity
+      for op, a, b in zip(n.ops, n.terms, n.terms[1:]):
+        if (op in ("==", "!=") and isinstance(a, ir.Read) and isinstance(b, ir.Read) and
+            not a.runs and ir.array_key(a) == ir.array_key(b)):
+          tables.monotone(ir.array_key(a))
 
 
 def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
@@ -38,63 +327,69 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   if geo.ka is not None:
     k_lo, k_hi = geo.ka.tmin[:, None, :], geo.ka.tmax[:, None, :]
     dense = dense & geo.ka.dense_tiles[:, None, :]
+  spans = not geo.positions  # tile extents bound reads along an axis (not position hulls)
+  _prepare_tables(m, tables, spans, geo.pos_ok)
+  lines, known = None, {}
+  if spans:  # every read along an axis read once per line, for the grid and the pieces
+    lines = (_Lines(m, geo, tables, "q", nb), _Lines(m, geo, tables, "k", nb))
+    known = {key: (lo[:, :, None], hi[:, :, None]) for key, (lo, hi) in lines[0].tile.items()}
+    known.update({key: (lo[:, None, :], hi[:, None, :])
+                  for key, (lo, hi) in lines[1].tile.items()})
   b = jnp.arange(nb)[:, None, None] if batch else 0
-  t = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b, geo.pos_ok).truth(m)
+  t = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b, geo.pos_ok,
+               spans={"q": geo.bq, "k": geo.bk} if spans else None, known=known).truth(m)
   full_shape = (nb, geo.nq, geo.nk)
   state = jnp.broadcast_to(jnp.asarray(t.state, jnp.int8), full_shape)
   if not refine:
     return state
   certain = jnp.broadcast_to(jnp.asarray(t.certain, bool) & dense, full_shape)
   ambiguous = ((state == PARTIAL) & ~certain).reshape(-1)
-  total = ambiguous.size
   tiles = geo.nq * geo.nk
 
-  def coords(idx):
-    tb, rest = jnp.divmod(idx, tiles)
-    ti, tj = jnp.divmod(rest, geo.nk)
-    return (tb if batch else 0), ti, tj
+  def coords(idx):  # indices are never negative: truncating division, no sign fix-ups
+    rest = jax.lax.rem(idx, jnp.int32(tiles))
+    tb = jax.lax.div(idx, jnp.int32(tiles))
+    return (tb if batch else 0), jax.lax.div(rest, jnp.int32(geo.nk)), jax.lax.rem(
+        rest, jnp.int32(geo.nk))
 
-  def rounds(decide, chunk, budget_tiles):
-    """Applies `decide` to the ambiguous tiles, `chunk` at a time, in a while_loop."""
-    chunk = max(1, min(total, chunk))
-    limit = -(-total // chunk) if budget_tiles is None else max(0, -(-int(budget_tiles) // chunk))
+  items = max(1, min(PIECE_CHUNK, memory.items(ITEM_BYTES)))
+  if lines is not None and (lines[0].any_reads or lines[1].any_reads):
+    # pieces: exact on prelude masks, one analysis per pair of pieces (the parts of the
+    # static path's 4 x 4 sub-rectangles included)
+    lines[0].cut()
+    lines[1].cut()
+    per_tile = lines[0].starts.shape[-1] * lines[1].starts.shape[-1]
 
-    def body(carry):
-      flat_state, todo, left, n = carry
-      (idx,) = jnp.nonzero(todo, size=chunk, fill_value=total)
-      valid = idx < total
-      new, unresolved = decide(*coords(jnp.where(valid, idx, 0)))
-      # Padding entries carry the out-of-bounds index `total` and are dropped: writing
-      # them to a real tile would put its old value back over the real update.
-      flat_state = flat_state.at[idx].set(new.astype(flat_state.dtype), mode="drop")
-      todo = todo.at[idx].set(False, mode="drop")
-      left = left.at[idx].set(unresolved, mode="drop")
-      return flat_state, todo, left, n + 1
+    def decide(idx):
+      tb, ti, tj = coords(idx)
+      return _decide_by_pieces(m, geo, tables, lines, batch,
+                               tb if batch else jnp.zeros_like(ti), ti, tj)
+  else:
+    # sub-rectangles, 4 x 4 then 16 x 16
+    per_tile = 256
 
-    def more(carry):
-      return jnp.logical_and(carry[1].any(), carry[3] < limit)
+    def decide(idx):
+      tb, ti, tj = coords(idx)
+      if spans:
+        out, amb = _subdivide(m, geo, tables, tb, ti, tj, 4)
+      else:
+        out, amb = subdivide(m, geo, tables, jnp, tb, ti, tj, 4)
+      if max(geo.bq, geo.bk) >= 16:
+        if spans:
+          out16, amb16 = _subdivide(m, geo, tables, tb, ti, tj, 16)
+        else:
+          out16, amb16 = subdivide(m, geo, tables, jnp, tb, ti, tj, 16)
+        out = jnp.where(amb, out16, out)
+        amb = amb & amb16
+      return out, amb
 
-    return body, more
+  def evaluate(idx):
+    tb, ti, tj = coords(idx)
+    return _evaluate(m, geo, tables, tb, ti, tj)
 
-  def by_analysis(b, i, j):
-    out, amb = subdivide(m, geo, tables, jnp, b, i, j, 4)
-    if max(geo.bq, geo.bk) >= 16:
-      out16, amb16 = subdivide(m, geo, tables, jnp, b, i, j, 16)
-      out = jnp.where(amb, out16, out)
-      amb = amb & amb16
-    return out, amb
-
-  def by_evaluation(b, i, j):
-    return evaluate_tiles(m, geo, tables, jnp, b, i, j), jnp.zeros(i.shape, bool)
-
-  flat = state.reshape(-1)
-  none_left = jnp.zeros_like(ambiguous)
-  # Cost follows the number of ambiguous tiles: finer analysis first, then evaluation.
-  body, more = rounds(by_analysis, max(1, min(PIECE_CHUNK, memory.items(ITEM_BYTES)) // 256),
-                     None)
-  flat, _, left, _ = jax.lax.while_loop(more, body, (flat, ambiguous, none_left, 0))
-  body, more = rounds(by_evaluation, EVAL_CHUNK // (geo.bq * geo.bk), budget)
-  flat, _, _, _ = jax.lax.while_loop(more, body, (flat, left, none_left, 0))
+  flat = _refine(state.reshape(-1), ambiguous, decide, evaluate, max(1, items // per_tile),
+                 max(1, EVAL_CHUNK // (geo.bq * geo.bk)),
+                 None if budget is None else max(0, int(budget)))
   return flat.reshape(full_shape)
 
 
@@ -106,8 +401,33 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
   memory = memory or Budget(MEMORY_BUDGET)
   tables = Tables(jnp, operands)
   for name, a in operands.items():
-    if a.ndim == 2:  # per-token: sparse tables of log2(L) levels
-      memory.charge(a.size * 8 * max(1, a.shape[-1].bit_length()), f"the tables of `{name}`")
+    if a.ndim == 2:  # per-token: its lines' tokens, parts and pieces, or blocked range tables
+      memory.charge(a.size * a.dtype.itemsize * 12, f"the tables of `{name}`")
   grid = jnp.stack([_dynamic_grid(m, geo, tables, batch, ref, budget, memory)
                     for m, ref in zip(masks, refine)], axis=1)
-  return runs_from_grid(jnp, grid), runs_from_grid(jnp, jnp.swapaxes(grid, -1, -2))
+  return _runs(grid), _runs(jnp.swapaxes(grid, -1, -2))
+
+
+def _runs(grid) -> Runs:
+  """Maximal runs of equal non-empty states along the last axis of `grid` (`[..., n]`).
+
+  The runs of `maskc._tiles.runs_from_grid` (`R = n` slots), from one sort per line:
+  each tile gives a start key `8 j + state` where a run starts and an end key
+  `8 j + 4` where one ends, so the sorted keys alternate start, end, start, ...
+  and carry the run's state.
+  """
+  n = grid.shape[-1]
+  g = grid.astype(jnp.int32)
+  pad = jnp.zeros(g.shape[:-1] + (1,), jnp.int32)
+  prev = jnp.concatenate([pad, g[..., :-1]], axis=-1)
+  nxt = jnp.concatenate([g[..., 1:], pad], axis=-1)
+  j = jnp.arange(n, dtype=jnp.int32)
+  never = 8 * n + 8
+  start = jnp.where((g != prev) & (g != EMPTY), 8 * j + g, never)
+  end = jnp.where((g != nxt) & (g != EMPTY), 8 * j + 4, never)
+  keys = jnp.sort(jnp.stack([start, end], axis=-1).reshape(g.shape[:-1] + (2 * n,)), axis=-1)
+  first, last = keys[..., 0::2], keys[..., 1::2]
+  valid = first < never
+  count = valid.sum(-1, dtype=jnp.int32)
+  return Runs(jnp.where(valid, first // 8, 0), jnp.where(valid, last // 8 + 1, 0),
+              jnp.where(valid, first % 8, 0).astype(jnp.int8), count)

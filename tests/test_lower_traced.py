@@ -1,0 +1,220 @@
+"""The traced lowering path (`jax.jit`) on run-structured operands.
+
+Every map is checked against an independent dense reference: the mask written
+out in NumPy here, reduced to tile states (EMPTY: no true position, FULL: all
+true, PARTIAL otherwise), and the traced map against the static one. Shapes are
+fixed per mask, so each jitted lowering compiles once and hypothesis varies the
+operand values only.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+import maskc
+from maskc import _lower_dynamic
+from maskc._lower_dynamic import MAX_CUTS
+
+N = 200            # keys (and queries, unless offset): not a multiple of the tiles
+BQ, BK = 32, 16    # tiles: 7 x 13, the last ones partial
+
+
+def _runs_of(x):
+  """`runs(x)`: 1-based index of each run of nonzero values, 0 outside."""
+  x = np.asarray(x) != 0
+  prev = np.concatenate([np.zeros_like(x[..., :1]), x[..., :-1]], axis=-1)
+  return np.where(x, np.cumsum(x & ~prev, axis=-1), 0)
+
+
+def _dense(text: str, q_len: int, n: int, offset: int, ops: dict) -> np.ndarray:
+  """The mask `[B, q_len, n]`, from its definition in NumPy (B = 1 when unbatched)."""
+  q = (offset + np.arange(q_len))[None, :, None]
+  k = np.arange(n)[None, None, :]
+  ops = {name: np.asarray(v).reshape((-1, n)) for name, v in ops.items()}
+  at_q = {name: v[:, offset:offset + q_len][:, :, None] for name, v in ops.items()}
+  at_k = {name: v[:, None, :] for name, v in ops.items()}
+
+  def bidirectional(name):
+    r = _runs_of(ops[name])
+    return (r[:, offset:offset + q_len][:, :, None] == r[:, None, :]) & (at_q[name] != 0)
+
+  causal = k <= q
+  if text == "causal & document(seg)":
+    return causal & (at_q["seg"] == at_k["seg"])
+  if text == "causal & chunk(48) | bidirectional(img)":
+    return (causal & (q // 48 == k // 48)) | bidirectional("img")
+  if text == "document(seg) & (causal | bidirectional(img))":
+    return (at_q["seg"] == at_k["seg"]) & (causal | bidirectional("img"))
+  if text == "local(5, 9) | g[q] | g[k]":
+    return ((q - 5 <= k) & (k <= q + 9)) | (at_q["g"] != 0) | (at_k["g"] != 0)
+  raise AssertionError(text)
+
+
+def _tile_states(dense: np.ndarray, bq: int, bk: int) -> np.ndarray:
+  """EMPTY (0) / PARTIAL (1) / FULL (2) per tile of a dense mask `[B, Q, K]`."""
+  b, q_len, n = dense.shape
+  nq, nk = -(-q_len // bq), -(-n // bk)
+  out = np.zeros((b, nq, nk), np.int8)
+  for i in range(nq):
+    for j in range(nk):
+      tile = dense[:, i * bq:(i + 1) * bq, j * bk:(j + 1) * bk]
+      out[:, i, j] = np.where(tile.all(axis=(1, 2)), 2, np.where(tile.any(axis=(1, 2)), 1, 0))
+  return out
+
+
+def _grid_of(runs, n_other: int) -> np.ndarray:
+  """The tile grid `[B, lines, n_other]` written out from runs (one mask)."""
+  start, stop, state, count = (np.asarray(a) for a in runs)
+  b, _, lines, _ = start.shape
+  out = np.zeros((b, lines, n_other), np.int8)
+  for bb in range(b):
+    for i in range(lines):
+      for r in range(count[bb, 0, i]):
+        out[bb, i, start[bb, 0, i, r]:stop[bb, 0, i, r]] = state[bb, 0, i, r]
+  return out
+
+
+MASKS = {
+    "causal & document(seg)": ("seg",),
+    "causal & chunk(48) | bidirectional(img)": ("img",),
+    "document(seg) & (causal | bidirectional(img))": ("seg", "img"),
+    "local(5, 9) | g[q] | g[k]": ("g",),
+}
+# Masks refined only with `exact=True`: raw reads (`g[q]`) are not prelude-only.
+EXACT = {"local(5, 9) | g[q] | g[k]"}
+
+STYLES = ("short", "long", "edges", "mixed", "sparse")
+
+
+def _run_lengths(rng, style: str, n: int) -> np.ndarray:
+  if style == "short":  # many short runs
+    lengths = rng.integers(1, 5, n)
+  elif style == "long":  # one long run, or two
+    cut = int(rng.integers(0, n))
+    lengths = np.array([n] if cut == 0 else [cut, n - cut])
+  elif style == "edges":  # runs starting and ending on tile edges, or one token off
+    lengths = rng.choice([15, 16, 17, 31, 32, 33, 48, 64], n)
+  elif style == "sparse":  # single tokens between long gaps (global tokens)
+    lengths = np.ravel(np.stack([rng.integers(10, 70, n), np.ones(n, np.int64)], axis=1))
+  else:
+    lengths = rng.integers(1, 80, n)
+  lengths = lengths[np.cumsum(lengths) - lengths < n]
+  return lengths
+
+
+def _operand(rng, style: str, name: str, n: int, batch: int | None, sorted_ids: bool):
+  rows = []
+  for _ in range(batch or 1):
+    lengths = _run_lengths(rng, style, n)
+    if name == "seg":
+      ids = np.arange(lengths.size) if sorted_ids else rng.integers(0, 4, lengths.size)
+      row = np.repeat(ids, lengths)[:n].astype(np.int32)
+    else:  # flags: runs alternate, from a random first value
+      first = int(rng.integers(0, 2))
+      row = np.repeat((np.arange(lengths.size) + first) % 2 == 1, lengths)[:n]
+    rows.append(row)
+  return np.stack(rows) if batch else rows[0]
+
+
+@st.composite
+def operands(draw, names, batch):
+  style = draw(st.sampled_from(STYLES))
+  seed = draw(st.integers(0, 2**32 - 1))
+  sorted_ids = draw(st.booleans())
+  rng = np.random.default_rng(seed)
+  return {name: _operand(rng, style, name, N, batch, sorted_ids) for name in names}
+
+
+@functools.cache
+def _traced(text: str, q_len: int, n: int, offset: int, bq: int, bk: int,
+            budget: int | None = None):
+  """The jitted lowering, built once per shape: (row runs, column runs)."""
+  def lower(ops):
+    bm = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops,
+                       refine_budget=budget, exact=text in EXACT)
+    return bm.rows, bm.cols
+  return jax.jit(lower)
+
+
+def _check(text: str, q_len: int, offset: int, ops: dict) -> None:
+  expected = _tile_states(_dense(text, q_len, N, offset, ops), BQ, BK)
+  static = maskc.compile(text, q_len, N, q_offset=offset, block_q=BQ, block_kv=BK, operands=ops,
+                         exact=text in EXACT)
+  rows, cols = _traced(text, q_len, N, offset, BQ, BK)({k: jnp.asarray(v) for k, v in ops.items()})
+  nq, nk = expected.shape[1:]
+  np.testing.assert_array_equal(_grid_of(rows, nk), expected)
+  np.testing.assert_array_equal(_grid_of(cols, nq), expected.transpose(0, 2, 1))
+  np.testing.assert_array_equal(np.asarray(static.grid).reshape(expected.shape), expected)
+
+
+@pytest.mark.parametrize("text", list(MASKS))
+@settings(max_examples=12)
+@given(data=st.data())
+def test_traced_equals_static_and_dense_reference(text, data):
+  # batched: 3 rows of different runs (one compilation per mask: shapes are fixed)
+  ops = data.draw(operands(MASKS[text], 3))
+  _check(text, N, 0, ops)
+
+
+@settings(max_examples=10)
+@given(operands(("seg", "img"), None))
+def test_traced_with_an_offset_equals_dense_reference(ops):
+  # 120 queries at positions 80..199: q tiles do not start on key tiles' edges
+  _check("document(seg) & (causal | bidirectional(img))", 120, 80, ops)
+
+
+def test_prelude_masks_on_few_runs_need_no_evaluation(monkeypatch):
+  # Evaluation replaced by a wrong answer (state 3): a map equal to the reference
+  # was decided by analysis of the operand pieces alone.
+  monkeypatch.setattr(_lower_dynamic, "_evaluate",
+                      lambda m, geo, tables, b, i, j: jnp.full(i.shape, 3, jnp.int8))
+  rng = np.random.default_rng(7)
+  # Runs of at least BQ / 2 tokens change at most twice along a tile line; the masks
+  # read at most two operands along an axis (`runs(img)` changes where `img` does).
+  assert MAX_CUTS >= 4
+  for text, names in MASKS.items():
+    ops = {}
+    for name in names:
+      lengths = rng.integers(BQ // 2, 3 * BQ, N)
+      lengths = lengths[np.cumsum(lengths) - lengths < N]
+      if name == "seg":
+        ops[name] = np.repeat(rng.permutation(lengths.size), lengths)[:N].astype(np.int32)
+      else:
+        ops[name] = np.repeat(np.arange(lengths.size) % 2 == 1, lengths)[:N]
+    expected = _tile_states(_dense(text, N, N, 0, ops), BQ, BK)
+    grid = jax.jit(lambda o, text=text: maskc.compile(
+        text, N, block_q=BQ, block_kv=BK, operands=o, exact=text in EXACT).grid)(
+            {k: jnp.asarray(v) for k, v in ops.items()})
+    np.testing.assert_array_equal(np.asarray(grid).reshape(expected.shape), expected)
+
+
+@pytest.mark.parametrize("budget", [0, 3])
+def test_refine_budget_leaves_sound_partial_tiles(budget):
+  # Ids alternate token by token, 0 and 2 in the first half, 1 and 3 in the second:
+  # tiles across the halves are EMPTY, but no range, piece or part of them shows it
+  # (the ids' ranges overlap everywhere): they need evaluation, within the budget.
+  seg = np.where(np.arange(N) < N // 2, 0, 1) + 2 * (np.arange(N) % 2)
+  seg = seg.astype(np.int32)
+  text = "causal & document(seg)"
+  expected = _tile_states(_dense(text, N, N, 0, {"seg": seg}), BQ, BK)[0]
+
+  def grid(b):
+    rows, _ = _traced(text, N, N, 0, BQ, BK, b)({"seg": jnp.asarray(seg)})
+    out = _grid_of(rows, expected.shape[1])[0]
+    # sound: EMPTY and FULL only where the reference says so; PARTIAL anywhere
+    assert np.all((out == 1) | (out == expected))
+    return out
+
+  np.testing.assert_array_equal(grid(None), expected)
+  none = grid(0)
+  assert np.sum(none != expected) > 0
+  # at most `budget` more tiles decided, each one PARTIAL without the budget
+  changed = grid(budget) != none
+  assert changed.sum() <= budget and np.all(none[changed] == 1)
