@@ -300,7 +300,7 @@ def _per_head_info(bm, ids, blocks, dkv: bool, head_shards: int = 1,
   or the q tile relative to the shard for dkv) and the block id of the first
   partial one, wrapping to the slice's first.
   """
-  nq, nk = bm.n_q_tiles, bm.n_kv_tiles
+  nq = bm.n_q_tiles
   heads = len(bm.head_index)
   per_shard = heads // head_shards
   shard_masks = [set(bm.head_index[s * per_shard:(s + 1) * per_shard])
