@@ -23,6 +23,11 @@ slices from may have any shape.
 
 Rows with no allowed key return zeros; their log-sum-exp is +inf, so the backward
 pass gives them zero weight and zero gradients.
+
+`run_with_lse` also returns each row's log-sum-exp (for combining partial
+attentions, as ring attention does), differentiable: a cotangent `dlse` on it
+enters the backward pass as `ds = p · (dp − (delta − dlse))`, since
+`∂ lse_i / ∂ s_ij = p_ij`; both backward kernels take the adjusted `delta`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from maskc._errors import MaskValueError
 from maskc._predicate import Predicate
 from maskc.kernels import _common as common
 from maskc.kernels._platform import platform
+from maskc.kernels.xla import NEG_LSE
 
 BLOCK_SIZES = (64, 64)
 
@@ -325,7 +331,7 @@ def _read_specs(cfg: _Config, arrays: _ReadArrays, line: str):
   return [whole(arrays.scal), qtok, ktok, pair, whole(arrays.tile)]
 
 
-def _forward(cfg: _Config, q, k, v, sinks, meta_f, reads: _ReadArrays):
+def _forward(cfg: _Config, q, k, v, sinks, meta_f, reads: _ReadArrays, out_dtype=None):
   b, lq_pad, h, d = q.shape
   lkv_pad, dv = k.shape[1], v.shape[-1]
   bq, g = cfg.block_q, cfg.groups
@@ -340,7 +346,7 @@ def _forward(cfg: _Config, q, k, v, sinks, meta_f, reads: _ReadArrays):
   ]
   out_specs = [pl.BlockSpec((None, bq, None, dv), lambda b_, h_, i: (b_, i, h_, 0)),
                pl.BlockSpec((None, None, bq), lambda b_, h_, i: (b_, h_, i))]
-  out_shape = [jax.ShapeDtypeStruct((b, lq_pad, h, dv), q.dtype),
+  out_shape = [jax.ShapeDtypeStruct((b, lq_pad, h, dv), out_dtype or q.dtype),
                jax.ShapeDtypeStruct((b, h, lq_pad), jnp.float32)]
   return pl.pallas_call(kernel, grid=(b, h, cfg.n_q_tiles), in_specs=in_specs,
                         out_specs=out_specs, out_shape=out_shape, interpret=cfg.interpret,
@@ -348,11 +354,16 @@ def _forward(cfg: _Config, q, k, v, sinks, meta_f, reads: _ReadArrays):
       meta_f, *reads, sinks, q, k, v)
 
 
-def _backward(cfg: _Config, q, k, v, o, lse, do, meta_f, meta_b, reads: _ReadArrays):
+def _backward(cfg: _Config, q, k, v, o, lse, do, meta_f, meta_b, reads: _ReadArrays,
+              dlse=None):
+  """`(dq, dk, dv, delta)`; `dlse [B, H, Lq_pad]` is a cotangent on the rows' log-sum-exp."""
   b, lq_pad, h, d = q.shape
   lkv_pad, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
   bq, bk, g = cfg.block_q, cfg.block_kv, cfg.groups
   delta = jnp.einsum("bqhd,bqhd->bhq", o.astype(jnp.float32), do.astype(jnp.float32))
+  if dlse is not None:
+    # ds = p (dp - delta) + p dlse: the kernels see delta - dlse.
+    delta = delta - dlse.astype(jnp.float32)
   tok = lambda b_: _b(cfg, b_)
   dq = pl.pallas_call(
       functools.partial(_dq_kernel, cfg=cfg), grid=(b, h, cfg.n_q_tiles),
@@ -423,6 +434,39 @@ def _flash_bwd(cfg, res, do):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
+def _public_lse(lse):
+  """The kernel's log-sum-exp with empty rows (+inf there) at `NEG_LSE`, as `run_with_lse` says."""
+  return jnp.where(jnp.isfinite(lse), lse, NEG_LSE)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash_lse(cfg: _Config, q, k, v, meta_f, meta_b, scal, qtok, ktok, pair, tile):
+  """`(out f32 [B, Lq_pad, H, Dv], lse [B, H, Lq_pad])`, differentiable through both."""
+  reads = _ReadArrays(scal, qtok, ktok, pair, tile)
+  sinks = jnp.zeros((q.shape[2],), jnp.float32)
+  o, lse = _forward(cfg, q, k, v, sinks, meta_f, reads, out_dtype=jnp.float32)
+  return o, _public_lse(lse)
+
+
+def _flash_lse_fwd(cfg, q, k, v, meta_f, meta_b, scal, qtok, ktok, pair, tile):
+  reads = _ReadArrays(scal, qtok, ktok, pair, tile)
+  sinks = jnp.zeros((q.shape[2],), jnp.float32)
+  o, lse = _forward(cfg, q, k, v, sinks, meta_f, reads, out_dtype=jnp.float32)
+  return (o, _public_lse(lse)), (q, k, v, o, lse, meta_f, meta_b, reads)
+
+
+def _flash_lse_bwd(cfg, res, cts):
+  q, k, v, o, lse, meta_f, meta_b, reads = res
+  do, dlse = cts
+  # The kernels multiply do with v in v's dtype (Triton dots take one dtype).
+  dq, dk, dv, _ = _backward(cfg, q, k, v, o, lse, do.astype(v.dtype), meta_f, meta_b, reads,
+                            dlse=dlse)
+  return (dq, dk, dv) + (None,) * 7
+
+
+_flash_lse.defvjp(_flash_lse_fwd, _flash_lse_bwd)
+
+
 # ----------------------------------------------------------------------------- entry point
 
 
@@ -458,6 +502,42 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
   """The backend entry point: attention `[B, Lq, H, Dv]` with the Pallas flash kernel."""
   b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
   common.check_blockmap(bm, "flash", lq, lkv, b)
+  interpret = _check_interpret(bm, interpret)
+  sinks = common.check_sinks(sinks, h)
+  scale = common.default_scale(d, scale)
+
+  def one(q, k, v, u, sinks):
+    return _attend(q, k, v, bm, u, scale=scale, cap=logits_soft_cap, sinks=sinks,
+                   interpret=interpret)
+
+  return common.per_mask(one, q, k, v, bm, sinks)
+
+
+def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=None):
+  """Attention and its log-sum-exp: `(out [B, Lq, H, Dv] f32, lse [B, Lq, H] f32)`.
+
+  The contract of `maskc.kernels.xla.run_with_lse`, with the Pallas kernel: for
+  combining partial attentions over disjoint key sets exactly (ring attention),
+  `out = sum_t exp(lse_t - LSE) out_t` with `LSE = logsumexp_t lse_t`. Rows with no
+  allowed key have `out = 0` and `lse = NEG_LSE`. One mask for every head.
+  Differentiable w.r.t. q, k and v through both outputs (the lse cotangent is
+  folded into the backward kernels' `delta`). The kernel computes in the inputs'
+  dtype and accumulates in float32; `out` is stored in float32.
+  """
+  b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
+  common.check_blockmap(bm, "flash", lq, lkv, b)
+  if bm.head_index is not None:
+    raise MaskValueError("run_with_lse takes a map of one mask for every head, got a map of "
+                         f"{len(bm.head_index)} head masks",
+                         hint="Compile one mask for all heads, or call it per head group.")
+  interpret = _check_interpret(bm, interpret)
+  scale = common.default_scale(d, scale)
+  return _attend(q, k, v, bm, 0, scale=scale, cap=logits_soft_cap, sinks=None,
+                 interpret=interpret, with_lse=True)
+
+
+def _check_interpret(bm, interpret) -> bool:
+  """`interpret` resolved (default: off on GPU), after checking Triton's tile constraints."""
   if interpret is None:
     interpret = platform() != "gpu"
   if not interpret:
@@ -465,17 +545,10 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
       if t < 16 or t & (t - 1):
         raise MaskValueError(f"the Triton flash kernel needs power-of-two tiles >= 16, got "
                              f"{name}={t}")
-  sinks = common.check_sinks(sinks, h)
-  scale = common.default_scale(d, scale)
-
-  def one(q, k, v, u, sinks):
-    return _attend(q, k, v, bm, u, scale=scale, cap=logits_soft_cap, sinks=sinks,
-                   interpret=bool(interpret))
-
-  return common.per_mask(one, q, k, v, bm, sinks)
+  return bool(interpret)
 
 
-def _attend(q, k, v, bm, u: int, *, scale, cap, sinks, interpret: bool):
+def _attend(q, k, v, bm, u: int, *, scale, cap, sinks, interpret: bool, with_lse: bool = False):
   b, lq, h, d = q.shape
   lkv, hkv = k.shape[1], k.shape[2]
   nq, nk = bm.n_q_tiles, bm.n_kv_tiles
@@ -491,6 +564,11 @@ def _attend(q, k, v, bm, u: int, *, scale, cap, sinks, interpret: bool):
   # Triton loads power-of-two blocks: pad head dims (zeros change no dot product).
   d_pad, dv_pad = (max(16, 1 << (x - 1).bit_length()) for x in (d, v.shape[-1]))
   pad = lambda x, n, m: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, m - x.shape[3])))
+  if with_lse:
+    out, lse = _flash_lse(cfg, pad(q, lq_pad, d_pad), pad(k, lkv_pad, d_pad),
+                          pad(v, lkv_pad, dv_pad), jnp.asarray(meta_f), jnp.asarray(meta_b),
+                          *reads)
+    return out[:, :lq, :, :v.shape[-1]], jnp.swapaxes(lse, 1, 2)[:, :lq]
   sinks_in = jnp.zeros((h,), jnp.float32) if sinks is None else sinks
   out = _flash(cfg, pad(q, lq_pad, d_pad), pad(k, lkv_pad, d_pad), pad(v, lkv_pad, dv_pad),
                sinks_in, jnp.asarray(meta_f), jnp.asarray(meta_b), *reads)

@@ -43,10 +43,12 @@ from maskc._predicate import Instr, Predicate
 from maskc._tiles import FULL, PARTIAL, grid_from_runs, runs_from_grid
 from maskc.kernels import _common as common
 from maskc.kernels._platform import platform
+from maskc.kernels.xla import NEG_LSE
 
 LANES = 128
-# A sink logit that never wins against a real one but keeps empty rows at 0/1 = 0.
-_NO_SINK = -1e30
+# A sink logit that never wins against a real one but keeps empty rows at 0/1 = 0; it
+# is also the log-sum-exp of an empty row, which `run_with_lse` returns as is.
+_NO_SINK = NEG_LSE
 
 
 def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
@@ -138,6 +140,70 @@ def _kernel(bm, cap, interpret: bool):
 
 def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
   """The backend entry point: attention `[B, Lq, H, Dv]` through JAX's splash kernel."""
+  call = _prepare(q, k, v, bm, scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks,
+                  interpret=interpret)
+  out = call.vmapped(lambda q, k, v, ids, sinks: call.kernel(q, k, v, segment_ids=ids,
+                                                            sinks=sinks))
+  return jnp.swapaxes(out, 1, 2)[:, :q.shape[1]].astype(q.dtype)
+
+
+def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=None):
+  """Attention and its log-sum-exp: `(out [B, Lq, H, Dv] f32, lse [B, Lq, H] f32)`.
+
+  The contract of `maskc.kernels.xla.run_with_lse`, with JAX's splash kernel: for
+  combining partial attentions over disjoint key sets exactly (ring attention).
+  Rows with no allowed key have `out = 0` and `lse = NEG_LSE`. One mask for every
+  head. Differentiable w.r.t. q, k and v through both outputs.
+
+  Splash computes the log-sum-exp (`save_residuals=True`) but cannot differentiate
+  it: its custom_vjp raises for that mode. So this wraps splash's own forward and
+  backward kernels in a custom_vjp of its own (`_splash_lse`), whose backward
+  passes splash's dq and dkv kernels `delta - dlse` where splash passes `delta`
+  (`∂ lse_i / ∂ s_ij = p_ij`, so `ds = p (dp - delta + dlse)`). Those kernels are
+  private to splash (`_splash_attention_forward`, `_splash_attention_bwd_dq`,
+  `_splash_attention_bwd_dkv`); a JAX that renames them fails loudly here rather
+  than returning wrong gradients. `out` is splash's output in the inputs' dtype,
+  stored as float32. Empty rows come out exactly as the contract says: the
+  adapter's sink logit `_NO_SINK = NEG_LSE` is their log-sum-exp.
+  """
+  if bm.head_index is not None:
+    raise MaskValueError("run_with_lse takes a map of one mask for every head, got a map of "
+                         f"{len(bm.head_index)} head masks",
+                         hint="Compile one mask for all heads, or call it per head group.")
+  call = _prepare(q, k, v, bm, scale=scale, logits_soft_cap=logits_soft_cap, sinks=None,
+                  interpret=interpret)
+  kern = call.kernel
+  static = _LseStatic(block_sizes=kern.kwargs["block_sizes"],
+                      mask_value=kern.kwargs["mask_value"], cap=kern.kwargs["attn_logits_soft_cap"],
+                      mask_function=kern.kwargs["mask_function"],
+                      interpret=kern.kwargs["interpret"])
+  infos = tuple(_collapse(i) for i in (kern.fwd_mask_info, kern.dq_mask_info, kern.dkv_mask_info))
+  out, lse = call.vmapped(lambda q, k, v, ids, sinks: _splash_lse(static, *infos, q, k, v, ids,
+                                                                  sinks))
+  lq = q.shape[1]
+  return (jnp.swapaxes(out, 1, 2)[:, :lq].astype(jnp.float32),
+          jnp.swapaxes(lse, 1, 2)[:, :lq].astype(jnp.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+  """A splash kernel and its inputs, laid out per batch row `[B, H, L_pad, D]`."""
+  kernel: sk.SplashAttentionKernel
+  qh: jax.Array
+  kh: jax.Array
+  vh: jax.Array
+  ids: sk.SegmentIds | None
+  ids_axis: int | None
+  sinks: jax.Array
+
+  def vmapped(self, fn):
+    """`fn(q, k, v, segment_ids, sinks)` of one batch row, over the batch."""
+    return jax.vmap(lambda q, k, v, ids: fn(q, k, v, ids, self.sinks),
+                    in_axes=(0, 0, 0, self.ids_axis))(self.qh, self.kh, self.vh, self.ids)
+
+
+def _prepare(q, k, v, bm, *, scale, logits_soft_cap, sinks, interpret) -> _Call:
+  """Checks, the kernel for `bm` and the padded, head-major inputs (see the module doc)."""
   b, lq, h, lkv, _, d = common.check_qkv(q, k, v)
   common.check_blockmap(bm, "splash", lq, lkv, b)
   if bm.heads is not None and bm.heads != h:
@@ -157,22 +223,82 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
   qh = jnp.swapaxes(pad(q * jnp.asarray(scale, q.dtype), lq_pad), 1, 2)   # [B, H, Lq_pad, D]
   kh, vh = jnp.swapaxes(pad(k, lkv_pad), 1, 2), jnp.swapaxes(pad(v, lkv_pad), 1, 2)
   if segment is None:
-    out = jax.vmap(lambda q, k, v: kernel(q, k, v, sinks=sinks))(qh, kh, vh)
-  else:
-    # Rows and columns agree on every segment conjunct exactly when they agree on
-    # all of them at once: one id per distinct combination, per batch row.
-    values = common.read_values(bm, 0)
-    qs, ks = _combined_ids(values, segment)                    # [B', L]
-    # Padding ids are arbitrary: padding keys are masked by `k < kv_len`, rows dropped.
-    qs = jnp.pad(qs, ((0, 0), (0, lq_pad - lq)))
-    ks = jnp.pad(ks, ((0, 0), (0, lkv_pad - lkv)))
-    ids = sk.SegmentIds(q=qs, kv=ks)
-    axis = 0 if qs.shape[0] == b and bm.batch is not None else None
-    if axis is None:
-      ids = sk.SegmentIds(q=ids.q[0], kv=ids.kv[0])
-    out = jax.vmap(lambda q, k, v, ids: kernel(q, k, v, segment_ids=ids, sinks=sinks),
-                   in_axes=(0, 0, 0, axis))(qh, kh, vh, ids)
-  return jnp.swapaxes(out, 1, 2)[:, :lq].astype(q.dtype)
+    return _Call(kernel, qh, kh, vh, None, None, sinks)
+  # Rows and columns agree on every segment conjunct exactly when they agree on
+  # all of them at once: one id per distinct combination, per batch row.
+  values = common.read_values(bm, 0)
+  qs, ks = _combined_ids(values, segment)                    # [B', L]
+  # Padding ids are arbitrary: padding keys are masked by `k < kv_len`, rows dropped.
+  qs = jnp.pad(qs, ((0, 0), (0, lq_pad - lq)))
+  ks = jnp.pad(ks, ((0, 0), (0, lkv_pad - lkv)))
+  ids = sk.SegmentIds(q=qs, kv=ks)
+  axis = 0 if qs.shape[0] == b and bm.batch is not None else None
+  if axis is None:
+    ids = sk.SegmentIds(q=ids.q[0], kv=ids.kv[0])
+  return _Call(kernel, qh, kh, vh, ids, axis, sinks)
+
+
+# ----------------------------------------------------------------------------- log-sum-exp
+
+
+@dataclasses.dataclass(frozen=True)
+class _LseStatic:
+  """The splash kernel's static settings (hashable: custom_vjp's nondiff argument)."""
+  block_sizes: sk.BlockSizes
+  mask_value: float
+  cap: float | None
+  mask_function: object
+  interpret: bool
+
+
+def _collapse(info):
+  """Splash's `_collapse_partial_mask_blocks`: dynamic `[H, nq, nk, bq, bk]` blocks flattened."""
+  if info is None or info.partial_mask_blocks is None:
+    return info
+  blocks = info.partial_mask_blocks
+  return info._replace(partial_mask_blocks=blocks.reshape(-1, *blocks.shape[-2:]))
+
+
+def _splash_forward(st: _LseStatic, fwd_info, q, k, v, ids, sinks):
+  return sk._splash_attention_forward(
+      fwd_info, q, k, v, ids, sinks, mask_value=st.mask_value, is_mqa=False,
+      block_sizes=st.block_sizes, residual_checkpoint_name=None, save_residuals=True,
+      mask_function=st.mask_function, attn_logits_soft_cap=st.cap, interpret=st.interpret)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _splash_lse(st: _LseStatic, fwd_info, dq_info, dkv_info, q, k, v, ids, sinks):
+  """`(out [H, L, Dv], lse [H, L])` of one batch row, differentiable through both."""
+  out, (lse,) = _splash_forward(st, fwd_info, q, k, v, ids, sinks)
+  return out, lse
+
+
+def _splash_lse_fwd(st, fwd_info, dq_info, dkv_info, q, k, v, ids, sinks):
+  out, (lse,) = _splash_forward(st, fwd_info, q, k, v, ids, sinks)
+  return (out, lse), (q, k, v, ids, sinks, out, lse, dq_info, dkv_info)
+
+
+def _splash_lse_bwd(st, res, cts):
+  q, k, v, ids, sinks, out, lse, dq_info, dkv_info = res
+  do, dlse = cts
+  do = do.astype(q.dtype)
+  # Splash's `di` is delta = rowsum(out * do); the lse cotangent adds p * dlse to ds.
+  di = (jnp.einsum("hsd,hsd->hs", out.astype(jnp.float32), do.astype(jnp.float32))
+        - dlse.astype(jnp.float32))
+  sizes = st.block_sizes
+  common_kw = dict(is_mqa=False, mask_value=st.mask_value, attn_logits_soft_cap=st.cap,
+                   q_layout=sizes.q_layout, k_layout=sizes.k_layout, v_layout=sizes.v_layout,
+                   mask_function=st.mask_function, interpret=st.interpret)
+  _, dk, dv = sk._splash_attention_bwd_dkv(
+      q, k, v, ids, sinks, lse, do, di, bq=sizes.block_q_dkv, bkv=sizes.block_kv_dkv,
+      bkv_compute=sizes.block_kv_dkv_compute, mask_info=dkv_info, use_fused_bwd_kernel=False,
+      **common_kw)
+  dq = sk._splash_attention_bwd_dq(q, k, v, ids, sinks, lse, do, di, bq=sizes.block_q_dq,
+                                   bkv=sizes.block_kv_dq, mask_info=dq_info, **common_kw)
+  return (None, None, None, dq, dk, dv, None, None)
+
+
+_splash_lse.defvjp(_splash_lse_fwd, _splash_lse_bwd)
 
 
 def _combined_ids(values, segments):
@@ -196,4 +322,4 @@ def _combined_ids(values, segments):
   return ids[:, :lq], ids[:, lq:]
 
 
-__all__ = ["run", "default_blocks"]
+__all__ = ["run", "run_with_lse", "default_blocks"]
