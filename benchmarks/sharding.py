@@ -6,11 +6,14 @@ each layout at 8, 16 and 64 sequence shards. The tile costs come from one
 compile per mask (the same one `maskc.balance` does); the layouts are then built
 for every shard count and method from those costs. Then the time of a whole
 `maskc.balance(..., method="balanced")` call at 64 shards, from a cold compile
-cache. Last, the wall time of sharded attention on 8 fake CPU devices against the
-unsharded xla backend (`--cpu-length` tokens): the fake devices share the
-machine's cores, so this shows the overhead of the sharded program, not a speedup.
+cache. Last, the wall time of sharded attention on 8 fake CPU devices against
+unsharded attention on the same backend (xla at `--cpu-length` tokens, flash and
+splash in Pallas interpret mode at `--pallas-length`), static and traced segment
+ids: the fake devices share the machine's cores, so this shows the overhead of the
+sharded program, not a speedup.
 
   python benchmarks/sharding.py [--length 1048576] [--block 128] [--cpu-length 8192]
+      [--cpu-backends xla,flash,splash] [--pallas-length 2048] [--cpu-only]
 """
 
 from __future__ import annotations
@@ -62,7 +65,13 @@ def main() -> None:
   ap.add_argument("--block", type=int, default=128)
   ap.add_argument("--shards", default="8,16,64")
   ap.add_argument("--cpu-length", type=int, default=8192)
+  ap.add_argument("--cpu-backends", default="xla,flash,splash")
+  ap.add_argument("--pallas-length", type=int, default=2048)
+  ap.add_argument("--cpu-only", action="store_true", help="only the sharded CPU wall times")
   args = ap.parse_args()
+  if args.cpu_only:
+    cpu_run(args.cpu_length, args.block, args.cpu_backends.split(","), args.pallas_length)
+    return
   n, block = args.length, args.block
   shard_counts = [int(s) for s in args.shards.split(",")]
   methods = ("contiguous", "zigzag", "balanced")
@@ -96,7 +105,7 @@ def main() -> None:
   for label, sec in timing:
     name = label.replace('|', '\\|')
     print(f"| `{name}` | {sec:.2f} |")
-  cpu_run(args.cpu_length, block)
+  cpu_run(args.cpu_length, block, args.cpu_backends.split(","), args.pallas_length)
 
 
 def _best(fn, *args, repeat: int = 3) -> float:
@@ -109,30 +118,61 @@ def _best(fn, *args, repeat: int = 3) -> float:
   return min(times)
 
 
-def cpu_run(n: int, block: int) -> None:
-  """Sharded (8 fake devices, context axis) vs unsharded xla attention: ms per call."""
+def cpu_run(n: int, block: int, backends=("xla",), pallas_n: int = 2048) -> None:
+  """Sharded (8 fake devices, context axis) vs unsharded attention: ms per call.
+
+  Per backend (xla at `n` tokens with `block`-tiles; flash and splash in Pallas
+  interpret mode at `pallas_n` tokens with their own tiles), the unsharded call on
+  one device against `sharded_attention` with each strategy; `causal & document(seg)`
+  also with its segment ids traced (jit arguments: the maps compile on the devices).
+  """
   devices = jax.devices()
   if len(devices) < 8:
     print("\n(sharded CPU run skipped: fewer than 8 devices)")
     return
   mesh = Mesh(np.array(devices[:8]), ("context",))
-  rng = np.random.default_rng(0)
-  q, k, v = (jnp.asarray(rng.standard_normal((1, n, 4, 64)), jnp.float32) for _ in range(3))
-  print(f"\nwall time, B=1, L={n:,}, H=4, D=64, fp32, {block}-tiles, 8 fake CPU devices "
-        "sharing the machine's cores (ms per call, after compilation)\n")
-  print("| mask | unsharded xla | all_gather, balanced | ring, balanced |")
-  print("|---|---|---|---|")
-  for mask in ("causal", "sliding(1024) | global(64)"):
-    plain = jax.jit(lambda q, k, v, m=mask: maskc.attention(q, k, v, m, backend="xla",
-                                                            block_q=block, block_kv=block))
-    row = [_best(plain, q, k, v)]
-    for strategy in ("all_gather", "ring"):
-      f = jax.jit(lambda q, k, v, m=mask, s=strategy: maskc.sharded_attention(
-          q, k, v, m, mesh=mesh, seq_axis="context", strategy=s, layout="balanced",
-          backend="xla", block_q=block, block_kv=block))
-      row.append(_best(f, q, k, v))
-    name = mask.replace("|", "\\|")
-    print(f"| `{name}` | " + " | ".join(f"{1e3 * t:.1f}" for t in row) + " |", flush=True)
+  print("\nwall time, B=1, H=4, D=64, fp32, 8 fake CPU devices sharing the machine's cores "
+        "(ms per call, after compilation; flash and splash in Pallas interpret mode)\n")
+  print("| backend, L | mask | unsharded | all_gather | ring |")
+  print("|---|---|---|---|---|")
+  for backend in backends:
+    length = n if backend == "xla" else pallas_n
+    blocks = {"xla": dict(block_q=block, block_kv=block), "flash": {}, "splash": {}}[backend]
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, length, 4, 64)), jnp.float32)
+               for _ in range(3))
+    lengths = np.random.default_rng(1).integers(length // 32, length // 4, 64)
+    seg = np.repeat(np.arange(64), lengths)[:length].astype(np.int32)  # ~8 documents
+    masks = [("causal", None, False), ("causal & document(seg)", seg, False),
+             ("causal & document(seg)", seg, True)]
+    if backend == "xla":
+      masks.insert(1, ("sliding(1024) | global(64)", None, False))
+    interp = True if backend != "xla" else None
+    for mask, ops, traced in masks:
+      def plain(q, k, v, seg, m=mask):
+        return maskc.attention(q, k, v, m, backend=backend, interpret=interp,
+                               operands=None if seg is None else {"seg": seg}, **blocks)
+
+      def timed(f):
+        """ms of `f`: its operands jit arguments when traced, else constants of the jit."""
+        if traced:
+          return _best(jax.jit(f), q, k, v, ops)
+        return _best(jax.jit(lambda q, k, v: f(q, k, v, ops)), q, k, v)
+      row = [timed(plain)]
+      for strategy in ("all_gather", "ring"):
+        def sharded(q, k, v, seg, m=mask, s=strategy):
+          return maskc.sharded_attention(
+              q, k, v, m, mesh=mesh, seq_axis="context", strategy=s,
+              layout="zigzag" if traced else "balanced",
+              operands=None if seg is None else {"seg": seg}, backend=backend,
+              interpret=interp, **blocks)
+        try:
+          row.append(timed(sharded))
+        except maskc.MaskError as e:   # e.g. a backend without run_with_lse for ring
+          row.append(f"({type(e).__name__})")
+      name = mask.replace("|", "\\|") + (", traced seg" if traced else "")
+      cells = [c if isinstance(c, str) else f"{1e3 * c:.1f}" for c in row]
+      print(f"| {backend}, {length:,} | `{name}` | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

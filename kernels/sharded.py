@@ -1,25 +1,36 @@
 """Sharded attention on a JAX mesh: `jax.shard_map` over batch, heads and sequence.
 
-The compiler (`maskc._sharding.plan`) hands over a `ShardPlan`: a layout and the
-block maps of every (data shard, sequence shard). Here each device runs:
+The compiler (`maskc._sharding.plan`) hands over a `ShardPlan`: a layout and, per
+head shard and head group, the block maps of every (data shard, sequence shard).
+Here each device runs:
 
 - `all_gather`: gathers K and V over the sequence axis (`lax.all_gather`, tiled:
-  the layout's stored order) and attends with its shard's map. Which map is a
-  static choice per device, made with `lax.switch` on the device's mesh index,
-  so every map stays static and its tiles are known at trace time.
+  the layout's stored order) and attends with its shard's map on the chosen
+  backend (`maskc.kernels.api.attention`).
 - `ring`: S steps; at step t the device holds the K/V shard `(r - t) mod S`,
-  attends with that step's map on the xla backend, which also returns the
-  log-sum-exp, and passes K/V on with `lax.ppermute`. Partial results combine
+  attends with that step's map through the backend's `run_with_lse` (out and
+  log-sum-exp), and passes K/V on with `lax.ppermute`. Partial results combine
   exactly: `out = sum_t exp(lse_t - LSE) out_t`, `LSE = logsumexp(lse_t, sinks)`.
   Steps no device has a tile in do no attention work, and a device whose step
   map is empty returns zeros there without touching the keys (`lax.cond`).
 
-Each device's map is picked by its mesh index from the per-shard maps stacked
-into arrays (`_Stacked`): one kernel trace serves every device.
+Which map a device uses is chosen at run time from its mesh index. Maps of one
+structure are stacked into arrays (`_Stacked`): one kernel trace serves every
+device. Otherwise, and always for splash (whose kernel takes a static MaskInfo:
+each device's is built from its own shard's BlockMap), `lax.switch` picks among
+the static maps. With traced operands there are no maps yet: each device
+compiles its shard's map from the operands it holds (`ShardPlan.traced_map`).
+Per-token operands travel like K/V: sharded in the layout's order and gathered
+over the sequence axis (once, for both strategies: a map needs its rows' and its
+keys' values, and they are `L` integers against K/V's `L x H x D`).
+
+A per-head mask list gives each head shard its head groups (heads of one mask);
+a device whose head shard differs from another's in its groups runs its own
+branch of a `lax.switch` on the model-axis index.
 
 Batch goes over `batch_axis`, heads and KV heads over `head_axis` (both must
 divide), sequence over `seq_axis`. Gradients are JAX's through shard_map,
-all_gather, ppermute and switch.
+all_gather, ppermute, switch and the backends' own rules.
 """
 
 from __future__ import annotations
@@ -32,9 +43,12 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from maskc._blockmap import BlockMap
+from maskc._errors import BackendError
 from maskc._tiles import Runs, run_lengths
 from maskc.kernels import api
-from maskc.kernels import xla
+
+# Log-sum-exp of a row with no allowed key (the contract of every `run_with_lse`).
+NEG_LSE = -1e30
 
 
 def _axis_size(mesh, axis) -> int:
@@ -99,90 +113,221 @@ class _Stacked:
     return jax.tree_util.tree_unflatten(self.aux, [jnp.asarray(x)[idx] for x in self.leaves])
 
 
+class _Choice:
+  """Static maps, one per device cell; `call(idx, fn, *args)` runs `fn(map, *args)` with
+  the cell's map: a stacked pick (one trace) or a `lax.switch` among static maps."""
+
+  def __init__(self, maps, stack: bool):
+    self.maps = maps
+    self.stacked = _Stacked.build(maps) if stack else None
+
+  def call(self, idx, fn, *args):
+    if self.stacked is not None:
+      return fn(self.stacked.pick(idx), *args)
+    if len(self.maps) == 1:
+      return fn(self.maps[0], *args)
+    return jax.lax.switch(idx, [functools.partial(fn, bm) for bm in self.maps], *args)
+
+
+def _lse_runner(backend: str, interpret):
+  """The backend's `run_with_lse(q, k, v, bm, *, scale, logits_soft_cap)` for ring steps."""
+  mod = api.BACKENDS[backend].load()
+  fn = getattr(mod, "run_with_lse", None)
+  if fn is None:
+    raise BackendError(f"the {backend} backend has no run_with_lse, which ring steps need",
+                       hint="Use strategy='all_gather', or backend='xla'.")
+  if backend == "xla":
+    return fn
+  return functools.partial(fn, interpret=interpret)
+
+
+def _group_heads(q, k, v, heads, sink):
+  """The group's query heads, their KV heads (one per query head) and sink logits."""
+  if heads is None:
+    return q, k, v, sink
+  hs = np.asarray(heads)
+  kv = hs // (q.shape[2] // k.shape[2])
+  return q[:, :, hs], k[:, :, kv], v[:, :, kv], None if sink is None else sink[hs]
+
+
+def _assemble(outs, groups):
+  """Head groups' outputs back into the head shard's head order."""
+  if len(outs) == 1 and groups[0].heads is None:
+    return outs[0]
+  order = np.concatenate([np.asarray(g.heads) for g in groups])
+  return jnp.concatenate(outs, axis=2)[:, :, np.argsort(order)]
+
+
 def run(q, k, v, plan, *, mesh, batch_axis=None, head_axis=None, seq_axis=None,
-        backend: str = "auto", sinks=None, scale=None, logits_soft_cap=None, interpret=None):
-  """Attention of `[B, L, H, D]` arrays stored in the layout's order; output in that order."""
+        backend: str = "auto", sinks=None, scale=None, logits_soft_cap=None, interpret=None,
+        operands=None, operand_kinds=None):
+  """Attention of `[B, L, H, D]` arrays stored in the layout's order; output in that order.
+
+  `operands` (traced plans only) are the operand values at natural positions;
+  `operand_kinds` maps each name to its kind (`"token"` operands travel sharded).
+  """
   layout = plan.layout
-  seq_shards = _axis_size(mesh, seq_axis)
-  if seq_shards != layout.shards:
-    raise ValueError(f"the layout has {layout.shards} shards but mesh axis {seq_axis!r} has "
-                     f"{seq_shards}")
-  data_shards = plan.data_shards
   s = layout.shards
+  if _axis_size(mesh, seq_axis) != s:
+    raise ValueError(f"the layout has {s} shards but mesh axis {seq_axis!r} has "
+                     f"{_axis_size(mesh, seq_axis)}")
+  n_data, n_heads = plan.data_shards, plan.head_shards
   spec = P(batch_axis, seq_axis, head_axis, None)
   h = q.shape[2]
   sink_arr = jnp.zeros((h,), jnp.float32) if sinks is None else jnp.asarray(sinks, jnp.float32)
   kw = dict(scale=scale, logits_soft_cap=logits_soft_cap)
+  stack = backend != "splash"
+  lse_fn = _lse_runner(backend, interpret) if plan.strategy == "ring" else None
+  have_sinks = sinks is not None
 
-  def device():
-    """This device's index over (data shard, sequence shard)."""
-    d = _index(batch_axis) if data_shards > 1 else 0
-    return d * s + _index(seq_axis)
+  def cell(d, r, c=None):
+    return d * s + r if c is None else (d * s + r) * s + c
 
-  if plan.strategy == "all_gather":
-    maps = [plan.maps[d][r] for d in range(data_shards) for r in range(s)]
-    stacked = _Stacked.build(maps)
+  # Static per-cell choices, built once outside the trace.
+  choices = {}
+  if not plan.traced:
+    for m, groups in enumerate(plan.groups):
+      for gi, g in enumerate(groups):
+        if plan.strategy == "all_gather":
+          choices[m, gi] = _Choice([g.maps[d][r] for d in range(n_data) for r in range(s)],
+                                   stack)
+        else:
+          for t in range(s):
+            cells = [(d, r, (r - t) % s) for d in range(n_data) for r in range(s)]
+            live = np.array([g.nonempty[d][r][c] for d, r, c in cells])
+            if live.any():
+              choices[m, gi, t] = (_Choice([g.maps[d][r][c] for d, r, c in cells], stack), live)
+  empty = set(plan.empty_steps())
 
-    def body(q, k, v, sink):
+  # Traced operands: token ones travel sharded in the layout's order, the rest whole.
+  op_names = sorted(operands or {})
+  op_vals, op_specs = [], []
+  for name in op_names:
+    val = jnp.asarray(operands[name])
+    kind = (operand_kinds or {}).get(name, "scalar")
+    batched = val.ndim == {"scalar": 0, "token": 1, "pair": 2}[kind] + 1
+    lead = (batch_axis if batched and n_data > 1 else None,) if batched else ()
+    if kind == "token":
+      val = layout.permute(val, axis=val.ndim - 1)
+      op_specs.append(P(*lead, seq_axis))
+    else:
+      op_specs.append(P(*lead, *([None] * (val.ndim - len(lead)))))
+    op_vals.append(val)
+  shard_pos = jnp.asarray(np.stack([layout.shard_positions(r) for r in range(s)]), jnp.int32)
+  all_pos = np.asarray(layout.positions)
+
+  def natural_operands(ops):
+    out = {}
+    for name, val in zip(op_names, ops):
+      if (operand_kinds or {}).get(name) == "token":
+        if seq_axis is not None:
+          val = jax.lax.all_gather(val, seq_axis, axis=val.ndim - 1, tiled=True)
+        val = layout.unpermute(val, axis=val.ndim - 1)
+      out[name] = val
+    return out
+
+  def head_shard(m, q, k, v, sink, ops):
+    """The program of head shard m (its head groups) on this device."""
+    groups = plan.groups[m]
+    d = _index(batch_axis) if n_data > 1 else 0
+    r = _index(seq_axis)
+    nat = natural_operands(ops) if plan.traced else None
+
+    def traced_call(g, t, fn, *args):
+      """`fn(map, *args)` with this device's map compiled here from its operands: at step
+      t of the ring (None: against every key). Positions are picked by the device's index;
+      for splash, whose MaskInfo must be static, each shard's positions are a static
+      branch of a `lax.switch` (the operands stay traced)."""
+      names = {o.name for o in g.mask.operands}
+      ops_g = {k_: v_ for k_, v_ in nat.items() if k_ in names}
+      kv_len = layout.seq_len if t is None else layout.per_shard
+
+      def compiled(qp, kp, *args):
+        return fn(plan.traced_map(g, qp, kp, kv_len, ops_g), *args)
+      if stack:
+        kp = all_pos if t is None else shard_pos[(r - t) % s]
+        return compiled(shard_pos[r], kp, *args)
+      branches = [functools.partial(
+          compiled, layout.shard_positions(rr),
+          all_pos if t is None else layout.shard_positions((rr - t) % s)) for rr in range(s)]
+      return jax.lax.switch(r, branches, *args) if s > 1 else branches[0](*args)
+
+    if plan.strategy == "all_gather":
       if seq_axis is not None:
         k = jax.lax.all_gather(k, seq_axis, axis=1, tiled=True)
         v = jax.lax.all_gather(v, seq_axis, axis=1, tiled=True)
-      one = functools.partial(_one, backend=backend, sinks=None if sinks is None else sink,
-                              interpret=interpret, **kw)
-      if stacked is not None:
-        return one(q, k, v, bm=stacked.pick(device()))
-      return jax.lax.switch(device(), [functools.partial(one, bm=bm) for bm in maps], q, k, v)
-  else:
-    empty = set(plan.empty_steps())
-    steps = {}
+      outs = []
+      for gi, g in enumerate(groups):
+        qg, kg, vg, sg = _group_heads(q, k, v, g.heads, sink if have_sinks else None)
+
+        def one(bm, q, k, v, sg=sg):
+          return api.attention(q, k, v, bm, backend=backend, sinks=sg, interpret=interpret,
+                               **kw)
+        if plan.traced:
+          outs.append(traced_call(g, None, one, qg, kg, vg))
+        else:
+          outs.append(choices[m, gi].call(cell(d, r), one, qg, kg, vg))
+      return _assemble(outs, groups)
+
+    perm = [(i, (i + 1) % s) for i in range(s)]
+    parts = [([], []) for _ in groups]
     for t in range(s):
-      if t in empty:
-        continue
-      cells = [(d, r, (r - t) % s) for d in range(data_shards) for r in range(s)]
-      maps = [plan.maps[d][r][c] for d, r, c in cells]
-      live = np.array([plan.nonempty[d][r][c] for d, r, c in cells])
-      steps[t] = (maps, _Stacked.build(maps), live)
-
-    def body(q, k, v, sink):
-      perm = [(i, (i + 1) % s) for i in range(s)]
-      outs, lses = [], []
-      for t in range(s):
-        if t in steps:
-          maps, stacked, live = steps[t]
-          idx = device()
-          if stacked is not None:
-            run_step = lambda q, k, v, st=stacked, i=idx: _step(q, k, v, bm=st.pick(i), **kw)
+      if t not in empty:
+        for gi, g in enumerate(groups):
+          qg, kg, vg, _ = _group_heads(q, k, v, g.heads, None)
+          step = functools.partial(_step, lse_fn, **kw)
+          if plan.traced:
+            # Whether this step has a tile is known only on the device: skip it there.
+            def live_step(bm, q, k, v, step=step):
+              return jax.lax.cond(run_lengths(bm.rows).sum() > 0,
+                                  lambda q, k, v: step(bm, q, k, v),
+                                  lambda q, k, v: _zeros(q, v), q, k, v)
+            o, lse = traced_call(g, t, live_step, qg, kg, vg)
+          elif (m, gi, t) in choices:
+            choice, live = choices[m, gi, t]
+            idx = cell(d, r)
+            run_step = lambda q, k, v, ch=choice, i=idx, f=step: ch.call(i, f, q, k, v)
+            if live.all():
+              o, lse = run_step(qg, kg, vg)
+            else:
+              # A device whose step has no tile does no attention work at that step.
+              o, lse = jax.lax.cond(jnp.asarray(live)[idx], run_step,
+                                    lambda q, k, v: _zeros(q, v), qg, kg, vg)
           else:
-            branches = [functools.partial(_step, bm=bm, **kw) for bm in maps]
-            run_step = lambda q, k, v, br=branches, i=idx: jax.lax.switch(i, br, q, k, v)
-          # A device whose step has no tile does no attention work at that step.
-          o, lse = jax.lax.cond(jnp.asarray(live)[idx], run_step,
-                                lambda q, k, v: _step(q, k, v, bm=None, **kw), q, k, v)
-          outs.append(o)
-          lses.append(lse)
-        if t + 1 < s:
-          k = jax.lax.ppermute(k, seq_axis, perm)
-          v = jax.lax.ppermute(v, seq_axis, perm)
-      return _combine(outs, lses, None if sinks is None else sink, q, v)
+            continue
+          parts[gi][0].append(o)
+          parts[gi][1].append(lse)
+      if t + 1 < s:
+        k = jax.lax.ppermute(k, seq_axis, perm)
+        v = jax.lax.ppermute(v, seq_axis, perm)
+    outs = []
+    for g, (os_, ls) in zip(groups, parts):
+      qg, _, vg, sg = _group_heads(q, k, v, g.heads, sink)
+      outs.append(_combine(os_, ls, sg if have_sinks else None, qg, vg))
+    return _assemble(outs, groups)
 
-  f = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec, P(head_axis)),
+  def body(q, k, v, sink, *ops):
+    if n_heads == 1:
+      return head_shard(0, q, k, v, sink, ops)
+    branches = [functools.partial(head_shard, m) for m in range(n_heads)]
+    return jax.lax.switch(_index(head_axis), branches, q, k, v, sink, ops)
+
+  f = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec, P(head_axis), *op_specs),
                     out_specs=spec, check_vma=False)
   # Compiled as one program (eager shard_map would dispatch the kernel op by op).
-  return jax.jit(f)(q, k, v, sink_arr)
+  return jax.jit(f)(q, k, v, sink_arr, *op_vals)
 
 
-def _one(q, k, v, *, bm, backend, sinks, interpret, scale, logits_soft_cap):
-  return api.attention(q, k, v, bm, backend=backend, sinks=sinks, interpret=interpret,
-                       scale=scale, logits_soft_cap=logits_soft_cap)
-
-
-def _step(q, k, v, *, bm, scale, logits_soft_cap):
-  """One ring step: `(out f32, lse)` of q against this K/V shard; zeros when the map is empty."""
+def _zeros(q, v):
   b, lq, h = q.shape[:3]
-  if bm is None:
-    return (jnp.zeros((b, lq, h, v.shape[-1]), jnp.float32),
-            jnp.full((b, lq, h), xla.NEG_LSE, jnp.float32))
-  return xla.run_with_lse(q, k, v, bm, scale=scale, logits_soft_cap=logits_soft_cap)
+  return (jnp.zeros((b, lq, h, v.shape[-1]), jnp.float32),
+          jnp.full((b, lq, h), NEG_LSE, jnp.float32))
+
+
+def _step(lse_fn, bm, q, k, v, *, scale, logits_soft_cap):
+  """One ring step: `(out f32, lse f32)` of q against this K/V shard."""
+  out, lse = lse_fn(q, k, v, bm, scale=scale, logits_soft_cap=logits_soft_cap)
+  return out.astype(jnp.float32), lse.astype(jnp.float32)
 
 
 def _combine(outs, lses, sink, q, v):

@@ -178,24 +178,29 @@ def sharded_attention(q, k, v, mask, *, mesh, batch_axis: str | None = None,
   over `seq_axis` (context parallelism), each None to leave that dimension whole.
   The sequence is laid out by `layout` (`maskc.balance`): each shard's queries
   attend with the block map compiled for its own rows (at the layout's positions),
-  so the mask can be any mask, with static operands.
+  so the mask can be any mask. Static (NumPy) operands are read once, outside the
+  devices; traced ones (a call inside `jax.jit` with operands as arguments) are
+  handed to the devices, each compiling its shard's map from the values it holds.
 
   Args:
     q, k, v: global `[B, L, H, D]` / `[B, L, Hkv, D]` arrays (self-attention: q and
       k have the same length), in natural token order unless `inputs_permuted`.
-    mask: mask text or a Mask (one for every head).
+    mask: mask text or a Mask (one for every head), or a sequence of them, one per
+      query head; with `head_axis`, each head shard attends with its heads' masks.
     mesh: the device mesh; the named axes must divide B, H and Hkv, and L into
       whole tiles per shard.
-    strategy: `"all_gather"` (K/V gathered over `seq_axis`, any backend) or `"ring"`
-      (K/V passed around the ring with `ppermute`, one block map per (q shard, kv
-      shard) step, empty steps skipped, partial softmaxes combined exactly by their
-      log-sum-exp; the xla backend).
+    strategy: `"all_gather"` (K/V gathered over `seq_axis`) or `"ring"` (K/V passed
+      around the ring with `ppermute`, one block map per (q shard, kv shard) step,
+      empty steps skipped, partial softmaxes combined exactly by their log-sum-exp
+      from the backend's `run_with_lse`).
     layout: `"contiguous"`, `"zigzag"`, `"balanced"` or a `maskc.Layout` for `L`
-      tokens over the `seq_axis` shards.
-    operands: static (NumPy) operand values at natural positions; batched ones are
-      split over `batch_axis`.
-    backend: the per-shard attention backend (`"auto"`, `"xla"`, `"dense"`, ...);
-      ring steps always run on xla.
+      tokens over the `seq_axis` shards. `"balanced"` reads the operands: with traced
+      ones, balance outside jit on representative values and pass the Layout.
+    operands: operand values at natural positions (NumPy or traced); batched ones
+      are split over `batch_axis`, per-token ones travel with K/V.
+    backend: the per-shard attention backend: `"auto"` (as in `maskc.attention`;
+      ring steps never run dense, which has no log-sum-exp), `"xla"`, `"flash"`,
+      `"splash"` (interpret mode off their platforms), or `"dense"` (all_gather).
     inputs_permuted: q, k, v are already in the layout's stored order (permuted once
       in the input pipeline, as MaxText does); the output is then in that order too.
     block_q, block_kv: tile sizes (default: the backend's, cut to divide the chunks).
@@ -206,13 +211,11 @@ def sharded_attention(q, k, v, mask, *, mesh, batch_axis: str | None = None,
 
   Raises:
     MaskValueError: axes that do not divide the arrays, or a layout that does not fit.
+    BackendError: a backend the strategy cannot run on.
   """
   import math
 
-  import numpy as np
-
-  from maskc import _sharding
-  from maskc._bind import as_mask as _as_mask
+  from maskc import _layout, _sharding
   from maskc.kernels import _common, api, sharded
 
   b, lq, h, lkv, hkv, _ = _common.check_qkv(q, k, v)
@@ -234,13 +237,16 @@ def sharded_attention(q, k, v, mask, *, mesh, batch_axis: str | None = None,
         raise MaskValueError(f"{what} = {n} does not divide over {sizes[name]} devices of "
                              f"mesh axis {axis!r}")
   shards = sizes["seq_axis"]
-  if strategy == "ring":
-    if backend not in ("auto", "xla"):
-      raise BackendError(f"the ring strategy runs its steps on the xla backend, not {backend!r}",
-                         hint="Use backend='xla' (or 'auto'), or strategy='all_gather'.")
+  name = api.choose_backend(backend, lq // shards, lkv)
+  if strategy == "ring" and name == "dense":
+    if backend == "dense":
+      raise BackendError("the ring strategy combines its steps by their log-sum-exp, which "
+                         "the dense backend does not return",
+                         hint="Use backend='xla', 'flash' or 'splash', or "
+                              "strategy='all_gather'.")
     name = "xla"
-  else:
-    name = api.choose_backend(backend, lq // shards, lkv)
+  groups = _sharding.head_groups(mask, h, sizes["head_axis"])
+  masks = [m for gs in groups for m, _ in gs]
   if isinstance(layout, Layout):
     if layout.seq_len != lq or layout.shards != shards:
       raise MaskValueError(f"the layout is for {layout.seq_len} tokens over {layout.shards} "
@@ -248,27 +254,34 @@ def sharded_attention(q, k, v, mask, *, mesh, batch_axis: str | None = None,
     chunk = layout.chunk
   else:
     chunk = lq // (2 * shards) if layout == "zigzag" else lq // shards
-    if layout == "balanced":
-      chunk = lq // shards
   if name == "dense":
     bq = bk = chunk
   else:
     dq, dk = api.default_blocks(name, max(1, lq // shards), lkv)
     bq, bk = block_q or math.gcd(dq, chunk), block_kv or math.gcd(dk, chunk)
+    if name == "splash" and bk % 128:
+      raise MaskValueError(
+          f"splash needs key tiles of 128 tokens, but the layout's chunks of {chunk} tokens "
+          f"allow tiles of {bk}",
+          hint=f"Use a sequence length whose per-shard chunks are multiples of 128 (here L a "
+               f"multiple of {128 * lq // chunk}), or backend='xla' or 'flash'.")
+  traced = _sharding.is_traced(operands)
   if not isinstance(layout, Layout):
-    layout = balance(mask, lq, shards, block=math.lcm(bq, bk), operands=operands,
-                     method=layout)
-  ndim = {"scalar": 0, "token": 1, "pair": 2}
-  given = operands or {}
-  batched = any(s.name in given and np.ndim(given[s.name]) > ndim[s.kind]
-                for s in _as_mask(mask).operands)
+    if traced:
+      layout = _layout.fixed_layout(lq, shards, block=math.lcm(bq, bk), method=layout)
+    else:
+      layout = balance(mask, lq, shards, block=math.lcm(bq, bk), operands=operands,
+                       method=layout)
+  kinds = _sharding.operand_kinds(masks)
+  batched = any(_sharding.is_batched(kinds, n, x) for n, x in (operands or {}).items())
   plan = _sharding.plan(mask, layout, strategy=strategy, block_q=bq, block_kv=bk,
                         operands=operands, batch=b,
-                        data_shards=sizes["batch_axis"] if batched else 1)
+                        data_shards=sizes["batch_axis"] if batched else 1, heads=h,
+                        head_shards=sizes["head_axis"])
   if not inputs_permuted:
     q, k, v = (layout.permute(x, axis=1) for x in (q, k, v))
   out = sharded.run(q, k, v, plan, mesh=mesh, batch_axis=batch_axis, head_axis=head_axis,
                     seq_axis=seq_axis, backend=name, sinks=sinks, scale=scale,
-                    logits_soft_cap=logits_soft_cap, interpret=interpret)
+                    logits_soft_cap=logits_soft_cap, interpret=interpret,
+                    operands=operands if traced else None, operand_kinds=kinds)
   return out if inputs_permuted else layout.unpermute(out, axis=1)
-

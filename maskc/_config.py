@@ -25,6 +25,9 @@ layers:                       # a pattern repeated (and cut) to num_layers ...
 operands:                     # runtime inputs: kind token | scalar | pair, and a dtype
   seg: {kind: token, dtype: int32}
   prompt_len: scalar
+context_parallel:             # optional: how maskc.sharded_attention splits the sequence
+  layout: zigzag              # contiguous | zigzag | balanced
+  strategy: ring              # all_gather | ring
 ```
 
 A layer entry is mask text, `{mask: text}`, `{heads: [text, ...]}` (one mask
@@ -70,7 +73,10 @@ from maskc._mask_spec import Layer
 from maskc._parse import BUILTINS, RESERVED, _Program, nearest, parse_tree, prelude
 
 _TOP_KEYS = ("num_layers", "num_heads", "params", "definitions", "default", "layers",
-             "operands")
+             "operands", "context_parallel")
+# `context_parallel:` keys and their values (those of `maskc.sharded_attention`).
+_CP_CHOICES = {"layout": ("contiguous", "zigzag", "balanced"),
+               "strategy": ("all_gather", "ring")}
 _KINDS = {"token": "token", "per_token": "token", "per-token": "token", "scalar": "scalar",
           "pair": "pair", "pairwise": "pair"}
 _SHAPES = {"token": "[L] or [B, L]", "scalar": "[] or [B]", "pair": "[Lq, Lk] or [B, Lq, Lk]"}
@@ -105,6 +111,28 @@ class OperandDecl:
     return _SHAPES[self.kind]
 
 
+@dataclasses.dataclass(frozen=True)
+class ContextParallel:
+  """How a config's model splits its sequence over a mesh axis, as `context_parallel:` says.
+
+  Attributes:
+    layout: `"contiguous"`, `"zigzag"` or `"balanced"` (see `maskc.balance`).
+    strategy: `"all_gather"` or `"ring"` (see `maskc.sharded_attention`).
+
+  >>> import maskc
+  >>> cfg = maskc.load_config({"num_layers": 1, "layers": ["causal"],
+  ...                          "context_parallel": {"layout": "zigzag", "strategy": "ring"}})
+  >>> cfg.context_parallel.kwargs()
+  {'layout': 'zigzag', 'strategy': 'ring'}
+  """
+  layout: str = "contiguous"
+  strategy: str = "all_gather"
+
+  def kwargs(self) -> dict[str, str]:
+    """The keywords to pass to `maskc.sharded_attention` (`**cfg.context_parallel.kwargs()`)."""
+    return {"layout": self.layout, "strategy": self.strategy}
+
+
 @dataclasses.dataclass(frozen=True, eq=True)
 class MaskConfig:
   """The masks of a model's attention layers, loaded and checked by `load_config`.
@@ -116,6 +144,8 @@ class MaskConfig:
     params: the parameter values the masks were parsed with, sorted by name.
     num_heads: the head count of per-head layers, when given.
     definitions: the shared definitions, as mask-language text.
+    context_parallel: the `context_parallel:` entry (layout and strategy for
+      `maskc.sharded_attention`), or None when the config has none.
     source: the file the config came from, or None.
 
   >>> import maskc
@@ -130,6 +160,7 @@ class MaskConfig:
   num_heads: int | None = None
   definitions: str = ""
   source: str | None = dataclasses.field(default=None, compare=False)
+  context_parallel: ContextParallel | None = None
 
   @property
   def num_layers(self) -> int:
@@ -202,6 +233,9 @@ class MaskConfig:
     if self.operands:
       lines.append("  operands: " + ", ".join(f"{d.name} ({d.kind} {d.dtype})"
                                               for d in self.operands))
+    if self.context_parallel is not None:
+      cp = self.context_parallel
+      lines.append(f"  context parallel: layout {cp.layout}, strategy {cp.strategy}")
     return "\n".join(lines)
 
 
@@ -294,7 +328,36 @@ class _Loader:
     decls = self.check_operands()
     self.check_params_used()
     return MaskConfig(layers=masks, operands=decls, params=tuple(sorted(self.params.items())),
-                      num_heads=num_heads, definitions=self.definitions, source=self.file)
+                      num_heads=num_heads, definitions=self.definitions, source=self.file,
+                      context_parallel=self.read_context_parallel())
+
+  def read_context_parallel(self) -> ContextParallel | None:
+    """The `context_parallel:` entry: a mapping of `layout` and `strategy`, each optional."""
+    if "context_parallel" not in self.data:
+      return None
+    raw = self.data["context_parallel"]
+    base = self.path("context_parallel")
+    example = "context_parallel: {layout: zigzag, strategy: ring}"
+    if not isinstance(raw, Mapping):
+      raise self.error(f"context_parallel must be a mapping of layout and strategy, got "
+                       f"{short_repr(raw)}", base, hint=example)
+    values = {}
+    for key, value in raw.items():
+      p = key_path(base, str(key))
+      if key not in _CP_CHOICES:
+        guess = nearest(str(key), tuple(_CP_CHOICES))
+        raise self.error(f"unknown key `{_shown(key)}` in context_parallel", p,
+                         hint=(f"Did you mean `{guess}`? " if guess else "")
+                         + "context_parallel has `layout` and `strategy`.")
+      choices = _CP_CHOICES[key]
+      if not isinstance(value, str) or value not in choices:
+        guess = nearest(value, choices) if isinstance(value, str) else None
+        raise self.error(f"context_parallel {key} {short_repr(value)} is not one of "
+                         f"{', '.join(choices)}", p,
+                         hint=(f"Did you mean `{guess}`? " if guess else "")
+                         + f"{key}: {' | '.join(choices)}.")
+      values[key] = value
+    return ContextParallel(**values)
 
   def count(self, key: str) -> int | None:
     value = self.data.get(key)

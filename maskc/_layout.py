@@ -271,3 +271,29 @@ def _balanced_order(cost: np.ndarray, shards: int, sweeps: int = 4) -> np.ndarra
     load[hi] -= d
     load[lo] += d
   return np.concatenate([np.flatnonzero(owner == r) for r in range(shards)])
+
+
+def fixed_layout(seq_len: int, shards: int, *, block: int, method: str) -> Layout:
+  """The contiguous or zigzag layout without reading the mask: its `work` is unknown (NaN).
+
+  For masks whose operands are traced (inside `jax.jit`), where `balance` cannot
+  measure work: those two orders do not depend on the mask. The balanced order
+  does, and needs static operand values.
+
+  Raises:
+    MaskValueError: `method="balanced"`, or lengths that do not split (see `balance`).
+  """
+  if method not in ("contiguous", "zigzag"):
+    raise MaskValueError(
+        f"the {method!r} layout reads the mask's operands, which are traced here",
+        hint="Balance once outside jit on representative operand values "
+             "(`maskc.balance(mask, L, shards, block=..., operands=...)`) and pass the Layout, "
+             "or use layout='zigzag' or 'contiguous'.")
+  pieces = shards * (2 if method == "zigzag" else 1)
+  chunk = seq_len // pieces
+  if chunk * pieces != seq_len or chunk % block:
+    raise MaskValueError(f"{method} needs seq_len={seq_len} divisible into {pieces} chunks of "
+                         f"whole tiles of {block}",
+                         hint=f"Use seq_len a multiple of {pieces * block}.")
+  costs = np.full(seq_len // block, np.nan)
+  return _layout_from_costs(costs, seq_len, shards, block, chunk, method, PARTIAL_COST)

@@ -922,3 +922,97 @@ def test_schema_example_in_the_docstring_loads():
   assert str(cfg.mask(3)) == "causal | prefix(prompt_len)"
   assert ir.expand(cfg.mask(1)) == maskc.causal() & maskc.chunk(8192) & maskc.document("seg")
   assert [d.name for d in cfg.operands] == ["prompt_len", "seg"]
+
+
+# ----------------------------------------------------------------------------- context_parallel
+
+CP = {"num_layers": 2, "layers": ["causal", "sliding(4)"],
+      "context_parallel": {"layout": "zigzag", "strategy": "ring"}}
+CP_YAML = """\
+num_layers: 2
+layers: [causal, sliding(4)]
+context_parallel:
+  layout: zigzag
+  strategy: ring
+"""
+CP_TOML = """\
+num_layers = 2
+layers = ["causal", "sliding(4)"]
+
+[context_parallel]
+layout = "zigzag"
+strategy = "ring"
+"""
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_context_parallel_is_read_in_every_format(fmt, tmp_path):
+  if fmt == "yaml":
+    pytest.importorskip("yaml")
+  cfg = load_as(fmt, tmp_path, CP, CP_YAML, CP_TOML)
+  assert cfg.context_parallel.layout == "zigzag"
+  assert cfg.context_parallel.strategy == "ring"
+  assert cfg.context_parallel.kwargs() == {"layout": "zigzag", "strategy": "ring"}
+  assert "context parallel: layout zigzag, strategy ring" in str(cfg)
+
+
+def test_context_parallel_is_optional_and_its_keys_default_to_sharded_attentions():
+  cfg = maskc.load_config({"num_layers": 1, "layers": ["causal"]})
+  assert cfg.context_parallel is None
+  cfg = maskc.load_config({"num_layers": 1, "layers": ["causal"],
+                           "context_parallel": {"strategy": "ring"}})
+  assert cfg.context_parallel.kwargs() == {"layout": "contiguous", "strategy": "ring"}
+  import inspect
+  sig = inspect.signature(maskc.sharded_attention).parameters
+  empty = maskc.load_config({"num_layers": 1, "layers": ["causal"], "context_parallel": {}})
+  for key, value in empty.context_parallel.kwargs().items():
+    assert sig[key].default == value
+
+
+def test_context_parallel_kwargs_drive_sharded_attention():
+  """The config's keywords are accepted by sharded_attention (one device, one shard)."""
+  import jax.numpy as jnp
+  from jax.sharding import Mesh
+  cfg = maskc.load_config({"num_layers": 1, "layers": ["causal"],
+                           "context_parallel": {"layout": "zigzag", "strategy": "ring"}})
+  mesh = Mesh(np.array(jax.devices()[:1]).reshape(1), ("context",))
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((1, 32, 2, 4)), jnp.float32)
+  out = maskc.sharded_attention(x, x, x, cfg.mask(0), mesh=mesh, seq_axis="context",
+                                backend="xla", **cfg.context_parallel.kwargs())
+  xs = np.asarray(x, np.float64)
+  s = np.einsum("bqhd,bkhd->bhqk", xs, xs) / 2.0
+  s = np.where(np.tril(np.ones((32, 32), bool)), s, -np.inf)
+  p = np.exp(s - s.max(-1, keepdims=True))
+  want = np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), xs)
+  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("value, path, words", [
+    ("zigzag", "context_parallel", ["must be a mapping", "layout: zigzag"]),
+    ({"layot": "zigzag"}, "context_parallel.layot", ["unknown key `layot`", "`layout`?"]),
+    ({"layout": "zigzog"}, "context_parallel.layout", ["'zigzog'", "`zigzag`?"]),
+    ({"layout": 3}, "context_parallel.layout", ["3 is not one of", "contiguous | zigzag"]),
+    ({"strategy": "rings"}, "context_parallel.strategy", ["'rings'", "`ring`?"]),
+    ({"strategy": None}, "context_parallel.strategy", ["None is not one of",
+                                                        "all_gather | ring"]),
+])
+def test_context_parallel_errors_name_the_key_and_hint(value, path, words):
+  err = error_of({"num_layers": 1, "layers": ["causal"], "context_parallel": value},
+                 exc=maskc.ConfigError)
+  assert err.path == path
+  for w in words:
+    assert w in str(err), str(err)
+
+
+def test_context_parallel_error_names_the_file(tmp_path):
+  pytest.importorskip("yaml")
+  path = write(tmp_path, "m.yaml", CP_YAML.replace("strategy: ring", "strategy: tree"))
+  err = error_of(path, exc=maskc.ConfigError)
+  assert err.file == str(path) and err.path == "context_parallel.strategy"
+  assert f"{path}: context_parallel.strategy" in str(err)
+
+
+def test_unknown_top_key_suggests_context_parallel():
+  err = error_of({"num_layers": 1, "layers": ["causal"], "context_paralel": {}},
+                 exc=maskc.ConfigError)
+  assert "`context_parallel`?" in str(err)

@@ -50,6 +50,48 @@ def test_sharded_equals_unsharded(results, case):
       assert res[f"grad_{name}"] < TOL, res
 
 
+_KEYS = {
+    "plain": {"reference", "forward_all_gather", "forward_ring", "ring_vs_all_gather"}
+    | {f"grad_{x}_{s}" for x in "qkv" for s in ("all_gather", "ring")},
+    "traced": {"forward", "grad_q", "grad_k", "grad_v", "unsharded"},
+    "heads": {"reference", "forward_all_gather", "forward_ring", "ring_vs_all_gather"},
+}
+
+
+# Flash and splash in interpret mode, traced operands under jit, per-head mask lists: the
+# same subprocess; each case's errors (and its wall time, reported only) come back.
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sharding_worker.BACKEND_CASES,
+                         ids=sharding_worker.backend_case_id)
+def test_backends_traced_operands_and_head_masks(results, case):
+  res = dict(results[sharding_worker.backend_case_id(case)])
+  assert "error" not in res, res["error"]
+  res.pop("seconds")
+  what, strategy = case[7], case[2]
+  want = set(_KEYS[what])
+  if what == "heads":
+    want |= {f"grad_{x}_{strategy}" for x in "qkv"}
+  assert set(res) == want, res
+  assert all(err < TOL for err in res.values()), res
+
+
+def test_backend_cases_cover_each_backend_strategy_and_mesh():
+  cases = sharding_worker.BACKEND_CASES
+  for backend in ("flash", "splash"):
+    plain = {c[0] for c in cases if c[4] == backend and c[7] == "plain"}
+    assert plain == {(2, 2, 2), (8,)}                     # each runs both strategies
+    assert any(c[4] == backend and c[7] == "traced" for c in cases)
+    assert any(c[4] == backend and c[7] == "heads" for c in cases)
+  assert {c[2] for c in cases if c[7] == "traced"} == {"all_gather", "ring"}
+  assert {c[2] for c in cases if c[7] == "heads"} == {"all_gather", "ring"}
+  # per-head masks with heads sharded: the mesh has a model axis and the head shards differ
+  for c in cases:
+    if c[7] == "heads":
+      assert "model" in c[1]
+      half = len(c[5]) // 2
+      assert set(c[5][:half]) != set(c[5][half:])
+
+
 def test_every_required_mesh_strategy_layout_and_mask_kind_is_covered():
   cases = sharding_worker.CASES
   assert {c[0] for c in cases} == {(2, 2, 2), (8,), (2, 4)}
@@ -158,3 +200,83 @@ def test_xla_run_with_lse_matches_numpy():
   want = np.einsum("bhqk,bkhd->bqhd", e / np.maximum(e.sum(-1, keepdims=True), 1e-300), vv)
   np.testing.assert_allclose(np.asarray(lse), np.moveaxis(want_lse, 1, 2), rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-5)
+
+
+def test_per_head_masks_are_cut_over_head_shards_into_groups():
+  heads = ["causal", "sliding(3)", "causal", "causal"]
+  groups = _sharding.head_groups(heads, 4, 2)
+  c, s3 = maskc.parse("causal"), maskc.parse("sliding(3)")
+  assert len(groups) == 2
+  assert [(g[0], g[1]) for g in groups[0]] == [(c, (0,)), (s3, (1,))]
+  assert [(g[0], g[1]) for g in groups[1]] == [(c, None)]    # one mask: every local head
+  # equal head shards share one program; equal masks everywhere are one mask
+  assert len(_sharding.head_groups(["causal", "sliding(3)"] * 2, 4, 2)) == 1
+  assert _sharding.head_groups(["causal"] * 4, 4, 2) == [[(c, None)]]
+  with pytest.raises(maskc.MaskValueError, match="3 masks but q has 4 heads"):
+    _sharding.head_groups(heads[:3], 4, 1)
+
+
+def test_per_head_plan_maps_are_each_groups_tiles():
+  n, shards, block = 32, 2, 4
+  heads = ["causal", "sliding(3)", "causal & document(seg)", "causal & document(seg)"]
+  seg = np.repeat(np.arange(4), 8)
+  lay = maskc.balance(heads, n, shards, block=block, method="zigzag", operands={"seg": seg})
+  plan = _sharding.plan(heads, lay, block_q=block, block_kv=block, operands={"seg": seg},
+                        heads=4, head_shards=2)
+  for m, groups in enumerate(plan.groups):
+    covered = []
+    for g in groups:
+      local = range(2) if g.heads is None else g.heads
+      for i in local:
+        assert maskc.parse(heads[2 * m + i]) == g.mask
+      covered += list(local)
+      dense = maskc.materialize(g.mask, n, operands={"seg": seg})
+      for r in range(shards):
+        want = dense_tiles(dense[lay.shard_positions(r)][:, lay.positions], block, block)
+        assert np.array_equal(plan.groups[m][groups.index(g)].maps[0][r].grid, want)
+    assert sorted(covered) == [0, 1]
+
+
+def test_traced_operands_leave_the_maps_to_the_devices():
+  seg = np.repeat(np.arange(4), 16)
+  lay = maskc.balance("causal", 64, 4, block=4, method="zigzag")
+
+  @jax_jit
+  def planned(seg):
+    plan = _sharding.plan("causal & document(seg)", lay, strategy="ring", block_q=4,
+                          block_kv=4, operands={"seg": seg})
+    assert plan.traced and plan.groups[0][0].maps is None and plan.empty_steps() == []
+    bm = plan.traced_map(plan.groups[0][0], lay.shard_positions(1), lay.shard_positions(3),
+                         16, {"seg": seg})
+    return bm.grid
+  dense = maskc.materialize("causal & document(seg)", 64, operands={"seg": seg})
+  want = dense_tiles(dense[lay.shard_positions(1)][:, lay.shard_positions(3)], 4, 4)
+  assert np.array_equal(np.asarray(planned(seg)), want)
+
+
+def jax_jit(f):
+  import jax
+  return jax.jit(f)
+
+
+def test_layouts_without_operands_match_balance_and_balanced_needs_them():
+  from maskc import _layout
+  for method in ("contiguous", "zigzag"):
+    fixed = _layout.fixed_layout(64, 4, block=4, method=method)
+    lay = maskc.balance("causal", 64, 4, block=4, method=method)
+    assert np.array_equal(fixed.positions, lay.positions) and fixed.chunk == lay.chunk
+    assert np.isnan(fixed.work).all()
+  with pytest.raises(maskc.MaskValueError, match="reads the mask's operands"):
+    _layout.fixed_layout(64, 4, block=4, method="balanced")
+
+
+def test_traced_operands_with_the_balanced_layout_raise_with_a_hint():
+  import jax
+  from jax.sharding import Mesh
+  mesh = Mesh(np.array(jax.devices()[:1]).reshape(1), ("context",))
+  x = np.zeros((1, 16, 2, 4), np.float32)
+  f = jax.jit(lambda seg: maskc.sharded_attention(x, x, x, "document(seg)", mesh=mesh,
+                                                  seq_axis="context", layout="balanced",
+                                                  operands={"seg": seg}, backend="xla"))
+  with pytest.raises(maskc.MaskValueError, match="Balance once outside jit"):
+    f(np.zeros(16, np.int32))
