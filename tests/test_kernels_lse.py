@@ -194,6 +194,7 @@ def test_splash_matches_xla_and_dense(case):
   check_case(splash.run_with_lse, case, interpret=True)
 
 
+@pytest.mark.slow  # the sharded ring tests combine by lse too; this one isolates it
 @pytest.mark.parametrize("backend", ["flash", "splash"])
 def test_combining_two_key_halves_by_lse_is_full_attention(backend):
   """Ring attention's combination of two partial results, forward and gradients.
