@@ -185,12 +185,21 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
   return [np.concatenate(x) for x in zip(*done)]
 
 
+ALL_HINTS = 256  # a rectangle with at most this many children is cut at all its hints at once
+
+
 def _split(rect, hints: tuple[np.ndarray, np.ndarray], nq: int, nk: int):
-  """Children of rectangles: at the median hint along the axis with more, else halved."""
+  """Children of rectangles: at all their hints when few, else at the median hint along the
+  axis with more; rectangles without hints are halved."""
   b, i0, i1, j0, j1 = rect
   cut_q, n_q = _median_hint(hints[0], b, i0, i1, nq)
   cut_k, n_k = _median_hint(hints[1], b, j0, j1, nk)
   hinted = (n_q > 0) | (n_k > 0)
+  few = hinted & ((n_q + 1) * (n_k + 1) <= ALL_HINTS)
+  if few.any():
+    at_all = _split_at_hints(tuple(x[few] for x in rect), hints, nq, nk)
+    rest = _split(tuple(x[~few] for x in rect), hints, nq, nk) if not few.all() else None
+    return at_all if rest is None else tuple(np.concatenate(x) for x in zip(at_all, rest))
   on_q = hinted & (n_q >= n_k)
   on_k = hinted & ~on_q
   mid_q = np.where(on_q, cut_q, np.where(~hinted & (i1 - i0 > 1), (i0 + i1) // 2, i1))
@@ -202,6 +211,35 @@ def _split(rect, hints: tuple[np.ndarray, np.ndarray], nq: int, nk: int):
   out = [np.concatenate(x) for x in zip(*parts)]
   keep = (out[2] > out[1]) & (out[4] > out[3])
   return tuple(x[keep] for x in out)
+
+
+def _split_at_hints(rect, hints: tuple[np.ndarray, np.ndarray], nq: int, nk: int):
+  """Every rectangle cut at all the hints strictly inside it, along both axes."""
+  b, i0, i1, j0, j1 = rect
+  qr, qa, qz = _segments(hints[0], b, i0, i1, nq)
+  kr, ka, kz = _segments(hints[1], b, j0, j1, nk)
+  per_q = np.bincount(kr, minlength=b.size)  # k segments of each rectangle
+  k_first = np.cumsum(per_q) - per_q
+  reps = per_q[qr]                            # each q segment meets its rectangle's k segments
+  q_item = np.repeat(np.arange(qr.size), reps)
+  k_item = k_first[qr][q_item] + np.arange(q_item.size) - np.repeat(np.cumsum(reps) - reps, reps)
+  return b[qr][q_item], qa[q_item], qz[q_item], ka[k_item], kz[k_item]
+
+
+def _segments(hints: np.ndarray, b, lo, hi, n: int):
+  """`(rectangle, start, stop)` of the pieces of `[lo, hi)` between the hints inside it."""
+  base = b * (n + 1)
+  first = np.searchsorted(hints, base + lo, side="right") if hints.size else np.zeros_like(b)
+  last = np.searchsorted(hints, base + hi, side="left") if hints.size else np.zeros_like(b)
+  m = last - first + 1
+  rid = np.repeat(np.arange(b.size), m)
+  k = np.arange(rid.size) - np.repeat(np.cumsum(m) - m, m)
+  top = max(hints.size - 1, 0)
+  cut = hints[np.clip(first[rid] + k - 1, 0, top)] - base[rid] if hints.size else lo[rid]
+  nxt = hints[np.clip(first[rid] + k, 0, top)] - base[rid] if hints.size else hi[rid]
+  start = np.where(k == 0, lo[rid], cut)
+  stop = np.where(k == m[rid] - 1, hi[rid], nxt)
+  return rid, start, stop
 
 
 def _median_hint(hints: np.ndarray, b, lo, hi, n: int):
