@@ -33,6 +33,7 @@ import numpy as np
 
 from maskc._bind import _int
 from maskc._errors import MaskValueError
+from maskc._lower import compile as compile_
 from maskc._tiles import FULL, PARTIAL, run_lengths
 
 METHODS = ("contiguous", "zigzag", "balanced")
@@ -118,7 +119,6 @@ def tile_costs(mask: Any, seq_len: int, *, block: int, operands: dict | None = N
   Sums FULL + `partial_cost` x PARTIAL tiles over batch rows and heads. One static
   compile: O(the mask's boundary), no grid.
   """
-  from maskc._lower import compile as compile_
   if any(isinstance(v, jax.core.Tracer) for v in (operands or {}).values()):
     raise MaskValueError("balance needs static operand values, got traced ones",
                          hint="Balance once, outside jit, with NumPy operands.")

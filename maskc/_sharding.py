@@ -38,6 +38,7 @@ from maskc._bind import as_mask
 from maskc._blockmap import BlockMap
 from maskc._errors import MaskTypeError, MaskValueError, OperandError
 from maskc._layout import Layout
+from maskc._lower import compile as compile_
 from maskc._tiles import run_lengths
 
 STRATEGIES = ("all_gather", "ring")
@@ -131,7 +132,6 @@ class ShardPlan:
       kv_len: the number of those keys.
       operands: the device's operand values at natural positions (its batch rows).
     """
-    from maskc._lower import compile as compile_
     return compile_(group.mask, self.layout.per_shard, kv_len, block_q=self.block_q,
                     block_kv=self.block_kv, q_positions=q_positions, kv_positions=kv_positions,
                     operands=operands)
@@ -260,7 +260,6 @@ def plan(mask: Any, layout: Layout, *, strategy: str = "all_gather", block_q: in
 
 def _group(m: ir.Mask, heads, layout: Layout, strategy: str, block_q: int, block_kv: int,
            per_data: list[dict[str, Any]]) -> HeadGroup:
-  from maskc._lower import compile as compile_
   s, n = layout.shards, layout.seq_len
   names = {o.name for o in m.operands}
   maps, nonempty = [], []

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
 import maskc
+from attention_reference import numpy_scores, repeat_kv
 from maskc.kernels import api, dense, splash
 
 try:
@@ -316,13 +317,8 @@ class TestDenseReference:
 
   @staticmethod
   def numpy_attention(q, k, v, allowed, scale, cap=None, sinks=None):
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    g = q.shape[2] // k.shape[2]
-    k, v = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
-    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    if cap is not None:
-      s = cap * np.tanh(s / cap)
-    s = np.where(allowed, s, -np.inf)
+    s = numpy_scores(q, k, allowed, scale, cap)
+    v = repeat_kv(v, s.shape[1])
     m = s.max(-1, keepdims=True)
     if sinks is not None:
       m = np.maximum(m, np.asarray(sinks, np.float64)[None, :, None, None])

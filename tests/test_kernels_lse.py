@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import maskc
+from attention_reference import numpy_scores, repeat_kv
 from maskc.kernels import flash, splash, xla
 
 TOL = 1e-5
@@ -31,13 +32,8 @@ HEADS = [(1, 1), (2, 1), (4, 2)]
 
 def numpy_reference(q, k, v, allowed, scale: float, cap: float | None):
   """Float64 `(out [B, Lq, H, Dv], lse [B, Lq, H])`: softmax over allowed keys only."""
-  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-  g = q.shape[2] // k.shape[2]
-  k, v = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
-  s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
-  if cap is not None:
-    s = cap * np.tanh(s / cap)
-  s = np.where(allowed, s, -np.inf)
+  s = numpy_scores(q, k, allowed, scale, cap)
+  v = repeat_kv(v, s.shape[1])
   seen = np.broadcast_to(allowed.any(-1), s.shape[:-1])
   top = np.where(seen, s.max(-1), 0.0)
   e = np.exp(s - top[..., None])

@@ -8,31 +8,22 @@ inputs already in the layout's order. Checks that need no devices (per-shard
 compilation, empty ring steps, argument errors) run in this process.
 """
 
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+import fake_devices
 import maskc
 import sharding_worker
 from maskc import _sharding
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
   out = tmp_path_factory.mktemp("sharding") / "results.json"
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, os.path.join(HERE, "sharding_worker.py"), str(out)],
-                        env=env, capture_output=True, text=True, timeout=3000)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  return json.loads(out.read_text())
+  return fake_devices.run_worker("sharding_worker.py", out, timeout=3000)
 
 
 # One subprocess on 8 fake devices runs every case (minutes on 2 cores): `make test-slow`,

@@ -12,9 +12,7 @@ here on one device by running each shard's slice of the MaskInfo by hand.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import hypothesis.strategies as st
@@ -31,10 +29,10 @@ from maskc._splash_info import splash_mask_info
 from maskc.kernels import splash
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fake_devices  # noqa: E402
 import splash_shards_worker  # noqa: E402
 from test_splash_info import assert_same_info  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 L = 512
 BLOCK = 64
 SHARDS = [(hs, qs) for hs in (1, 2) for qs in (1, 2, 4)]
@@ -218,12 +216,7 @@ def test_kernel_on_each_shards_slice_matches_dense():
 @pytest.fixture(scope="module")
 def mesh_results(tmp_path_factory):
   out = tmp_path_factory.mktemp("splash_shards") / "results.json"
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, os.path.join(HERE, "splash_shards_worker.py"), str(out)],
-                        env=env, capture_output=True, text=True, timeout=1800)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  return json.loads(out.read_text())
+  return fake_devices.run_worker("splash_shards_worker.py", out, timeout=1800)
 
 
 @pytest.mark.slow
