@@ -178,6 +178,7 @@ def check_case(run_with_lse, case, **kw) -> None:
 # ----------------------------------------------------------------------------- tests
 
 
+@pytest.mark.slow  # ~20 s in interpret mode; runs with `make test-slow` (CI)
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases(blocks=(16, 32), max_tiles=2))
 def test_flash_matches_xla_and_dense(case):
