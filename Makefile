@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-lowering bench wheel-test clean
+.PHONY: demo test test-slow test-lowering test-gpu bench wheel-test clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,15 @@ test-lowering: $(LSTAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
+
+# Kernels compiled for and run on a real NVIDIA GPU (tests/test_gpu.py). Needs a Python whose
+# jax has a CUDA plugin (jax[cuda12] or jax[cuda13]), with maskc installed in it
+# (`pip install -e .`) and pytest and hypothesis; set GPU_PYTHON.
+GPU_PYTHON ?= python3
+
+test-gpu:
+	MASKC_TEST_GPU=1 $(GPU_PYTHON) -m pytest -q -p no:cacheprovider -m gpu \
+	  tests/test_gpu.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/compile_speed.py

@@ -294,10 +294,24 @@ def _b(cfg: _Config, b):
   return b if cfg.batched_meta else 0
 
 
-def _compiler(cfg: _Config, d: int):
+def launch_params(kernel: str, d: int) -> tuple[int, int]:
+  """Triton's `(num_warps, num_stages)` for kernel `"fwd"`, `"dq"` or `"dkv"` at head dim `d`.
+
+  Measured on an H100 (`benchmarks/gpu_tuning.py`, causal, 16K tokens, 16 heads of
+  128, bf16, 64 × 64 tiles): 4 warps and 2 stages for every kernel gave 4.05 ms
+  forward and 13.2 ms forward+backward; 8 warps for d > 64 (the earlier default)
+  gave 4.17 ms and 25.7 ms, the backward kernels twice as slow. 3 stages or more
+  with 8 warps and 128-row tiles exceed the 227 KiB of shared memory in backward.
+  """
+  del kernel, d
+  return 4, 2
+
+
+def _compiler(cfg: _Config, d: int, kernel: str):
   if cfg.interpret:
     return None
-  return plgpu.CompilerParams(num_warps=4 if d <= 64 else 8, num_stages=2)
+  warps, stages = launch_params(kernel, d)
+  return plgpu.CompilerParams(num_warps=warps, num_stages=stages)
 
 
 class _ReadArrays(NamedTuple):
@@ -350,7 +364,7 @@ def _forward(cfg: _Config, q, k, v, sinks, meta_f, reads: _ReadArrays, out_dtype
                jax.ShapeDtypeStruct((b, h, lq_pad), jnp.float32)]
   return pl.pallas_call(kernel, grid=(b, h, cfg.n_q_tiles), in_specs=in_specs,
                         out_specs=out_specs, out_shape=out_shape, interpret=cfg.interpret,
-                        compiler_params=_compiler(cfg, d), name="maskc_flash_fwd")(
+                        compiler_params=_compiler(cfg, d, "fwd"), name="maskc_flash_fwd")(
       meta_f, *reads, sinks, q, k, v)
 
 
@@ -379,7 +393,7 @@ def _backward(cfg: _Config, q, k, v, o, lse, do, meta_f, meta_b, reads: _ReadArr
       ],
       out_specs=pl.BlockSpec((None, bq, None, d), lambda b_, h_, i: (b_, i, h_, 0)),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), interpret=cfg.interpret,
-      compiler_params=_compiler(cfg, d), name="maskc_flash_dq")(
+      compiler_params=_compiler(cfg, d, "dq"), name="maskc_flash_dq")(
           meta_f, *reads, q, k, v, do, lse, delta)
   dk, dv_ = pl.pallas_call(
       functools.partial(_dkv_kernel, cfg=cfg), grid=(b, h, cfg.n_kv_tiles),
@@ -397,7 +411,8 @@ def _backward(cfg: _Config, q, k, v, o, lse, do, meta_f, meta_b, reads: _ReadArr
                  pl.BlockSpec((None, bk, None, dv), lambda b_, h_, j: (b_, j, h_, 0))],
       out_shape=[jax.ShapeDtypeStruct((b, lkv_pad, h, d), jnp.float32),
                  jax.ShapeDtypeStruct((b, lkv_pad, h, dv), jnp.float32)],
-      interpret=cfg.interpret, compiler_params=_compiler(cfg, d), name="maskc_flash_dkv")(
+      interpret=cfg.interpret, compiler_params=_compiler(cfg, d, "dkv"),
+      name="maskc_flash_dkv")(
           meta_b, *reads, q, k, v, do, lse, delta)
   # Per-query-head key gradients, summed over each key head's group.
   dk = dk.reshape(b, lkv_pad, hkv, g, d).sum(3).astype(k.dtype)

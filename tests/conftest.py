@@ -11,8 +11,10 @@ import hypothesis
 import jax
 
 # Tests compare against NumPy and run kernels in interpret mode: CPU is enough,
-# and pinning it keeps results the same on machines with an accelerator.
-jax.config.update("jax_platforms", "cpu")
+# and pinning it keeps results the same on machines with an accelerator. The GPU
+# tests (`make test-gpu`, marker `gpu`) set MASKC_TEST_GPU=1 to keep the GPU.
+if os.environ.get("MASKC_TEST_GPU") != "1":
+  jax.config.update("jax_platforms", "cpu")
 
 hypothesis.settings.register_profile(
     "ci", derandomize=True, max_examples=60, deadline=None, print_blob=True,

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import maskc
-from attention_reference import numpy_scores, repeat_kv
+import attention_reference
+from attention_reference import jnp_reference, numpy_reference
 from maskc.kernels import flash, splash, xla
 
 TOL = 1e-5
@@ -28,38 +29,6 @@ HEADS = [(1, 1), (2, 1), (4, 2)]
 
 
 # ----------------------------------------------------------------------------- references
-
-
-def numpy_reference(q, k, v, allowed, scale: float, cap: float | None):
-  """Float64 `(out [B, Lq, H, Dv], lse [B, Lq, H])`: softmax over allowed keys only."""
-  s = numpy_scores(q, k, allowed, scale, cap)
-  v = repeat_kv(v, s.shape[1])
-  seen = np.broadcast_to(allowed.any(-1), s.shape[:-1])
-  top = np.where(seen, s.max(-1), 0.0)
-  e = np.exp(s - top[..., None])
-  total = e.sum(-1)
-  lse = np.where(seen, top + np.log(np.where(seen, total, 1.0)), xla.NEG_LSE)
-  out = np.einsum("bhqk,bkhd->bqhd", e / np.where(seen, total, 1.0)[..., None], v)
-  return out, np.moveaxis(lse, 1, 2)
-
-
-def jnp_reference(q, k, v, allowed, scale: float, cap: float | None):
-  """The same formula in float32 jax.numpy (dense), for JAX to differentiate."""
-  g = q.shape[2] // k.shape[2]
-  k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
-  s = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision="highest") * scale
-  if cap is not None:
-    s = cap * jnp.tanh(s / cap)
-  allowed = jnp.asarray(allowed)
-  seen = jnp.broadcast_to(allowed.any(-1), s.shape[:-1])
-  s = jnp.where(allowed, s, -1e30)
-  top = jax.lax.stop_gradient(s.max(-1))
-  e = jnp.where(allowed, jnp.exp(s - top[..., None]), 0.0)
-  total = e.sum(-1)
-  lse = jnp.where(seen, top + jnp.log(jnp.where(seen, total, 1.0)), xla.NEG_LSE)
-  p = e / jnp.where(seen, total, 1.0)[..., None]
-  out = jnp.einsum("bhqk,bkhd->bqhd", p, v, precision="highest")
-  return out, jnp.moveaxis(lse, 1, 2)
 
 
 def values_and_grads(fn, q, k, v, w, c):
@@ -262,3 +231,7 @@ def test_per_head_maps_are_refused(backend):
   bm = maskc.compile(["causal", "sliding(3)"], t, block_q=t, block_kv=t)
   with pytest.raises(maskc.MaskValueError, match="one mask for every head"):
     mod.run_with_lse(x, x, x, bm, interpret=True)
+
+
+def test_references_mark_empty_rows_as_the_kernels_do():
+  assert attention_reference.NEG_LSE == xla.NEG_LSE

@@ -1,0 +1,269 @@
+"""The GPU kernels compiled by Triton and run on a real NVIDIA GPU.
+
+The interpret-mode tests (`test_kernels.py`, `test_kernels_lse.py`) check the
+kernels' arithmetic on CPU, and `test_lowering.py` checks that they lower to
+Triton. These check what neither can: that the compiled code on the device
+computes the same function (no mask, read or tile lost in compilation, no race
+between programs), forward and gradients, for the mask kinds the kernel reads
+in different ways (none, per-token, pairwise, tile-constant, per head), ragged
+lengths, GQA, soft caps, sinks and empty rows; and that the traced lowering
+(`jax.jit` with operands as device arrays) gives the static path's map there.
+
+Every figure is compared with a reference that does not share the kernel's
+code: float64 NumPy for values, the dense jax.numpy formula on the CPU device
+(float32, `precision="highest"`) for gradients, with inputs rounded to the
+kernel's dtype first. Errors are relative to the reference's norm: float32
+(IEEE on the GPU: the kernel asks for `HIGHEST`) within 2e-5, bf16 within 2e-2.
+
+Marked `gpu` and deselected by default. `make test-gpu` runs them with
+MASKC_TEST_GPU=1 (which keeps conftest from pinning the CPU); without a GPU
+they are skipped.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import maskc
+from attention_reference import jnp_reference, numpy_reference
+from maskc.kernels import api, flash, xla
+
+F32_TOL = 2e-5
+BF16_TOL = 2e-2
+
+
+def _gpu():
+  try:
+    return jax.devices("gpu")[0]
+  except RuntimeError:
+    return None
+
+
+GPU = _gpu()
+CPU = jax.devices("cpu")[0]
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(GPU is None, reason="no GPU visible to jax (run `make test-gpu`, which "
+                                           "sets MASKC_TEST_GPU=1, on a machine with one)"),
+]
+
+
+def rel_err(x, ref) -> float:
+  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+  assert x.shape == ref.shape, (x.shape, ref.shape)
+  assert np.isfinite(x).all(), "non-finite values"
+  return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def assert_close(x, ref, tol: float, what: str) -> None:
+  err = rel_err(x, ref)
+  assert err <= tol, f"{what}: relative error {err:.3g} > {tol}"
+
+
+def inputs(seed: int, b: int, lq: int, lkv: int, h: int, hkv: int, d: int, dtype):
+  """q, k, v rounded to `dtype` (NumPy float32 values), and the cotangent w."""
+  rng = np.random.default_rng(seed)
+  cast = lambda x: np.asarray(jnp.asarray(x).astype(dtype).astype(jnp.float32))
+  q = cast(rng.standard_normal((b, lq, h, d), np.float32))
+  k = cast(rng.standard_normal((b, lkv, hkv, d), np.float32))
+  v = cast(rng.standard_normal((b, lkv, hkv, d), np.float32))
+  w = rng.standard_normal((b, lq, h, d)).astype(np.float32)
+  return q, k, v, w
+
+
+def vjp_on(device, fn, q, k, v, w, dtype):
+  """`fn(q, k, v)` and its q, k, v gradients for cotangent w, jitted on `device`."""
+  put = lambda x, t=dtype: jax.device_put(jnp.asarray(x, t), device)
+
+  @jax.jit
+  def both(q, k, v, w):
+    out, pull = jax.vjp(fn, q, k, v)
+    return out, pull(w.astype(out.dtype))
+
+  out, grads = both(put(q), put(k), put(v), put(w, jnp.float32))
+  assert all(x.devices() == {device} for x in (out, *grads))
+  return np.asarray(out.astype(jnp.float32)), [np.asarray(g.astype(jnp.float32)) for g in grads]
+
+
+def token_ops(n: int, seed: int, batch: int | None = None) -> dict[str, np.ndarray]:
+  """Packed documents `seg` (sorted ids, runs of 20-300) and image spans `img`."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for _ in range(batch or 1):
+    seg = np.repeat(np.arange(n), rng.integers(20, 300, n))[:n].astype(np.int32)
+    img = np.zeros(n, bool)
+    for s in rng.integers(0, n, 4):
+      img[s:s + int(rng.integers(16, 200))] = True
+    rows.append((seg, img))
+  if batch is None:
+    return {"seg": rows[0][0], "img": rows[0][1]}
+  return {"seg": np.stack([r[0] for r in rows]), "img": np.stack([r[1] for r in rows])}
+
+
+# (id, mask, q_len, kv_len, heads, kv heads, head dim, dtype, soft cap, sinks, tiles, operands)
+CASES = [
+    ("causal", "causal", 1024, 1024, 4, 2, 64, "float32", None, False, None, None),
+    ("causal-bf16-d128", "causal", 1024, 1024, 4, 4, 128, "bfloat16", None, False, None, None),
+    ("sliding-sink-ragged", "sliding(300) | sink(4)", 1000, 1000, 2, 1, 64, "float32", None,
+     False, None, None),
+    ("chunk-offset-cap", "causal & chunk(256)", 300, 1000, 2, 2, 64, "float32", 30.0, False,
+     None, None),
+    ("local-tiles32", "local(100, 20)", 512, 512, 2, 1, 32, "float32", None, False, (32, 32),
+     None),
+    ("documents-batched", "causal & document(seg)", 777, 777, 2, 1, 64, "float32", None, False,
+     None, "seg-batched"),
+    ("image-spans-bf16-d80", "causal | bidirectional(img)", 1024, 1024, 2, 2, 80, "bfloat16",
+     None, False, None, "img"),
+    ("documents-images", "document(seg) & (causal | bidirectional(img))", 640, 640, 2, 1, 64,
+     "float32", None, False, (64, 64), "seg+img"),
+    ("tree-pairs", "causal & anc[q, k]", 384, 384, 2, 1, 64, "float32", None, False, (64, 64),
+     "anc"),
+    ("moba-tile-pairs", "causal & sel[q // 64, k // 64]", 512, 512, 2, 1, 64, "float32", None,
+     False, (64, 64), "sel"),
+    ("sinks", "sliding(200)", 512, 512, 4, 2, 64, "float32", None, True, None, None),
+    ("empty-rows", "sliding(50) & q >= 100", 512, 512, 2, 1, 64, "float32", None, False, None,
+     None),
+    ("per-head", ("causal", "sliding(128)"), 512, 512, 2, 1, 64, "float32", None, False, None,
+     None),
+]
+
+
+def case_operands(kind: str | None, n: int, seed: int) -> dict[str, np.ndarray]:
+  rng = np.random.default_rng(seed)
+  if kind is None:
+    return {}
+  if kind == "seg-batched":
+    return {"seg": token_ops(n, seed, batch=2)["seg"]}
+  if kind == "anc":
+    parent = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)])
+    anc = np.eye(n, dtype=bool)
+    for i in range(1, n):
+      anc[i] |= anc[parent[i]]
+    return {"anc": anc}
+  if kind == "sel":
+    return {"sel": rng.random((-(-n // 64), -(-n // 64))) < 0.5}
+  ops = token_ops(n, seed)
+  return {name: ops[name] for name in kind.split("+")}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_flash_on_gpu_matches_references(case):
+  name, mask, lq, lkv, h, hkv, d, dtype, cap, has_sinks, tiles, kind = case
+  dtype = jnp.dtype(dtype)
+  ops = case_operands(kind, lkv, len(name))
+  q, k, v, w = inputs(len(name), 2, lq, lkv, h, hkv, d, dtype)
+  bq, bk = tiles or flash.default_blocks(lq, lkv)
+  bm = maskc.compile(mask, lq, lkv, block_q=bq, block_kv=bk, operands=ops)
+  sinks = (np.random.default_rng(1).standard_normal(h).astype(np.float32) if has_sinks
+           else None)
+
+  def ours(q, k, v):
+    return api.attention(q, k, v, bm, backend="flash", logits_soft_cap=cap, sinks=sinks,
+                         interpret=False)
+
+  def dense(q, k, v):
+    return maskc.attention(q, k, v, mask, backend="dense", logits_soft_cap=cap, sinks=sinks,
+                           operands=ops)
+
+  out, grads = vjp_on(GPU, ours, q, k, v, w, dtype)
+  out_ref, grads_ref = vjp_on(CPU, dense, q, k, v, w, jnp.float32)
+  tol = F32_TOL if dtype == jnp.float32 else BF16_TOL
+  if not has_sinks:                       # the float64 formula has no sinks
+    allowed = np.asarray(maskc.materialize(mask, lq, lkv, operands=ops))
+    allowed = allowed[:, None] if bm.batch is not None else allowed    # [B, 1, Lq, Lkv]
+    out64, _ = numpy_reference(q, k, v, allowed, 1 / np.sqrt(d), cap)
+    assert_close(out, out64, tol, f"{name}: out vs float64 NumPy")
+    assert_close(out_ref, out64, F32_TOL, f"{name}: the dense reference vs float64 NumPy")
+  assert_close(out, out_ref, tol, f"{name}: out vs dense")
+  for g, r, n in zip(grads, grads_ref, "qkv"):
+    assert_close(g, r, tol, f"{name}: d{n} vs dense")
+
+
+LSE_CASES = [
+    ("causal", "causal", 512, 512, {}, None),
+    ("empty-rows-cap", "sliding(20) & q >= 100", 384, 384, {}, 2.0),
+    ("pattern-offset", "m[q, k]", 256, 384, "pattern", None),
+]
+
+
+@pytest.mark.parametrize("case", LSE_CASES, ids=[c[0] for c in LSE_CASES])
+def test_flash_run_with_lse_on_gpu(case):
+  """Values and gradients of a loss of both outputs (as ring attention uses them)."""
+  name, mask, lq, lkv, ops, cap = case
+  rng = np.random.default_rng(lq)
+  if ops == "pattern":
+    m = rng.random((lkv, lkv)) < 0.3
+    m[rng.random(lkv) < 0.25] = False
+    ops = {"m": m}
+  h, hkv, d = 4, 2, 64
+  q, k, v, w = inputs(lq, 1, lq, lkv, h, hkv, d, jnp.float32)
+  c = rng.standard_normal((1, lq, h)).astype(np.float32)
+  bm = maskc.compile(mask, lq, lkv, block_q=64, block_kv=64, operands=ops)
+  allowed = np.asarray(maskc.materialize(mask, lq, lkv, operands=ops))
+  scale = 1 / np.sqrt(d)
+
+  def loss_and_parts(fn, device):
+    def loss(q, k, v):
+      out, lse = fn(q, k, v)
+      return (out * w).sum() + (lse * c).sum(), (out, lse)
+    put = lambda x: jax.device_put(jnp.asarray(x), device)
+    (_, (out, lse)), grads = jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(
+        put(q), put(k), put(v))
+    return np.asarray(out), np.asarray(lse), [np.asarray(g) for g in grads]
+
+  out, lse, grads = loss_and_parts(
+      lambda q, k, v: flash.run_with_lse(q, k, v, bm, logits_soft_cap=cap, interpret=False), GPU)
+  _, _, grads_ref = loss_and_parts(lambda q, k, v: jnp_reference(q, k, v, allowed, scale, cap),
+                                   CPU)
+  out64, lse64 = numpy_reference(q, k, v, allowed, scale, cap)
+  empty = np.asarray(lse64, np.float32) == np.float32(xla.NEG_LSE)
+  np.testing.assert_array_equal(lse[empty], np.float32(xla.NEG_LSE))
+  assert_close(out, out64, F32_TOL, f"{name}: out")
+  assert_close(np.where(empty, 0, lse), np.where(empty, 0, lse64), F32_TOL, f"{name}: lse")
+  for g, r, n in zip(grads, grads_ref, "qkv"):
+    assert_close(g, r, F32_TOL, f"{name}: d{n}")
+
+
+TRACED = ["causal & document(seg)", "causal & chunk(96) | bidirectional(img)",
+          "document(seg) & (causal | bidirectional(img))"]
+
+
+@pytest.mark.parametrize("mask", TRACED)
+def test_traced_lowering_on_gpu_matches_static(mask):
+  """Operands as device arrays under `jit`: the map is computed on the GPU."""
+  n, bq, bk = 2000, 64, 32
+  ops = token_ops(n, 7, batch=3)
+  ops = {name: a for name, a in ops.items() if f"({name})" in mask}
+  static = maskc.compile(mask, n, block_q=bq, block_kv=bk, operands=ops)
+
+  @jax.jit
+  def grid(o):
+    return maskc.compile(mask, n, block_q=bq, block_kv=bk, operands=o).grid
+
+  traced = grid({name: jax.device_put(a, GPU) for name, a in ops.items()})
+  assert traced.devices() == {GPU}
+  np.testing.assert_array_equal(np.asarray(traced), np.asarray(static.grid))
+
+
+def test_attention_with_traced_operands_on_gpu():
+  """`maskc.attention` inside `jit`, documents as a device array: compile + flash on the GPU."""
+  n, h, d = 1500, 2, 64
+  seg = token_ops(n, 3, batch=2)["seg"]
+  mask = "causal & document(seg)"
+  q, k, v, w = inputs(5, 2, n, n, h, h, d, jnp.float32)
+  seg_gpu = jax.device_put(seg, GPU)
+  out, grads = vjp_on(GPU, lambda q, k, v: maskc.attention(
+      q, k, v, mask, backend="flash", operands={"seg": seg_gpu}), q, k, v, w, jnp.float32)
+  out_ref, grads_ref = vjp_on(CPU, lambda q, k, v: maskc.attention(
+      q, k, v, mask, backend="dense", operands={"seg": seg}), q, k, v, w, jnp.float32)
+  assert_close(out, out_ref, F32_TOL, "out")
+  for g, r, name in zip(grads, grads_ref, "qkv"):
+    assert_close(g, r, F32_TOL, f"d{name}")
+
+
+def test_auto_picks_flash_on_gpu():
+  assert api.choose_backend("auto", 4096, 4096) == "flash"
