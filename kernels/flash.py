@@ -294,23 +294,29 @@ def _b(cfg: _Config, b):
   return b if cfg.batched_meta else 0
 
 
-def launch_params(kernel: str, d: int) -> tuple[int, int]:
-  """Triton's `(num_warps, num_stages)` for kernel `"fwd"`, `"dq"` or `"dkv"` at head dim `d`.
+def launch_params(kernel: str, d: int, block_q: int, block_kv: int) -> tuple[int, int]:
+  """Triton's `(num_warps, num_stages)` for kernel `"fwd"`, `"dq"` or `"dkv"`.
 
-  Measured on an H100 (`benchmarks/gpu_tuning.py`, causal, 16K tokens, 16 heads of
-  128, bf16, 64 × 64 tiles): 4 warps and 2 stages for every kernel gave 4.05 ms
-  forward and 13.2 ms forward+backward; 8 warps for d > 64 (the earlier default)
-  gave 4.17 ms and 25.7 ms, the backward kernels twice as slow. 3 stages or more
-  with 8 warps and 128-row tiles exceed the 227 KiB of shared memory in backward.
+  Measured on an H100 (`benchmarks/gpu_tuning.py`; causal and packed documents at
+  16K-128K tokens, 16 heads of 128, bf16):
+  - forward: 4 warps, 2 stages at every tile shape. With 128 × 64 tiles that is
+    14.0 ms at 32K and 228 ms at 128K (causal); 8 warps took 16.5 and 269 ms.
+  - backward with 64-row and 64-column tiles: 4 warps. Causal at 16K took 13.2 ms
+    forward+backward against 25.7 ms with 8 warps.
+  - backward with a 128-row or 128-column tile: 8 warps. 4 warps took twice as long
+    (2.0 s against 1.03 s at 128K). 3 stages or more exceed the 227 KiB of shared
+    memory there.
   """
-  del kernel, d
-  return 4, 2
+  del d
+  if kernel == "fwd" or max(block_q, block_kv) < 128:
+    return 4, 2
+  return 8, 2
 
 
 def _compiler(cfg: _Config, d: int, kernel: str):
   if cfg.interpret:
     return None
-  warps, stages = launch_params(kernel, d)
+  warps, stages = launch_params(kernel, d, cfg.block_q, cfg.block_kv)
   return plgpu.CompilerParams(num_warps=warps, num_stages=stages)
 
 

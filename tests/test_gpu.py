@@ -108,6 +108,8 @@ def token_ops(n: int, seed: int, batch: int | None = None) -> dict[str, np.ndarr
 CASES = [
     ("causal", "causal", 1024, 1024, 4, 2, 64, "float32", None, False, None, None),
     ("causal-bf16-d128", "causal", 1024, 1024, 4, 4, 128, "bfloat16", None, False, None, None),
+    ("documents-bf16-tiles128x64", "causal & document(seg)", 1024, 1024, 4, 2, 128, "bfloat16",
+     None, False, (128, 64), "seg"),
     ("sliding-sink-ragged", "sliding(300) | sink(4)", 1000, 1000, 2, 1, 64, "float32", None,
      False, None, None),
     ("chunk-offset-cap", "causal & chunk(256)", 300, 1000, 2, 2, 64, "float32", 30.0, False,
