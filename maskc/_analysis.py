@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from maskc import _ir as ir
-from maskc._operand_runs import RunTable
+from maskc._operand_runs import RunForm, RunTable
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -62,11 +62,14 @@ class Tables:
   Attributes:
     xp: the array module.
     arrays: operands as prepared by `maskc._bind.prepare_operands`.
+    forms: static path: per-token operands in run form where already known (else
+      built from `arrays` when first needed).
   """
 
-  def __init__(self, xp, arrays: dict[str, Any]):
+  def __init__(self, xp, arrays: dict[str, Any], forms: dict[str, RunForm] | None = None):
     self.xp = xp
     self.arrays = arrays
+    self.forms = forms or {}  # static path: per-token operands' runs, when already known
     self._blocked: dict[str, BlockedRange] = {}
     self._whole: dict[str, tuple] = {}
     self._prefix: dict[str, Any] = {}
@@ -76,7 +79,8 @@ class Tables:
   def run_table(self, name: str) -> RunTable:
     """Static path: operand `name` (`[B, L]`) in run-length form."""
     if name not in self._runs:
-      self._runs[name] = RunTable(self.arrays[name], self._runs.values())
+      form = self.forms.get(name) or RunForm.of(self.arrays[name])
+      self._runs[name] = RunTable(form, self._runs.values())
     return self._runs[name]
 
   def blocked(self, name: str) -> BlockedRange:

@@ -22,7 +22,7 @@ from maskc import _ir as ir
 from maskc._analysis import Analyzer, Tables
 from maskc._errors import MaskLimitError, MaskTypeError, MaskValueError, OperandError
 from maskc._evaluate import Env, evaluate, evaluate_mask
-from maskc._operand_runs import run_starts
+from maskc._operand_runs import RunForm
 from maskc._overflow import check_fits
 from maskc._parse import parse
 
@@ -194,19 +194,7 @@ def _runs_of_numpy(x: np.ndarray, dtype) -> np.ndarray:
   if x.size == 0:
     return np.zeros(shape, dtype)
   flat = (x != 0).reshape(-1, shape[-1]) if x.ndim else (x != 0).reshape(1, 1)
-  rows, length = flat.shape
-  # runs of equal flags, row by row: starts (global index), then their lengths and flags
-  starts = run_starts(flat)
-  lengths = np.diff(np.append(starts, rows * length))
-  on = flat.reshape(-1)[starts]
-  row = starts // length
-  # 1-based count of true runs so far in the row, for true runs; 0 for false runs
-  count = np.cumsum(on)
-  before = np.concatenate([[0], count[:-1]])
-  first_of_row = np.concatenate([[True], row[1:] != row[:-1]])
-  base = np.maximum.accumulate(np.where(first_of_row, before, 0))
-  ids = np.where(on, count - base, 0).astype(dtype)
-  return np.repeat(ids, lengths).reshape(shape)
+  return RunForm.of(flat).run_ids().to_array(dtype).reshape(shape)
 
 
 _EXPECT = {"scalar": "[] or [B]", "token": "[L] or [B, L]", "pair": "[Lq, Lk] or [B, Lq, Lk]"}
@@ -225,11 +213,18 @@ class Operands:
   arrays: dict[str, Any]
   batch: int | None
   xp: Any
+  forms: dict[str, RunForm] = dataclasses.field(default_factory=dict)
 
   def static_bytes(self) -> tuple:
-    """A hashable digest of static operand values, for caches."""
-    return tuple(sorted((n, a.shape, str(a.dtype), _digest(a)) for n, a in self.arrays.items()
-                        if not ir.is_run_ids_key(n)))
+    """A hashable digest of static operand values, for caches.
+
+    A per-token operand is digested in run form (its runs determine it), which
+    costs the number of runs rather than the number of tokens.
+    """
+    def digest(n, a):
+      return self.forms[n].digest() if n in self.forms else _digest(a)
+    return tuple(sorted((n, a.shape, str(a.dtype), digest(n, a))
+                        for n, a in self.arrays.items() if not ir.is_run_ids_key(n)))
 
 
 def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
@@ -270,6 +265,7 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
   bits = NUMPY_BITS if xp is np else jax_int_bits()
   lo_type, hi_type = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
   arrays: dict[str, Any] = {}
+  forms: dict[str, RunForm] = {}
   batch: int | None = None
   batch_from = None
   for spec in specs:
@@ -306,8 +302,13 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
       value = value[None]
     # Integer terms are computed in one wide type (int64, or int32 under jit), never in
     # an operand's own narrow dtype, where `seg[q] - seg[k]` would wrap around.
-    if not isinstance(value, jax.core.Tracer) and value.size and \
-        (int(value.min()) < lo_type or int(value.max()) > hi_type):
+    if xp is np and spec.kind == "token":  # runs: one pass, then min and max over the runs
+      forms[spec.name] = RunForm.of(value)
+      extremes = value.reshape(-1)[forms[spec.name].starts]  # in its own dtype (uint64)
+    else:
+      extremes = None if isinstance(value, jax.core.Tracer) else value
+    if extremes is not None and extremes.size and \
+        (int(extremes.min()) < lo_type or int(extremes.max()) > hi_type):
       raise _outside_type(spec.name, bits, xp)
     if xp is jnp:
       value = jnp.asarray(value).astype(jax_int())
@@ -320,9 +321,14 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
       has_reads = True
     if isinstance(n, ir.Read) and n.runs:
       key = ir.run_ids_key(n.operand.name)
-      if key not in arrays:
+      if key in arrays:
+        continue
+      if n.operand.name in forms:
+        forms[key] = forms[n.operand.name].run_ids()
+        arrays[key] = forms[key].to_array(np.int64)
+      else:
         arrays[key] = runs_of(xp, arrays[n.operand.name])
-  result = Operands(arrays, batch, xp)
+  result = Operands(arrays, batch, xp, forms)
   check_requirements(m, arrays, batch)
   what = "the NumPy evaluation" if xp is np else "the jax.numpy evaluation"
   check_fits(m, shape, arrays, bits=bits, what=what, hint=_overflow_hint(xp))

@@ -31,6 +31,7 @@ from maskc._compile_predicate import compile_predicate, conjuncts, segment_conju
 from maskc._errors import MaskTypeError, MaskValueError
 from maskc._lower_dynamic import compile_dynamic
 from maskc._lower_static import compile_static
+from maskc._operand_runs import RunForm
 from maskc._overflow import term_bounds
 from maskc._tile_refine import MEMORY_BUDGET, Budget
 from maskc._tiles import Runs, run_lengths
@@ -97,7 +98,7 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
     _CACHE.move_to_end(key)
     return _CACHE[key]
   rows, backward = compile_static(bound.masks, bound.shape, bound.operands, bound.batch,
-                                  block_q, block_kv, refine, budget)
+                                  block_q, block_kv, refine, budget, forms=bound.forms)
   bm = _blockmap(bound, block_q, block_kv, rows=rows, backward=backward)
   _CACHE[key] = bm
   if len(_CACHE) > _CACHE_SIZE:
@@ -117,6 +118,7 @@ class Binding:
     batch: the batch size when an operand has a batch axis, else None.
     traced: whether an operand (or the offset) is traced under jit.
     operands: all prepared operand arrays, broadcast to the batch.
+    forms: the static per-token operands (and run ids) in run form, broadcast likewise.
   """
   masks: tuple[ir.Mask, ...]
   head_index: tuple[int, ...] | None
@@ -125,6 +127,7 @@ class Binding:
   batch: int | None
   traced: bool
   operands: dict[str, Any]
+  forms: dict[str, RunForm] = dataclasses.field(default_factory=dict)
 
   @property
   def q_len(self) -> int:
@@ -164,7 +167,7 @@ def bind_masks(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: An
                          f"{sorted(batches)}")
   batch = batches.pop() if batches else None
   return Binding(uniq, tuple(head_index) if multi else None, shape, prepared, batch, traced,
-                 _merge_operands(list(prepared), batch))
+                 _merge_operands(list(prepared), batch), _merge_forms(list(prepared), batch))
 
 
 def _masks(mask: Any) -> tuple[list[ir.Mask], bool]:
@@ -183,6 +186,10 @@ def _merge_operands(prepared: list[Operands], batch: int | None) -> dict[str, An
         a = p.xp.broadcast_to(a, (batch,) + a.shape[1:])
       out[n] = a
   return out
+
+
+def _merge_forms(prepared: list[Operands], batch: int | None) -> dict[str, RunForm]:
+  return {n: f.broadcast(batch or 1) for p in prepared for n, f in p.forms.items()}
 
 
 def _predicates(bound: Binding, block_q: int, block_kv: int):

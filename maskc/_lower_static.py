@@ -30,7 +30,7 @@ from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._bind import Shape
 from maskc._diagonal_period import diagonal_period
-from maskc._operand_runs import Pieces, line_pieces, reads_at
+from maskc._operand_runs import Pieces, RunForm, line_pieces, reads_at
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK,
                                  Budget, evaluate_tiles, subdivide)
@@ -528,10 +528,14 @@ def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
 
 
 def compile_static(masks, shape: Shape, operands: dict, batch: int | None, block_q: int,
-                   block_kv: int, refine: list[bool], budget: Budget | None = None):
-  """Per-q-tile runs `[B, U, nq, R]` of the masks, and the memo computing the per-key-tile runs."""
+                   block_kv: int, refine: list[bool], budget: Budget | None = None,
+                   forms: dict[str, RunForm] | None = None):
+  """Per-q-tile runs `[B, U, nq, R]` of the masks, and the memo computing the per-key-tile runs.
+
+  `forms`: the per-token operands' runs where binding already found them.
+  """
   geo = TileGeometry(shape, block_q, block_kv)
-  tables = Tables(np, operands)  # shared: tables are built for the operands masks read
+  tables = Tables(np, operands, forms)  # shared: tables are built for the operands masks read
   budget = budget or Budget(MEMORY_BUDGET)
   per_mask = [_runs_of_mask(m, geo, tables, batch, ref, budget) for m, ref in zip(masks, refine)]
   return _stack_runs([r.runs(along_rows=True) for r in per_mask]), _Backward(per_mask)

@@ -16,6 +16,7 @@ of whole tiles where it wants exact answers (see `maskc._lower`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Iterable
 
 import numpy as np
@@ -42,26 +43,88 @@ def run_starts(a: np.ndarray) -> np.ndarray:
   return np.union1d(changed, row_starts) if rows > 1 else np.concatenate([[0], changed])
 
 
+@dataclasses.dataclass(frozen=True)
+class RunForm:
+  """A per-token operand `[B, L]` as runs: where each starts and its value.
+
+  `starts` are sorted flat indices `b * L + i` and include every row's first
+  token; `values` (int64) hold each run's value. Runs need not be maximal (two
+  neighbours may hold the same value): every user only relies on the value being
+  constant within a run. The form determines the operand, so its digest can
+  stand for the operand's bytes in cache keys, and min, max and run ids come
+  from it without another pass over the tokens.
+  """
+  starts: np.ndarray
+  values: np.ndarray
+  batch: int
+  length: int
+
+  @classmethod
+  def of(cls, a: np.ndarray) -> "RunForm":
+    """The maximal runs of `a` (`[B, L]`, any integer or bool dtype)."""
+    a = np.asarray(a)
+    starts = run_starts(a).astype(np.int64)
+    return cls(starts, a.reshape(-1)[starts].astype(np.int64), *a.shape)
+
+  @property
+  def lengths(self) -> np.ndarray:
+    return np.diff(np.append(self.starts, self.batch * self.length))
+
+  def digest(self) -> bytes:
+    """SHA-256 of the form (equal starts and values: equal operands of this shape)."""
+    h = hashlib.sha256(usedforsecurity=False)
+    h.update(np.ascontiguousarray(self.starts))
+    h.update(np.ascontiguousarray(self.values))
+    return h.digest()
+
+  def broadcast(self, batch: int) -> "RunForm":
+    """A one-row form repeated over `batch` rows."""
+    if batch == self.batch:
+      return self
+    assert self.batch == 1, (self.batch, batch)
+    offsets = np.arange(batch, dtype=np.int64)[:, None] * self.length
+    return RunForm((self.starts[None, :] + offsets).reshape(-1), np.tile(self.values, batch),
+                   batch, self.length)
+
+  def run_ids(self) -> "RunForm":
+    """`runs(x)` on the same runs: 1-based index of each run of nonzero values in its row."""
+    on = self.values != 0
+    row = self.starts // max(self.length, 1)
+    first_of_row = np.ones(on.size, bool)
+    first_of_row[1:] = row[1:] != row[:-1]
+    prev_on = np.zeros(on.size, bool)
+    prev_on[1:] = on[:-1]
+    opens = on & (first_of_row | ~prev_on)           # a run of nonzero values starts here
+    count = np.cumsum(opens)
+    base = np.maximum.accumulate(np.where(first_of_row, count - opens, 0))
+    return RunForm(self.starts, np.where(on, count - base, 0), self.batch, self.length)
+
+  def to_array(self, dtype) -> np.ndarray:
+    """The operand `[B, L]` written out."""
+    return np.repeat(self.values.astype(dtype), self.lengths).reshape(self.batch, self.length)
+
+
 class RunTable:
   """One per-token operand `[B, L]` as runs: `starts` (global `b * L + i`, sorted) and values.
 
   Args:
-    a: the operand, integer NumPy array `[B, L]`.
+    form: the operand's runs (`RunForm.of(a)` for an array `a`).
+    others: tables built before, to share the run search with one that has the same starts.
   """
 
-  def __init__(self, a: np.ndarray, others: "Iterable[RunTable]" = ()):
-    a = np.asarray(a)
-    nb, length = a.shape
-    self.length, self.batch = length, nb
-    starts = run_starts(a).astype(np.int64)
+  def __init__(self, form: RunForm, others: "Iterable[RunTable]" = ()):
+    length = form.length
+    self.length, self.batch = length, form.batch
+    starts = form.starts
     self._spans: dict = {}  # memo of run spans by the identity of the queried index arrays
     for other in others:  # `x` and `runs(x)` change at the same tokens: share the run search
-      if other.starts.shape == starts.shape and other.length == length and \
-          np.array_equal(other.starts, starts):
+      if other.starts is starts or (other.starts.shape == starts.shape and
+                                    other.length == length and
+                                    np.array_equal(other.starts, starts)):
         starts, self._spans = other.starts, other._spans
         break
     self.starts = starts
-    values = a.reshape(-1)[starts].astype(np.int64)
+    values = form.values
     self.values = values
     self.row = starts // max(length, 1)
     levels = max(1, int(values.size).bit_length())

@@ -280,3 +280,55 @@ def test_shifted_reads_are_exact_with_cuts_at_their_changes(case, text):
                k <= q))}[text]()
   expected = _expected_grid(np.asarray(dense), bq, bk)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
+
+
+@st.composite
+def run_arrays(draw):
+  """`[B, L]` arrays of a few runs (ids, flags or extreme values), B in 1..3."""
+  b, n = draw(st.integers(1, 3)), draw(st.integers(1, 40))
+  values = st.sampled_from([0, 1, 2, 7, -3, 2**62, -2**63])
+  rows = []
+  for _ in range(b):
+    row, pos = [], 0
+    while pos < n:
+      run = draw(st.integers(1, n - pos))
+      row += [draw(values)] * run
+      pos += run
+    rows.append(row)
+  return np.array(rows, np.int64)
+
+
+@given(run_arrays())
+def test_run_form_is_a_lossless_summary(a):
+  """The run form rebuilds the operand, its digest tells operands apart, and run ids agree
+  with a plain loop, on one row and broadcast over rows."""
+  from maskc._operand_runs import RunForm
+  form = RunForm.of(a)
+  np.testing.assert_array_equal(form.to_array(np.int64), a)
+  assert form.starts[0] == 0 and (np.diff(form.starts) > 0).all()
+  assert all(b * a.shape[1] in form.starts for b in range(a.shape[0]))  # rows start runs
+  np.testing.assert_array_equal(form.run_ids().to_array(np.int64), _runs_reference(a != 0))
+  changed = a.copy()
+  changed.flat[len(a.flat) // 2] ^= 1
+  assert RunForm.of(changed).digest() != form.digest()
+  assert RunForm.of(a.copy()).digest() == form.digest()
+  one = RunForm.of(a[:1]).broadcast(3)
+  np.testing.assert_array_equal(one.to_array(np.int64), np.repeat(a[:1], 3, axis=0))
+  np.testing.assert_array_equal(one.run_ids().to_array(np.int64),
+                                _runs_reference(np.repeat(a[:1], 3, axis=0) != 0))
+
+
+def test_cache_keys_follow_operand_values_not_identity():
+  """Equal operands share a cached map; a one-token change does not."""
+  seg = np.repeat(np.arange(8), 40).astype(np.int32)
+  a = maskc.compile("causal & document(seg)", 320, block_q=32, block_kv=32, operands={"seg": seg})
+  b = maskc.compile("causal & document(seg)", 320, block_q=32, block_kv=32,
+                    operands={"seg": seg.copy()})
+  assert a is b
+  seg2 = seg.copy()
+  seg2[100] = 99
+  c = maskc.compile("causal & document(seg)", 320, block_q=32, block_kv=32,
+                    operands={"seg": seg2})
+  assert c is not a
+  np.testing.assert_array_equal(np.asarray(c.grid), _expected_grid(
+      _dense("causal & document(seg)", 320, 320, 0, {"seg": seg2}), 32, 32))
