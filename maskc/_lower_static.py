@@ -363,20 +363,32 @@ class _StaticRuns:
         _pieces(m, geo, tables, batch, False, self.budget))
     hints = (_split_hints(m, geo, tables, nb, True, self.budget),
              _split_hints(m, geo, tables, nb, False, self.budget))
-    b, i0, i1, j0, j1, state, ambiguous = _leaves(m, geo, tables, batch, self.budget, pieces,
-                                                  hints)
-    if refine and ambiguous.any():
-      idx = np.flatnonzero(ambiguous)  # single tiles
-      state[idx] = _decide_tiles(m, geo, tables, b[idx] if batch else 0, i0[idx], j0[idx],
-                                 self.budget, pieces, nb)
-    keep = state != EMPTY
-    self.leaves = tuple(x[keep] for x in (b, i0, i1, j0, j1, state))
+    self.leaves = _decided_leaves(m, geo, tables, batch, refine, self.budget, pieces, hints)
 
   def runs(self, along_rows: bool) -> Runs:
     b, i0, i1, j0, j1, _ = self.leaves
     self.budget.charge(int(((i1 - i0) if along_rows else (j1 - j0)).sum()) * 48, "the packed runs")
     return _pack_runs(*_expand(self.leaves, along_rows), self.batch or 1,
                       self.geo.nq if along_rows else self.geo.nk)
+
+
+def _decided_leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
+                    refine: bool, budget: Budget, pieces: tuple[Pieces, Pieces] | None = None,
+                    hints: tuple[np.ndarray, np.ndarray] | None = None, start=None):
+  """The non-EMPTY leaves `(b, i0, i1, j0, j1, state)` of the grid (or of rectangles `start`).
+
+  Ambiguous single tiles are decided exactly when `refine`; otherwise they stay PARTIAL.
+  """
+  if hints is None:
+    hints = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+  b, i0, i1, j0, j1, state, ambiguous = _leaves(m, geo, tables, batch, budget, pieces, hints,
+                                                start)
+  if refine and ambiguous.any():
+    idx = np.flatnonzero(ambiguous)  # single tiles
+    state[idx] = _decide_tiles(m, geo, tables, b[idx] if batch else 0, i0[idx], j0[idx],
+                               budget, pieces, batch or 1)
+  keep = state != EMPTY
+  return tuple(x[keep] for x in (b, i0, i1, j0, j1, state))
 
 
 def _expand(leaves, along_rows: bool):
@@ -430,14 +442,7 @@ class _PeriodicRuns:
 
   def _decided(self, geo: TileGeometry, start=None):
     """Leaves of `geo` (or of rectangles `start`), ambiguous tiles refined, EMPTY ones dropped."""
-    none = np.zeros(0, np.int64)
-    b, i0, i1, j0, j1, state, ambiguous = _leaves(self.m, geo, self.tables, None, self.budget,
-                                                  None, (none, none), start)
-    if self.refine and ambiguous.any():
-      idx = np.flatnonzero(ambiguous)
-      state[idx] = _decide_tiles(self.m, geo, self.tables, 0, i0[idx], j0[idx], self.budget)
-    keep = state != EMPTY
-    return tuple(x[keep] for x in (b, i0, i1, j0, j1, state))
+    return _decided_leaves(self.m, geo, self.tables, None, self.refine, self.budget, start=start)
 
   def runs(self, along_rows: bool) -> Runs:
     geo, shape = self.geo, self.geo.shape
