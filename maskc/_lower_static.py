@@ -1,6 +1,6 @@
 """The static lowering path: every operand a NumPy value.
 
-Two ways to the same runs, chosen per mask:
+Three ways to the same runs, chosen per mask:
 
 - A mask without operands that has a *diagonal period* (`causal`, `sliding(w)`,
   `chunk(n)`, `(q - k) % 4 == 0`: see `maskc._diagonal_period`) has the same tile
@@ -8,6 +8,10 @@ Two ways to the same runs, chosen per mask:
   over a grid moved along the diagonal so that it reaches every column the
   repeats need, and repeated; the same for columns. Cost: one period plus the
   output.
+- An `&` or `|` whose operand-free items have such a period and whose other items
+  read operands (`causal & chunk(8192) | bidirectional(img)`): the two parts are
+  lowered apart, the periodic one by its period, and their runs combined; only
+  tiles where both parts are PARTIAL are decided again, for the whole mask.
 - Any other mask: rectangles of tiles are classified by range analysis and the
   PARTIAL ones split in two dimensions, first where an operand changes (between
   such cuts every read is constant, so the analysis is as sharp as without
@@ -304,11 +308,14 @@ def _strip_pieces(m, geo: TileGeometry, tables: Tables, batch, along_rows: bool,
   return _combine_pieces(item, line.size, t.state, t.certain)
 
 
-def _merge_runs(b, line, a, z, state):
-  """Runs of non-empty tiles sorted by (b, line, a), adjacent runs of one state merged."""
+def _merge_runs(b, line, a, z, state, in_order: bool = False):
+  """Runs of non-empty tiles sorted by (b, line, a), adjacent runs of one state merged.
+
+  `in_order`: the runs come sorted already.
+  """
   keep = state != EMPTY
   b, line, a, z, state = b[keep], line[keep], a[keep], z[keep], state[keep]
-  if b.size:
+  if b.size and not in_order:
     lines, span = int(line.max()) + 1, int(a.max()) + 1
     if (int(b.max()) + 1) * lines * span < 1 << 62:  # one int64 key sorts faster than three
       order = np.argsort((b.astype(np.int64) * lines + line) * span + a, kind="stable")
@@ -325,9 +332,9 @@ def _merge_runs(b, line, a, z, state):
   return b, line, a, z, state
 
 
-def _pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
+def _pack_runs(b, line, a, z, state, nb: int, n_lines: int, in_order: bool = False) -> Runs:
   """Sorted, merged runs of non-empty tiles packed into `[nb, n_lines, R]` arrays."""
-  b, line, a, z, state = _merge_runs(b, line, a, z, state)
+  b, line, a, z, state = _merge_runs(b, line, a, z, state, in_order)
   flat_line = b * n_lines + line
   count = np.bincount(flat_line, minlength=nb * n_lines).astype(np.int32)
   r = max(1, int(count.max()) if count.size else 1)
@@ -365,11 +372,15 @@ class _StaticRuns:
              _split_hints(m, geo, tables, nb, False, self.budget))
     self.leaves = _decided_leaves(m, geo, tables, batch, refine, self.budget, pieces, hints)
 
-  def runs(self, along_rows: bool) -> Runs:
+  def merged(self, along_rows: bool):
+    """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
     b, i0, i1, j0, j1, _ = self.leaves
     self.budget.charge(int(((i1 - i0) if along_rows else (j1 - j0)).sum()) * 48, "the packed runs")
-    return _pack_runs(*_expand(self.leaves, along_rows), self.batch or 1,
-                      self.geo.nq if along_rows else self.geo.nk)
+    return _merge_runs(*_expand(self.leaves, along_rows))
+
+  def runs(self, along_rows: bool) -> Runs:
+    return _pack_runs(*self.merged(along_rows), self.batch or 1,
+                      self.geo.nq if along_rows else self.geo.nk, in_order=True)
 
 
 def _decided_leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
@@ -444,7 +455,8 @@ class _PeriodicRuns:
     """Leaves of `geo` (or of rectangles `start`), ambiguous tiles refined, EMPTY ones dropped."""
     return _decided_leaves(self.m, geo, self.tables, None, self.refine, self.budget, start=start)
 
-  def runs(self, along_rows: bool) -> Runs:
+  def _merged_row(self, along_rows: bool):
+    """The runs of one batch row as sorted, merged `(b, line, a, z, state)` arrays."""
     geo, shape = self.geo, self.geo.shape
     n_lines, n_span = (self.nq, self.nk) if along_rows else (self.nk, self.nq)
     t_line, t_span = (self.tq, self.tk) if along_rows else (self.tk, self.tq)
@@ -473,8 +485,20 @@ class _PeriodicRuns:
       parts.append(_expand(self.edges, along_rows))
     if not parts:
       parts.append(tuple(np.zeros(0, np.int64) for _ in range(4)) + (np.zeros(0, np.int8),))
-    flat = [np.concatenate(x) for x in zip(*parts)]
-    runs = _pack_runs(*flat, 1, geo.nq if along_rows else geo.nk)
+    return _merge_runs(*(np.concatenate(x) for x in zip(*parts)))
+
+  def merged(self, along_rows: bool):
+    """The runs of every batch row as sorted, merged `(b, line, a, z, state)` arrays."""
+    one = self._merged_row(along_rows)
+    nb = self.batch or 1
+    if nb == 1:
+      return one
+    b = np.repeat(np.arange(nb, dtype=np.int64), one[0].size)
+    return (b,) + tuple(np.tile(x, nb) for x in one[1:])
+
+  def runs(self, along_rows: bool) -> Runs:
+    runs = _pack_runs(*self._merged_row(along_rows), 1,
+                      self.geo.nq if along_rows else self.geo.nk, in_order=True)
     nb = self.batch or 1
     return Runs(*(np.repeat(x, nb, axis=0) for x in runs)) if nb > 1 else runs
 
@@ -522,14 +546,136 @@ class _Backward:
     return self.runs
 
 
+def _periodic(m: ir.Mask, geo: TileGeometry) -> int | None:
+  """The diagonal period of an operand-free mask, where repeating it pays; else None."""
+  if m.operands or geo.positions:
+    return None
+  period = diagonal_period(m)
+  return period if period is not None and _PeriodicRuns.worth(geo, period) else None
+
+
+def _parts(m: ir.Mask, geo: TileGeometry) -> list[ir.Mask] | None:
+  """`[operand-free items, the other items]` of an `&` / `|` whose operand-free items,
+  joined, have a diagonal period worth repeating; else None."""
+  if not isinstance(m, (ir.And, ir.Or)) or geo.positions:
+    return None
+  join = ir.and_ if isinstance(m, ir.And) else ir.or_
+  free = [x for x in m.items if not x.operands]
+  rest = [x for x in m.items if x.operands]
+  if not free or not rest:
+    return None
+  parts = [x[0] if len(x) == 1 else join(x) for x in (free, rest)]
+  return parts if _periodic(parts[0], geo) is not None else None
+
+
 def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
                   budget: Budget):
-  """How one mask's runs are computed: by its diagonal period where it has one, else by leaves."""
-  if not m.operands and not geo.positions:
-    period = diagonal_period(m)
-    if period is not None and _PeriodicRuns.worth(geo, period):
-      return _PeriodicRuns(m, geo, tables, batch, refine, budget, period)
+  """How one mask's runs are computed: by its diagonal period where it has one; as the
+  `&` / `|` of parts lowered apart where one part has one; else by leaves."""
+  period = _periodic(m, geo)
+  if period is not None:
+    return _PeriodicRuns(m, geo, tables, batch, refine, budget, period)
+  parts = _parts(m, geo)
+  if parts is not None:
+    return _CombinedRuns(m, [_runs_of_mask(x, geo, tables, batch, refine, budget)
+                             for x in parts], geo, tables, batch, refine, budget)
   return _StaticRuns(m, geo, tables, batch, refine, budget)
+
+
+class _CombinedRuns:
+  """The runs of `a & b & ...` or `a | b | ...` from the runs of its parts.
+
+  With states ordered EMPTY < PARTIAL < FULL, a tile's state under `|` is the
+  largest of its parts' and under `&` the smallest, exactly, except where two
+  parts are PARTIAL: there the union may be FULL and the intersection EMPTY, so
+  those tiles (few: where two parts' boundaries cross) are decided for the whole
+  mask. Lets `causal & chunk(8192) | bidirectional(img)` repeat the period of
+  `causal & chunk(8192)` and analyse only the image spans.
+  """
+
+  def __init__(self, m: ir.Mask, parts: list, geo: TileGeometry, tables: Tables,
+               batch: int | None, refine: bool, budget: Budget):
+    self.m, self.parts, self.geo, self.tables = m, parts, geo, tables
+    self.batch, self.refine, self.budget = batch, refine, budget
+    self.union = isinstance(m, ir.Or)
+    self.pieces = None
+
+  def _pieces(self):
+    """Operand pieces of the whole mask's lines (as `_StaticRuns`), for deciding tiles."""
+    if self.pieces is None and not self.geo.batched_positions:
+      self.pieces = (_pieces(self.m, self.geo, self.tables, self.batch, True, self.budget),
+                     _pieces(self.m, self.geo, self.tables, self.batch, False, self.budget))
+    return self.pieces
+
+  def merged(self, along_rows: bool):
+    """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
+    geo = self.geo
+    n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
+    flat = _keyed(self.parts[0].merged(along_rows), n_lines, n_span)
+    for part in self.parts[1:]:
+      other = _keyed(part.merged(along_rows), n_lines, n_span)
+      self.budget.charge((flat[0].size + other[0].size) * 4 * 48, "combining runs")
+      flat = self._combine(flat, other, along_rows, n_span)
+    key, end, state = flat
+    line, a = np.divmod(key, n_span + 1)
+    b, line = np.divmod(line, n_lines)
+    return _merge_runs(b, line, a, a + (end - key), state, in_order=True)
+
+  def runs(self, along_rows: bool) -> Runs:
+    return _pack_runs(*self.merged(along_rows), self.batch or 1,
+                      self.geo.nq if along_rows else self.geo.nk, in_order=True)
+
+  def _combine(self, x, y, along_rows: bool, n_span: int):
+    """Two sorted flat run lists `(start key, stop key, state)` combined; PARTIAL with
+    PARTIAL decided tile by tile."""
+    # Each list's starts and stops interleave in order, so their concatenation is two
+    # sorted runs (a linear merge), and a list covers a cut iff an odd number of its
+    # boundaries lie at or before it: the last one was a start.
+    xb, yb = (np.stack(v[:2], axis=1).reshape(-1) for v in (x, y))
+    cuts = np.concatenate([xb, yb])
+    order = np.argsort(cuts, kind="stable")
+    cuts = cuts[order]
+    nx = np.cumsum(order < xb.size)
+    ny = np.arange(1, cuts.size + 1) - nx
+    last = np.ones(cuts.size, bool)  # the last of equal cuts counts all of them
+    last[:-1] = cuts[1:] != cuts[:-1]
+    cuts, nx, ny = cuts[last], nx[last][:-1], ny[last][:-1]
+    lo, hi = cuts[:-1], cuts[1:]
+    sx, sy = (np.where(n % 2 == 1, np.append(v[2], EMPTY)[np.maximum(n - 1, 0) // 2], EMPTY)
+              for n, v in ((nx, x), (ny, y)))
+    same_line = lo // (n_span + 1) == (hi - 1) // (n_span + 1)
+    lo, hi, sx, sy = lo[same_line], hi[same_line], sx[same_line], sy[same_line]
+    state = np.maximum(sx, sy) if self.union else np.minimum(sx, sy)
+    both = (sx == PARTIAL) & (sy == PARTIAL)
+    keep = (state != EMPTY) & ~both
+    lo_k, hi_k, st_k = lo[keep], hi[keep], state[keep]
+    if both.any():
+      blo, bhi = lo[both], hi[both]
+      n = bhi - blo
+      seg = np.repeat(np.arange(n.size), n)
+      tile = blo[seg] + np.arange(seg.size) - np.repeat(np.cumsum(n) - n, n)
+      st = np.full(tile.size, PARTIAL, np.int8)
+      if self.refine:
+        line, pos = np.divmod(tile, n_span + 1)
+        bb, line = np.divmod(line, self.geo.nq if along_rows else self.geo.nk)
+        i, j = (line, pos) if along_rows else (pos, line)
+        st = _decide_tiles(self.m, self.geo, self.tables, bb if self.batch else 0, i, j,
+                           self.budget, self._pieces(), self.batch or 1)
+      decided = st != EMPTY
+      lo_k = np.concatenate([lo_k, tile[decided]])
+      hi_k = np.concatenate([hi_k, tile[decided] + 1])
+      st_k = np.concatenate([st_k, st[decided]])
+      order = np.argsort(lo_k, kind="stable")
+      lo_k, hi_k, st_k = lo_k[order], hi_k[order], st_k[order]
+    return lo_k, hi_k, st_k.astype(np.int8)
+
+
+def _keyed(merged, n_lines: int, n_span: int):
+  """Sorted runs `(b, line, a, z, state)` as `(start key, stop key, state)`, where a tile's
+  key is `(b * n_lines + line) * (n_span + 1) + position`: one sorted axis for all lines."""
+  b, line, a, z, state = merged
+  base = (np.asarray(b, np.int64) * n_lines + line) * (n_span + 1)
+  return base + a, base + z, np.asarray(state, np.int8)
 
 
 def compile_static(masks, shape: Shape, operands: dict, batch: int | None, block_q: int,

@@ -332,3 +332,49 @@ def test_cache_keys_follow_operand_values_not_identity():
   assert c is not a
   np.testing.assert_array_equal(np.asarray(c.grid), _expected_grid(
       _dense("causal & document(seg)", 320, 320, 0, {"seg": seg2}), 32, 32))
+
+
+SPLIT_MASKS = [
+    "causal & chunk(8) | bidirectional(img)", "sliding(5) | bidirectional(img)",
+    "causal & document(seg)", "~bidirectional(img) & causal", "local(3, 2) | g[q] | g[k]",
+    "causal & (q - k) % 3 == 0 | bidirectional(img)", "causal & document(seg) & img[k]",
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(run_operands(), st.sampled_from(SPLIT_MASKS), st.sampled_from([8, 16]),
+       st.sampled_from([8, 16]))
+def test_parts_lowered_apart_combine_exactly(case, text, bq, bk):
+  """`periodic part | operand part` (and `&`) lowered apart and combined: the same tiles as
+  the dense mask, forward and backward, and as lowering the mask whole (`exact=True`, so
+  masks beyond the prelude are refined too)."""
+  from maskc import _lower, _lower_static
+  from maskc._tile_geometry import TileGeometry
+  _, n, _, _, _, _, ops = case
+  n = max(n, 8)
+  reps = -(-256 // n)                      # 256 tokens: a period spans at most a quarter
+  seg = np.concatenate([np.asarray(ops["seg"])] * reps, axis=-1)[..., :256]
+  img = np.concatenate([np.asarray(ops["img"])] * reps, axis=-1)[..., :256]
+  ops = _ops_for(text, {"seg": seg, "img": img, "g": img & (seg % 3 == 0)})
+  m = maskc.parse(text)
+  bound = _lower.bind_masks(m, 256, operands=ops)
+  geo = TileGeometry(bound.shape, bq, bk)
+  assert _lower_static._parts(bound.masks[0], geo) is not None, "the split is not taken"
+  _lower._CACHE.clear()
+  bm = maskc.compile(m, 256, block_q=bq, block_kv=bk, operands=ops, exact=True)
+  dense = np.asarray(maskc.materialize(m, 256, operands=ops)).reshape((-1, 256, 256))
+  expected = _expected_grid(dense, bq, bk)
+  np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
+  cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
+  np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)
+  # lowered whole, the runs are the same arrays
+  _lower._CACHE.clear()
+  orig = _lower_static._parts
+  try:
+    _lower_static._parts = lambda m, geo: None
+    whole = maskc.compile(m, 256, block_q=bq, block_kv=bk, operands=ops, exact=True)
+  finally:
+    _lower_static._parts = orig
+    _lower._CACHE.clear()
+  for got, want in zip(bm.rows, whole.rows):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
