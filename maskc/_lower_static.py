@@ -564,6 +564,9 @@ def _parts(m: ir.Mask, geo: TileGeometry) -> list[ir.Mask] | None:
   rest = [x for x in m.items if x.operands]
   if not free or not rest:
     return None
+  if join is ir.or_ and any(ir.positions_of(x) == {"k"} for x in rest):
+    # `| g[k]` puts runs on every row: combining them would cost more than it saves
+    return None
   parts = [x[0] if len(x) == 1 else join(x) for x in (free, rest)]
   return parts if _periodic(parts[0], geo) is not None else None
 
@@ -614,8 +617,7 @@ class _CombinedRuns:
     flat = _keyed(self.parts[0].merged(along_rows), n_lines, n_span)
     for part in self.parts[1:]:
       other = _keyed(part.merged(along_rows), n_lines, n_span)
-      self.budget.charge((flat[0].size + other[0].size) * 4 * 48, "combining runs")
-      flat = self._combine(flat, other, along_rows, n_span)
+      flat = self._combine_by_lines(flat, other, along_rows, n_lines, n_span)
     key, end, state = flat
     line, a = np.divmod(key, n_span + 1)
     b, line = np.divmod(line, n_lines)
@@ -624,6 +626,22 @@ class _CombinedRuns:
   def runs(self, along_rows: bool) -> Runs:
     return _pack_runs(*self.merged(along_rows), self.batch or 1,
                       self.geo.nq if along_rows else self.geo.nk, in_order=True)
+
+  def _combine_by_lines(self, x, y, along_rows: bool, n_lines: int, n_span: int):
+    """`_combine` over groups of whole lines of about `COMBINE_CHUNK` runs: runs never
+    cross a line, so the groups are independent, and memory stays bounded."""
+    total = x[0].size + y[0].size
+    chunks = max(1, -(-total // COMBINE_CHUNK))
+    self.budget.charge(min(total, COMBINE_CHUNK) * 16 * 8, "combining runs")
+    all_lines = (self.batch or 1) * n_lines
+    cuts = (np.arange(chunks + 1, dtype=np.int64) * all_lines // chunks) * (n_span + 1)
+    out = []
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+      xs = slice(*np.searchsorted(x[0], [lo, hi]))
+      ys = slice(*np.searchsorted(y[0], [lo, hi]))
+      out.append(self._combine(tuple(v[xs] for v in x), tuple(v[ys] for v in y), along_rows,
+                               n_span))
+    return tuple(np.concatenate(v) for v in zip(*out))
 
   def _combine(self, x, y, along_rows: bool, n_span: int):
     """Two sorted flat run lists `(start key, stop key, state)` combined; PARTIAL with
@@ -668,6 +686,9 @@ class _CombinedRuns:
       order = np.argsort(lo_k, kind="stable")
       lo_k, hi_k, st_k = lo_k[order], hi_k[order], st_k[order]
     return lo_k, hi_k, st_k.astype(np.int8)
+
+
+COMBINE_CHUNK = 1 << 16  # runs combined at a time
 
 
 def _keyed(merged, n_lines: int, n_span: int):

@@ -336,15 +336,15 @@ def test_cache_keys_follow_operand_values_not_identity():
 
 SPLIT_MASKS = [
     "causal & chunk(8) | bidirectional(img)", "sliding(5) | bidirectional(img)",
-    "causal & document(seg)", "~bidirectional(img) & causal", "local(3, 2) | g[q] | g[k]",
+    "causal & document(seg)", "~bidirectional(img) & causal", "local(3, 2) | g[q]",
     "causal & (q - k) % 3 == 0 | bidirectional(img)", "causal & document(seg) & img[k]",
 ]
 
 
 @settings(max_examples=40, deadline=None)
 @given(run_operands(), st.sampled_from(SPLIT_MASKS), st.sampled_from([8, 16]),
-       st.sampled_from([8, 16]))
-def test_parts_lowered_apart_combine_exactly(case, text, bq, bk):
+       st.sampled_from([8, 16]), st.sampled_from([5, 1 << 16]))
+def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
   """`periodic part | operand part` (and `&`) lowered apart and combined: the same tiles as
   the dense mask, forward and backward, and as lowering the mask whole (`exact=True`, so
   masks beyond the prelude are refined too)."""
@@ -360,8 +360,15 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk):
   bound = _lower.bind_masks(m, 256, operands=ops)
   geo = TileGeometry(bound.shape, bq, bk)
   assert _lower_static._parts(bound.masks[0], geo) is not None, "the split is not taken"
+  assert _lower_static._parts(maskc.parse("local(3, 2) | g[q] | g[k]"), geo) is None
   _lower._CACHE.clear()
-  bm = maskc.compile(m, 256, block_q=bq, block_kv=bk, operands=ops, exact=True)
+  # chunk 5: runs are combined in many groups of lines
+  default_chunk, _lower_static.COMBINE_CHUNK = _lower_static.COMBINE_CHUNK, chunk
+  try:
+    bm = maskc.compile(m, 256, block_q=bq, block_kv=bk, operands=ops, exact=True)
+    bm.cols
+  finally:
+    _lower_static.COMBINE_CHUNK = default_chunk
   dense = np.asarray(maskc.materialize(m, 256, operands=ops)).reshape((-1, 256, 256))
   expected = _expected_grid(dense, bq, bk)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
