@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 
 import maskc
 from attention_reference import numpy_scores, repeat_kv
+from sampling import PARTS, count
 from maskc.kernels import api, dense, splash
 
 try:
@@ -169,16 +170,20 @@ class KernelTests:
 
   # --------------------------------------------------------------------- tests
 
-  def test_matches_dense_float32(self):
-    @settings(max_examples=self.max_examples, deadline=None,
+  # Each example compiles a kernel and the reference: the default run draws a share of them,
+  # `-m slow` all (sampling.py).
+  @pytest.mark.parametrize("part", PARTS)
+  def test_matches_dense_float32(self, part):
+    @settings(max_examples=count(self.max_examples, part), deadline=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     @given(st.data())
     def check(data):
       self.compare(self.draw_case(data), jnp.float32, F32_TOL)
     check()
 
-  def test_matches_dense_bfloat16(self):
-    @settings(max_examples=max(2, self.max_examples // 3), deadline=None,
+  @pytest.mark.parametrize("part", PARTS)
+  def test_matches_dense_bfloat16(self, part):
+    @settings(max_examples=count(max(2, self.max_examples // 3), part), deadline=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     @given(st.data())
     def check(data):
@@ -192,24 +197,28 @@ class KernelTests:
     t = self.blocks[0]
     return -(-q_len // t) * t, -(-kv_len // t) * t
 
-  def test_empty_rows_are_zero_with_zero_gradients(self):
+  # One kernel compile per mask: the default run takes the one with empty rows among partial
+  # tiles, `-m slow` the others.
+  @pytest.mark.parametrize("which", [2, pytest.param(0, marks=pytest.mark.slow),
+                                     pytest.param(1, marks=pytest.mark.slow)])
+  def test_empty_rows_are_zero_with_zero_gradients(self, which):
     lq, lkv = self.lengths(70, 70)
     t = self.blocks[0]
     q, k, v, w = qkv(0, 1, lq, lkv, 2, 1, 16)
-    for mask in ("empty", f"causal & q >= {lq - 3}", f"k >= {2 * t} & q < {t + 3}"):
-      run = lambda q, k, v: self.run(q, k, v, mask, block_q=t, block_kv=t)
-      out, grads = out_and_grads(run, q, k, v, w)
-      empty = ~maskc.materialize(mask, lq, lkv).any(-1)
-      assert np.isfinite(np.asarray(out)).all()
-      np.testing.assert_array_equal(np.asarray(out)[:, empty], 0.0)
-      for g in grads:
-        assert np.isfinite(np.asarray(g)).all()
-      np.testing.assert_array_equal(np.asarray(grads[0])[:, empty], 0.0)
-      out_ref, grads_ref = out_and_grads(lambda q, k, v: dense_attention(q, k, v, mask), q, k, v,
-                                         w)
-      assert_close(out, out_ref, F32_TOL, mask)
-      for name, g, r in zip("qkv", grads, grads_ref):
-        assert_close(g, r, F32_TOL, f"d{name}, {mask}")
+    mask = ("empty", f"causal & q >= {lq - 3}", f"k >= {2 * t} & q < {t + 3}")[which]
+    run = lambda q, k, v: self.run(q, k, v, mask, block_q=t, block_kv=t)
+    out, grads = out_and_grads(run, q, k, v, w)
+    empty = ~maskc.materialize(mask, lq, lkv).any(-1)
+    assert np.isfinite(np.asarray(out)).all()
+    np.testing.assert_array_equal(np.asarray(out)[:, empty], 0.0)
+    for g in grads:
+      assert np.isfinite(np.asarray(g)).all()
+    np.testing.assert_array_equal(np.asarray(grads[0])[:, empty], 0.0)
+    out_ref, grads_ref = out_and_grads(lambda q, k, v: dense_attention(q, k, v, mask), q, k, v,
+                                       w)
+    assert_close(out, out_ref, F32_TOL, mask)
+    for name, g, r in zip("qkv", grads, grads_ref):
+      assert_close(g, r, F32_TOL, f"d{name}, {mask}")
 
   def test_gqa_soft_cap_and_sinks(self):
     lq, lkv = self.lengths(64, 64)
@@ -264,23 +273,25 @@ class KernelTests:
     for name, g, r in zip("qkv", grads, grads_ref):
       assert_close(g, r, F32_TOL, f"d{name}, {mask}")
 
-  def test_traced_operands_under_jit(self):
+  # Three compiles per mask: the default run takes the first, `-m slow` the second.
+  @pytest.mark.parametrize("mask", ["causal & document(seg)", pytest.param(
+      "document(seg) & q - k < 40", marks=pytest.mark.slow)])
+  def test_traced_operands_under_jit(self, mask):
     lq, lkv = self.lengths(64, 64)
     t = self.blocks[0]
     q, k, v, w = qkv(5, 2, lq, lkv, 2, 2, 16)
     seg = np.stack([np.repeat(np.arange(3), lkv // 3 + 1)[:lkv],
                     np.repeat(np.arange(5), lkv // 5 + 1)[:lkv]]).astype(np.int32)
-    for mask in ("causal & document(seg)", "document(seg) & q - k < 40"):
-      run = lambda q, k, v, seg: self.run(q, k, v, mask, operands={"seg": seg}, block_q=t,
-                                          block_kv=t)
-      out, grads = out_and_grads(lambda q, k, v: run(q, k, v, jnp.asarray(seg)), q, k, v, w)
-      out2 = jax.jit(run)(q, k, v, jnp.asarray(seg))
-      ref = lambda q, k, v: dense_attention(q, k, v, mask, operands={"seg": seg})
-      out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
-      assert_close(out, out_ref, F32_TOL, mask)
-      assert_close(out2, out_ref, F32_TOL, mask)
-      for name, g, r in zip("qkv", grads, grads_ref):
-        assert_close(g, r, F32_TOL, f"d{name}, {mask}")
+    run = lambda q, k, v, seg: self.run(q, k, v, mask, operands={"seg": seg}, block_q=t,
+                                        block_kv=t)
+    out, grads = out_and_grads(lambda q, k, v: run(q, k, v, jnp.asarray(seg)), q, k, v, w)
+    out2 = jax.jit(run)(q, k, v, jnp.asarray(seg))
+    ref = lambda q, k, v: dense_attention(q, k, v, mask, operands={"seg": seg})
+    out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
+    assert_close(out, out_ref, F32_TOL, mask)
+    assert_close(out2, out_ref, F32_TOL, mask)
+    for name, g, r in zip("qkv", grads, grads_ref):
+      assert_close(g, r, F32_TOL, f"d{name}, {mask}")
 
   def test_jit_grad_vmap(self):
     lq, lkv = self.lengths(48, 48)
@@ -330,9 +341,12 @@ class TestDenseReference:
     p = p / np.where(denom == 0, 1.0, denom)
     return np.einsum("bhqk,bkhd->bqhd", p, v)
 
-  @settings(max_examples=10, deadline=None)
-  @given(st.data())
-  def test_dense_matches_numpy(self, data):
+  @pytest.mark.parametrize("part", PARTS)
+  def test_dense_matches_numpy(self, part):
+    # A jit compile per example: the default run draws a share, `-m slow` all (sampling.py).
+    settings(max_examples=count(10, part), deadline=None)(given(st.data())(self._dense_check))()
+
+  def _dense_check(self, data):
     kv_len = data.draw(st.integers(1, 40))
     q_len = data.draw(st.integers(1, kv_len))
     mask = data.draw(prelude_texts(kv_len))
@@ -563,7 +577,10 @@ class TestSplash(KernelTests):
   def supported(self, mask) -> bool:
     return True
 
-  @pytest.mark.parametrize("name", ["causal", "local", "chunked"])
+  # Each mask compiles two splash kernels with their gradients: the default run takes causal,
+  # `-m slow` the others.
+  @pytest.mark.parametrize("name", ["causal", pytest.param("local", marks=pytest.mark.slow),
+                                    pytest.param("chunked", marks=pytest.mark.slow)])
   def test_matches_splash_built_from_its_own_mask(self, name):
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
@@ -597,11 +614,15 @@ class TestSplash(KernelTests):
     with pytest.raises(maskc.MaskValueError, match="128"):
       self.run(x, x, x, "causal", block_q=64, block_kv=64)
 
+  # A splash kernel with gradients per case: the default run takes two, `-m slow` the others
+  # (batched segment ids are also in test_batched_segment_ids).
   @pytest.mark.parametrize("lq, lkv, mask, traced", [
       (100, 300, "sliding(50) | sink(3)", False),     # mask function in the kernel, offset 200
-      (190, 190, "causal & anc[q, k]", False),        # stored partial blocks
+      pytest.param(190, 190, "causal & anc[q, k]", False,  # stored partial blocks
+                   marks=pytest.mark.slow),
       (190, 190, "causal & anc[q, k]", True),         # splash's dynamic MaskInfo
-      (150, 200, "causal & document(seg)", True),     # batched segment ids
+      pytest.param(150, 200, "causal & document(seg)", True,  # batched segment ids
+                   marks=pytest.mark.slow),
   ])
   def test_ragged_lengths_match_dense(self, lq, lkv, mask, traced):
     """Lengths that are not multiples of the tiles: padded in the adapter, padding masked."""
@@ -663,15 +684,19 @@ class TestFlash(KernelTests):
     out = self.run(x, x, x, mask, operands={"seg": seg}, block_q=16, block_kv=16)
     assert_close(out, dense_attention(x, x, x, mask, operands={"seg": seg}), F32_TOL, mask)
 
+  # A flash kernel with gradients per case: the default run takes one of each kind of read,
+  # `-m slow` the others.
   @pytest.mark.parametrize("mask, kind, lq, lkv, t, batched", [
       ("causal & anc[q, k]", "pairs", 70, 70, 16, False),           # tree attention
-      ("causal & anc[q, k]", "pairs", 40, 70, 32, True),
-      ("anc[q, k] | sliding(5)", "pairs", 48, 80, 16, True),
+      pytest.param("causal & anc[q, k]", "pairs", 40, 70, 32, True, marks=pytest.mark.slow),
+      pytest.param("anc[q, k] | sliding(5)", "pairs", 48, 80, 16, True, marks=pytest.mark.slow),
       ("causal & sel[q // 32, k // 32]", "tile_pairs", 64, 64, 32, False),  # MoBA-style
-      ("causal & sel[q // 32, k // 32]", "tile_pairs", 48, 80, 16, True),
+      pytest.param("causal & sel[q // 32, k // 32]", "tile_pairs", 48, 80, 16, True,
+                   marks=pytest.mark.slow),
       # q_offset 30 breaks the 32-alignment of the tiles: read per position instead
       ("causal & sel[q // 32, k // 32]", "pairs", 40, 70, 32, True),
-      ("causal & sel[q // 24, k // 24]", "pairs", 70, 70, 16, False),
+      pytest.param("causal & sel[q // 24, k // 24]", "pairs", 70, 70, 16, False,
+                   marks=pytest.mark.slow),
   ])
   def test_pairwise_operands_match_dense(self, mask, kind, lq, lkv, t, batched):
     b = 2

@@ -23,6 +23,7 @@ import maskc
 from maskc import _ir as ir
 from maskc._bind import Shape, prepare_operands
 from maskc._overflow import check_fits, term_bounds
+from sampling import PARTS, count
 
 I32 = (-2**31, 2**31 - 1)
 I64 = (-2**63, 2**63 - 1)
@@ -259,8 +260,14 @@ def test_term_bounds_contain_every_value(case):
   assert bounds[0] <= exact[0] and exact[1] <= bounds[1], (text, bounds, exact)
 
 
-@given(cases(big=False))
-def test_small_magnitudes_are_never_refused(case):
+# Eager jax.numpy per example: the default run draws a share of the profile's examples,
+# `-m slow` all of them (sampling.py).
+@pytest.mark.parametrize("part", PARTS)
+def test_small_magnitudes_are_never_refused(part):
+  settings(max_examples=count(None, part))(given(cases(big=False))(_check_small_magnitudes))()
+
+
+def _check_small_magnitudes(case):
   text, q_len, kv_len, q_offset, ops = case
   m = _parse_or_none(text)
   assert m is not None

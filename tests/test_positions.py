@@ -18,6 +18,7 @@ import pytest
 import maskc
 from maskc.testing import (mask_trees as masks, prelude_combinations,
                            seeded_operand_values as operand_values)
+from sampling import PARTS, count
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -179,9 +180,14 @@ def test_zigzag_runs_are_exact_without_refinement():
   assert np.array_equal(bm.grid, truth)
 
 
-@hypothesis.given(prelude_combinations(), st.integers(0, 2**16))
-@hypothesis.settings(max_examples=15)
-def test_traced_positions_compile_equals_static(m, seed):
+# A jit compile per example: a share by default, all with `-m slow` (sampling.py).
+@pytest.mark.parametrize("part", PARTS)
+def test_traced_positions_compile_equals_static(part):
+  hypothesis.settings(max_examples=count(15, part))(hypothesis.given(
+      prelude_combinations(), st.integers(0, 2**16))(_check_traced_positions))()
+
+
+def _check_traced_positions(m, seed):
   n, block = 16, 4
   rng = np.random.default_rng(seed)
   p = rng.permutation(n)

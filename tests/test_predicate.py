@@ -21,6 +21,7 @@ import maskc
 from maskc import _predicate
 from maskc._compile_predicate import compile_predicate
 from maskc.testing import mask_trees as masks, seeded_operand_values as operand_values
+from sampling import PARTS, count
 
 
 def _dense_from_predicate(bm, xp, dtype):
@@ -46,9 +47,14 @@ def cases(draw, max_len: int = 24):
   return mask, q_len, kv_len, operand_values(kv_len, seed, batch), bq, bk
 
 
-@settings(max_examples=60)
-@given(cases())
-def test_predicate_equals_the_mask_in_numpy_and_jax_numpy(case):
+# The jax.numpy evaluation of each example is slow (new shapes each time): the default run
+# draws a share of the examples, `-m slow` all of them (sampling.py).
+@pytest.mark.parametrize("part", PARTS)
+def test_predicate_equals_the_mask_in_numpy_and_jax_numpy(part):
+  settings(max_examples=count(60, part))(given(cases())(_check_predicate_equals_the_mask))()
+
+
+def _check_predicate_equals_the_mask(case):
   mask, q_len, kv_len, ops, bq, bk = case
   bm = maskc.compile(mask, q_len, kv_len, block_q=bq, block_kv=bk, operands=ops)
   ref = np.asarray(maskc.materialize(mask, q_len, kv_len, operands=ops))
@@ -74,9 +80,13 @@ def _mask_through_attention(backend: str, mask, q_len: int, kv_len: int, ops, bq
   return np.asarray(out[0, :, 0, :]) > 0
 
 
-@settings(max_examples=12)
-@given(cases(max_len=32))
-def test_flash_kernel_applies_the_predicate(case):
+# A flash kernel compile per example: a share by default, all with `-m slow` (sampling.py).
+@pytest.mark.parametrize("part", PARTS)
+def test_flash_kernel_applies_the_predicate(part):
+  settings(max_examples=count(12, part))(given(cases(max_len=32))(_check_flash_predicate))()
+
+
+def _check_flash_predicate(case):
   mask, q_len, kv_len, _, _, _ = case
   ops = operand_values(kv_len, 7)   # unbatched: one picture per case
   got = _mask_through_attention("flash", mask, q_len, kv_len, ops, 16, 16)
