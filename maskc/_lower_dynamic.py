@@ -32,12 +32,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from maskc import _ir as ir
-from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, unit_read
+from maskc._analysis import EMPTY, PARTIAL, Analyzer, Tables, unit_read
 from maskc._bind import Shape
-from maskc._evaluate import Env, evaluate_mask
 from maskc._operand_runs import reads_at
 from maskc._tile_geometry import TileGeometry
-from maskc._tile_refine import EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget, subdivide
+from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget,
+                                 decide_parts, evaluate_tiles, subdivide)
 from maskc._tiles import Runs
 
 MAX_CUTS = 4  # operand changes a tile line may be cut at
@@ -203,87 +203,21 @@ class _Lines:
     return bool(self.tile)
 
 
-def _verdicts(t, real):
-  """Per tile, from its parts' truths `[n, a, b]` (`real`: which parts exist): (state, mixed).
-
-  A FULL part (or a certain PARTIAL one) witnesses a true position, an EMPTY one a
-  false position; a tile with both is PARTIAL for sure. One OR-reduction of bit
-  flags per part (one kernel, not four).
-  """
-  shape = real.shape
-  state = jnp.broadcast_to(jnp.asarray(t.state), shape)
-  certain = jnp.broadcast_to(jnp.asarray(t.certain, bool), shape) & (state == PARTIAL)
-  flag = lambda x, bit: x.astype(jnp.int32) * bit
-  bits = (flag((state == FULL) | certain, 1) | flag((state == EMPTY) | certain, 2) |
-          flag(state != FULL, 4) | flag(state != EMPTY, 8))
-  bits = jnp.bitwise_or.reduce(jnp.where(real, bits, 0), axis=(1, 2))
-  out = jnp.where(bits & 4 == 0, FULL, jnp.where(bits & 8 == 0, EMPTY, PARTIAL)).astype(jnp.int8)
-  return out, bits & 3 == 3
-
-
-def _evaluate(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j):
-  """Exact states of tiles `(b, i, j)` by evaluating the mask on them.
-
-  `maskc._tile_refine.evaluate_tiles` for one chunk, with any and all in one
-  OR-reduction of bit flags (one kernel, not two).
-  """
-  bq, bk = geo.bq, geo.bk
-  rows = i[:, None, None] * bq + jnp.arange(bq)[None, :, None]
-  cols = j[:, None, None] * bk + jnp.arange(bk)[None, None, :]
-  valid = (rows < geo.shape.q_len) & (cols < geo.shape.kv_len)
-  bb = 0 if np.isscalar(b) else b[:, None, None]
-  q = geo.q_at(bb, jnp.minimum(rows, geo.shape.q_len - 1))
-  k = geo.k_at(bb, jnp.minimum(cols, geo.shape.kv_len - 1))
-  v = evaluate_mask(m, Env(jnp, q, k, tables.arrays, bb))
-  bits = jnp.where(valid, jnp.where(v, 1, 2), 0)
-  bits = jnp.bitwise_or.reduce(bits, axis=(1, 2))
-  return jnp.where(bits == 1, FULL, jnp.where(bits == 3, PARTIAL, EMPTY)).astype(jnp.int8)
-
-
 def _decide_by_pieces(m, geo: TileGeometry, tables: Tables, lines, batch, b, i, j):
   """States of tiles `(b, i, j)` from their pieces, and whether each stays ambiguous.
 
-  Pieces are exact on prelude masks, where every read is constant over them.
+  Each tile's q and k pieces are gathered from the lines' packed arrays (one gather
+  per axis) and decided by `maskc._tile_refine.decide_parts`, with every read along
+  an axis known per piece. Pieces are exact on prelude masks, where every read is
+  constant over them.
   """
   q, k = lines
   qp = q.packed[b * q.n_lines + i][:, :, :, None]  # [n, F, pieces, 1]
   kp = k.packed[b * k.n_lines + j][:, :, None, :]  # [n, F, 1, pieces]
   known = {key: (qp[:, f], qp[:, f + 1]) for key, f in q.piece.items()}
   known.update({key: (kp[:, f], kp[:, f + 1]) for key, f in k.piece.items()})
-  ql, qh, kl, kh = qp[:, 0], qp[:, 1], kp[:, 0], kp[:, 1]
-  real = (qh >= ql) & (kh >= kl)
-  t = Analyzer(jnp, tables, ql, jnp.maximum(qh, ql), kl, jnp.maximum(kh, kl),
-               b[:, None, None] if batch else 0, geo.pos_ok,
-               spans={"q": geo.bq, "k": geo.bk}, known=known).truth(m)
-  out, mixed = _verdicts(t, real)
-  # Where positions leave the integer type the bounds wrapped: left to the next step.
-  out = jnp.where(geo.pos_ok, out, PARTIAL).astype(jnp.int8)
-  return out, ((out == PARTIAL) & ~mixed) | ~jnp.asarray(geo.pos_ok)
-
-
-def _subdivide(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, parts: int):
-  """Decides tiles `(b, i, j)` from their `parts x parts` sub-rectangles, without evaluating.
-
-  `maskc._tile_refine.subdivide` for default positions (`q_offset + row`, `col`),
-  which bounds every sub-rectangle's extent, so that reads along an axis are read
-  directly (`Analyzer(spans=...)`) instead of through range tables.
-  """
-  sub = jnp.arange(parts)
-  q0, k0 = i * geo.bq, j * geo.bk
-  q_len = jnp.minimum(geo.bq, geo.shape.q_len - q0)
-  k_len = jnp.minimum(geo.bk, geo.shape.kv_len - k0)
-  q_lo = q0[:, None] + (sub[None, :] * q_len[:, None]) // parts + geo.shape.q_offset
-  q_hi = q0[:, None] + ((sub[None, :] + 1) * q_len[:, None]) // parts - 1 + geo.shape.q_offset
-  k_lo = k0[:, None] + (sub[None, :] * k_len[:, None]) // parts
-  k_hi = k0[:, None] + ((sub[None, :] + 1) * k_len[:, None]) // parts - 1
-  ql, qh = q_lo[:, :, None], q_hi[:, :, None]
-  kl, kh = k_lo[:, None, :], k_hi[:, None, :]
-  real = (qh >= ql) & (kh >= kl)
-  spans = {"q": -(-geo.bq // parts), "k": -(-geo.bk // parts)}
-  t = Analyzer(jnp, tables, ql, jnp.maximum(qh, ql), kl, jnp.maximum(kh, kl),
-               b if np.isscalar(b) else b[:, None, None], geo.pos_ok, spans=spans).truth(m)
-  out, mixed = _verdicts(t, real)
-  return out, (out == PARTIAL) & ~mixed
+  return decide_parts(m, geo, tables, jnp, b[:, None, None] if batch else 0, qp[:, 0], qp[:, 1],
+                      kp[:, 0], kp[:, 1], spans={"q": geo.bq, "k": geo.bk}, known=known)
 
 
 def _prepare_tables(m: ir.Mask, tables: Tables, spans: bool, pos_ok) -> None:
@@ -370,22 +304,16 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
 
     def decide(idx):
       tb, ti, tj = coords(idx)
-      if spans:
-        out, amb = _subdivide(m, geo, tables, tb, ti, tj, 4)
-      else:
-        out, amb = subdivide(m, geo, tables, jnp, tb, ti, tj, 4)
+      out, amb = subdivide(m, geo, tables, jnp, tb, ti, tj, 4, spans=spans)
       if max(geo.bq, geo.bk) >= 16:
-        if spans:
-          out16, amb16 = _subdivide(m, geo, tables, tb, ti, tj, 16)
-        else:
-          out16, amb16 = subdivide(m, geo, tables, jnp, tb, ti, tj, 16)
+        out16, amb16 = subdivide(m, geo, tables, jnp, tb, ti, tj, 16, spans=spans)
         out = jnp.where(amb, out16, out)
         amb = amb & amb16
       return out, amb
 
   def evaluate(idx):
     tb, ti, tj = coords(idx)
-    return _evaluate(m, geo, tables, tb, ti, tj)
+    return evaluate_tiles(m, geo, tables, jnp, tb, ti, tj)
 
   flat = _refine(state.reshape(-1), ambiguous, decide, evaluate, max(1, items // per_tile),
                  max(1, EVAL_CHUNK // (geo.bq * geo.bk)),
