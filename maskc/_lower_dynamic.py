@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maskc import _ir as ir
-from maskc._analysis import EMPTY, PARTIAL, Analyzer, Tables, unit_read
+from maskc._analysis import EMPTY, PARTIAL, Analyzer, Tables, reduce_many, unit_read
 from maskc._bind import Shape
 from maskc._operand_runs import reads_at
 from maskc._tile_geometry import TileGeometry
@@ -144,17 +144,24 @@ class _Lines:
     inside = p <= hi[..., None]
     self._change = jnp.zeros(p.shape[:-1] + (block - 1,), bool)
     self._reads = []
+    terms = []
     for name, shift in reads:
       a = tables.arrays[name]
       size = a.shape[-1]
       rows = jnp.arange(a.shape[0])[:, None, None] if a.shape[0] > 1 else 0
       v = a[rows, jnp.clip(p + shift, 0, size - 1)]
       info = np.iinfo(a.dtype)
-      self.tile[(name, axis, shift)] = (jnp.where(inside, v, info.max).min(-1),
-                                        jnp.where(inside, v, info.min).max(-1))
+      terms += [(jnp.where(inside, v, info.max), "min"), (jnp.where(inside, v, info.min), "max")]
       self._change = self._change | (inside[..., 1:] & (v[..., 1:] != v[..., :-1]))
       self._reads.append((name, shift, v, info))
     self._p, self._inside = p, inside
+    if reads:  # every read's min and max and the changes per line: one reduction
+      first = jnp.zeros(p.shape[:-1] + (1,), jnp.int32)
+      changes = jnp.concatenate([first, self._change.astype(jnp.int32)], axis=-1)
+      out = reduce_many(jnp, terms + [(changes, "sum")], -1)
+      for r, (name, shift, _, _) in enumerate(self._reads):
+        self.tile[(name, axis, shift)] = (out[2 * r], out[2 * r + 1])
+      self._count = out[-1]
 
   def cut(self) -> None:
     """Cuts the lines into pieces (`starts`, `ends`, `piece`, `packed`): for refinement only.
@@ -164,7 +171,7 @@ class _Lines:
     4 x 4 sub-rectangles: one analysis then does the work of both.
     """
     lo, hi, axis = self._lo, self._hi, self.axis
-    cut = self._change.sum(-1, dtype=jnp.int32) <= MAX_CUTS
+    cut = self._count <= MAX_CUTS
     at = lo[..., None] + 1 + jnp.arange(self._change.shape[-1], dtype=jnp.int32)
     c = jnp.where(self._change & cut[..., None], at, hi[..., None] + 1)
     length = (hi - lo + 1)[..., None]
@@ -186,10 +193,12 @@ class _Lines:
                (self._p[..., None, :] <= self.ends[..., :SUB_PARTS, None]) &
                self._inside[..., None, :])
     rest = self.starts.shape[-1] - SUB_PARTS
-    for name, shift, v, info in self._reads:
+    part_range = reduce_many(jnp, [
+        (jnp.where(in_part, v[..., None, :], extreme), op) for _, _, v, info in self._reads
+        for extreme, op in ((info.max, "min"), (info.min, "max"))], -1)  # one reduction
+    for r, (name, shift, v, info) in enumerate(self._reads):
       point = jnp.take_along_axis(v, first, axis=-1)
-      lo_v = jnp.where(in_part, v[..., None, :], info.max).min(-1)
-      hi_v = jnp.where(in_part, v[..., None, :], info.min).max(-1)
+      lo_v, hi_v = part_range[2 * r], part_range[2 * r + 1]
       lo_v = jnp.concatenate([lo_v, point[..., SUB_PARTS:]], axis=-1) if rest else lo_v
       hi_v = jnp.concatenate([hi_v, point[..., SUB_PARTS:]], axis=-1) if rest else hi_v
       self.piece[(name, axis, shift)] = len(fields)
@@ -356,6 +365,9 @@ def _runs(grid) -> Runs:
   keys = jnp.sort(jnp.stack([start, end], axis=-1).reshape(g.shape[:-1] + (2 * n,)), axis=-1)
   first, last = keys[..., 0::2], keys[..., 1::2]
   valid = first < never
-  count = valid.sum(-1, dtype=jnp.int32)
+  # Valid runs come first: their count is the first invalid slot (argmax: one kernel,
+  # where a sum over more than 32 elements compiles to three).
+  count = jnp.argmax(jnp.concatenate([~valid, jnp.ones(valid.shape[:-1] + (1,), bool)], -1),
+                     axis=-1).astype(jnp.int32)
   return Runs(jnp.where(valid, first // 8, 0), jnp.where(valid, last // 8 + 1, 0),
               jnp.where(valid, first % 8, 0).astype(jnp.int8), count)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from maskc import _ir as ir
-from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
+from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
 from maskc._errors import MaskLimitError
 from maskc._evaluate import Env, evaluate_mask
 from maskc._tile_geometry import TileGeometry
@@ -138,7 +138,7 @@ def evaluate_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, xp, b, i, j):
 
   Under `jit` the caller passes one chunk (`len(i) <= EVAL_CHUNK // tile size`),
   which traces one evaluation. Whether a tile has a true and a false element is
-  one OR-reduction of bit flags (one kernel under `jit`, not two).
+  one reduction (`reduce_many`: one kernel under `jit`, not six).
   """
   bq, bk = geo.bq, geo.bk
   per_chunk = max(1, EVAL_CHUNK // (bq * bk))
@@ -151,8 +151,7 @@ def evaluate_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, xp, b, i, j):
     bb = b[s:s + per_chunk][:, None, None] if not np.isscalar(b) else 0
     q = geo.q_at(bb, xp.minimum(rows, geo.shape.q_len - 1))
     k = geo.k_at(bb, xp.minimum(cols, geo.shape.kv_len - 1))
-    v = xp.asarray(evaluate_mask(m, Env(xp, q, k, tables.arrays, bb)))
-    bits = xp.where(valid, xp.int8(2) - v.astype(xp.int8), xp.int8(0))  # 1: true, 2: false
-    bits = xp.bitwise_or.reduce(bits, axis=(1, 2))
-    out.append(xp.where(bits == 1, FULL, xp.where(bits == 2, EMPTY, PARTIAL)).astype(xp.int8))
+    v = xp.asarray(evaluate_mask(m, Env(xp, q, k, tables.arrays, bb)), bool)
+    has_true, has_false = reduce_many(xp, [(v & valid, "or"), (~v & valid, "or")], (1, 2))
+    out.append(xp.where(~has_false, FULL, xp.where(~has_true, EMPTY, PARTIAL)).astype(xp.int8))
   return xp.concatenate(out) if out else xp.zeros(0, xp.int8)

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 
 import maskc
 from maskc import _lower, _lower_dynamic
-from maskc._analysis import Tables
+from maskc._analysis import Tables, reduce_many
 from maskc._lower_dynamic import MAX_CUTS
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import evaluate_tiles, subdivide
@@ -276,3 +276,24 @@ def test_shared_refinement_agrees_in_numpy_and_jax_and_with_reference(text, offs
       decided = (state != 1) | ~ambiguous
       np.testing.assert_array_equal(state[decided], expected[decided])
       assert np.all(state[ambiguous] == 1)
+
+
+@settings(max_examples=10)
+@given(seed=st.integers(0, 2**32 - 1), axis=st.sampled_from([-1, 1, (1, 2), (0, 2)]))
+def test_reduce_many_is_each_reduction(seed, axis):
+  # One variadic reduction under jit (one XLA kernel): the same values as each
+  # reduction on its own, in NumPy and in jax.numpy, including over 33+ elements.
+  rng = np.random.default_rng(seed)
+  a = rng.integers(-1000, 1000, (3, 40, 37)).astype(np.int32)
+  flags = rng.random((3, 40, 37)) < 0.9
+  terms = [(a, "min"), (a, "max"), (a, "sum"), (a, "or"), (a, "and"), (flags, "or"),
+           (flags, "and")]
+  expected = [a.min(axis), a.max(axis), a.sum(axis, dtype=np.int32),
+              np.bitwise_or.reduce(a, axis=axis), np.bitwise_and.reduce(a, axis=axis),
+              flags.any(axis), flags.all(axis)]
+  got_np = reduce_many(np, terms, axis)
+  got_jax = jax.jit(lambda t: reduce_many(jnp, list(zip(t, [op for _, op in terms])), axis))(
+      [jnp.asarray(x) for x, _ in terms])
+  for e, g, h in zip(expected, got_np, got_jax):
+    np.testing.assert_array_equal(g, e)
+    np.testing.assert_array_equal(np.asarray(h), e)
