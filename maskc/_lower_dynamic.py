@@ -27,6 +27,8 @@ gather per round of a tile's packed pieces.
 
 from __future__ import annotations
 
+import copy
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -123,7 +125,8 @@ class _Lines:
     packed: `[nb * n_lines, F, MAX_CUTS + 1]`: `starts`, `ends` and the pieces' values.
   """
 
-  def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, axis: str, nb: int):
+  def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, axis: str, nb: int,
+               reads: list[tuple[str, int]] | None = None):
     n_lines, block, length = (geo.nq, geo.bq, geo.shape.q_len) if axis == "q" else (
         geo.nk, geo.bk, geo.shape.kv_len)
     t = jnp.arange(n_lines)
@@ -134,7 +137,8 @@ class _Lines:
     lo = jnp.broadcast_to(lo, (nb, n_lines))
     hi = jnp.broadcast_to(hi, (nb, n_lines))
     # Shifts beyond any length read clipped ends only; they would leave int32 here.
-    reads = [(n, c) for n, c in reads_at(m, axis) if abs(c) < 1 << 30]
+    reads = [(n, c) for n, c in (reads_at(m, axis) if reads is None else reads)
+             if abs(c) < 1 << 30]
     self.tile, self.piece = {}, {}
     self.axis, self.n_lines = axis, n_lines
     self._lo, self._hi = lo, hi
@@ -211,6 +215,34 @@ class _Lines:
   def any_reads(self) -> bool:
     return bool(self.tile)
 
+  def as_axis(self, axis: str) -> "_Lines":
+    """These lines as the other axis' lines (same tiles, same reads): keys relabelled only."""
+    other = copy.copy(self)
+    other.axis = axis
+    other.tile = {(n, axis, c): v for (n, _, c), v in self.tile.items()}
+    other.piece = {(n, axis, c): f for (n, _, c), f in self.piece.items()}
+    return other
+
+
+def _shared_reads(m: ir.Mask, geo: TileGeometry) -> list[tuple[str, int]] | None:
+  """The reads of one set of lines serving both axes, or None where each axis needs its own.
+
+  When q and key tiles cover the same positions (same tiles and lengths, offset 0)
+  and both axes read operands, one set of lines with the union of their reads
+  serves both: half the kernels to compile. A line is then also cut where the
+  other axis' reads change (in the masks of interest, `x[q] == x[k]`, the same
+  places), which keeps every piece sound; lines with more than `MAX_CUTS` changes
+  are not cut and their tiles go on to evaluation, as on either axis alone.
+  """
+  off = geo.shape.q_offset
+  if not (isinstance(off, (int, np.integer)) and off == 0 and geo.bq == geo.bk and
+          geo.shape.q_len == geo.shape.kv_len):
+    return None
+  q_reads, k_reads = reads_at(m, "q"), reads_at(m, "k")
+  if not (q_reads and k_reads):
+    return None
+  return sorted(set(q_reads) | set(k_reads))
+
 
 def _decide_by_pieces(m, geo: TileGeometry, tables: Tables, lines, batch, b, i, j):
   """States of tiles `(b, i, j)` from their pieces, and whether each stays ambiguous.
@@ -221,8 +253,13 @@ def _decide_by_pieces(m, geo: TileGeometry, tables: Tables, lines, batch, b, i, 
   constant over them.
   """
   q, k = lines
-  qp = q.packed[b * q.n_lines + i][:, :, :, None]  # [n, F, pieces, 1]
-  kp = k.packed[b * k.n_lines + j][:, :, None, :]  # [n, F, 1, pieces]
+  if q.packed is k.packed:  # lines shared by both axes: one gather
+    n = i.shape[0]
+    both = q.packed[jnp.concatenate([b * q.n_lines + i, b * k.n_lines + j])]
+    qp, kp = both[:n][:, :, :, None], both[n:][:, :, None, :]
+  else:
+    qp = q.packed[b * q.n_lines + i][:, :, :, None]  # [n, F, pieces, 1]
+    kp = k.packed[b * k.n_lines + j][:, :, None, :]  # [n, F, 1, pieces]
   known = {key: (qp[:, f], qp[:, f + 1]) for key, f in q.piece.items()}
   known.update({key: (kp[:, f], kp[:, f + 1]) for key, f in k.piece.items()})
   return decide_parts(m, geo, tables, jnp, b[:, None, None] if batch else 0, qp[:, 0], qp[:, 1],
@@ -272,9 +309,14 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     dense = dense & geo.ka.dense_tiles[:, None, :]
   spans = not geo.positions  # tile extents bound reads along an axis (not position hulls)
   _prepare_tables(m, tables, spans, geo.pos_ok)
-  lines, known = None, {}
+  lines, known, shared = None, {}, None
   if spans:  # every read along an axis read once per line, for the grid and the pieces
-    lines = (_Lines(m, geo, tables, "q", nb), _Lines(m, geo, tables, "k", nb))
+    shared = _shared_reads(m, geo)
+    if shared is None:
+      lines = (_Lines(m, geo, tables, "q", nb), _Lines(m, geo, tables, "k", nb))
+    else:
+      one = _Lines(m, geo, tables, "q", nb, shared)
+      lines = (one, one.as_axis("k"))
     known = {key: (lo[:, :, None], hi[:, :, None]) for key, (lo, hi) in lines[0].tile.items()}
     known.update({key: (lo[:, None, :], hi[:, None, :])
                   for key, (lo, hi) in lines[1].tile.items()})
@@ -300,7 +342,10 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     # pieces: exact on prelude masks, one analysis per pair of pieces (the parts of the
     # static path's 4 x 4 sub-rectangles included)
     lines[0].cut()
-    lines[1].cut()
+    if shared is None:
+      lines[1].cut()
+    else:
+      lines = (lines[0], lines[0].as_axis("k"))
     per_tile = lines[0].starts.shape[-1] * lines[1].starts.shape[-1]
 
     def decide(idx):
