@@ -176,14 +176,18 @@ class _Lines:
     """
     lo, hi, axis = self._lo, self._hi, self.axis
     cut = self._count <= MAX_CUTS
-    at = lo[..., None] + 1 + jnp.arange(self._change.shape[-1], dtype=jnp.int32)
-    c = jnp.where(self._change & cut[..., None], at, hi[..., None] + 1)
+    # Candidates, in one array (one kernel, no concatenation): slot t < w (w = block - 1)
+    # the change at lo + 1 + t, then the SUB_PARTS - 1 inner part bounds, then MAX_CUTS
+    # unused slots (past the line's end; short lines have fewer changes to fill them).
+    w = self._change.shape[-1]
+    t = jnp.arange(w + SUB_PARTS - 1 + MAX_CUTS, dtype=jnp.int32)
+    change = jnp.pad(self._change & cut[..., None], [(0, 0), (0, 0), (0, t.size - w)])
     length = (hi - lo + 1)[..., None]
-    parts = lo[..., None] + (jnp.arange(1, SUB_PARTS, dtype=jnp.int32) * length) // SUB_PARTS
-    pad = jnp.broadcast_to(hi[..., None] + 1, c.shape[:-1] + (MAX_CUTS,))  # short lines
-    # one sort: the cuts, then the unused slots (past the line's end)
-    c = jnp.sort(jnp.concatenate([c, parts, pad], axis=-1), axis=-1)[
-        ..., :MAX_CUTS + SUB_PARTS - 1]
+    part = lo[..., None] + (jnp.clip(t - w + 1, 0, SUB_PARTS) * length) // SUB_PARTS
+    is_part = (t >= w) & (t < w + SUB_PARTS - 1)
+    c = jnp.where(change, lo[..., None] + 1 + t, jnp.where(is_part, part, hi[..., None] + 1))
+    # one sort: the cuts and parts, then the unused slots
+    c = jnp.sort(c, axis=-1)[..., :MAX_CUTS + SUB_PARTS - 1]
     # Pieces start at the line's lo, then at each cut, and end before the next start
     # (a repeated cut or an unused slot makes an empty piece).
     self.starts = jnp.concatenate([lo[..., None], c], axis=-1)
