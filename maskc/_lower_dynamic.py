@@ -99,7 +99,9 @@ def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budg
       tiles = jnp.where(valid, idx[jnp.minimum(at, chunk - 1)], n)
       flat = flat.at[tiles].set(evaluate(jnp.minimum(tiles, n - 1)).astype(flat.dtype),
                                 mode="drop")
-      return s + 1, flat, used + valid.sum(dtype=jnp.int32)
+      if budget is not None:  # no count (one kernel fewer) when nothing limits it
+        used = used + valid.sum(dtype=jnp.int32)
+      return s + 1, flat, used
 
     _, flat, used = jax.lax.while_loop(more, step, (jnp.int32(0), flat, used))
     return r + 1, flat, used
