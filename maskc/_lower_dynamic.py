@@ -19,10 +19,19 @@ cost follows their number, never the grid's, per round:
    `EVAL_CHUNK` elements a round, at most `refine_budget` tiles in all; any beyond
    stay PARTIAL (sound).
 
+Both steps are `maskc._tile_refine`'s, shared with the static path (`xp=jnp`).
+
 XLA compiles every fused kernel separately, and on a CPU that is most of a traced
-lowering's cost: the code prefers sorts to prefix sums (associative scans of
-log2(N) levels), one reduction of bit flags to several reductions, and one
-gather per round of a tile's packed pieces.
+lowering's cost (each kernel goes through its own MLIR and LLVM pipelines), so the
+code keeps the kernel count down:
+- sorts instead of prefix sums (associative scans of log2(N) levels);
+- a reduction over more than 32 elements is one variadic reduce with its siblings
+  (`maskc._analysis.reduce_many`) or an argmin/argmax, never a plain one, which
+  XLA's CPU compiler splits into three kernels (a tree reduction);
+- when q and key tiles coincide, one set of lines serves both axes;
+- arrays built in one expression rather than concatenated after the fact;
+- one gather per round of a tile's packed pieces.
+`benchmarks/traced_lowering.py` prints the kernel count with the compile time.
 """
 
 from __future__ import annotations
