@@ -58,7 +58,8 @@ def main() -> None:
   args = ap.parse_args()
   n, batch = args.length, args.batch
   print(f"# Traced vs static lowering, {n} tokens, batch {batch} ({jax.default_backend()})\n")
-  print("| mask (operands) | tiles | jit compile | kernels | traced / call | static / call | ratio |")
+  print("| mask (operands) | tiles | jit compile | kernels | traced / call | static / call "
+        "| ratio |")
   print("|---|---|---:|---:|---:|---:|---:|")
   for label, text, make in cases(n, batch):
     for block in (int(b) for b in args.blocks.split(",")):
@@ -70,7 +71,8 @@ def main() -> None:
       t0 = time.perf_counter()
       compiled = fn.lower(first).compile()
       t_compile = time.perf_counter() - t0
-      kernels = len(re.findall(r"^\s*\S+ = \S+ (?:fusion|sort)\(", compiled.as_text(), re.M))
+      kernels = len(re.findall(r"^\s*\S+ = \S+ (?:fusion|sort)\(", compiled.as_text(),
+                                 re.MULTILINE))
       traced = static = float("inf")
       for s in range(1, args.repeat + 1):
         ops = make(s)

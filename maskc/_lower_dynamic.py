@@ -230,7 +230,7 @@ class _Lines:
   def any_reads(self) -> bool:
     return bool(self.tile)
 
-  def as_axis(self, axis: str) -> "_Lines":
+  def as_axis(self, axis: str) -> _Lines:
     """These lines as the other axis' lines (same tiles, same reads): keys relabelled only."""
     other = copy.copy(self)
     other.axis = axis
