@@ -253,8 +253,7 @@ def reduce_many(xp, terms, axis):
   `lax.reduce`: XLA's CPU compiler splits a single reduction over more than 32
   elements into three kernels (a tree reduction), but keeps a variadic one as one
   kernel fused with what it reads, and compiling kernels is most of a traced
-  lowering's cost. Bool arrays take "or" and "and" only; under jit "sum" adds in the
-  array's dtype.
+  lowering's cost. Integer or bool arrays; under jit "sum" adds in the array's dtype.
   """
   axes = tuple(np.atleast_1d(axis))
   if xp.__name__ == "numpy":
@@ -267,7 +266,8 @@ def reduce_many(xp, terms, axis):
   arrays = tuple(xp.broadcast_to(a, shape) for a in arrays)
   ops = [op for _, op in terms]
   inits = tuple(
-      xp.array(op == "and" if a.dtype == bool else _IDENTITY[op](np.iinfo(a.dtype)), a.dtype)
+      xp.array(op in ("and", "min") if a.dtype == bool else _IDENTITY[op](np.iinfo(a.dtype)),
+               a.dtype)
       for a, op in zip(arrays, ops))
   fn = {"min": jax.lax.min, "max": jax.lax.max, "sum": jax.lax.add, "or": jax.lax.bitwise_or,
         "and": jax.lax.bitwise_and}
