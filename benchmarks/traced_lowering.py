@@ -1,7 +1,10 @@
 """The traced lowering path (`jax.jit`) against the static one, same masks, same batch.
 
 For each mask and tile size: the time of one jit compilation (trace + XLA
-compile), the best per-call time of the compiled function on fresh operands,
+compile), the XLA kernels it compiled (fusions and sorts of the optimized module,
+loop bodies included: on a CPU most of the compile time is per kernel, and the
+count does not depend on the machine's load), the best per-call time of the
+compiled function on fresh operands,
 and the best time of the static path (NumPy operands, lowering cache cleared
 each time) for the same batch, with their ratio. Issue 11's target: traced at
 most 2x static per call, compile under 1 s.
@@ -12,6 +15,7 @@ most 2x static per call, compile under 1 s.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -54,8 +58,9 @@ def main() -> None:
   args = ap.parse_args()
   n, batch = args.length, args.batch
   print(f"# Traced vs static lowering, {n} tokens, batch {batch} ({jax.default_backend()})\n")
-  print("| mask (operands) | tiles | jit compile | traced / call | static / call | ratio |")
-  print("|---|---|---:|---:|---:|---:|")
+  print("| mask (operands) | tiles | jit compile | kernels | traced / call | static / call "
+        "| ratio |")
+  print("|---|---|---:|---:|---:|---:|---:|")
   for label, text, make in cases(n, batch):
     for block in (int(b) for b in args.blocks.split(",")):
       def lower(ops, block=block, text=text):
@@ -66,6 +71,8 @@ def main() -> None:
       t0 = time.perf_counter()
       compiled = fn.lower(first).compile()
       t_compile = time.perf_counter() - t0
+      kernels = len(re.findall(r"^\s*\S+ = \S+ (?:fusion|sort)\(", compiled.as_text(),
+                                 re.MULTILINE))
       traced = static = float("inf")
       for s in range(1, args.repeat + 1):
         ops = make(s)
@@ -78,7 +85,7 @@ def main() -> None:
         t0 = time.perf_counter()
         lower(ops)
         static = min(static, time.perf_counter() - t0)
-      print(f"| `{text}` ({label}) | {block}x{block} | {t_compile * 1e3:.0f} ms | "
+      print(f"| `{text}` ({label}) | {block}x{block} | {t_compile * 1e3:.0f} ms | {kernels} | "
             f"{traced * 1e3:.1f} ms | {static * 1e3:.1f} ms | {traced / static:.2f}x |",
             flush=True)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import numpy as np
 
 from maskc import _ir as ir
@@ -111,8 +112,8 @@ class Tables:
     bi = b if np.isscalar(b) else xp.asarray(b)[..., None]
     vals = a[bi, xp.minimum(idx, length - 1)]
     info = np.iinfo(a.dtype)
-    vmin = xp.where(inside, vals, info.max).min(axis=-1)
-    vmax = xp.where(inside, vals, info.min).max(axis=-1)
+    vmin, vmax = reduce_many(xp, [(xp.where(inside, vals, info.max), "min"),
+                                  (xp.where(inside, vals, info.min), "max")], -1)
     if ok is True:
       return vmin, vmax
     whole_min, whole_max = self.whole(name)
@@ -122,7 +123,7 @@ class Tables:
     """Min and max of operand `name` per batch row (`[B]` each)."""
     if name not in self._whole:
       a = self.arrays[name]
-      self._whole[name] = (a.min(axis=-1), a.max(axis=-1))
+      self._whole[name] = tuple(reduce_many(self.xp, [(a, "min"), (a, "max")], -1))
     return self._whole[name]
 
   def monotone(self, name: str):
@@ -133,7 +134,10 @@ class Tables:
         self._mono[name] = self.run_table(name).monotone()
         return self._mono[name]
       a = self.arrays[name]
-      self._mono[name] = xp.all(a[..., 1:] >= a[..., :-1], axis=-1)
+      # Nondecreasing: the first decrease (argmin, one kernel under jit, where `all` over
+      # more than 32 elements compiles to three) is the sentinel past the end.
+      up = xp.concatenate([a[..., 1:] >= a[..., :-1], xp.zeros(a.shape[:-1] + (1,), bool)], -1)
+      self._mono[name] = xp.argmin(up, axis=-1) == a.shape[-1] - 1
     return self._mono[name]
 
   def prefix(self, name: str):
@@ -240,6 +244,42 @@ def _block_scan(xp, op, blocks, reverse: bool):
       x = xp.concatenate([x[..., :step], op(x[..., step:], x[..., :-step])], axis=-1)
     step *= 2
   return x
+
+
+_IDENTITY = {"min": lambda i: i.max, "max": lambda i: i.min, "sum": lambda i: 0,
+             "or": lambda i: 0, "and": lambda i: -1}
+
+
+def reduce_many(xp, terms, axis):
+  """Reductions `[(array, op)]` (op: "min", "max", "sum", "or", "and") over `axis`, together.
+
+  In NumPy each is its own reduction. Under jax.numpy they are one variadic
+  `lax.reduce`: XLA's CPU compiler splits a single reduction over more than 32
+  elements into three kernels (a tree reduction), but keeps a variadic one as one
+  kernel fused with what it reads, and compiling kernels is most of a traced
+  lowering's cost. Integer or bool arrays; under jit "sum" adds in the array's dtype.
+  """
+  axes = tuple(np.atleast_1d(axis))
+  if xp.__name__ == "numpy":
+    ufunc = {"min": np.minimum, "max": np.maximum, "sum": np.add, "or": np.bitwise_or,
+             "and": np.bitwise_and}
+    return [ufunc[op].reduce(np.asarray(a), axis=axes) for a, op in terms]
+  arrays = [xp.asarray(a) for a, _ in terms]
+  shape = np.broadcast_shapes(*(a.shape for a in arrays))
+  axes = tuple(x % len(shape) for x in axes)
+  arrays = tuple(xp.broadcast_to(a, shape) for a in arrays)
+  ops = [op for _, op in terms]
+  inits = tuple(
+      xp.array(op in ("and", "min") if a.dtype == bool else _IDENTITY[op](np.iinfo(a.dtype)),
+               a.dtype)
+      for a, op in zip(arrays, ops))
+  fn = {"min": jax.lax.min, "max": jax.lax.max, "sum": jax.lax.add, "or": jax.lax.bitwise_or,
+        "and": jax.lax.bitwise_and}
+
+  def combine(x, y):
+    return tuple(fn[op](u, v) for op, u, v in zip(ops, x, y))
+
+  return list(jax.lax.reduce(arrays, inits, combine, axes))
 
 
 def _floor_log2(xp, n):

@@ -19,25 +19,36 @@ cost follows their number, never the grid's, per round:
    `EVAL_CHUNK` elements a round, at most `refine_budget` tiles in all; any beyond
    stay PARTIAL (sound).
 
+Both steps are `maskc._tile_refine`'s, shared with the static path (`xp=jnp`).
+
 XLA compiles every fused kernel separately, and on a CPU that is most of a traced
-lowering's cost: the code prefers sorts to prefix sums (associative scans of
-log2(N) levels), one reduction of bit flags to several reductions, and one
-gather per round of a tile's packed pieces.
+lowering's cost (each kernel goes through its own MLIR and LLVM pipelines), so the
+code keeps the kernel count down:
+- sorts instead of prefix sums (associative scans of log2(N) levels);
+- a reduction over more than 32 elements is one variadic reduce with its siblings
+  (`maskc._analysis.reduce_many`) or an argmin/argmax, never a plain one, which
+  XLA's CPU compiler splits into three kernels (a tree reduction);
+- when q and key tiles coincide, one set of lines serves both axes;
+- arrays built in one expression rather than concatenated after the fact;
+- one gather per round of a tile's packed pieces.
+`benchmarks/traced_lowering.py` prints the kernel count with the compile time.
 """
 
 from __future__ import annotations
+
+import copy
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from maskc import _ir as ir
-from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, unit_read
+from maskc._analysis import EMPTY, PARTIAL, Analyzer, Tables, reduce_many, unit_read
 from maskc._bind import Shape
-from maskc._evaluate import Env, evaluate_mask
 from maskc._operand_runs import reads_at
 from maskc._tile_geometry import TileGeometry
-from maskc._tile_refine import EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget, subdivide
+from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget,
+                                 decide_parts, evaluate_tiles, subdivide)
 from maskc._tiles import Runs
 
 MAX_CUTS = 4  # operand changes a tile line may be cut at
@@ -65,10 +76,11 @@ def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budg
   """
   n = flat.shape[0]
   padded = -(-n // chunk) * chunk
-  todo = jnp.sort(jnp.where(ambiguous, jnp.arange(n, dtype=jnp.int32), n))
-  todo = jnp.concatenate([todo, jnp.full((padded - n + 1,), n, jnp.int32)])
+  # sorted at the padded size, with no concatenation after: one kernel fewer to compile
+  todo = jnp.sort(jnp.where(jnp.pad(ambiguous, (0, padded - n + 1)),
+                            jnp.arange(padded + 1, dtype=jnp.int32), n))
   local_size = -(-chunk // eval_chunk) * eval_chunk + 1
-  positions = jnp.arange(chunk, dtype=jnp.int32)
+  positions = jnp.arange(local_size, dtype=jnp.int32)
 
   def body(carry):
     r, flat, used = carry
@@ -81,8 +93,7 @@ def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budg
       # them to a real tile would put its old value back over the real update.
       flat = flat.at[idx].set(new.astype(flat.dtype), mode="drop")
       unresolved = unresolved & (idx < n)
-    local = jnp.sort(jnp.where(unresolved, positions, chunk))
-    local = jnp.concatenate([local, jnp.full((local_size - chunk,), chunk, jnp.int32)])
+    local = jnp.sort(jnp.where(jnp.pad(unresolved, (0, local_size - chunk)), positions, chunk))
 
     def more(c):
       going = local[c[0] * eval_chunk] < chunk
@@ -97,7 +108,9 @@ def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budg
       tiles = jnp.where(valid, idx[jnp.minimum(at, chunk - 1)], n)
       flat = flat.at[tiles].set(evaluate(jnp.minimum(tiles, n - 1)).astype(flat.dtype),
                                 mode="drop")
-      return s + 1, flat, used + valid.sum(dtype=jnp.int32)
+      if budget is not None:  # no count (one kernel fewer) when nothing limits it
+        used = used + valid.sum(dtype=jnp.int32)
+      return s + 1, flat, used
 
     _, flat, used = jax.lax.while_loop(more, step, (jnp.int32(0), flat, used))
     return r + 1, flat, used
@@ -123,7 +136,8 @@ class _Lines:
     packed: `[nb * n_lines, F, MAX_CUTS + 1]`: `starts`, `ends` and the pieces' values.
   """
 
-  def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, axis: str, nb: int):
+  def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, axis: str, nb: int,
+               reads: list[tuple[str, int]] | None = None):
     n_lines, block, length = (geo.nq, geo.bq, geo.shape.q_len) if axis == "q" else (
         geo.nk, geo.bk, geo.shape.kv_len)
     t = jnp.arange(n_lines)
@@ -134,7 +148,8 @@ class _Lines:
     lo = jnp.broadcast_to(lo, (nb, n_lines))
     hi = jnp.broadcast_to(hi, (nb, n_lines))
     # Shifts beyond any length read clipped ends only; they would leave int32 here.
-    reads = [(n, c) for n, c in reads_at(m, axis) if abs(c) < 1 << 30]
+    reads = [(n, c) for n, c in (reads_at(m, axis) if reads is None else reads)
+             if abs(c) < 1 << 30]
     self.tile, self.piece = {}, {}
     self.axis, self.n_lines = axis, n_lines
     self._lo, self._hi = lo, hi
@@ -144,17 +159,24 @@ class _Lines:
     inside = p <= hi[..., None]
     self._change = jnp.zeros(p.shape[:-1] + (block - 1,), bool)
     self._reads = []
+    terms = []
     for name, shift in reads:
       a = tables.arrays[name]
       size = a.shape[-1]
       rows = jnp.arange(a.shape[0])[:, None, None] if a.shape[0] > 1 else 0
       v = a[rows, jnp.clip(p + shift, 0, size - 1)]
       info = np.iinfo(a.dtype)
-      self.tile[(name, axis, shift)] = (jnp.where(inside, v, info.max).min(-1),
-                                        jnp.where(inside, v, info.min).max(-1))
+      terms += [(jnp.where(inside, v, info.max), "min"), (jnp.where(inside, v, info.min), "max")]
       self._change = self._change | (inside[..., 1:] & (v[..., 1:] != v[..., :-1]))
       self._reads.append((name, shift, v, info))
     self._p, self._inside = p, inside
+    if reads:  # every read's min and max and the changes per line: one reduction
+      first = jnp.zeros(p.shape[:-1] + (1,), jnp.int32)
+      changes = jnp.concatenate([first, self._change.astype(jnp.int32)], axis=-1)
+      out = reduce_many(jnp, terms + [(changes, "sum")], -1)
+      for r, (name, shift, _, _) in enumerate(self._reads):
+        self.tile[(name, axis, shift)] = (out[2 * r], out[2 * r + 1])
+      self._count = out[-1]
 
   def cut(self) -> None:
     """Cuts the lines into pieces (`starts`, `ends`, `piece`, `packed`): for refinement only.
@@ -164,15 +186,19 @@ class _Lines:
     4 x 4 sub-rectangles: one analysis then does the work of both.
     """
     lo, hi, axis = self._lo, self._hi, self.axis
-    cut = self._change.sum(-1, dtype=jnp.int32) <= MAX_CUTS
-    at = lo[..., None] + 1 + jnp.arange(self._change.shape[-1], dtype=jnp.int32)
-    c = jnp.where(self._change & cut[..., None], at, hi[..., None] + 1)
+    cut = self._count <= MAX_CUTS
+    # Candidates, in one array (one kernel, no concatenation): slot t < w (w = block - 1)
+    # the change at lo + 1 + t, then the SUB_PARTS - 1 inner part bounds, then MAX_CUTS
+    # unused slots (past the line's end; short lines have fewer changes to fill them).
+    w = self._change.shape[-1]
+    t = jnp.arange(w + SUB_PARTS - 1 + MAX_CUTS, dtype=jnp.int32)
+    change = jnp.pad(self._change & cut[..., None], [(0, 0), (0, 0), (0, t.size - w)])
     length = (hi - lo + 1)[..., None]
-    parts = lo[..., None] + (jnp.arange(1, SUB_PARTS, dtype=jnp.int32) * length) // SUB_PARTS
-    pad = jnp.broadcast_to(hi[..., None] + 1, c.shape[:-1] + (MAX_CUTS,))  # short lines
-    # one sort: the cuts, then the unused slots (past the line's end)
-    c = jnp.sort(jnp.concatenate([c, parts, pad], axis=-1), axis=-1)[
-        ..., :MAX_CUTS + SUB_PARTS - 1]
+    part = lo[..., None] + (jnp.clip(t - w + 1, 0, SUB_PARTS) * length) // SUB_PARTS
+    is_part = (t >= w) & (t < w + SUB_PARTS - 1)
+    c = jnp.where(change, lo[..., None] + 1 + t, jnp.where(is_part, part, hi[..., None] + 1))
+    # one sort: the cuts and parts, then the unused slots
+    c = jnp.sort(c, axis=-1)[..., :MAX_CUTS + SUB_PARTS - 1]
     # Pieces start at the line's lo, then at each cut, and end before the next start
     # (a repeated cut or an unused slot makes an empty piece).
     self.starts = jnp.concatenate([lo[..., None], c], axis=-1)
@@ -186,10 +212,12 @@ class _Lines:
                (self._p[..., None, :] <= self.ends[..., :SUB_PARTS, None]) &
                self._inside[..., None, :])
     rest = self.starts.shape[-1] - SUB_PARTS
-    for name, shift, v, info in self._reads:
+    part_range = reduce_many(jnp, [
+        (jnp.where(in_part, v[..., None, :], extreme), op) for _, _, v, info in self._reads
+        for extreme, op in ((info.max, "min"), (info.min, "max"))], -1)  # one reduction
+    for r, (name, shift, v, info) in enumerate(self._reads):
       point = jnp.take_along_axis(v, first, axis=-1)
-      lo_v = jnp.where(in_part, v[..., None, :], info.max).min(-1)
-      hi_v = jnp.where(in_part, v[..., None, :], info.min).max(-1)
+      lo_v, hi_v = part_range[2 * r], part_range[2 * r + 1]
       lo_v = jnp.concatenate([lo_v, point[..., SUB_PARTS:]], axis=-1) if rest else lo_v
       hi_v = jnp.concatenate([hi_v, point[..., SUB_PARTS:]], axis=-1) if rest else hi_v
       self.piece[(name, axis, shift)] = len(fields)
@@ -202,88 +230,55 @@ class _Lines:
   def any_reads(self) -> bool:
     return bool(self.tile)
 
+  def as_axis(self, axis: str) -> _Lines:
+    """These lines as the other axis' lines (same tiles, same reads): keys relabelled only."""
+    other = copy.copy(self)
+    other.axis = axis
+    other.tile = {(n, axis, c): v for (n, _, c), v in self.tile.items()}
+    other.piece = {(n, axis, c): f for (n, _, c), f in self.piece.items()}
+    return other
 
-def _verdicts(t, real):
-  """Per tile, from its parts' truths `[n, a, b]` (`real`: which parts exist): (state, mixed).
 
-  A FULL part (or a certain PARTIAL one) witnesses a true position, an EMPTY one a
-  false position; a tile with both is PARTIAL for sure. One OR-reduction of bit
-  flags per part (one kernel, not four).
+def _shared_reads(m: ir.Mask, geo: TileGeometry) -> list[tuple[str, int]] | None:
+  """The reads of one set of lines serving both axes, or None where each axis needs its own.
+
+  When q and key tiles cover the same positions (same tiles and lengths, offset 0)
+  and both axes read operands, one set of lines with the union of their reads
+  serves both: half the kernels to compile. A line is then also cut where the
+  other axis' reads change (in the masks of interest, `x[q] == x[k]`, the same
+  places), which keeps every piece sound; lines with more than `MAX_CUTS` changes
+  are not cut and their tiles go on to evaluation, as on either axis alone.
   """
-  shape = real.shape
-  state = jnp.broadcast_to(jnp.asarray(t.state), shape)
-  certain = jnp.broadcast_to(jnp.asarray(t.certain, bool), shape) & (state == PARTIAL)
-  flag = lambda x, bit: x.astype(jnp.int32) * bit
-  bits = (flag((state == FULL) | certain, 1) | flag((state == EMPTY) | certain, 2) |
-          flag(state != FULL, 4) | flag(state != EMPTY, 8))
-  bits = jnp.bitwise_or.reduce(jnp.where(real, bits, 0), axis=(1, 2))
-  out = jnp.where(bits & 4 == 0, FULL, jnp.where(bits & 8 == 0, EMPTY, PARTIAL)).astype(jnp.int8)
-  return out, bits & 3 == 3
-
-
-def _evaluate(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j):
-  """Exact states of tiles `(b, i, j)` by evaluating the mask on them.
-
-  `maskc._tile_refine.evaluate_tiles` for one chunk, with any and all in one
-  OR-reduction of bit flags (one kernel, not two).
-  """
-  bq, bk = geo.bq, geo.bk
-  rows = i[:, None, None] * bq + jnp.arange(bq)[None, :, None]
-  cols = j[:, None, None] * bk + jnp.arange(bk)[None, None, :]
-  valid = (rows < geo.shape.q_len) & (cols < geo.shape.kv_len)
-  bb = 0 if np.isscalar(b) else b[:, None, None]
-  q = geo.q_at(bb, jnp.minimum(rows, geo.shape.q_len - 1))
-  k = geo.k_at(bb, jnp.minimum(cols, geo.shape.kv_len - 1))
-  v = evaluate_mask(m, Env(jnp, q, k, tables.arrays, bb))
-  bits = jnp.where(valid, jnp.where(v, 1, 2), 0)
-  bits = jnp.bitwise_or.reduce(bits, axis=(1, 2))
-  return jnp.where(bits == 1, FULL, jnp.where(bits == 3, PARTIAL, EMPTY)).astype(jnp.int8)
+  off = geo.shape.q_offset
+  if not (isinstance(off, (int, np.integer)) and off == 0 and geo.bq == geo.bk and
+          geo.shape.q_len == geo.shape.kv_len):
+    return None
+  q_reads, k_reads = reads_at(m, "q"), reads_at(m, "k")
+  if not (q_reads and k_reads):
+    return None
+  return sorted(set(q_reads) | set(k_reads))
 
 
 def _decide_by_pieces(m, geo: TileGeometry, tables: Tables, lines, batch, b, i, j):
   """States of tiles `(b, i, j)` from their pieces, and whether each stays ambiguous.
 
-  Pieces are exact on prelude masks, where every read is constant over them.
+  Each tile's q and k pieces are gathered from the lines' packed arrays (one gather
+  per axis) and decided by `maskc._tile_refine.decide_parts`, with every read along
+  an axis known per piece. Pieces are exact on prelude masks, where every read is
+  constant over them.
   """
   q, k = lines
-  qp = q.packed[b * q.n_lines + i][:, :, :, None]  # [n, F, pieces, 1]
-  kp = k.packed[b * k.n_lines + j][:, :, None, :]  # [n, F, 1, pieces]
+  if q.packed is k.packed:  # lines shared by both axes: one gather
+    n = i.shape[0]
+    both = q.packed[jnp.concatenate([b * q.n_lines + i, b * k.n_lines + j])]
+    qp, kp = both[:n][:, :, :, None], both[n:][:, :, None, :]
+  else:
+    qp = q.packed[b * q.n_lines + i][:, :, :, None]  # [n, F, pieces, 1]
+    kp = k.packed[b * k.n_lines + j][:, :, None, :]  # [n, F, 1, pieces]
   known = {key: (qp[:, f], qp[:, f + 1]) for key, f in q.piece.items()}
   known.update({key: (kp[:, f], kp[:, f + 1]) for key, f in k.piece.items()})
-  ql, qh, kl, kh = qp[:, 0], qp[:, 1], kp[:, 0], kp[:, 1]
-  real = (qh >= ql) & (kh >= kl)
-  t = Analyzer(jnp, tables, ql, jnp.maximum(qh, ql), kl, jnp.maximum(kh, kl),
-               b[:, None, None] if batch else 0, geo.pos_ok,
-               spans={"q": geo.bq, "k": geo.bk}, known=known).truth(m)
-  out, mixed = _verdicts(t, real)
-  # Where positions leave the integer type the bounds wrapped: left to the next step.
-  out = jnp.where(geo.pos_ok, out, PARTIAL).astype(jnp.int8)
-  return out, ((out == PARTIAL) & ~mixed) | ~jnp.asarray(geo.pos_ok)
-
-
-def _subdivide(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, parts: int):
-  """Decides tiles `(b, i, j)` from their `parts x parts` sub-rectangles, without evaluating.
-
-  `maskc._tile_refine.subdivide` for default positions (`q_offset + row`, `col`),
-  which bounds every sub-rectangle's extent, so that reads along an axis are read
-  directly (`Analyzer(spans=...)`) instead of through range tables.
-  """
-  sub = jnp.arange(parts)
-  q0, k0 = i * geo.bq, j * geo.bk
-  q_len = jnp.minimum(geo.bq, geo.shape.q_len - q0)
-  k_len = jnp.minimum(geo.bk, geo.shape.kv_len - k0)
-  q_lo = q0[:, None] + (sub[None, :] * q_len[:, None]) // parts + geo.shape.q_offset
-  q_hi = q0[:, None] + ((sub[None, :] + 1) * q_len[:, None]) // parts - 1 + geo.shape.q_offset
-  k_lo = k0[:, None] + (sub[None, :] * k_len[:, None]) // parts
-  k_hi = k0[:, None] + ((sub[None, :] + 1) * k_len[:, None]) // parts - 1
-  ql, qh = q_lo[:, :, None], q_hi[:, :, None]
-  kl, kh = k_lo[:, None, :], k_hi[:, None, :]
-  real = (qh >= ql) & (kh >= kl)
-  spans = {"q": -(-geo.bq // parts), "k": -(-geo.bk // parts)}
-  t = Analyzer(jnp, tables, ql, jnp.maximum(qh, ql), kl, jnp.maximum(kh, kl),
-               b if np.isscalar(b) else b[:, None, None], geo.pos_ok, spans=spans).truth(m)
-  out, mixed = _verdicts(t, real)
-  return out, (out == PARTIAL) & ~mixed
+  return decide_parts(m, geo, tables, jnp, b[:, None, None] if batch else 0, qp[:, 0], qp[:, 1],
+                      kp[:, 0], kp[:, 1], spans={"q": geo.bq, "k": geo.bk}, known=known)
 
 
 def _prepare_tables(m: ir.Mask, tables: Tables, spans: bool, pos_ok) -> None:
@@ -329,9 +324,14 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     dense = dense & geo.ka.dense_tiles[:, None, :]
   spans = not geo.positions  # tile extents bound reads along an axis (not position hulls)
   _prepare_tables(m, tables, spans, geo.pos_ok)
-  lines, known = None, {}
+  lines, known, shared = None, {}, None
   if spans:  # every read along an axis read once per line, for the grid and the pieces
-    lines = (_Lines(m, geo, tables, "q", nb), _Lines(m, geo, tables, "k", nb))
+    shared = _shared_reads(m, geo)
+    if shared is None:
+      lines = (_Lines(m, geo, tables, "q", nb), _Lines(m, geo, tables, "k", nb))
+    else:
+      one = _Lines(m, geo, tables, "q", nb, shared)
+      lines = (one, one.as_axis("k"))
     known = {key: (lo[:, :, None], hi[:, :, None]) for key, (lo, hi) in lines[0].tile.items()}
     known.update({key: (lo[:, None, :], hi[:, None, :])
                   for key, (lo, hi) in lines[1].tile.items()})
@@ -357,7 +357,10 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     # pieces: exact on prelude masks, one analysis per pair of pieces (the parts of the
     # static path's 4 x 4 sub-rectangles included)
     lines[0].cut()
-    lines[1].cut()
+    if shared is None:
+      lines[1].cut()
+    else:
+      lines = (lines[0], lines[0].as_axis("k"))
     per_tile = lines[0].starts.shape[-1] * lines[1].starts.shape[-1]
 
     def decide(idx):
@@ -370,22 +373,16 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
 
     def decide(idx):
       tb, ti, tj = coords(idx)
-      if spans:
-        out, amb = _subdivide(m, geo, tables, tb, ti, tj, 4)
-      else:
-        out, amb = subdivide(m, geo, tables, jnp, tb, ti, tj, 4)
+      out, amb = subdivide(m, geo, tables, jnp, tb, ti, tj, 4, spans=spans)
       if max(geo.bq, geo.bk) >= 16:
-        if spans:
-          out16, amb16 = _subdivide(m, geo, tables, tb, ti, tj, 16)
-        else:
-          out16, amb16 = subdivide(m, geo, tables, jnp, tb, ti, tj, 16)
+        out16, amb16 = subdivide(m, geo, tables, jnp, tb, ti, tj, 16, spans=spans)
         out = jnp.where(amb, out16, out)
         amb = amb & amb16
       return out, amb
 
   def evaluate(idx):
     tb, ti, tj = coords(idx)
-    return _evaluate(m, geo, tables, tb, ti, tj)
+    return evaluate_tiles(m, geo, tables, jnp, tb, ti, tj)
 
   flat = _refine(state.reshape(-1), ambiguous, decide, evaluate, max(1, items // per_tile),
                  max(1, EVAL_CHUNK // (geo.bq * geo.bk)),
@@ -428,6 +425,9 @@ def _runs(grid) -> Runs:
   keys = jnp.sort(jnp.stack([start, end], axis=-1).reshape(g.shape[:-1] + (2 * n,)), axis=-1)
   first, last = keys[..., 0::2], keys[..., 1::2]
   valid = first < never
-  count = valid.sum(-1, dtype=jnp.int32)
+  # Valid runs come first: their count is the first invalid slot (argmax: one kernel,
+  # where a sum over more than 32 elements compiles to three).
+  count = jnp.argmax(jnp.concatenate([~valid, jnp.ones(valid.shape[:-1] + (1,), bool)], -1),
+                     axis=-1).astype(jnp.int32)
   return Runs(jnp.where(valid, first // 8, 0), jnp.where(valid, last // 8 + 1, 0),
               jnp.where(valid, first % 8, 0).astype(jnp.int8), count)

@@ -19,8 +19,11 @@ import pytest
 from hypothesis import given, settings
 
 import maskc
-from maskc import _lower_dynamic
+from maskc import _lower, _lower_dynamic
+from maskc._analysis import Tables, reduce_many
 from maskc._lower_dynamic import MAX_CUTS
+from maskc._tile_geometry import TileGeometry
+from maskc._tile_refine import evaluate_tiles, subdivide
 
 N = 200            # keys (and queries, unless offset): not a multiple of the tiles
 BQ, BK = 32, 16    # tiles: 7 x 13, the last ones partial
@@ -173,8 +176,8 @@ def test_traced_with_an_offset_equals_dense_reference(ops):
 def test_prelude_masks_on_few_runs_need_no_evaluation(monkeypatch):
   # Evaluation replaced by a wrong answer (state 3): a map equal to the reference
   # was decided by analysis of the operand pieces alone.
-  monkeypatch.setattr(_lower_dynamic, "_evaluate",
-                      lambda m, geo, tables, b, i, j: jnp.full(i.shape, 3, jnp.int8))
+  monkeypatch.setattr(_lower_dynamic, "evaluate_tiles",
+                      lambda m, geo, tables, xp, b, i, j: jnp.full(i.shape, 3, jnp.int8))
   rng = np.random.default_rng(7)
   # Runs of at least BQ / 2 tokens change at most twice along a tile line; the masks
   # read at most two operands along an axis (`runs(img)` changes where `img` does).
@@ -218,3 +221,80 @@ def test_refine_budget_leaves_sound_partial_tiles(budget):
   # at most `budget` more tiles decided, each one PARTIAL without the budget
   changed = grid(budget) != none
   assert changed.sum() <= budget and np.all(none[changed] == 1)
+
+
+@functools.cache
+def _refiners(text: str, q_len: int, offset: int):
+  """The shared refinement functions on every tile of one shape, NumPy and jitted jax.numpy.
+
+  Returns `(numpy, jitted)`, each prepared operands -> `{name: array}` of `evaluate_tiles`
+  states and `subdivide` states and ambiguity for 4 x 4 and 16 x 16 parts (with
+  direct reads along an axis, `spans=True`, on the jax.numpy side too).
+  """
+  ops0 = {name: np.zeros(N, bool if name != "seg" else np.int32) for name in MASKS[text]}
+  bound = _lower.bind_masks(text, q_len, N, q_offset=offset, operands=ops0)
+  m = bound.masks[0]
+
+  def run(xp, bound_ops):  # prepared operands (`runs(img)` included), `[1, N]`
+    geo = TileGeometry(bound.shape, BQ, BK, xp=xp)
+    tables = Tables(xp, bound_ops)
+    i, j = (a.ravel() for a in xp.meshgrid(xp.arange(geo.nq), xp.arange(geo.nk), indexing="ij"))
+    out = {"evaluate": evaluate_tiles(m, geo, tables, xp, 0, i, j)}
+    for parts in (4, 16):
+      out[f"sub{parts}"] = subdivide(m, geo, tables, xp, 0, i, j, parts)
+      if xp is jnp:
+        out[f"span{parts}"] = subdivide(m, geo, tables, xp, 0, i, j, parts, spans=True)
+    return out
+
+  return functools.partial(run, np), jax.jit(functools.partial(run, jnp))
+
+
+@pytest.mark.parametrize("text,offset,q_len", [
+    (text, *shape) for text, shape in zip(MASKS, [(0, N), (80, 120), (0, N), (80, 120)])])
+@settings(max_examples=8)
+@given(data=st.data())
+def test_shared_refinement_agrees_in_numpy_and_jax_and_with_reference(text, offset, q_len, data):
+  # `maskc._tile_refine` serves both paths: the same function in NumPy and in
+  # jax.numpy gives the same states, evaluation is exact, and every state that
+  # sub-rectangles decide (or prove mixed) is the dense reference's. (One jitted
+  # function per shape; half the masks with an offset: q tiles off the key tiles' edges.)
+  ops = data.draw(operands(MASKS[text], None))
+  # The mask on all N keys, its rows at `offset`, as lowering sees them.
+  expected = _tile_states(_dense(text, q_len, N, offset, ops), BQ, BK)[0].ravel()
+  with_numpy, with_jax = _refiners(text, q_len, offset)
+  prepared = _lower.bind_masks(text, q_len, N, q_offset=offset, operands=ops).operands
+  got_np = with_numpy(prepared)
+  got_jax = jax.tree.map(np.asarray, with_jax({k: jnp.asarray(v) for k, v in prepared.items()}))
+  np.testing.assert_array_equal(got_np["evaluate"], expected)
+  np.testing.assert_array_equal(got_jax["evaluate"], expected)
+  for parts in (4, 16):
+    state, ambiguous = got_np[f"sub{parts}"]
+    np.testing.assert_array_equal(got_jax[f"sub{parts}"][0], state)
+    np.testing.assert_array_equal(got_jax[f"sub{parts}"][1], ambiguous)
+    for state, ambiguous in (got_np[f"sub{parts}"], got_jax[f"span{parts}"]):
+      # sound: FULL and EMPTY only where the reference says so; decided tiles exact
+      decided = (state != 1) | ~ambiguous
+      np.testing.assert_array_equal(state[decided], expected[decided])
+      assert np.all(state[ambiguous] == 1)
+
+
+@settings(max_examples=10)
+@given(seed=st.integers(0, 2**32 - 1), axis=st.sampled_from([-1, 1, (1, 2), (0, 2)]))
+def test_reduce_many_is_each_reduction(seed, axis):
+  # One variadic reduction under jit (one XLA kernel): the same values as each
+  # reduction on its own, in NumPy and in jax.numpy, including over 33+ elements.
+  rng = np.random.default_rng(seed)
+  a = rng.integers(-1000, 1000, (3, 40, 37)).astype(np.int32)
+  flags = rng.random((3, 40, 37)) < 0.9
+  flags[0], flags[1] = True, False  # all-true and all-false slices: each identity matters
+  terms = [(a, "min"), (a, "max"), (a, "sum"), (a, "or"), (a, "and"), (flags, "or"),
+           (flags, "and"), (flags, "min"), (flags, "max")]
+  expected = [a.min(axis), a.max(axis), a.sum(axis, dtype=np.int32),
+              np.bitwise_or.reduce(a, axis=axis), np.bitwise_and.reduce(a, axis=axis),
+              flags.any(axis), flags.all(axis), flags.all(axis), flags.any(axis)]
+  got_np = reduce_many(np, terms, axis)
+  got_jax = jax.jit(lambda t: reduce_many(jnp, list(zip(t, [op for _, op in terms])), axis))(
+      [jnp.asarray(x) for x, _ in terms])
+  for e, g, h in zip(expected, got_np, got_jax):
+    np.testing.assert_array_equal(g, e)
+    np.testing.assert_array_equal(np.asarray(h), e)
