@@ -189,7 +189,8 @@ def runs_of(xp, x, dtype=None):
 
 
 def _runs_of_numpy(x: np.ndarray, dtype) -> np.ndarray:
-  """`runs_of` from the runs of `x`: memory and time follow the output, not a cumsum's temporaries."""
+  """`runs_of` from the runs of `x`: memory and time follow the output, not a cumsum's
+  temporaries."""
   shape = x.shape
   if x.size == 0:
     return np.zeros(shape, dtype)

@@ -26,6 +26,7 @@ backward pass on demand.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -374,7 +375,7 @@ class _StaticRuns:
 
   def merged(self, along_rows: bool):
     """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
-    b, i0, i1, j0, j1, _ = self.leaves
+    _, i0, i1, j0, j1, _ = self.leaves
     self.budget.charge(int(((i1 - i0) if along_rows else (j1 - j0)).sum()) * 48, "the packed runs")
     return _merge_runs(*_expand(self.leaves, along_rows))
 
@@ -636,7 +637,7 @@ class _CombinedRuns:
     all_lines = (self.batch or 1) * n_lines
     cuts = (np.arange(chunks + 1, dtype=np.int64) * all_lines // chunks) * (n_span + 1)
     out = []
-    for lo, hi in zip(cuts[:-1], cuts[1:]):
+    for lo, hi in itertools.pairwise(cuts):
       xs = slice(*np.searchsorted(x[0], [lo, hi]))
       ys = slice(*np.searchsorted(y[0], [lo, hi]))
       out.append(self._combine(tuple(v[xs] for v in x), tuple(v[ys] for v in y), along_rows,

@@ -60,7 +60,7 @@ class RunForm:
   length: int
 
   @classmethod
-  def of(cls, a: np.ndarray) -> "RunForm":
+  def of(cls, a: np.ndarray) -> RunForm:
     """The maximal runs of `a` (`[B, L]`, any integer or bool dtype)."""
     a = np.asarray(a)
     starts = run_starts(a).astype(np.int64)
@@ -77,7 +77,7 @@ class RunForm:
     h.update(np.ascontiguousarray(self.values))
     return h.digest()
 
-  def broadcast(self, batch: int) -> "RunForm":
+  def broadcast(self, batch: int) -> RunForm:
     """A one-row form repeated over `batch` rows."""
     if batch == self.batch:
       return self
@@ -86,7 +86,7 @@ class RunForm:
     return RunForm((self.starts[None, :] + offsets).reshape(-1), np.tile(self.values, batch),
                    batch, self.length)
 
-  def run_ids(self) -> "RunForm":
+  def run_ids(self) -> RunForm:
     """`runs(x)` on the same runs: 1-based index of each run of nonzero values in its row."""
     on = self.values != 0
     row = self.starts // max(self.length, 1)

@@ -10,7 +10,8 @@ NEG_LSE = -1e30  # the lse of a row with no allowed key (maskc.kernels.xla.NEG_L
 
 
 def numpy_scores(q, k, allowed, scale: float, cap: float | None) -> np.ndarray:
-  """Scores `[B, H, Lq, Lk]` in float64: GQA key heads repeated, soft cap, -inf where not allowed."""
+  """Scores `[B, H, Lq, Lk]` in float64: GQA key heads repeated, soft cap, -inf where not
+  allowed."""
   q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
   k = np.repeat(k, q.shape[2] // k.shape[2], axis=2)
   s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
