@@ -12,6 +12,8 @@ True
 
 from __future__ import annotations
 
+import math as _math
+
 from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any
 
 from maskc._errors import (BackendError as BackendError, MaskError as MaskError,
@@ -86,6 +88,7 @@ from maskc._mask_spec import MaskSpec as MaskSpec, mask_field as mask_field
 from maskc._show import MaskView as MaskView, show as show
 from maskc._equivalence import equivalent as equivalent
 from maskc._layout import Layout as Layout, balance as balance
+from maskc import _layout, _sharding
 
 
 def attention(q, k, v, mask, *, operands: dict | None = None, backend: str = "auto",
@@ -213,10 +216,7 @@ def sharded_attention(q, k, v, mask, *, mesh, batch_axis: str | None = None,
     MaskValueError: axes that do not divide the arrays, or a layout that does not fit.
     BackendError: a backend the strategy cannot run on.
   """
-  import math
-
-  from maskc import _layout, _sharding
-  from maskc.kernels import _common, api, sharded
+  from maskc.kernels import _common, api, sharded  # kernels stay lazy: `import maskc` needs none
 
   b, lq, h, lkv, hkv, _ = _common.check_qkv(q, k, v)
   if lq != lkv:
@@ -258,7 +258,7 @@ def sharded_attention(q, k, v, mask, *, mesh, batch_axis: str | None = None,
     bq = bk = chunk
   else:
     dq, dk = api.default_blocks(name, max(1, lq // shards), lkv)
-    bq, bk = block_q or math.gcd(dq, chunk), block_kv or math.gcd(dk, chunk)
+    bq, bk = block_q or _math.gcd(dq, chunk), block_kv or _math.gcd(dk, chunk)
     if name == "splash" and bk % 128:
       raise MaskValueError(
           f"splash needs key tiles of 128 tokens, but the layout's chunks of {chunk} tokens "
@@ -268,9 +268,9 @@ def sharded_attention(q, k, v, mask, *, mesh, batch_axis: str | None = None,
   traced = _sharding.is_traced(operands)
   if not isinstance(layout, Layout):
     if traced:
-      layout = _layout.fixed_layout(lq, shards, block=math.lcm(bq, bk), method=layout)
+      layout = _layout.fixed_layout(lq, shards, block=_math.lcm(bq, bk), method=layout)
     else:
-      layout = balance(mask, lq, shards, block=math.lcm(bq, bk), operands=operands,
+      layout = balance(mask, lq, shards, block=_math.lcm(bq, bk), operands=operands,
                        method=layout)
   kinds = _sharding.operand_kinds(masks)
   batched = any(_sharding.is_batched(kinds, n, x) for n, x in (operands or {}).items())
