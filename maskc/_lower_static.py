@@ -190,25 +190,22 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
   return [np.concatenate(x) for x in zip(*done)]
 
 
-ALL_HINTS = 256  # a rectangle with at most this many children is cut at all its hints at once
-
-
 def _split(rect, hints: tuple[np.ndarray, np.ndarray], nq: int, nk: int):
-  """Children of rectangles: at all their hints when few, else at the median hint along the
-  axis with more; rectangles without hints are halved."""
+  """Children of rectangles: each side with hints cut at its median hint, the other sides
+  halved when the rectangle has no hints at all.
+
+  Both sides are cut at once, so a sorted operand's off-diagonal quarters are
+  decided (EMPTY) a level after they appear: the work follows the tiles on the
+  mask's boundary times a logarithm. (Cutting at every hint at once makes
+  rectangles of cells that are mostly off the diagonal: four times the work for
+  many short documents, for a few rounds less.)
+  """
   b, i0, i1, j0, j1 = rect
   cut_q, n_q = _median_hint(hints[0], b, i0, i1, nq)
   cut_k, n_k = _median_hint(hints[1], b, j0, j1, nk)
   hinted = (n_q > 0) | (n_k > 0)
-  few = hinted & ((n_q + 1) * (n_k + 1) <= ALL_HINTS)
-  if few.any():
-    at_all = _split_at_hints(tuple(x[few] for x in rect), hints, nq, nk)
-    rest = _split(tuple(x[~few] for x in rect), hints, nq, nk) if not few.all() else None
-    return at_all if rest is None else tuple(np.concatenate(x) for x in zip(at_all, rest))
-  on_q = hinted & (n_q >= n_k)
-  on_k = hinted & ~on_q
-  mid_q = np.where(on_q, cut_q, np.where(~hinted & (i1 - i0 > 1), (i0 + i1) // 2, i1))
-  mid_k = np.where(on_k, cut_k, np.where(~hinted & (j1 - j0 > 1), (j0 + j1) // 2, j1))
+  mid_q = np.where(n_q > 0, cut_q, np.where(~hinted & (i1 - i0 > 1), (i0 + i1) // 2, i1))
+  mid_k = np.where(n_k > 0, cut_k, np.where(~hinted & (j1 - j0 > 1), (j0 + j1) // 2, j1))
   qa, qz = np.stack([i0, mid_q]), np.stack([mid_q, i1])
   ka, kz = np.stack([j0, mid_k]), np.stack([mid_k, j1])
   # the four combinations of halves; halves that are empty (no split there) are dropped
@@ -216,35 +213,6 @@ def _split(rect, hints: tuple[np.ndarray, np.ndarray], nq: int, nk: int):
   out = [np.concatenate(x) for x in zip(*parts)]
   keep = (out[2] > out[1]) & (out[4] > out[3])
   return tuple(x[keep] for x in out)
-
-
-def _split_at_hints(rect, hints: tuple[np.ndarray, np.ndarray], nq: int, nk: int):
-  """Every rectangle cut at all the hints strictly inside it, along both axes."""
-  b, i0, i1, j0, j1 = rect
-  qr, qa, qz = _segments(hints[0], b, i0, i1, nq)
-  kr, ka, kz = _segments(hints[1], b, j0, j1, nk)
-  per_q = np.bincount(kr, minlength=b.size)  # k segments of each rectangle
-  k_first = np.cumsum(per_q) - per_q
-  reps = per_q[qr]                            # each q segment meets its rectangle's k segments
-  q_item = np.repeat(np.arange(qr.size), reps)
-  k_item = k_first[qr][q_item] + np.arange(q_item.size) - np.repeat(np.cumsum(reps) - reps, reps)
-  return b[qr][q_item], qa[q_item], qz[q_item], ka[k_item], kz[k_item]
-
-
-def _segments(hints: np.ndarray, b, lo, hi, n: int):
-  """`(rectangle, start, stop)` of the pieces of `[lo, hi)` between the hints inside it."""
-  base = b * (n + 1)
-  first = np.searchsorted(hints, base + lo, side="right") if hints.size else np.zeros_like(b)
-  last = np.searchsorted(hints, base + hi, side="left") if hints.size else np.zeros_like(b)
-  m = last - first + 1
-  rid = np.repeat(np.arange(b.size), m)
-  k = np.arange(rid.size) - np.repeat(np.cumsum(m) - m, m)
-  top = max(hints.size - 1, 0)
-  cut = hints[np.clip(first[rid] + k - 1, 0, top)] - base[rid] if hints.size else lo[rid]
-  nxt = hints[np.clip(first[rid] + k, 0, top)] - base[rid] if hints.size else hi[rid]
-  start = np.where(k == 0, lo[rid], cut)
-  stop = np.where(k == m[rid] - 1, hi[rid], nxt)
-  return rid, start, stop
 
 
 def _median_hint(hints: np.ndarray, b, lo, hi, n: int):
@@ -361,17 +329,13 @@ class _StaticRuns:
 
   def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
                refine: bool, budget: Budget | None = None):
-    self.geo, self.batch = geo, batch
+    self.m, self.geo, self.batch = m, geo, batch
     self.budget = budget or Budget(MEMORY_BUDGET)
     nb = batch or 1
-    # Pieces are cut in position space, the same for every batch row: not with
-    # batched positions, whose ambiguous tiles are refined without them.
-    pieces = None if geo.batched_positions else (
-        _pieces(m, geo, tables, batch, True, self.budget),
-        _pieces(m, geo, tables, batch, False, self.budget))
+    self.pieces = _line_pieces(m, geo, tables, batch, self.budget)
     hints = (_split_hints(m, geo, tables, nb, True, self.budget),
              _split_hints(m, geo, tables, nb, False, self.budget))
-    self.leaves = _decided_leaves(m, geo, tables, batch, refine, self.budget, pieces, hints)
+    self.leaves = _decided_leaves(m, geo, tables, batch, refine, self.budget, self.pieces, hints)
 
   def merged(self, along_rows: bool):
     """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
@@ -504,6 +468,19 @@ class _PeriodicRuns:
     return Runs(*(np.repeat(x, nb, axis=0) for x in runs)) if nb > 1 else runs
 
 
+def _line_pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
+                 budget: Budget) -> tuple[Pieces, Pieces] | None:
+  """The row and column pieces of the grid's lines; None with batched positions.
+
+  Pieces are cut in position space, the same for every batch row: not with
+  batched positions, whose ambiguous tiles are refined without them.
+  """
+  if geo.batched_positions:
+    return None
+  return (_pieces(m, geo, tables, batch, True, budget),
+          _pieces(m, geo, tables, batch, False, budget))
+
+
 def _pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, along_rows: bool,
             budget: Budget) -> Pieces:
   """Each q tile row (or k tile column) cut at the changes of the operands read along it."""
@@ -605,10 +582,17 @@ class _CombinedRuns:
     self.pieces = None
 
   def _pieces(self):
-    """Operand pieces of the whole mask's lines (as `_StaticRuns`), for deciding tiles."""
-    if self.pieces is None and not self.geo.batched_positions:
-      self.pieces = (_pieces(self.m, self.geo, self.tables, self.batch, True, self.budget),
-                     _pieces(self.m, self.geo, self.tables, self.batch, False, self.budget))
+    """Operand pieces of the whole mask's lines (as `_StaticRuns`), for deciding tiles.
+
+    The operand-free part reads nothing, so a part that cut its lines at the same
+    reads lends its pieces.
+    """
+    if self.pieces is None:
+      reads = [reads_at(self.m, axis) for axis in "qk"]
+      lent = [x.pieces for x in self.parts if isinstance(x, _StaticRuns) and
+              [reads_at(x.m, axis) for axis in "qk"] == reads]
+      self.pieces = lent[0] if lent else _line_pieces(self.m, self.geo, self.tables, self.batch,
+                                                      self.budget)
     return self.pieces
 
   def merged(self, along_rows: bool):
