@@ -65,12 +65,16 @@ class Tables:
     arrays: operands as prepared by `maskc._bind.prepare_operands`.
     forms: static path: per-token operands in run form where already known (else
       built from `arrays` when first needed).
+    index_bytes: static path: at most how many bytes a run table's index of each
+      token's run may take (`maskc._operand_runs.RunTable`); 0 for none.
   """
 
-  def __init__(self, xp, arrays: dict[str, Any], forms: dict[str, RunForm] | None = None):
+  def __init__(self, xp, arrays: dict[str, Any], forms: dict[str, RunForm] | None = None,
+               index_bytes: int = 0):
     self.xp = xp
     self.arrays = arrays
     self.forms = forms or {}  # static path: per-token operands' runs, when already known
+    self.index_bytes = index_bytes
     self._blocked: dict[str, BlockedRange] = {}
     self._whole: dict[str, tuple] = {}
     self._prefix: dict[str, Any] = {}
@@ -81,7 +85,7 @@ class Tables:
     """Static path: operand `name` (`[B, L]`) in run-length form."""
     if name not in self._runs:
       form = self.forms.get(name) or RunForm.of(self.arrays[name])
-      self._runs[name] = RunTable(form, self._runs.values())
+      self._runs[name] = RunTable(form, self._runs.values(), self.index_bytes)
     return self._runs[name]
 
   def blocked(self, name: str) -> BlockedRange:

@@ -104,24 +104,59 @@ class RunForm:
     return np.repeat(self.values.astype(dtype), self.lengths).reshape(self.batch, self.length)
 
 
+INDEX_AFTER = 2  # a token index is built after searches cost `tokens / INDEX_AFTER` probes
+
+
+class _RunSearch:
+  """Which run holds a token, for tables whose runs start at the same tokens.
+
+  A binary search over the run starts costs 10-20 times a gather from a
+  per-token index of runs (4 bytes a token), and analysing a long sequence looks
+  up hundreds of thousands of tokens. So once searches have made
+  `tokens / INDEX_AFTER` probes (lookups times log2 of the runs: writing the
+  index costs about that much), the index is built where it fits `index_bytes`
+  (the lowering's memory budget; else searches go on). Also memoizes run spans
+  (`RunTable._runs_spanned`).
+  """
+
+  def __init__(self, starts: np.ndarray, tokens: int, index_bytes: int):
+    self.starts, self.tokens = starts, tokens
+    self.may_index = tokens * 4 <= index_bytes and starts.size < 1 << 31
+    self.probes = 0
+    self.index: np.ndarray | None = None
+    self.spans: dict = {}  # memo of run spans by the identity of the queried index arrays
+
+  def run_index(self, flat: np.ndarray) -> np.ndarray:
+    """Index of the run holding each flat token `b * L + i` (in range)."""
+    if self.index is None and self.may_index:
+      self.probes += flat.size * self.starts.size.bit_length()
+      if self.probes * INDEX_AFTER > self.tokens:
+        lengths = np.diff(np.append(self.starts, self.tokens))
+        self.index = np.repeat(np.arange(self.starts.size, dtype=np.int32), lengths)
+    if self.index is not None:
+      return self.index[flat]
+    return np.searchsorted(self.starts, flat, side="right") - 1
+
+
 class RunTable:
   """One per-token operand `[B, L]` as runs: `starts` (global `b * L + i`, sorted) and values.
 
   Args:
     form: the operand's runs (`RunForm.of(a)` for an array `a`).
     others: tables built before, to share the run search with one that has the same starts.
+    index_bytes: at most how many bytes an index of each token's run may take.
   """
 
-  def __init__(self, form: RunForm, others: "Iterable[RunTable]" = ()):
+  def __init__(self, form: RunForm, others: "Iterable[RunTable]" = (), index_bytes: int = 0):
     length = form.length
     self.length, self.batch = length, form.batch
     starts = form.starts
-    self._spans: dict = {}  # memo of run spans by the identity of the queried index arrays
+    self._search = _RunSearch(starts, form.batch * length, index_bytes)
     for other in others:  # `x` and `runs(x)` change at the same tokens: share the run search
       if other.starts is starts or (other.starts.shape == starts.shape and
                                     other.length == length and
                                     np.array_equal(other.starts, starts)):
-        starts, self._spans = other.starts, other._spans
+        starts, self._search = other.starts, other._search
         break
     self.starts = starts
     values = form.values
@@ -153,8 +188,7 @@ class RunTable:
 
   def run_index(self, b, i) -> np.ndarray:
     """Index of the run holding token `i` (clipped to the length) of batch row `b`."""
-    return np.searchsorted(self.starts, np.asarray(b, np.int64) * self.length + self.clip(i),
-                           side="right") - 1
+    return self._search.run_index(np.asarray(b, np.int64) * self.length + self.clip(i))
 
   def _runs_spanned(self, b, lo, hi):
     """(first run, last run, sparse-table level, second start) of tokens `[lo, hi]` of row `b`.
@@ -163,8 +197,9 @@ class RunTable:
     with the entry, so an identity is never reused): the analysis reads `x[q]` and
     `runs(x)[q]` over the same position arrays, and tables with the same runs share it.
     """
+    spans = self._search.spans
     key = (id(b), id(lo), id(hi))
-    hit = self._spans.get(key)
+    hit = spans.get(key)
     if hit is not None and hit[0][0] is b and hit[0][1] is lo and hit[0][2] is hi:
       return hit[1]
     l, h = self.clip(lo), self.clip(hi)
@@ -172,9 +207,9 @@ class RunTable:
     rl, rh = self.run_index(b, l), self.run_index(b, h)
     j = _floor_log2(rh - rl + 1)
     out = rl, j, rh - (np.int64(1) << j) + 1
-    if len(self._spans) >= 4:  # the q and k ranges of a round, with room to spare
-      self._spans.clear()
-    self._spans[key] = ((b, lo, hi), out)
+    if len(spans) >= 4:  # the q and k ranges of a round, with room to spare
+      spans.clear()
+    spans[key] = ((b, lo, hi), out)
     return out
 
   def range_min_max(self, b, lo, hi) -> tuple[np.ndarray, np.ndarray]:

@@ -318,6 +318,35 @@ def test_run_form_is_a_lossless_summary(a):
                                 _runs_reference(np.repeat(a[:1], 3, axis=0) != 0))
 
 
+@given(run_arrays(), st.lists(st.integers(-5, 400), min_size=1, max_size=30))
+def test_run_lookup_by_search_and_by_token_index_agree(a, tokens):
+  """Which run holds a token: by binary search over the run starts and by the per-token
+  index built once searches have cost enough, both equal to a plain scan; and no index
+  where it would not fit the budget."""
+  from maskc._operand_runs import RunForm, RunTable
+  form = RunForm.of(a)
+  rows, length = a.shape
+  b = np.arange(len(tokens)) % rows
+  i = np.asarray(tokens)
+  clipped = np.clip(i, 0, length - 1)
+  # the run of token t is the last run starting at or before it
+  expected = np.array([max(r for r, s in enumerate(form.starts) if s <= bb * length + t)
+                       for bb, t in zip(b, clipped)])
+  searching = RunTable(form)  # index_bytes 0: never an index
+  indexed = RunTable(form, index_bytes=1 << 20)
+  for _ in range(2 * rows * length):  # enough lookups to build the index
+    if indexed._search.index is not None:
+      break
+    np.testing.assert_array_equal(indexed.run_index(b, i), expected)
+  assert indexed._search.index is not None and searching._search.index is None
+  np.testing.assert_array_equal(indexed.run_index(b, i), expected)
+  np.testing.assert_array_equal(searching.run_index(b, i), expected)
+  small = RunTable(form, index_bytes=4 * rows * length - 1)  # one byte short
+  for _ in range(2 * rows * length):
+    small.run_index(b, i)
+  assert small._search.index is None
+
+
 def test_cache_keys_follow_operand_values_not_identity():
   """Equal operands share a cached map; a one-token change does not."""
   seg = np.repeat(np.arange(8), 40).astype(np.int32)
