@@ -120,12 +120,16 @@ def _decide_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, budget
   return out
 
 
+LEAF_CHUNK = 1 << 15  # rectangles analysed at a time: bounds the analysis's work arrays
+
+
 def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, budget: Budget,
             pieces: tuple[Pieces, Pieces] | None, hints: tuple[np.ndarray, np.ndarray],
             start: tuple[np.ndarray, ...] | None = None):
-  """Decided rectangles of tiles `(b, i0, i1, j0, j1, state, ambiguous)` tiling the grid.
+  """The non-EMPTY decided rectangles of tiles `(b, i0, i1, j0, j1, state, ambiguous)`.
 
-  (Or tiling the rectangles `start = (b, i0, i1, j0, j1)` when given.)
+  With the EMPTY ones left out, they tile the grid (or the rectangles
+  `start = (b, i0, i1, j0, j1)` when given).
 
   Each batch row starts as one rectangle of the whole grid; PARTIAL rectangles
   are split, a bounded chunk at a time, until each is decided, a single tile, or
@@ -141,7 +145,7 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
   makes every tile PARTIAL with no further split.
   """
   nb = batch or 1
-  chunk = max(1, min(1 << 16, budget.items(ITEM_BYTES * 2)))
+  chunk = max(1, min(LEAF_CHUNK, budget.items(ITEM_BYTES * 2)))
   zeros = np.zeros(nb, np.int64)
   pending = [start or (np.arange(nb, dtype=np.int64), zeros, zeros + geo.nq, zeros, zeros + geo.nk)]
   done, decided = [], 0
@@ -179,9 +183,10 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
     if geo.positions:  # certainty needs real positions: dense tiles
       certain &= np.asarray(geo.dense_q(b, i0), bool) & np.asarray(geo.dense_k(b, j0), bool)
     fin = (state != PARTIAL) | single | uniform
-    done.append(tuple(x[fin] for x in (b, i0, i1, j0, j1, state)) +
-                ((state[fin] == PARTIAL) & ~certain[fin] & ~uniform[fin],))
-    decided += int(fin.sum())
+    kept = fin & (state != EMPTY)  # EMPTY leaves hold no runs: only counted
+    done.append(tuple(x[kept] for x in (b, i0, i1, j0, j1, state)) +
+                ((state[kept] == PARTIAL) & ~certain[kept] & ~uniform[kept],))
+    decided += int(kept.sum())
     budget.charge(decided * 64, "the decided rectangles of tiles")
     split = ~fin
     if split.any():

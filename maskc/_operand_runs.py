@@ -27,11 +27,9 @@ PIECES_PER_LINE = 16  # a line with more operand changes than this is not cut
 
 
 def _floor_log2(n: np.ndarray) -> np.ndarray:
-  """`floor(log2(n))` for positive int64 `n`, exactly (no float rounding)."""
-  n = np.asarray(n, np.int64)
-  j = np.floor(np.log2(np.maximum(n, 1).astype(np.float64))).astype(np.int64)
-  j = np.where((np.int64(1) << np.minimum(j + 1, 62)) <= n, j + 1, j)
-  return np.where((np.int64(1) << np.clip(j, 0, 62)) > n, j - 1, j)
+  """`floor(log2(n))` for counts `1 <= n < 2**53`, exactly: such integers are exact in
+  float64, and `frexp` returns their binary exponent without rounding."""
+  return np.frexp(np.asarray(n, np.float64))[1].astype(np.int64) - 1
 
 
 def run_starts(a: np.ndarray) -> np.ndarray:
@@ -105,23 +103,26 @@ class RunForm:
 
 
 INDEX_AFTER = 2  # a token index is built after searches cost `tokens / INDEX_AFTER` probes
+SEARCH_IN_CACHE = 1 << 12  # run starts a binary search finds fast (32 KiB: a core's L1 cache)
 
 
 class _RunSearch:
   """Which run holds a token, for tables whose runs start at the same tokens.
 
-  A binary search over the run starts costs 10-20 times a gather from a
-  per-token index of runs (4 bytes a token), and analysing a long sequence looks
-  up hundreds of thousands of tokens. So once searches have made
+  Once the run starts outgrow the L1 cache (many short documents), a binary
+  search over them costs 10-20 times a gather from a per-token index of runs (4
+  bytes a token), and analysing a long sequence looks up hundreds of thousands
+  of tokens. So for more than `SEARCH_IN_CACHE` runs, once searches have made
   `tokens / INDEX_AFTER` probes (lookups times log2 of the runs: writing the
   index costs about that much), the index is built where it fits `index_bytes`
-  (the lowering's memory budget; else searches go on). Also memoizes run spans
-  (`RunTable._runs_spanned`).
+  (the lowering's memory budget; else searches go on). Fewer runs are searched:
+  there the index would save little and add 4 bytes a token to the peak.
+  Also memoizes run spans (`RunTable._runs_spanned`).
   """
 
   def __init__(self, starts: np.ndarray, tokens: int, index_bytes: int):
     self.starts, self.tokens = starts, tokens
-    self.may_index = tokens * 4 <= index_bytes and starts.size < 1 << 31
+    self.may_index = (SEARCH_IN_CACHE < starts.size < 1 << 31 and tokens * 4 <= index_bytes)
     self.probes = 0
     self.index: np.ndarray | None = None
     self.spans: dict = {}  # memo of run spans by the identity of the queried index arrays
@@ -207,7 +208,7 @@ class RunTable:
     rl, rh = self.run_index(b, l), self.run_index(b, h)
     j = _floor_log2(rh - rl + 1)
     out = rl, j, rh - (np.int64(1) << j) + 1
-    if len(spans) >= 4:  # the q and k ranges of a round, with room to spare
+    if len(spans) >= 2:  # the q and k ranges of a round (each holds a chunk of arrays)
       spans.clear()
     spans[key] = ((b, lo, hi), out)
     return out
@@ -215,8 +216,11 @@ class RunTable:
   def range_min_max(self, b, lo, hi) -> tuple[np.ndarray, np.ndarray]:
     """Min and max over tokens `[lo, hi]` of row `b` (clipped to the length), as int64."""
     rl, j, second = self._runs_spanned(b, lo, hi)
-    vmin = np.minimum(self.mins[j, rl], self.mins[j, second]).astype(np.int64)
-    vmax = np.maximum(self.maxs[j, rl], self.maxs[j, second]).astype(np.int64)
+    at = j * self.values.size  # one flat gather is faster than a 2-D one
+    first, second = at + rl, at + second
+    mins, maxs = self.mins.reshape(-1), self.maxs.reshape(-1)
+    vmin = np.minimum(mins[first], mins[second]).astype(np.int64)
+    vmax = np.maximum(maxs[first], maxs[second]).astype(np.int64)
     return vmin, vmax
 
   def monotone(self) -> np.ndarray:

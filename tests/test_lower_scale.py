@@ -322,9 +322,22 @@ def test_run_form_is_a_lossless_summary(a):
 def test_run_lookup_by_search_and_by_token_index_agree(a, tokens):
   """Which run holds a token: by binary search over the run starts and by the per-token
   index built once searches have cost enough, both equal to a plain scan; and no index
-  where it would not fit the budget."""
+  where it would not fit the budget, or for runs few enough to search in cache."""
+  from maskc import _operand_runs
   from maskc._operand_runs import RunForm, RunTable
   form = RunForm.of(a)
+  assert RunTable(form, index_bytes=1 << 20)._search.may_index is (
+      form.starts.size > _operand_runs.SEARCH_IN_CACHE)
+  in_cache, _operand_runs.SEARCH_IN_CACHE = _operand_runs.SEARCH_IN_CACHE, 0  # index any runs
+  try:
+    _check_run_lookups(form, a, tokens)
+  finally:
+    _operand_runs.SEARCH_IN_CACHE = in_cache
+
+
+def _check_run_lookups(form, a, tokens):
+  """Lookups of `tokens` (one batch row each, in turn) by search and by index, to a scan."""
+  from maskc._operand_runs import RunTable
   rows, length = a.shape
   b = np.arange(len(tokens)) % rows
   i = np.asarray(tokens)
@@ -345,6 +358,42 @@ def test_run_lookup_by_search_and_by_token_index_agree(a, tokens):
   for _ in range(2 * rows * length):
     small.run_index(b, i)
   assert small._search.index is None
+
+
+@pytest.mark.parametrize("text", ["causal & document(seg)", "document(seg)",
+                                  "causal & chunk(8) | bidirectional(img)"])
+def test_many_short_runs_looked_up_by_token_index_are_exact(text):
+  """Thousands of 1-12-token documents (and image spans), with the per-token run index
+  forced on: the map equals the dense mask, forward and backward."""
+  from maskc import _lower, _operand_runs
+  rng = np.random.default_rng(7)
+  n = 3000
+  seg = np.repeat(np.arange(n), rng.integers(1, 13, n))[:n]
+  ops = _ops_for(text, {"seg": seg, "img": seg % 2 == 1})
+  in_cache, _operand_runs.SEARCH_IN_CACHE = _operand_runs.SEARCH_IN_CACHE, 0
+  _lower._CACHE.clear()
+  try:
+    bm = maskc.compile(text, n, block_q=16, block_kv=32, operands=ops)
+    cols = bm.cols
+  finally:
+    _operand_runs.SEARCH_IN_CACHE = in_cache
+    _lower._CACHE.clear()
+  expected = _expected_grid(_dense(text, n, n, 0, ops), 16, 32)
+  np.testing.assert_array_equal(np.asarray(bm.grid), expected)
+  back = np.asarray(grid_from_runs(np, cols, expected.shape[0]))[0, 0]
+  np.testing.assert_array_equal(back.T, expected)
+
+
+@given(st.lists(st.one_of(st.integers(1, 2**53 - 1),
+                          st.integers(0, 52).map(lambda e: 2**e),
+                          st.integers(1, 53).map(lambda e: 2**e - 1)), min_size=1))
+def test_floor_log2_is_exact_for_counts(ns):
+  """The sparse tables' level, `floor(log2(n))`, equals Python's exact integer answer,
+  at and around every power of two a count can reach."""
+  from maskc._operand_runs import _floor_log2
+  got = _floor_log2(np.array(ns, np.int64))
+  assert got.dtype == np.int64
+  assert got.tolist() == [n.bit_length() - 1 for n in ns]
 
 
 def test_cache_keys_follow_operand_values_not_identity():
