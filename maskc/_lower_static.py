@@ -638,21 +638,21 @@ class _CombinedRuns:
     PARTIAL decided tile by tile."""
     # Each list's starts and stops interleave in order, so their concatenation is two
     # sorted runs (a linear merge), and a list covers a cut iff an odd number of its
-    # boundaries lie at or before it: the last one was a start.
+    # boundaries lie at or before it: the last one was a start. Between lines lies a
+    # key no run covers, so a piece reaching over it is EMPTY in both lists: dropped.
     xb, yb = (np.stack(v[:2], axis=1).reshape(-1) for v in (x, y))
     cuts = np.concatenate([xb, yb])
     order = np.argsort(cuts, kind="stable")
     cuts = cuts[order]
-    nx = np.cumsum(order < xb.size)
-    ny = np.arange(1, cuts.size + 1) - nx
-    last = np.ones(cuts.size, bool)  # the last of equal cuts counts all of them
-    last[:-1] = cuts[1:] != cuts[:-1]
-    cuts, nx, ny = cuts[last], nx[last][:-1], ny[last][:-1]
-    lo, hi = cuts[:-1], cuts[1:]
-    sx, sy = (np.where(n % 2 == 1, np.append(v[2], EMPTY)[np.maximum(n - 1, 0) // 2], EMPTY)
-              for n, v in ((nx, x), (ny, y)))
-    same_line = lo // (n_span + 1) == (hi - 1) // (n_span + 1)
-    lo, hi, sx, sy = lo[same_line], hi[same_line], sx[same_line], sy[same_line]
+    # pieces start at the last of equal cuts (which counts all of them) and end at the next
+    at = np.flatnonzero(cuts[1:] != cuts[:-1])
+    lo, hi = cuts[at], cuts[at + 1]
+    nx = np.cumsum(order < xb.size)[at]
+    ny = at + 1 - nx
+    # the state after n boundaries: a run's for odd n (inside it), EMPTY for even n
+    sx, sy = (np.zeros(2 * v[2].size + 1, np.int8) for v in (x, y))
+    sx[1::2], sy[1::2] = x[2], y[2]
+    sx, sy = sx[nx], sy[ny]
     state = np.maximum(sx, sy) if self.union else np.minimum(sx, sy)
     both = (sx == PARTIAL) & (sy == PARTIAL)
     keep = (state != EMPTY) & ~both
