@@ -67,14 +67,18 @@ class Tables:
       built from `arrays` when first needed).
     index_bytes: static path: at most how many bytes a run table's index of each
       token's run may take (`maskc._operand_runs.RunTable`); 0 for none.
+    same_runs: static path: analyse `runs(x)[a] == runs(x)[b]` beside `x[a]` by the
+      ids of x's runs of zeros and nonzeros (`_same_runs`), which decides more
+      rectangles than the traced path's analysis does.
   """
 
   def __init__(self, xp, arrays: dict[str, Any], forms: dict[str, RunForm] | None = None,
-               index_bytes: int = 0):
+               index_bytes: int = 0, same_runs: bool = False):
     self.xp = xp
     self.arrays = arrays
     self.forms = forms or {}  # static path: per-token operands' runs, when already known
     self.index_bytes = index_bytes
+    self.same_runs = same_runs and xp.__name__ == "numpy"
     self._blocked: dict[str, BlockedRange] = {}
     self._whole: dict[str, tuple] = {}
     self._prefix: dict[str, Any] = {}
@@ -82,9 +86,13 @@ class Tables:
     self._runs: dict[str, RunTable] = {}
 
   def run_table(self, name: str) -> RunTable:
-    """Static path: operand `name` (`[B, L]`) in run-length form."""
+    """Static path: operand `name` (`[B, L]`) in run-length form (or, for a
+    `same_run_key(x)`, the ids of `x`'s runs of zero and nonzero values)."""
     if name not in self._runs:
-      form = self.forms.get(name) or RunForm.of(self.arrays[name])
+      base = name[len(_SAME_RUN):-1] if name.startswith(_SAME_RUN) else None
+      form = self.forms.get(base or name) or RunForm.of(self.arrays[base or name])
+      if base is not None:
+        form = form.truth_run_ids()
       self._runs[name] = RunTable(form, self._runs.values(), self.index_bytes)
     return self._runs[name]
 
@@ -515,7 +523,8 @@ class Analyzer:
       t = self.truth(m.item)
       return Truth3(FULL - t.state, t.certain)
     if isinstance(m, ir.And):
-      return _conjoin(xp, [self.truth(i) for i in m.items])
+      items = _same_runs(m.items) if self.tables.same_runs else m.items
+      return _conjoin(xp, [self.truth(i) for i in items])
     if isinstance(m, ir.Or):
       parts = [self.truth(i) for i in m.items]
       neg = _conjoin(xp, [Truth3(FULL - p.state, p.certain) for p in parts])
@@ -597,6 +606,39 @@ class Analyzer:
       new_certain = xp.where(a_known, p.certain, xp.where(b_known, certain, False))
       state, certain = new_state, new_certain
     return Truth3(state, certain)
+
+
+_SAME_RUN = "same-run("  # static tables: `same-run(x)` holds the ids of x's runs of (non)zeros
+
+
+def _same_runs(items: tuple[ir.Mask, ...]) -> tuple[ir.Mask, ...]:
+  """The items of an `&`, where `runs(x)[a] == runs(x)[b]` stands beside `x[a]`, with
+  `runs(x)` in that equality replaced by ids of x's maximal runs of zeros and nonzeros.
+
+  Beside `x[a]`, the two are equal at every position where the `&` can hold: with
+  `x[a]` nonzero, `runs(x)[a]` is the index of a's run of nonzero values, so the
+  equality says that b lies in that run, as equal new ids do; with `x[a]` zero the
+  `&` is false either way. The analysis gains from it: `runs(x)` is 0 at every zero
+  token, so a rectangle over several runs holds equal ids (0 == 0) on both sides and
+  stays PARTIAL, while the new ids increase from run to run (a nondecreasing
+  operand, as sorted segment ids), so rectangles over different runs are EMPTY at
+  once. `bidirectional(img)` is this pattern. Static path only (`Tables.same_runs`:
+  run tables).
+  """
+  truths = {(i.read.operand.name, i.read.index) for i in items
+            if isinstance(i, ir.Truth) and isinstance(i.read, ir.Read) and not i.read.runs}
+  if not truths:
+    return items
+  out = []
+  for i in items:
+    if (isinstance(i, ir.Compare) and i.ops == ("==",) and
+        all(isinstance(t, ir.Read) and t.runs and isinstance(t.operand, ir.Operand)
+            for t in i.terms) and i.terms[0].operand.name == i.terms[1].operand.name and
+        any((i.terms[0].operand.name, t.index) in truths for t in i.terms)):
+      same = ir.Operand(f"{_SAME_RUN}{i.terms[0].operand.name})")
+      i = ir.Compare(tuple(ir.Read(same, t.index) for t in i.terms), i.ops, i.span)
+    out.append(i)
+  return tuple(out)
 
 
 def unit_read(t: ir.Term) -> tuple[str, int] | None:

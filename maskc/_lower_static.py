@@ -699,6 +699,6 @@ def compile_static(masks, shape: Shape, operands: dict, batch: int | None, block
   geo = TileGeometry(shape, block_q, block_kv)
   budget = budget or Budget(MEMORY_BUDGET)
   # shared: tables are built for the operands masks read
-  tables = Tables(np, operands, forms, index_bytes=budget.limit)
+  tables = Tables(np, operands, forms, index_bytes=budget.limit, same_runs=True)
   per_mask = [_runs_of_mask(m, geo, tables, batch, ref, budget) for m, ref in zip(masks, refine)]
   return _stack_runs([r.runs(along_rows=True) for r in per_mask]), _Backward(per_mask)

@@ -97,6 +97,15 @@ class RunForm:
     base = np.maximum.accumulate(np.where(first_of_row, count - opens, 0))
     return RunForm(self.starts, np.where(on, count - base, 0), self.batch, self.length)
 
+  def truth_run_ids(self) -> RunForm:
+    """On the same runs: an id for each maximal run of zero or of nonzero values, increasing
+    along the rows (counted over all of them, so distinct between rows too)."""
+    on = self.values != 0
+    row = self.starts // max(self.length, 1)
+    new = np.ones(on.size, bool)
+    new[1:] = (row[1:] != row[:-1]) | (on[1:] != on[:-1])
+    return RunForm(self.starts, np.cumsum(new) - 1, self.batch, self.length)
+
   def to_array(self, dtype) -> np.ndarray:
     """The operand `[B, L]` written out."""
     return np.repeat(self.values.astype(dtype), self.lengths).reshape(self.batch, self.length)

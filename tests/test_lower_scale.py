@@ -384,6 +384,63 @@ def test_many_short_runs_looked_up_by_token_index_are_exact(text):
   np.testing.assert_array_equal(back.T, expected)
 
 
+SAME_RUN_MASKS = [
+    "runs(x)[q] == runs(x)[k] & x[q]", "runs(x)[q] == runs(x)[k] & x[k]",
+    "x[q + 1] & runs(x)[k] == runs(x)[q + 1]", "runs(x)[q] == runs(x)[k] & x[q] & k <= q",
+    "~(runs(x)[q] == runs(x)[k] & x[q]) & causal", "runs(x)[q] == runs(x)[k] & y[q]",
+    "runs(x)[q] == runs(x)[k] & runs(x)[q] > 0", "runs(x)[q] == runs(y)[k] & x[q]",
+]
+
+
+@settings(deadline=None)
+@given(st.sampled_from(SAME_RUN_MASKS), st.integers(8, 90), st.integers(0, 2**31),
+       st.sampled_from([4, 8, 16]), st.sampled_from([None, 2]))
+def test_same_run_equalities_stay_exact(text, n, seed, block, batch):
+  """`runs(x)[a] == runs(x)[b]` beside `x[a]` is analysed by the ids of x's runs of zeros and
+  nonzeros (and left alone without the `x[a]` beside it): on operands of several nonzero
+  values and zero gaps, every tile equals the dense mask's, forward and backward."""
+  from maskc import _lower
+  rng = np.random.default_rng(seed)
+  shape = (batch, n + 1) if batch else (n + 1,)
+  x = rng.choice([0, 0, 1, 2, 5], shape) * (rng.random(shape) < 0.8)
+  x = np.repeat(x, rng.integers(1, 6, x.shape[-1]), axis=-1)[..., :n + 1]  # runs of values
+  y = np.roll(x, 3, axis=-1) != 0
+  ops = {k: v for k, v in {"x": x, "y": y}.items() if f"{k}[" in text or f"({k})" in text}
+  _lower._CACHE.clear()
+  bm = maskc.compile(text, n, block_q=block, block_kv=block, operands=ops, exact=True)
+  dense = np.asarray(maskc.materialize(text, n, operands=ops)).reshape((-1, n, n))
+  # the dense reference written here: runs(x) by a plain loop
+  runs_x = _runs_reference(x != 0).reshape((-1, n + 1))
+  q, k = np.arange(n)[:, None], np.arange(n)[None, :]
+  if text == SAME_RUN_MASKS[0]:
+    np.testing.assert_array_equal(dense, (runs_x[:, q] == runs_x[:, k]) & (x.reshape(
+        (-1, n + 1))[:, q] != 0))
+  expected = _expected_grid(dense, block, block)
+  np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
+  cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
+  np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)
+
+
+def test_same_run_ids_decide_rectangles_over_several_runs():
+  """Off the diagonal, a rectangle over several image spans and the gaps between them is
+  EMPTY by `bidirectional(img)`; the plain analysis of `runs(img)` (0 at every gap token on
+  both sides) can only say PARTIAL, the static path's same-run ids decide it."""
+  from maskc import _lower
+  from maskc._analysis import EMPTY as A_EMPTY, PARTIAL as A_PARTIAL, Analyzer, Tables
+  img = np.zeros(64, bool)
+  for s in (2, 12, 34, 50):
+    img[s:s + 6] = True
+  bound = _lower.bind_masks("bidirectional(img)", 64, operands={"img": img})
+  m, arrays = bound.masks[0], bound.operands
+  rect = [np.array([v]) for v in (0, 25, 34, 63)]  # q over spans 1-2, k over spans 3-4
+  plain = Analyzer(np, Tables(np, arrays), *rect).truth(m)
+  sharp = Analyzer(np, Tables(np, arrays, forms=bound.forms, same_runs=True), *rect).truth(m)
+  assert int(np.asarray(plain.state).reshape(-1)[0]) == A_PARTIAL
+  assert int(np.asarray(sharp.state).reshape(-1)[0]) == A_EMPTY
+  dense = np.asarray(maskc.materialize("bidirectional(img)", 64, operands={"img": img}))
+  assert not dense[0:26, 34:64].any()
+
+
 @given(st.lists(st.one_of(st.integers(1, 2**53 - 1),
                           st.integers(0, 52).map(lambda e: 2**e),
                           st.integers(1, 53).map(lambda e: 2**e - 1)), min_size=1))
