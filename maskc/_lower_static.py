@@ -538,26 +538,41 @@ def _periodic(m: ir.Mask, geo: TileGeometry) -> int | None:
 
 
 def _parts(m: ir.Mask, geo: TileGeometry) -> list[ir.Mask] | None:
-  """`[operand-free items, the other items]` of an `&` / `|` whose operand-free items,
-  joined, have a diagonal period worth repeating; else None."""
+  """The parts of an `&` / `|` lowered apart, or None to lower it whole.
+
+  Parts: its operand-free items joined, where they have a diagonal period worth
+  repeating; each item that is itself lowered in parts
+  (`document(seg) & (causal | bidirectional(img))`); the other items joined. At
+  least one part must be periodic or in parts itself: otherwise splitting saves
+  nothing.
+  """
   if not isinstance(m, (ir.And, ir.Or)) or geo.positions:
     return None
   join = ir.and_ if isinstance(m, ir.And) else ir.or_
   free = [x for x in m.items if not x.operands]
   rest = [x for x in m.items if x.operands]
-  if not free or not rest:
+  if not rest:
     return None
   if join is ir.or_ and any(ir.positions_of(x) == {"k"} for x in rest):
     # `| g[k]` puts runs on every row: combining them would cost more than it saves
     return None
-  parts = [x[0] if len(x) == 1 else join(x) for x in (free, rest)]
-  return parts if _periodic(parts[0], geo) is not None else None
+  periodic = bool(free) and _periodic(_joined(free, join), geo) is not None
+  split = [_parts(x, geo) is not None for x in rest]
+  nested = [x for x, y in zip(rest, split) if y]
+  others = [x for x, y in zip(rest, split) if not y] + ([] if periodic else free)
+  parts = ([_joined(free, join)] if periodic else []) + nested + (
+      [_joined(others, join)] if others else [])
+  return parts if (periodic or nested) and len(parts) > 1 else None
+
+
+def _joined(items: list[ir.Mask], join) -> ir.Mask:
+  return items[0] if len(items) == 1 else join(items)
 
 
 def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
                   budget: Budget):
   """How one mask's runs are computed: by its diagonal period where it has one; as the
-  `&` / `|` of parts lowered apart where one part has one; else by leaves."""
+  `&` / `|` of parts lowered apart (`_parts`); else by leaves."""
   period = _periodic(m, geo)
   if period is not None:
     return _PeriodicRuns(m, geo, tables, batch, refine, budget, period)

@@ -473,10 +473,12 @@ SPLIT_MASKS = [
     "causal & chunk(8) | bidirectional(img)", "sliding(5) | bidirectional(img)",
     "causal & document(seg)", "~bidirectional(img) & causal", "local(3, 2) | g[q]",
     "causal & (q - k) % 3 == 0 | bidirectional(img)", "causal & document(seg) & img[k]",
+    "document(seg) & (causal | bidirectional(img))",  # a part lowered in parts itself
+    "(causal & chunk(8) | bidirectional(img)) & ~document(seg) | img[q] & sliding(3)",
 ]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(run_operands(), st.sampled_from(SPLIT_MASKS), st.sampled_from([8, 16]),
        st.sampled_from([8, 16]), st.sampled_from([5, 1 << 16]))
 def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
