@@ -16,6 +16,7 @@ of whole tiles where it wants exact answers (see `maskc._lower`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from typing import Iterable
 
@@ -269,6 +270,13 @@ class Pieces:
 
 def reads_at(m: ir.Mask, axis: str) -> list[tuple[str, int]]:
   """Per-token reads of `m` indexed by `axis` plus a constant: `(table name, shift)` pairs."""
+  return list(_reads_at(m, axis))
+
+
+@functools.lru_cache(maxsize=256)
+def _reads_at(m: ir.Mask, axis: str) -> tuple[tuple[str, int], ...]:
+  """`reads_at`, once per mask (masks are immutable and hash by structure): a lowering
+  asks for each part's and each axis's reads several times."""
   out = set()
   for n in ir.walk(m):
     if not isinstance(n, ir.Read):
@@ -277,7 +285,7 @@ def reads_at(m: ir.Mask, axis: str) -> list[tuple[str, int]]:
     shift = _unit_shift(n.index, axis)
     if shift is not None:
       out.add((name, shift))
-  return sorted(out)
+  return tuple(sorted(out))
 
 
 def _unit_shift(t: ir.Term, axis: str) -> int | None:
