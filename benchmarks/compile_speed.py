@@ -32,10 +32,10 @@ MASKS = ["causal", "sliding(1024)", "causal & chunk(8192)", "causal | prefix(409
          "sliding(4096) | sink(4)", "causal & document(seg)"]
 
 
-def packed_segments(n: int, seed: int = 0) -> np.ndarray:
-  """Segment ids of documents of 1K-8K tokens packed into `n` tokens."""
+def packed_segments(n: int, seed: int = 0, lo: int = 1024, hi: int = 8192) -> np.ndarray:
+  """Segment ids of documents of `lo`-`hi` tokens (default 1K-8K) packed into `n` tokens."""
   rng = np.random.default_rng(seed)
-  lengths = rng.integers(1024, 8192, n // 1024 + 1)
+  lengths = rng.integers(lo, hi, n // lo + 1)
   return np.repeat(np.arange(lengths.size), lengths)[:n].astype(np.int32)
 
 
@@ -66,6 +66,8 @@ def operand_cases():
        lambda n, s: {"img": image_spans(n, 64, 256, 4096, s)}),
       ("documents of 1K-8K", "causal & document(seg)",
        lambda n, s: {"seg": packed_segments(n, s)}),
+      ("documents of 50-200 (fine-tuning packs)", "causal & document(seg)",
+       lambda n, s: {"seg": packed_segments(n, s, 50, 200)}),
       ("32 global tokens", "local(64, 64) | g[q] | g[k]",
        lambda n, s: {"g": global_tokens(n, 32, s)}),
       ("no operands", "causal & (q - k) % 4 == 0 & q - k < 4096", lambda n, s: {}),
