@@ -693,7 +693,7 @@ class _CombinedRuns:
     return lo_k, hi_k, st_k.astype(np.int8)
 
 
-COMBINE_CHUNK = 1 << 16  # runs combined at a time
+COMBINE_CHUNK = 1 << 15  # runs combined at a time
 
 
 def _keyed(merged, n_lines: int, n_span: int):
