@@ -332,7 +332,7 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
   result = Operands(arrays, batch, xp, forms)
   check_requirements(m, arrays, batch)
   what = "the NumPy evaluation" if xp is np else "the jax.numpy evaluation"
-  check_fits(m, shape, arrays, bits=bits, what=what, hint=_overflow_hint(xp))
+  check_fits(m, shape, arrays, bits=bits, what=what, hint=_overflow_hint(xp), forms=forms)
   if has_reads:
     _check_reads(m, shape, result)
   return result

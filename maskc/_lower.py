@@ -277,7 +277,8 @@ def _blockmap(bound: Binding, block_q: int, block_kv: int, *, rows: Runs, col_ru
                   predicates=predicates, col_runs=col_runs, backward=backward,
                   line_bounds=line_bounds,
                   segment_split=_segment_split(bound, block_q, block_kv, predicates),
-                  int_range=term_bounds(bound.masks, bound.shape, bound.operands),
+                  int_range=term_bounds(bound.masks, bound.shape, bound.operands,
+                                        forms=bound.forms),
                   q_positions=bound.shape.q_positions, kv_positions=bound.shape.kv_positions)
 
 

@@ -29,8 +29,8 @@ Interval = tuple[int, int]
 _MAX_QUOTED = 200  # characters of a term an error message quotes
 
 
-def term_bounds(masks: Any, shape, arrays: dict[str, Any],
-                batch: Any = None) -> tuple[int, int] | None:
+def term_bounds(masks: Any, shape, arrays: dict[str, Any], batch: Any = None,
+                forms: dict[str, Any] | None = None) -> tuple[int, int] | None:
   """The lowest and highest value any integer sub-term of `masks` takes, or None.
 
   Sub-terms are every integer node with calls expanded: positions, literals,
@@ -47,6 +47,7 @@ def term_bounds(masks: Any, shape, arrays: dict[str, Any],
     batch: the batch rows evaluation reads (an int or an integer array, as in
       `maskc._evaluate.Env`), or None for every row. Rows only narrow the bounds;
       a traced or out-of-range value is treated as None.
+    forms: the per-token operands in run form where known (as `check_fits`).
 
   Returns:
     `(lo, hi)` as Python ints, containing every value of every integer sub-term
@@ -56,7 +57,7 @@ def term_bounds(masks: Any, shape, arrays: dict[str, Any],
     bounded by its length alone, so it is known even when `x` is traced.)
   """
   lo = hi = 0
-  for _, bounds in _sub_terms(masks, shape, arrays, batch):
+  for _, bounds in _sub_terms(masks, shape, arrays, batch, forms):
     if bounds is None:
       return None
     lo, hi = min(lo, bounds[0]), max(hi, bounds[1])
@@ -64,7 +65,8 @@ def term_bounds(masks: Any, shape, arrays: dict[str, Any],
 
 
 def check_fits(masks: Any, shape, arrays: dict[str, Any], *, bits: int, what: str,
-               hint: str | None = None, batch: Any = None) -> None:
+               hint: str | None = None, batch: Any = None,
+               forms: dict[str, Any] | None = None) -> None:
   """Raises `MaskValueError` when a known integer sub-term can leave the signed `bits`-bit type.
 
   Terms whose bounds are unknown (they depend on a traced offset or operand)
@@ -78,9 +80,12 @@ def check_fits(masks: Any, shape, arrays: dict[str, Any], *, bits: int, what: st
     what: who computes, for the message, e.g. "the jax.numpy evaluation".
     hint: what the user can do; a default suggests renumbering and smaller
       literals or offsets.
+    forms: per-token operands (and run ids) in run form (`maskc._operand_runs.RunForm`)
+      where binding has them: reads over whole rows are bounded by their runs'
+      values instead of a pass over the tokens.
   """
   lo_type, hi_type = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-  for node, bounds in _sub_terms(masks, shape, arrays, batch):
+  for node, bounds in _sub_terms(masks, shape, arrays, batch, forms):
     if bounds is None or (lo_type <= bounds[0] and bounds[1] <= hi_type):
       continue
     text = str(node)
@@ -97,12 +102,12 @@ def check_fits(masks: Any, shape, arrays: dict[str, Any], *, bits: int, what: st
 # ----------------------------------------------------------------------------- intervals
 
 
-def _sub_terms(masks: Any, shape, arrays: dict[str, Any],
-               batch: Any) -> Iterator[tuple[ir.Node, Interval | None]]:
+def _sub_terms(masks: Any, shape, arrays: dict[str, Any], batch: Any,
+               forms: dict[str, Any] | None = None) -> Iterator[tuple[ir.Node, Interval | None]]:
   """Each distinct integer sub-term (post-order) with its bounds, None when unknown."""
   if isinstance(masks, ir.Node):
     masks = [masks]
-  ctx = _Context(shape, arrays, batch)
+  ctx = _Context(shape, arrays, batch, forms)
   out: list[tuple[ir.Node, Interval | None]] = []
   for m in masks:
     ctx.visit(m, out)
@@ -123,8 +128,9 @@ def _rows(batch: Any, size: int) -> Any:
 class _Context:
   """Interval evaluation of one mask family at one shape, memoized by node identity."""
 
-  def __init__(self, shape, arrays: dict[str, Any], batch: Any):
-    self.arrays, self.batch = arrays, batch
+  def __init__(self, shape, arrays: dict[str, Any], batch: Any,
+               forms: dict[str, Any] | None = None):
+    self.arrays, self.batch, self.forms = arrays, batch, forms or {}
     offset = shape.q_offset
     self.q: Interval | None = (None if isinstance(offset, jax.core.Tracer) else
                                (int(offset), int(offset) + shape.q_len - 1))
@@ -213,7 +219,15 @@ class _Context:
         sel.append(slice(lo, hi + 1))
     key = (name, tuple((s.start, s.stop) if isinstance(s, slice) else s.tobytes() for s in sel))
     if key not in self.extremes:
-      part = arr[tuple(sel)]
+      form = self.forms.get(name)
+      whole_rows = arr.ndim == 2 and sel[1].start in (None, 0) and sel[1].stop in (
+          None, arr.shape[1])
+      if form is not None and whole_rows:  # the runs' values: one per run, not per token
+        rows = sel[0]
+        part = form.values if isinstance(rows, slice) else form.values[
+            np.isin(form.starts // max(form.length, 1), rows)]
+      else:
+        part = arr[tuple(sel)]
       self.extremes[key] = None if part.size == 0 else (int(part.min()), int(part.max()))
     return self.extremes[key]
 

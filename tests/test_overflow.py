@@ -22,7 +22,7 @@ from hypothesis import given, settings
 import maskc
 from maskc import _ir as ir
 from maskc._bind import Shape, prepare_operands
-from maskc._overflow import check_fits, term_bounds
+from maskc._overflow import _sub_terms, check_fits, term_bounds
 from sampling import PARTS, count
 
 I32 = (-2**31, 2**31 - 1)
@@ -258,6 +258,30 @@ def test_term_bounds_contain_every_value(case):
   bounds = term_bounds(m, Shape.of(q_len, kv_len, q_offset), arrays)
   assert bounds is not None
   assert bounds[0] <= exact[0] and exact[1] <= bounds[1], (text, bounds, exact)
+
+
+@given(cases(big=False), st.sampled_from([None, 0, 1, [1, 0]]))
+def test_bounds_from_run_forms_equal_bounds_from_tokens(case, batch):
+  """Binding bounds reads over whole rows by the operands' runs: the same bounds as a pass
+  over the tokens, for every batch-row selection."""
+  text, q_len, kv_len, q_offset, ops = case
+  m = _parse_or_none(text)
+  if m is None:
+    return
+  ops = _used(m, ops)
+  if batch is not None:  # two different rows per per-token operand
+    ops = {n: (np.stack([v, ~v if v.dtype == bool else v * 3 + 1]) if np.ndim(v) == 1 else v)
+           for n, v in ops.items()}
+  shape = Shape.of(q_len, kv_len, q_offset)
+  try:
+    prepared = prepare_operands(m, shape, ops)
+  except maskc.MaskError:
+    return
+  rows = None if batch is None else np.asarray(batch)
+  by_forms = list(_sub_terms(m, shape, prepared.arrays, rows, prepared.forms))
+  assert by_forms == list(_sub_terms(m, shape, prepared.arrays, rows))  # every sub-term's
+  assert term_bounds(m, shape, prepared.arrays, rows, forms=prepared.forms) == term_bounds(
+      m, shape, prepared.arrays, rows)
 
 
 # Eager jax.numpy per example: the default run draws a share of the profile's examples,
