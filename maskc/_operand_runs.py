@@ -315,9 +315,12 @@ def line_pieces(tables: dict[str, RunTable], reads: list[tuple[str, int]], nb: i
   b = np.repeat(np.arange(nb, dtype=np.int64), n_lines)
   lo_all, hi_all = np.tile(lo, nb), np.tile(hi, nb)
   line_of, cut_at, total = [], [], np.zeros(nb * n_lines, np.int64)
-  spans = []
+  spans, seen = [], set()
   for name, shift in reads:
     t = tables[name]
+    if (id(t._search), shift) in seen:  # `x` and `runs(x)` change at the same tokens
+      continue
+    seen.add((id(t._search), shift))
     tb = b if t.batch > 1 else np.zeros_like(b)
     # changes at token c (a[c] != a[c - 1]) with lo + shift < c <= hi + shift
     i_lo = np.clip(lo_all + shift, 0, t.length - 1)
