@@ -288,7 +288,8 @@ def _merge_runs(b, line, a, z, state, in_order: bool = False):
   `in_order`: the runs come sorted already.
   """
   keep = state != EMPTY
-  b, line, a, z, state = b[keep], line[keep], a[keep], z[keep], state[keep]
+  if not keep.all():
+    b, line, a, z, state = b[keep], line[keep], a[keep], z[keep], state[keep]
   if b.size and not in_order:
     lines, span = int(line.max()) + 1, int(a.max()) + 1
     if (int(b.max()) + 1) * lines * span < 1 << 62:  # one int64 key sorts faster than three
@@ -306,9 +307,9 @@ def _merge_runs(b, line, a, z, state, in_order: bool = False):
   return b, line, a, z, state
 
 
-def _pack_runs(b, line, a, z, state, nb: int, n_lines: int, in_order: bool = False) -> Runs:
-  """Sorted, merged runs of non-empty tiles packed into `[nb, n_lines, R]` arrays."""
-  b, line, a, z, state = _merge_runs(b, line, a, z, state, in_order)
+def _pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
+  """Runs of non-empty tiles, sorted and merged (`_merge_runs`), packed into
+  `[nb, n_lines, R]` arrays."""
   flat_line = b * n_lines + line
   count = np.bincount(flat_line, minlength=nb * n_lines).astype(np.int32)
   r = max(1, int(count.max()) if count.size else 1)
@@ -350,7 +351,7 @@ class _StaticRuns:
 
   def runs(self, along_rows: bool) -> Runs:
     return _pack_runs(*self.merged(along_rows), self.batch or 1,
-                      self.geo.nq if along_rows else self.geo.nk, in_order=True)
+                      self.geo.nq if along_rows else self.geo.nk)
 
 
 def _decided_leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
@@ -468,7 +469,7 @@ class _PeriodicRuns:
 
   def runs(self, along_rows: bool) -> Runs:
     runs = _pack_runs(*self._merged_row(along_rows), 1,
-                      self.geo.nq if along_rows else self.geo.nk, in_order=True)
+                      self.geo.nq if along_rows else self.geo.nk)
     nb = self.batch or 1
     return Runs(*(np.repeat(x, nb, axis=0) for x in runs)) if nb > 1 else runs
 
@@ -630,7 +631,7 @@ class _CombinedRuns:
 
   def runs(self, along_rows: bool) -> Runs:
     return _pack_runs(*self.merged(along_rows), self.batch or 1,
-                      self.geo.nq if along_rows else self.geo.nk, in_order=True)
+                      self.geo.nq if along_rows else self.geo.nk)
 
   def _combine_by_lines(self, x, y, along_rows: bool, n_lines: int, n_span: int):
     """`_combine` over groups of whole lines of about `COMBINE_CHUNK` runs: runs never
