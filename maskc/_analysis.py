@@ -86,8 +86,8 @@ class Tables:
     self._runs: dict[str, RunTable] = {}
 
   def run_table(self, name: str) -> RunTable:
-    """Static path: operand `name` (`[B, L]`) in run-length form (or, for a
-    `same_run_key(x)`, the ids of `x`'s runs of zero and nonzero values)."""
+    """Static path: operand `name` (`[B, L]`) in run-length form (for `same-run(x)`,
+    the ids of x's runs of zero and nonzero values: see `_same_runs`)."""
     if name not in self._runs:
       base = name[len(_SAME_RUN):-1] if name.startswith(_SAME_RUN) else None
       form = self.forms.get(base or name) or RunForm.of(self.arrays[base or name])
