@@ -456,7 +456,9 @@ class _PeriodicRuns:
       parts.append(_expand(self.edges, along_rows))
     if not parts:
       parts.append(tuple(np.zeros(0, np.int64) for _ in range(4)) + (np.zeros(0, np.int8),))
-    return _merge_runs(*(np.concatenate(x) for x in zip(*parts)))
+    # The repeats come line by line, each line's runs in order: only the edges need a sort.
+    return _merge_runs(*(np.concatenate(x) for x in zip(*parts)),
+                       in_order=self.edges is None)
 
   def merged(self, along_rows: bool):
     """The runs of every batch row as sorted, merged `(b, line, a, z, state)` arrays."""
