@@ -6,6 +6,14 @@ along an axis (`x[q + c]`, `x[k + c]`) is read once per tile line (its min, max
 and changes over the line's tokens); other reads go through blocked range tables
 (`maskc._analysis.BlockedRange`). No table has log2(L) levels of the operand.
 
+In an `&` / `|` with operand-free items (`causal & document(seg)`,
+`causal & chunk(8192) | bidirectional(img)`) and a static shape, those items are
+lowered at trace time by the static path to a constant tile grid, and only the
+others are analysed under `jit` (`_static_part`): the analysis over every tile,
+the costliest kernel of a traced lowering, has less to do. The static grid's
+PARTIAL tiles are exact, so they need no refinement where the other items leave
+them so (as causal's diagonal tiles inside a document).
+
 Ambiguous PARTIAL tiles (the analysis cannot prove them mixed) are listed once,
 in order, by one sort, and decided `chunk` at a time in a `while_loop`, so the
 cost follows their number, never the grid's, per round:
@@ -24,7 +32,8 @@ Both steps are `maskc._tile_refine`'s, shared with the static path (`xp=jnp`).
 XLA compiles every fused kernel separately, and on a CPU that is most of a traced
 lowering's cost (each kernel goes through its own MLIR and LLVM pipelines), so the
 code keeps the kernel count down:
-- sorts instead of prefix sums (associative scans of log2(N) levels);
+- sorts instead of prefix sums (associative scans of log2(N) levels), unstable
+  ones where keys are distinct but for a fill value (`_sort`: half the time);
 - a reduction over more than 32 elements is one variadic reduce with its siblings
   (`maskc._analysis.reduce_many`) or an argmin/argmax, never a plain one, which
   XLA's CPU compiler splits into three kernels (a tree reduction);
@@ -43,16 +52,27 @@ import jax.numpy as jnp
 import numpy as np
 
 from maskc import _ir as ir
-from maskc._analysis import EMPTY, PARTIAL, Analyzer, Tables, reduce_many, unit_read
+from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many, unit_read
 from maskc._bind import Shape
+from maskc._lower_static import compile_static
 from maskc._operand_runs import reads_at
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget,
                                  decide_parts, evaluate_tiles, subdivide)
-from maskc._tiles import Runs
+from maskc._tiles import Runs, expand_runs
 
 MAX_CUTS = 4  # operand changes a tile line may be cut at
 SUB_PARTS = 4  # and equal parts it is cut into (pieces per tile: (MAX_CUTS + SUB_PARTS) ** 2)
+STATIC_PART_TILES = 1 << 20  # the most tiles of an operand-free part lowered to a constant grid
+
+
+def _sort(keys):
+  """`keys` sorted along the last axis, where keys are distinct but for a fill value.
+
+  Equal keys are then interchangeable, so the sort need not be stable: XLA's CPU
+  sort takes about half the time of a stable one (`jnp.sort`'s).
+  """
+  return jax.lax.sort(keys, dimension=keys.ndim - 1, is_stable=False)
 
 
 def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budget):
@@ -77,8 +97,8 @@ def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budg
   n = flat.shape[0]
   padded = -(-n // chunk) * chunk
   # sorted at the padded size, with no concatenation after: one kernel fewer to compile
-  todo = jnp.sort(jnp.where(jnp.pad(ambiguous, (0, padded - n + 1)),
-                            jnp.arange(padded + 1, dtype=jnp.int32), n))
+  todo = _sort(jnp.where(jnp.pad(ambiguous, (0, padded - n + 1)),
+                         jnp.arange(padded + 1, dtype=jnp.int32), n))
   local_size = -(-chunk // eval_chunk) * eval_chunk + 1
   positions = jnp.arange(local_size, dtype=jnp.int32)
 
@@ -93,7 +113,7 @@ def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budg
       # them to a real tile would put its old value back over the real update.
       flat = flat.at[idx].set(new.astype(flat.dtype), mode="drop")
       unresolved = unresolved & (idx < n)
-    local = jnp.sort(jnp.where(jnp.pad(unresolved, (0, local_size - chunk)), positions, chunk))
+    local = _sort(jnp.where(jnp.pad(unresolved, (0, local_size - chunk)), positions, chunk))
 
     def more(c):
       going = local[c[0] * eval_chunk] < chunk
@@ -305,6 +325,53 @@ def _prepare_tables(m: ir.Mask, tables: Tables, spans: bool, pos_ok) -> None:
           tables.monotone(ir.array_key(a))
 
 
+def _static_part(m: ir.Mask, geo: TileGeometry, refine: bool, memory: Budget):
+  """An `&` / `|` split into its operand-free items, lowered now, and the others.
+
+  The operand-free items depend on the shape only, static here (no traced offset
+  or positions): the static path lowers them at trace time to a constant tile
+  grid (it repeats a diagonal period, in milliseconds). Only the other items are
+  analysed over the grid under `jit`, and the two combined as the static path's
+  `_CombinedRuns` does: with EMPTY < PARTIAL < FULL, a tile of `a | b` is
+  `max(a, b)` and of `a & b` `min(a, b)`, exactly, but where both are PARTIAL.
+
+  Returns `(the other items joined, grid [nq, nk], is a union)`, or None where the
+  mask is no such `&` / `|`, the shape is traced or has positions, or the grid
+  would have more than `STATIC_PART_TILES` tiles.
+  """
+  if (not isinstance(m, (ir.And, ir.Or)) or geo.positions or not geo.shape.static or
+      geo.nq * geo.nk > STATIC_PART_TILES):
+    return None
+  join = ir.and_ if isinstance(m, ir.And) else ir.or_
+  free = [x for x in m.items if not x.operands]
+  rest = [x for x in m.items if x.operands]
+  if not free or not rest:
+    return None
+  rows, _ = compile_static([free[0] if len(free) == 1 else join(free)], geo.shape, {}, None,
+                           geo.bq, geo.bk, [refine], memory)
+  tiles = expand_runs(rows)
+  grid = np.zeros((geo.nq, geo.nk), np.int8)
+  grid[tiles.line, tiles.other] = tiles.state
+  return rest[0] if len(rest) == 1 else join(rest), grid, join is ir.or_
+
+
+def _combine(fixed, state, certain, union: bool):
+  """A tile's state and certainty from its operand-free part's and its other part's.
+
+  `fixed` is exact (refined: PARTIAL tiles are mixed); `state`, `certain` are the
+  other part's analysis (FULL and EMPTY exact, PARTIAL mixed where `certain`).
+  With EMPTY < PARTIAL < FULL, `|` takes the larger state and `&` the smaller,
+  exactly, except where both are PARTIAL: the tile may then be FULL under `|`
+  (EMPTY under `&`), and stays ambiguous for the whole mask's refinement. A tile
+  is certainly PARTIAL where one part is and the other is EMPTY under `|` (FULL
+  under `&`).
+  """
+  neutral = EMPTY if union else FULL
+  certain = ((certain & (state == PARTIAL) & (fixed == neutral)) |
+             ((fixed == PARTIAL) & (state == neutral)))
+  return jnp.maximum(fixed, state) if union else jnp.minimum(fixed, state), certain
+
+
 def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
                   budget: int | None, memory: Budget):
   nb = batch or 1
@@ -336,13 +403,17 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     known.update({key: (lo[:, None, :], hi[:, None, :])
                   for key, (lo, hi) in lines[1].tile.items()})
   b = jnp.arange(nb)[:, None, None] if batch else 0
+  split = _static_part(m, geo, refine, memory)
   t = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b, geo.pos_ok,
-               spans={"q": geo.bq, "k": geo.bk} if spans else None, known=known).truth(m)
+               spans={"q": geo.bq, "k": geo.bk} if spans else None,
+               known=known).truth(m if split is None else split[0])
   full_shape = (nb, geo.nq, geo.nk)
   state = jnp.broadcast_to(jnp.asarray(t.state, jnp.int8), full_shape)
+  certain = jnp.broadcast_to(jnp.asarray(t.certain, bool) & dense, full_shape)
+  if split is not None:  # the operand-free items' exact grid, combined with the others'
+    state, certain = _combine(split[1], state, certain, split[2])
   if not refine:
     return state
-  certain = jnp.broadcast_to(jnp.asarray(t.certain, bool) & dense, full_shape)
   ambiguous = ((state == PARTIAL) & ~certain).reshape(-1)
   tiles = geo.nq * geo.nk
 
@@ -422,7 +493,7 @@ def _runs(grid) -> Runs:
   never = 8 * n + 8
   start = jnp.where((g != prev) & (g != EMPTY), 8 * j + g, never)
   end = jnp.where((g != nxt) & (g != EMPTY), 8 * j + 4, never)
-  keys = jnp.sort(jnp.stack([start, end], axis=-1).reshape(g.shape[:-1] + (2 * n,)), axis=-1)
+  keys = _sort(jnp.stack([start, end], axis=-1).reshape(g.shape[:-1] + (2 * n,)))
   first, last = keys[..., 0::2], keys[..., 1::2]
   valid = first < never
   # Valid runs come first: their count is the first invalid slot (argmax: one kernel,

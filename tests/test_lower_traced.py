@@ -22,8 +22,9 @@ import maskc
 from maskc import _lower, _lower_dynamic
 from maskc._analysis import Tables, reduce_many
 from maskc._lower_dynamic import MAX_CUTS
+from maskc._prefix import PREFIX_DIRECT, ranks
 from maskc._tile_geometry import TileGeometry
-from maskc._tile_refine import evaluate_tiles, subdivide
+from maskc._tile_refine import MEMORY_BUDGET, Budget, evaluate_tiles, subdivide
 
 N = 200            # keys (and queries, unless offset): not a multiple of the tiles
 BQ, BK = 32, 16    # tiles: 7 x 13, the last ones partial
@@ -57,6 +58,10 @@ def _dense(text: str, q_len: int, n: int, offset: int, ops: dict) -> np.ndarray:
     return (at_q["seg"] == at_k["seg"]) & (causal | bidirectional("img"))
   if text == "local(5, 9) | g[q] | g[k]":
     return ((q - 5 <= k) & (k <= q + 9)) | (at_q["g"] != 0) | (at_k["g"] != 0)
+  if text == "sliding(40) & document(seg)":
+    return causal & (q - k < 40) & (at_q["seg"] == at_k["seg"])
+  if text == "local(5, 9) | bidirectional(img)":
+    return ((q - 5 <= k) & (k <= q + 9)) | bidirectional("img")
   raise AssertionError(text)
 
 
@@ -223,6 +228,117 @@ def test_refine_budget_leaves_sound_partial_tiles(budget):
   assert changed.sum() <= budget and np.all(none[changed] == 1)
 
 
+# `&` / `|` of operand-free items and others: the traced path lowers the former at
+# trace time (`_lower_dynamic._static_part`) and analyses only the latter under jit.
+SPLIT = {
+    "causal & document(seg)": ("seg",),
+    "causal & chunk(48) | bidirectional(img)": ("img",),
+    "sliding(40) & document(seg)": ("seg",),
+    "local(5, 9) | bidirectional(img)": ("img",),
+}
+# (q_len, q_offset): ragged (120 queries at the end of 200 keys, q tiles off the key
+# tiles' edges); ragged with an offset of its own (rows 20..169). Square shapes:
+# `test_traced_equals_static_and_dense_reference`.
+SPLIT_SHAPES = [(120, 80), (150, 20)]
+
+
+def test_static_part_splits_operand_free_items():
+  # The masks above take the split, on every shape: their operand-free items become
+  # a constant grid, the dense reference's tile states of those items, and the rest
+  # reads every operand. A mask without operand-free items at its top does not split.
+  for text, names in SPLIT.items():
+    for q_len, offset in SPLIT_SHAPES + [(N, 0)]:
+      bound = _lower.bind_masks(text, q_len, N, q_offset=offset, operands={
+          n: np.zeros(N, bool if n != "seg" else np.int32) for n in names})
+      split = _lower_dynamic._static_part(bound.masks[0], TileGeometry(bound.shape, BQ, BK),
+                                          True, Budget(MEMORY_BUDGET))
+      assert split is not None
+      rest, grid, union = split
+      assert union == (" | " in text)
+      assert {spec.name for spec in rest.operands} == set(names)
+      free = text.split(" | " if union else " & ")[0]
+      expected = _tile_states(_dense_free(free, q_len, N, offset), BQ, BK)[0]
+      np.testing.assert_array_equal(grid, expected)
+  mixed = _lower.bind_masks("document(seg) & (causal | bidirectional(img))", N, N, operands={
+      "seg": np.zeros(N, np.int32), "img": np.zeros(N, bool)})
+  assert _lower_dynamic._static_part(mixed.masks[0], TileGeometry(mixed.shape, BQ, BK), True,
+                                     Budget(MEMORY_BUDGET)) is None
+
+
+def _dense_free(text: str, q_len: int, n: int, offset: int) -> np.ndarray:
+  """An operand-free prelude mask `[1, q_len, n]`, from its definition in NumPy."""
+  q = (offset + np.arange(q_len))[None, :, None]
+  k = np.arange(n)[None, None, :]
+  causal = k <= q
+  return {"causal": causal, "causal & chunk(48)": causal & (q // 48 == k // 48),
+          "sliding(40)": causal & (q - k < 40), "local(5, 9)": (q - 5 <= k) & (k <= q + 9)}[text]
+
+
+@pytest.mark.parametrize("text", list(SPLIT))
+@pytest.mark.parametrize("q_len,offset", SPLIT_SHAPES)
+@settings(max_examples=6)
+@given(data=st.data())
+def test_split_traced_equals_static_and_dense_reference(text, q_len, offset, data):
+  # Unsorted ids and every run style (`operands`), batched (3 rows) or not, ragged
+  # lengths and offsets: the traced map (rows and columns) is the dense reference's,
+  # and so is the static path's.
+  batch = data.draw(st.sampled_from([None, 3]))
+  _check(text, q_len, offset, data.draw(operands(SPLIT[text], batch)))
+
+
+@pytest.mark.parametrize("union", [True, False])
+def test_combined_states_hold_for_every_tile_they_describe(union):
+  # Every pair of tiles of 4 elements the parts' states allow (the fixed part exact;
+  # the other's PARTIAL mixed only where certain): the combined state holds for the
+  # union (intersection) of every such pair, and a certain PARTIAL one is mixed in
+  # every pair; a combination that is exact for every pair is decided.
+  tiles = np.array(list(np.ndindex(2, 2, 2, 2)), bool)  # all 16 tiles
+  exact = np.where(tiles.all(1), 2, np.where(tiles.any(1), 1, 0))
+  cases = [(f, s, c) for f in range(3) for s in range(3) for c in (False, True)]
+  fixed, state, certain = (np.array(x) for x in zip(*cases))
+  got_state, got_certain = (np.asarray(x) for x in _lower_dynamic._combine(
+      fixed, state, certain & (state == 1), union))
+  for f, s, c, gs, gc in zip(fixed, state, certain & (state == 1), got_state, got_certain):
+    a = tiles[exact == f]
+    b = tiles[(exact == s) | ((s == 1) & ~c)]  # uncertain PARTIAL: any tile
+    both = (a[:, None] | b[None]) if union else (a[:, None] & b[None])
+    truth = np.where(both.all(-1), 2, np.where(both.any(-1), 1, 0))
+    if gs != 1:
+      assert np.all(truth == gs)
+    elif gc:
+      assert np.all(truth == 1)
+    if np.all(truth == truth.flat[0]) and truth.flat[0] != 1:
+      assert gs == truth.flat[0]  # decided whenever every pair agrees on FULL or EMPTY
+
+
+@settings(max_examples=8)
+@given(ops=operands(("g",), 3), offset=st.integers(0, 80))
+def test_split_without_refinement_is_sound(ops, offset):
+  # `local(5, 9) | g[q] | g[k]` is not prelude-only: without `exact`, no tile is
+  # refined. The map is still sound (FULL and EMPTY only where the reference says
+  # so), and every tile the operand-free part fills is FULL without refinement; also
+  # with a traced offset, where the split is not taken.
+  text = "local(5, 9) | g[q] | g[k]"
+  q_len = 120
+  expected = _tile_states(_dense(text, q_len, N, offset, ops), BQ, BK)
+  free = _tile_states(_dense_free("local(5, 9)", q_len, N, offset), BQ, BK)
+  dev = {k: jnp.asarray(v) for k, v in ops.items()}
+  for traced_offset in (False, True):
+    grid = np.asarray(_unrefined(text, q_len, traced_offset)(dev, jnp.int32(offset) if
+                                                            traced_offset else offset))
+    grid = grid.reshape(expected.shape)
+    assert np.all((grid == 1) | (grid == expected))
+    assert np.all(grid[np.broadcast_to(free == 2, grid.shape)] == 2)
+
+
+@functools.cache
+def _unrefined(text: str, q_len: int, traced_offset: bool):
+  def lower(ops, offset):
+    return maskc.compile(text, q_len, N, q_offset=offset, block_q=BQ, block_kv=BK,
+                         operands=ops).grid
+  return jax.jit(lower, static_argnums=() if traced_offset else (1,))
+
+
 @functools.cache
 def _refiners(text: str, q_len: int, offset: int):
   """The shared refinement functions on every tile of one shape, NumPy and jitted jax.numpy.
@@ -298,3 +414,25 @@ def test_reduce_many_is_each_reduction(seed, axis):
   for e, g, h in zip(expected, got_np, got_jax):
     np.testing.assert_array_equal(g, e)
     np.testing.assert_array_equal(np.asarray(h), e)
+
+
+@settings(max_examples=10)
+@given(seed=st.integers(0, 2**32 - 1),
+       shape=st.sampled_from([(1,), (37,), (3, 32), (2, 3, 65), (5, 1000), (1, 33 * 1024 + 5),
+                              (2, 40 * 1024), (0, 7), (3, 0)]),
+       density=st.sampled_from([0.0, 0.01, 0.5, 1.0]))
+def test_ranks_are_exclusive_prefix_counts(seed, shape, density):
+  # Per line: how many flags are set before each entry, and in all, as NumPy's cumsum
+  # gives them; lines of more than PREFIX_DIRECT words take the blocked products. Then
+  # `runs(x)` as `ranks(starts) + starts` is the run ids of the reference.
+  assert 33 * 1024 // 32 > PREFIX_DIRECT
+  flags = np.random.default_rng(seed).random(shape) < density
+  rank, total = jax.jit(ranks)(jnp.asarray(flags))
+  inclusive = np.cumsum(flags, axis=-1, dtype=np.int64)
+  np.testing.assert_array_equal(np.asarray(rank), inclusive - flags)
+  np.testing.assert_array_equal(np.asarray(total), flags.sum(-1))
+  prev = np.concatenate([np.zeros_like(flags[..., :1]), flags[..., :-1]], axis=-1)
+  starts = flags & ~prev
+  run_ids = jax.jit(lambda x, s: jnp.where(x, ranks(s)[0] + s, 0))(jnp.asarray(flags),
+                                                                     jnp.asarray(starts))
+  np.testing.assert_array_equal(np.asarray(run_ids), _runs_of(flags))
