@@ -22,7 +22,6 @@ import maskc
 from maskc import _lower, _lower_dynamic
 from maskc._analysis import Tables, reduce_many
 from maskc._lower_dynamic import MAX_CUTS
-from maskc._prefix import PREFIX_DIRECT, ranks
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import MEMORY_BUDGET, Budget, evaluate_tiles, subdivide
 
@@ -414,25 +413,3 @@ def test_reduce_many_is_each_reduction(seed, axis):
   for e, g, h in zip(expected, got_np, got_jax):
     np.testing.assert_array_equal(g, e)
     np.testing.assert_array_equal(np.asarray(h), e)
-
-
-@settings(max_examples=10)
-@given(seed=st.integers(0, 2**32 - 1),
-       shape=st.sampled_from([(1,), (37,), (3, 32), (2, 3, 65), (5, 1000), (1, 33 * 1024 + 5),
-                              (2, 40 * 1024), (0, 7), (3, 0)]),
-       density=st.sampled_from([0.0, 0.01, 0.5, 1.0]))
-def test_ranks_are_exclusive_prefix_counts(seed, shape, density):
-  # Per line: how many flags are set before each entry, and in all, as NumPy's cumsum
-  # gives them; lines of more than PREFIX_DIRECT words take the blocked products. Then
-  # `runs(x)` as `ranks(starts) + starts` is the run ids of the reference.
-  assert 33 * 1024 // 32 > PREFIX_DIRECT
-  flags = np.random.default_rng(seed).random(shape) < density
-  rank, total = jax.jit(ranks)(jnp.asarray(flags))
-  inclusive = np.cumsum(flags, axis=-1, dtype=np.int64)
-  np.testing.assert_array_equal(np.asarray(rank), inclusive - flags)
-  np.testing.assert_array_equal(np.asarray(total), flags.sum(-1))
-  prev = np.concatenate([np.zeros_like(flags[..., :1]), flags[..., :-1]], axis=-1)
-  starts = flags & ~prev
-  run_ids = jax.jit(lambda x, s: jnp.where(x, ranks(s)[0] + s, 0))(jnp.asarray(flags),
-                                                                     jnp.asarray(starts))
-  np.testing.assert_array_equal(np.asarray(run_ids), _runs_of(flags))
