@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -124,7 +125,7 @@ LEAF_CHUNK = 1 << 15  # rectangles analysed at a time: bounds the analysis's wor
 
 
 def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, budget: Budget,
-            pieces: tuple[Pieces, Pieces] | None, hints: tuple[np.ndarray, np.ndarray],
+            pieces: tuple[Pieces, Pieces] | None, hints: tuple[_Hints, _Hints],
             start: tuple[np.ndarray, ...] | None = None):
   """The non-EMPTY decided rectangles of tiles `(b, i0, i1, j0, j1, state, ambiguous)`.
 
@@ -195,7 +196,7 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
   return [np.concatenate(x) for x in zip(*done)]
 
 
-def _split(rect, hints: tuple[np.ndarray, np.ndarray], nq: int, nk: int):
+def _split(rect, hints: tuple[_Hints, _Hints], nq: int, nk: int):
   """Children of rectangles: each side with hints cut at its median hint, the other sides
   halved when the rectangle has no hints at all.
 
@@ -220,21 +221,37 @@ def _split(rect, hints: tuple[np.ndarray, np.ndarray], nq: int, nk: int):
   return tuple(x[keep] for x in out)
 
 
-def _median_hint(hints: np.ndarray, b, lo, hi, n: int):
+def _median_hint(hints: _Hints, b, lo, hi, n: int):
   """The median hint strictly inside `(lo, hi)` of batch row `b`, and how many there are."""
-  if not hints.size:
+  if not hints.at.size:
     return hi, np.zeros(b.shape, np.int64)
   base = b * (n + 1)
-  first = np.searchsorted(hints, base + lo, side="right")
-  last = np.searchsorted(hints, base + hi, side="left")
+  first = hints.upto[base + lo]     # hints at or before lo
+  last = hints.upto[base + hi - 1]  # hints before hi (hi > lo >= 0)
   count = last - first
-  mid = hints[np.clip((first + last) // 2, 0, hints.size - 1)] - base
+  mid = hints.at[np.clip((first + last) // 2, 0, hints.at.size - 1)] - base
   return np.where(count > 0, mid, hi), count
 
 
+class _Hints(NamedTuple):
+  """Sorted flat tile boundaries `b * (n + 1) + t` (`at`), and how many lie at or before
+  each boundary (`upto`, `[nb * (n + 1)]`): counting them is a gather, not a search."""
+  at: np.ndarray
+  upto: np.ndarray
+
+  @classmethod
+  def of(cls, bounds: np.ndarray, size: int) -> _Hints:
+    """From flat boundaries (in `[0, size)`, repeats allowed)."""
+    marked = np.bincount(bounds, minlength=size).astype(bool)
+    return cls(np.flatnonzero(marked), np.cumsum(marked, dtype=np.int32))
+
+
+NO_HINTS = _Hints(np.zeros(0, np.int64), np.zeros(0, np.int32))
+
+
 def _split_hints(m: ir.Mask, geo: TileGeometry, tables: Tables, nb: int, along_rows: bool,
-                 budget: Budget) -> np.ndarray:
-  """Sorted flat tile boundaries `b * (n + 1) + t` where an operand read along the axis changes.
+                 budget: Budget) -> _Hints:
+  """The flat tile boundaries `b * (n + 1) + t` where an operand read along the axis changes.
 
   A change at a tile's first row gives the boundary before it; one inside a tile
   the boundaries on both sides, so that the tile becomes a strip of its own. None
@@ -246,7 +263,8 @@ def _split_hints(m: ir.Mask, geo: TileGeometry, tables: Tables, nb: int, along_r
   origin = geo.shape.q_offset if along_rows else 0
   reads = reads_at(m, "q" if along_rows else "k")
   if axis_pos is not None or not reads:
-    return np.zeros(0, np.int64)
+    return NO_HINTS
+  budget.charge(nb * (n + 1) * 12, "the operand changes' tile boundaries")
   out = []
   for name, shift in reads:
     t = tables.run_table(name)
@@ -263,7 +281,7 @@ def _split_hints(m: ir.Mask, geo: TileGeometry, tables: Tables, nb: int, along_r
       owner = np.repeat(np.arange(nb, dtype=np.int64), bounds.size)
       bounds = np.tile(bounds, nb)
     out.append(owner * (n + 1) + bounds)
-  return np.unique(np.concatenate(out))
+  return _Hints.of(np.concatenate(out), nb * (n + 1))
 
 
 def _strip_pieces(m, geo: TileGeometry, tables: Tables, batch, along_rows: bool, pieces: Pieces,
@@ -356,13 +374,13 @@ class _StaticRuns:
 
 def _decided_leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
                     refine: bool, budget: Budget, pieces: tuple[Pieces, Pieces] | None = None,
-                    hints: tuple[np.ndarray, np.ndarray] | None = None, start=None):
+                    hints: tuple[_Hints, _Hints] | None = None, start=None):
   """The non-EMPTY leaves `(b, i0, i1, j0, j1, state)` of the grid (or of rectangles `start`).
 
   Ambiguous single tiles are decided exactly when `refine`; otherwise they stay PARTIAL.
   """
   if hints is None:
-    hints = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    hints = (NO_HINTS, NO_HINTS)
   b, i0, i1, j0, j1, state, ambiguous = _leaves(m, geo, tables, batch, budget, pieces, hints,
                                                 start)
   if refine and ambiguous.any():
