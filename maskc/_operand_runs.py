@@ -199,7 +199,13 @@ class RunTable:
 
   def run_index(self, b, i) -> np.ndarray:
     """Index of the run holding token `i` (clipped to the length) of batch row `b`."""
-    return self._search.run_index(np.asarray(b, np.int64) * self.length + self.clip(i))
+    return self._run_of(b, self.clip(i))
+
+  def _run_of(self, b, i) -> np.ndarray:
+    """`run_index` for tokens `i` already inside the length."""
+    if np.isscalar(b) and b == 0:
+      return self._search.run_index(i)
+    return self._search.run_index(np.asarray(b, np.int64) * self.length + i)
 
   def _runs_spanned(self, b, lo, hi):
     """(first run, last run, sparse-table level, second start) of tokens `[lo, hi]` of row `b`.
@@ -215,7 +221,7 @@ class RunTable:
       return hit[1]
     l, h = self.clip(lo), self.clip(hi)
     h = np.maximum(h, l)
-    rl, rh = self.run_index(b, l), self.run_index(b, h)
+    rl, rh = self._run_of(b, l), self._run_of(b, h)
     j = _floor_log2(rh - rl + 1)
     out = rl, j, rh - (np.int64(1) << j) + 1
     if len(spans) >= 2:  # the q and k ranges of a round (each holds a chunk of arrays)
