@@ -441,6 +441,30 @@ def test_same_run_ids_decide_rectangles_over_several_runs():
   assert not dense[0:26, 34:64].any()
 
 
+@given(st.integers(1, 3), st.integers(1, 40), st.data())
+def test_median_operand_change_by_counts_equals_binary_search(nb, n, data):
+  """Rectangles are cut at the median operand change inside them: found from cumulative
+  marks (`_Hints`), the same cut and count as binary searches over the sorted changes."""
+  from maskc._lower_static import _Hints, _median_hint
+  size = nb * (n + 1)
+  bounds = np.array(data.draw(st.lists(st.integers(0, size - 1), max_size=60)), np.int64)
+  hints = _Hints.of(bounds, size)
+  at = np.unique(bounds)
+  np.testing.assert_array_equal(hints.at, at)
+  b = np.array(data.draw(st.lists(st.integers(0, nb - 1), min_size=1, max_size=20)))
+  lo = np.array([data.draw(st.integers(0, n - 1)) for _ in b])
+  hi = np.array([data.draw(st.integers(int(x) + 1, n)) for x in lo])
+  cut, count = _median_hint(hints, b, lo, hi, n)
+  base = b * (n + 1)
+  first = np.searchsorted(at, base + lo, side="right")  # changes strictly inside (lo, hi)
+  last = np.searchsorted(at, base + hi, side="left")
+  np.testing.assert_array_equal(count, last - first)
+  inside = last > first
+  expected = at[np.clip((first + last) // 2, 0, max(at.size - 1, 0))] - base if at.size else hi
+  np.testing.assert_array_equal(cut, np.where(inside, expected, hi))
+  assert np.all((cut[inside] > lo[inside]) & (cut[inside] < hi[inside]))
+
+
 @given(st.lists(st.one_of(st.integers(1, 2**53 - 1),
                           st.integers(0, 52).map(lambda e: 2**e),
                           st.integers(1, 53).map(lambda e: 2**e - 1)), min_size=1))
