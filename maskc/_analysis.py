@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from maskc import _ir as ir
-from maskc._operand_runs import RunForm, RunTable
+from maskc._operand_runs import RunForm, RunTable, floor_log2
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -235,7 +235,7 @@ class BlockedRange:
     first, last = bl + 1, bh - 1
     between = last >= first
     count = xp.maximum(last - first + 1, 1)
-    j = xp.clip(_floor_log2(xp, count), 0, self.mins.shape[0] - 1)
+    j = xp.clip(floor_log2(xp, count), 0, self.mins.shape[0] - 1)
     first = xp.clip(first, 0, self.n - 1)
     second = xp.clip(last - (1 << j) + 1, 0, self.n - 1)
     mid_min = xp.minimum(self.mins[j, b, first], self.mins[j, b, second])
@@ -292,13 +292,6 @@ def reduce_many(xp, terms, axis):
     return tuple(fn[op](u, v) for op, u, v in zip(ops, x, y))
 
   return list(jax.lax.reduce(arrays, inits, combine, axes))
-
-
-def _floor_log2(xp, n):
-  """`floor(log2(n))` for positive integer arrays `n` below 2**24, exactly."""
-  j = xp.floor(xp.log2(n.astype(xp.float32))).astype(n.dtype)
-  j = xp.where((1 << (j + 1)) <= n, j + 1, j)  # guard float rounding
-  return xp.where((1 << j) > n, j - 1, j)
 
 
 class Analyzer:

@@ -27,10 +27,16 @@ from maskc import _ir as ir
 PIECES_PER_LINE = 16  # a line with more operand changes than this is not cut
 
 
-def _floor_log2(n: np.ndarray) -> np.ndarray:
-  """`floor(log2(n))` for counts `1 <= n < 2**53`, exactly: such integers are exact in
-  float64, and `frexp` returns their binary exponent without rounding."""
-  return np.frexp(np.asarray(n, np.float64))[1].astype(np.int64) - 1
+def floor_log2(xp, n):
+  """`floor(log2(n))` for counts `n >= 1`, exactly: `frexp` returns a float's binary
+  exponent without rounding, and counts are exact floats (below 2**53 in NumPy's float64,
+  2**24 in the float32 of the jax.numpy path's range tables, whose counts are far smaller).
+
+  int64 in NumPy, `n`'s dtype in jax.numpy.
+  """
+  if xp is np:
+    return np.frexp(np.asarray(n, np.float64))[1].astype(np.int64) - 1
+  return xp.frexp(n.astype(xp.float32))[1].astype(n.dtype) - 1
 
 
 def run_starts(a: np.ndarray) -> np.ndarray:
@@ -222,7 +228,7 @@ class RunTable:
     l, h = self.clip(lo), self.clip(hi)
     h = np.maximum(h, l)
     rl, rh = self._run_of(b, l), self._run_of(b, h)
-    j = _floor_log2(rh - rl + 1)
+    j = floor_log2(np, rh - rl + 1)
     out = rl, j, rh - (np.int64(1) << j) + 1
     if len(spans) >= 2:  # the q and k ranges of a round (each holds a chunk of arrays)
       spans.clear()
