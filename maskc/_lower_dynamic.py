@@ -54,7 +54,7 @@ import numpy as np
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many, unit_read
 from maskc._bind import Shape
-from maskc._lower_static import compile_static
+from maskc._lower_static import compile_static, joined, operand_free_split
 from maskc._operand_runs import reads_at
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget,
@@ -339,20 +339,17 @@ def _static_part(m: ir.Mask, geo: TileGeometry, refine: bool, memory: Budget):
   mask is no such `&` / `|`, the shape is traced or has positions, or the grid
   would have more than `STATIC_PART_TILES` tiles.
   """
-  if (not isinstance(m, (ir.And, ir.Or)) or geo.positions or not geo.shape.static or
-      geo.nq * geo.nk > STATIC_PART_TILES):
+  split = operand_free_split(m)
+  if (split is None or not split[0] or not split[1] or geo.positions or
+      not geo.shape.static or geo.nq * geo.nk > STATIC_PART_TILES):
     return None
-  join = ir.and_ if isinstance(m, ir.And) else ir.or_
-  free = [x for x in m.items if not x.operands]
-  rest = [x for x in m.items if x.operands]
-  if not free or not rest:
-    return None
-  rows, _ = compile_static([free[0] if len(free) == 1 else join(free)], geo.shape, {}, None,
-                           geo.bq, geo.bk, [refine], memory)
+  free, rest, join = split
+  rows, _ = compile_static([joined(free, join)], geo.shape, {}, None, geo.bq, geo.bk, [refine],
+                           memory)
   tiles = expand_runs(rows)
   grid = np.zeros((geo.nq, geo.nk), np.int8)
   grid[tiles.line, tiles.other] = tiles.state
-  return rest[0] if len(rest) == 1 else join(rest), grid, join is ir.or_
+  return joined(rest, join), grid, join is ir.or_
 
 
 def _combine(fixed, state, certain, union: bool):

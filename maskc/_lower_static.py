@@ -567,26 +567,32 @@ def _parts(m: ir.Mask, geo: TileGeometry) -> list[ir.Mask] | None:
   least one part must be periodic or in parts itself: otherwise splitting saves
   nothing.
   """
-  if not isinstance(m, (ir.And, ir.Or)) or geo.positions:
+  split = operand_free_split(m)
+  if split is None or geo.positions or not split[1]:
     return None
-  join = ir.and_ if isinstance(m, ir.And) else ir.or_
-  free = [x for x in m.items if not x.operands]
-  rest = [x for x in m.items if x.operands]
-  if not rest:
-    return None
+  free, rest, join = split
   if join is ir.or_ and any(ir.positions_of(x) == {"k"} for x in rest):
     # `| g[k]` puts runs on every row: combining them would cost more than it saves
     return None
-  periodic = bool(free) and _periodic(_joined(free, join), geo) is not None
-  split = [_parts(x, geo) is not None for x in rest]
-  nested = [x for x, y in zip(rest, split) if y]
-  others = [x for x, y in zip(rest, split) if not y] + ([] if periodic else free)
-  parts = ([_joined(free, join)] if periodic else []) + nested + (
-      [_joined(others, join)] if others else [])
+  periodic = bool(free) and _periodic(joined(free, join), geo) is not None
+  in_parts = [_parts(x, geo) is not None for x in rest]
+  nested = [x for x, y in zip(rest, in_parts) if y]
+  others = [x for x, y in zip(rest, in_parts) if not y] + ([] if periodic else free)
+  parts = ([joined(free, join)] if periodic else []) + nested + (
+      [joined(others, join)] if others else [])
   return parts if (periodic or nested) and len(parts) > 1 else None
 
 
-def _joined(items: list[ir.Mask], join) -> ir.Mask:
+def operand_free_split(m: ir.Mask):
+  """`(operand-free items, the others, ir.and_ or ir.or_)` of an `&` / `|`; else None."""
+  if not isinstance(m, (ir.And, ir.Or)):
+    return None
+  return ([x for x in m.items if not x.operands], [x for x in m.items if x.operands],
+          ir.and_ if isinstance(m, ir.And) else ir.or_)
+
+
+def joined(items: list[ir.Mask], join) -> ir.Mask:
+  """`items` joined by `join` (one item alone)."""
   return items[0] if len(items) == 1 else join(items)
 
 
