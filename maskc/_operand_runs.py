@@ -91,12 +91,17 @@ class RunForm:
     return RunForm((self.starts[None, :] + offsets).reshape(-1), np.tile(self.values, batch),
                    batch, self.length)
 
+  def _first_of_row(self) -> np.ndarray:
+    """Whether each run is its row's first."""
+    row = self.starts // max(self.length, 1)
+    first = np.ones(row.size, bool)
+    first[1:] = row[1:] != row[:-1]
+    return first
+
   def run_ids(self) -> RunForm:
     """`runs(x)` on the same runs: 1-based index of each run of nonzero values in its row."""
     on = self.values != 0
-    row = self.starts // max(self.length, 1)
-    first_of_row = np.ones(on.size, bool)
-    first_of_row[1:] = row[1:] != row[:-1]
+    first_of_row = self._first_of_row()
     prev_on = np.zeros(on.size, bool)
     prev_on[1:] = on[:-1]
     opens = on & (first_of_row | ~prev_on)           # a run of nonzero values starts here
@@ -108,9 +113,8 @@ class RunForm:
     """On the same runs: an id for each maximal run of zero or of nonzero values, increasing
     along the rows (counted over all of them, so distinct between rows too)."""
     on = self.values != 0
-    row = self.starts // max(self.length, 1)
-    new = np.ones(on.size, bool)
-    new[1:] = (row[1:] != row[:-1]) | (on[1:] != on[:-1])
+    new = self._first_of_row()
+    new[1:] |= on[1:] != on[:-1]
     return RunForm(self.starts, np.cumsum(new) - 1, self.batch, self.length)
 
   def to_array(self, dtype) -> np.ndarray:
