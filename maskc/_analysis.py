@@ -85,6 +85,11 @@ class Tables:
     self._mono: dict[str, Any] = {}
     self._runs: dict[str, RunTable] = {}
 
+  def size(self, name: str) -> int:
+    """Entries of operand `name` (all batch rows), without writing a per-token one out."""
+    form = self.forms.get(name)
+    return form.batch * form.length if form is not None else int(np.size(self.arrays[name]))
+
   def run_table(self, name: str) -> RunTable:
     """Static path: operand `name` (`[B, L]`) in run-length form (for `same-run(x)`,
     the ids of x's runs of zero and nonzero values: see `_same_runs`)."""

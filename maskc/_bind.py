@@ -22,6 +22,7 @@ from maskc import _ir as ir
 from maskc._analysis import Analyzer, Tables
 from maskc._errors import MaskLimitError, MaskTypeError, MaskValueError, OperandError
 from maskc._evaluate import Env, evaluate, evaluate_mask
+from maskc._operand_arrays import OperandArrays, Unwritten
 from maskc._operand_runs import RunForm
 from maskc._overflow import check_fits
 from maskc._parse import parse
@@ -207,11 +208,12 @@ class Operands:
   """Operands checked against a mask and normalized to a leading batch axis.
 
   Attributes:
-    arrays: by name (and `"runs(x)"` for each `runs(x)` read), batch axis first.
+    arrays: by name (and `"runs(x)"` for each `runs(x)` read), batch axis first; static
+      per-token ones are written out from their runs when first read.
     batch: the batch size, or None when no operand has a batch axis.
     xp: `numpy` when every operand is static, else `jax.numpy`.
   """
-  arrays: dict[str, Any]
+  arrays: OperandArrays
   batch: int | None
   xp: Any
   forms: dict[str, RunForm] = dataclasses.field(default_factory=dict)
@@ -222,10 +224,10 @@ class Operands:
     A per-token operand is digested in run form (its runs determine it), which
     costs the number of runs rather than the number of tokens.
     """
-    def digest(n, a):
-      return self.forms[n].digest() if n in self.forms else _digest(a)
-    return tuple(sorted((n, a.shape, str(a.dtype), digest(n, a))
-                        for n, a in self.arrays.items() if not ir.is_run_ids_key(n)))
+    def digest(n):
+      return self.forms[n].digest() if n in self.forms else _digest(self.arrays[n])
+    return tuple(sorted((n, self.arrays.shape(n), str(self.arrays.dtype(n)), digest(n))
+                        for n in self.arrays if not ir.is_run_ids_key(n)))
 
 
 def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
@@ -313,6 +315,8 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
       raise _outside_type(spec.name, bits, xp)
     if xp is jnp:
       value = jnp.asarray(value).astype(jax_int())
+    elif spec.name in forms:  # written out from its runs (a copy) when first read
+      value = _unwritten(forms[spec.name])
     else:
       value = value.astype(np.int64)
     arrays[spec.name] = value
@@ -326,9 +330,10 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
         continue
       if n.operand.name in forms:
         forms[key] = forms[n.operand.name].run_ids()
-        arrays[key] = forms[key].to_array(np.int64)
+        arrays[key] = _unwritten(forms[key])
       else:
         arrays[key] = runs_of(xp, arrays[n.operand.name])
+  arrays = OperandArrays(arrays)
   result = Operands(arrays, batch, xp, forms)
   check_requirements(m, arrays, batch)
   what = "the NumPy evaluation" if xp is np else "the jax.numpy evaluation"
@@ -336,6 +341,12 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
   if has_reads:
     _check_reads(m, shape, result)
   return result
+
+
+def _unwritten(form: RunForm) -> Unwritten:
+  """A per-token operand written out from its runs (in int64) when first read."""
+  return Unwritten((form.batch, form.length), np.dtype(np.int64),
+                   lambda: form.to_array(np.int64))
 
 
 def _overflow_hint(xp) -> str:
@@ -407,7 +418,7 @@ def _check_reads(m: ir.Mask, shape: Shape, ops: Operands) -> None:
   """
   if not shape.static:
     return
-  scalars = {n: a for n, a in ops.arrays.items() if a.ndim == 1}
+  scalars = {n: ops.arrays[n] for n in ops.arrays if len(ops.arrays.shape(n)) == 1}
   if any(is_traced(a) for a in scalars.values()):
     return
   (q0, q1), (k0, k1) = shape.q_hull(), shape.k_hull()
@@ -427,7 +438,7 @@ def _check_reads(m: ir.Mask, shape: Shape, ops: Operands) -> None:
              for x in ir.walk(index)):
         continue
       axes = ir.positions_of(index)
-      length = ops.arrays[name].shape[axis]
+      length = ops.arrays.shape(name)[axis]
       bounds = _index_bounds(analyzer, index)
       if bounds is not None and bounds[0] >= 0 and bounds[1] < length:
         continue  # sound bounds inside the operand: every index is

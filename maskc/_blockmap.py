@@ -12,6 +12,7 @@ compiler built it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import jax
@@ -82,7 +83,7 @@ class BlockMap:
   block_kv: int
   batch: int | None
   rows: Runs
-  operands: dict[str, Any]
+  operands: Mapping[str, Any]
   predicates: tuple[Predicate, ...]
   col_runs: Runs | None = None
   backward: Callable[[], Runs] | None = None
@@ -107,7 +108,8 @@ class BlockMap:
   # ------------------------------------------------------------------ pytree
 
   def tree_flatten(self):
-    children = (self.q_offset, self.rows, self.col_runs, self.operands, self.q_positions,
+    # a plain dict (every operand written out): the same tree however the map was built
+    children = (self.q_offset, self.rows, self.col_runs, dict(self.operands), self.q_positions,
                 self.kv_positions)
     aux = (self.masks, self.head_index, self.q_len, self.kv_len, self.block_q, self.block_kv,
            self.batch, self.predicates, self.backward, self.line_bounds, self.segment_split,

@@ -31,6 +31,7 @@ from maskc._compile_predicate import compile_predicate, conjuncts, segment_conju
 from maskc._errors import MaskTypeError, MaskValueError
 from maskc._lower_dynamic import compile_dynamic
 from maskc._lower_static import compile_static
+from maskc._operand_arrays import OperandArrays
 from maskc._operand_runs import RunForm
 from maskc._overflow import term_bounds
 from maskc._tile_refine import MEMORY_BUDGET, Budget
@@ -126,7 +127,7 @@ class Binding:
   prepared: tuple[Operands, ...]
   batch: int | None
   traced: bool
-  operands: dict[str, Any]
+  operands: OperandArrays
   forms: dict[str, RunForm] = dataclasses.field(default_factory=dict)
 
   @property
@@ -178,14 +179,20 @@ def _masks(mask: Any) -> tuple[list[ir.Mask], bool]:
   raise MaskTypeError(f"expected a mask, mask text or a non-empty sequence of them, got {mask!r}")
 
 
-def _merge_operands(prepared: list[Operands], batch: int | None) -> dict[str, Any]:
+def _merge_operands(prepared: list[Operands], batch: int | None) -> OperandArrays:
+  """Every mask's operands in one mapping, broadcast to the batch; static per-token ones
+  stay unwritten until read."""
   out = {}
   for p in prepared:
-    for n, a in p.arrays.items():
-      if batch is not None and a.shape[0] == 1:
-        a = p.xp.broadcast_to(a, (batch,) + a.shape[1:])
-      out[n] = a
-  return out
+    for n in p.arrays:
+      shape = p.arrays.shape(n)
+      if batch is not None and shape[0] == 1:
+        shape = (batch,) + shape[1:]
+        out[n] = p.arrays.later(n, lambda a, xp=p.xp, shape=shape: xp.broadcast_to(a, shape),
+                                shape)
+      else:
+        out[n] = p.arrays.later(n)
+  return OperandArrays(out)
 
 
 def _merge_forms(prepared: list[Operands], batch: int | None) -> dict[str, RunForm]:

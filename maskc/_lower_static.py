@@ -518,8 +518,7 @@ def _pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, al
   lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
   reads = reads_at(m, "q" if along_rows else "k")
   for name, _ in reads:
-    t = tables.arrays[name]
-    budget.charge(t.size * 2 + lo.size * nb * 64, f"the runs of operand `{name}`")
+    budget.charge(tables.size(name) * 2 + lo.size * nb * 64, f"the runs of operand `{name}`")
     tables.run_table(name)
   return line_pieces({n: tables.run_table(n) for n, _ in reads}, reads, nb, lo, hi)
 

@@ -117,6 +117,18 @@ class RunForm:
     new[1:] |= on[1:] != on[:-1]
     return RunForm(self.starts, np.cumsum(new) - 1, self.batch, self.length)
 
+  def values_in(self, rows: np.ndarray | None, lo: int, hi: int) -> np.ndarray:
+    """The values of the runs holding tokens `[lo, hi)` of batch rows `rows` (None: all)."""
+    rows = np.arange(self.batch) if rows is None else np.asarray(rows, np.int64)
+    if hi <= lo or not rows.size:
+      return self.values[:0]
+    first = np.searchsorted(self.starts, rows * self.length + lo, "right") - 1
+    stop = np.searchsorted(self.starts, rows * self.length + hi - 1, "right")
+    held = np.zeros(self.values.size + 1, np.int64)
+    np.add.at(held, first, 1)
+    np.add.at(held, stop, -1)
+    return self.values[np.cumsum(held[:-1]) > 0]
+
   def to_array(self, dtype) -> np.ndarray:
     """The operand `[B, L]` written out."""
     return np.repeat(self.values.astype(dtype), self.lengths).reshape(self.batch, self.length)

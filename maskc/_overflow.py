@@ -200,18 +200,19 @@ class _Context:
 
   def _values(self, name: str, index: Sequence[Interval | None]) -> Interval | None:
     """Bounds of an operand's entries at (clipped) indices in the given intervals."""
-    arr = self.arrays.get(name)
-    if arr is None:
+    form = self.forms.get(name)  # a per-token operand's runs: its tokens need not be written out
+    arr = None if form is not None else self.arrays.get(name)
+    if form is None and arr is None:
       return None
-    length = arr.shape[-1] if arr.ndim > 1 else 1
+    shape = (form.batch, form.length) if form is not None else tuple(arr.shape)
+    length = shape[-1] if len(shape) > 1 else 1
     if ir.is_run_ids_key(name) and isinstance(arr, jax.core.Tracer):
       return 0, (length + 1) // 2
-    if isinstance(arr, jax.core.Tracer) or arr.size == 0:
+    if isinstance(arr, jax.core.Tracer) or 0 in shape:
       return None
-    arr = np.asarray(arr)
-    sel: list[Any] = [_rows(self.batch, arr.shape[0])]
-    for axis, iv in zip(range(1, arr.ndim), index):
-      n = arr.shape[axis]
+    sel: list[Any] = [_rows(self.batch, shape[0])]
+    for axis, iv in zip(range(1, len(shape)), index):
+      n = shape[axis]
       if iv is None:
         sel.append(slice(None))
       else:
@@ -219,15 +220,11 @@ class _Context:
         sel.append(slice(lo, hi + 1))
     key = (name, tuple((s.start, s.stop) if isinstance(s, slice) else s.tobytes() for s in sel))
     if key not in self.extremes:
-      form = self.forms.get(name)
-      whole_rows = arr.ndim == 2 and sel[1].start in (None, 0) and sel[1].stop in (
-          None, arr.shape[1])
-      if form is not None and whole_rows:  # the runs' values: one per run, not per token
-        rows = sel[0]
-        part = form.values if isinstance(rows, slice) else form.values[
-            np.isin(form.starts // max(form.length, 1), rows)]
+      if form is not None:  # the runs' values: one per run, not per token
+        part = form.values_in(None if isinstance(sel[0], slice) else sel[0],
+                              sel[1].start or 0, shape[1] if sel[1].stop is None else sel[1].stop)
       else:
-        part = arr[tuple(sel)]
+        part = np.asarray(self.arrays[name])[tuple(sel)]
       self.extremes[key] = None if part.size == 0 else (int(part.min()), int(part.max()))
     return self.extremes[key]
 

@@ -320,3 +320,56 @@ def test_additive_bias_under_jit():
   allowed = dense("causal & k < n", 4, operands={"n": np.array([2, 4])})
   assert bias.shape == (2, 4, 4)
   np.testing.assert_array_equal(bias == 0, allowed)
+
+
+# ----------------------------------------------------------------------------- unwritten operands
+
+
+def _runs_by_loop(x):
+  """`runs(x)` by a loop over the tokens: 1-based index of each run of nonzeros, 0 elsewhere."""
+  out, count, prev = np.zeros(len(x), np.int64), 0, False
+  for i, v in enumerate(x):
+    if v and not prev:
+      count += 1
+    out[i] = count if v else 0
+    prev = bool(v)
+  return out
+
+
+def test_static_token_operands_are_written_out_only_when_read():
+  """Compiling reads per-token operands through their runs; the int64 arrays are written
+  out when a consumer first indexes them, from binding's own copy of the runs."""
+  n = 64
+  seg = np.repeat(np.arange(8), 8).astype(np.int16)
+  img = np.zeros(n, bool)
+  img[5:20] = img[40:44] = True
+  bm = maskc.compile("causal & document(seg) | bidirectional(img)", n, block_q=16, block_kv=16,
+                     operands={"seg": seg, "img": img})
+  assert set(bm.operands) == {"seg", "img", "runs(img)"}
+  assert not any(bm.operands.written(x) for x in bm.operands)
+  assert bm.operands.shape("seg") == (1, n) and bm.operands.dtype("seg") == np.int64
+  want = {"seg": seg.astype(np.int64), "img": img.astype(np.int64),
+          "runs(img)": _runs_by_loop(img)}
+  dense = np.asarray(maskc.materialize("causal & document(seg) | bidirectional(img)", n,
+                                       operands={"seg": seg, "img": img}))
+  seg[:], img[:] = 3, True  # the caller's arrays change afterwards: the map's operands do not
+  for name, values in want.items():
+    got = bm.operands[name]
+    assert bm.operands.written(name) and got.dtype == np.int64
+    np.testing.assert_array_equal(got, values[None])
+  np.testing.assert_array_equal(np.asarray(bm.to_dense()).reshape(n, n), dense)
+
+
+def test_unwritten_operands_broadcast_to_the_batch():
+  n = 32
+  seg = np.stack([np.repeat(np.arange(4), 8), np.repeat(np.arange(2), 16)])
+  img = np.zeros(n, bool)
+  img[3:9] = True
+  bm = maskc.compile("causal & document(seg) | bidirectional(img)", n, block_q=8, block_kv=8,
+                     operands={"seg": seg, "img": img})
+  assert bm.operands.shape("img") == (2, n) and not bm.operands.written("img")
+  np.testing.assert_array_equal(bm.operands["img"], np.broadcast_to(img.astype(np.int64), (2, n)))
+  np.testing.assert_array_equal(bm.operands["runs(img)"],
+                                np.broadcast_to(_runs_by_loop(img), (2, n)))
+  leaves, _ = jax.tree_util.tree_flatten(bm)  # a pytree of plain arrays, every one written
+  assert all(isinstance(x, (np.ndarray, jax.Array, int, np.integer)) for x in leaves)

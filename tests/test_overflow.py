@@ -262,8 +262,8 @@ def test_term_bounds_contain_every_value(case):
 
 @given(cases(big=False), st.sampled_from([None, 0, 1, [1, 0]]))
 def test_bounds_from_run_forms_equal_bounds_from_tokens(case, batch):
-  """Binding bounds reads over whole rows by the operands' runs: the same bounds as a pass
-  over the tokens, for every batch-row selection."""
+  """Binding bounds per-token reads by the operands' runs (`RunForm.values_in`), whole rows
+  or not: the same bounds as a pass over the tokens, for every batch-row selection."""
   text, q_len, kv_len, q_offset, ops = case
   m = _parse_or_none(text)
   if m is None:
