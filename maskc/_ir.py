@@ -69,6 +69,11 @@ def _span_field():
   return dataclasses.field(default=None, compare=False, repr=False)
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+  return tuple(f.name for f in dataclasses.fields(cls))
+
+
 class Node:
   """Base of every IR node."""
 
@@ -77,8 +82,8 @@ class Node:
   def children(self) -> tuple["Node", ...]:
     """The IR nodes directly below this one (not a Call's expansion)."""
     out = []
-    for f in dataclasses.fields(self):
-      v = getattr(self, f.name)
+    for name in _field_names(type(self)):
+      v = getattr(self, name)
       if isinstance(v, Node):
         out.append(v)
       elif isinstance(v, tuple):
@@ -889,8 +894,12 @@ def quote(value: Any) -> str:
   return f"a {kind} of more than {QUOTED_NODES} nodes"
 
 
+@functools.lru_cache(maxsize=4096)
 def collect_operands(m: Mask) -> tuple[OperandSpec, ...]:
-  """The operands `m` reads, sorted by name; raises if one is used as two kinds."""
+  """The operands `m` reads, sorted by name; raises if one is used as two kinds.
+
+  Memoized: lowering asks for the operands of each part of a mask several times.
+  """
   kinds: dict[str, str] = {}
   boolean: dict[str, bool] = {}
   spans = {}

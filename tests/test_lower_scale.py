@@ -527,13 +527,15 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
   assert _lower_static._parts(bound.masks[0], geo) is not None, "the split is not taken"
   assert _lower_static._parts(maskc.parse("local(3, 2) | g[q] | g[k]"), geo) is None
   _lower._CACHE.clear()
-  # chunk 5: runs are combined in many groups of lines
+  # chunk 5: runs are combined in many groups of lines; in parts however dense the operands
   default_chunk, _lower_static.COMBINE_CHUNK = _lower_static.COMBINE_CHUNK, chunk
+  default_whole, _lower_static.WHOLE_AFTER = _lower_static.WHOLE_AFTER, float("inf")
   try:
     bm = maskc.compile(m, 256, block_q=bq, block_kv=bk, operands=ops, exact=True)
     bm.cols
   finally:
     _lower_static.COMBINE_CHUNK = default_chunk
+    _lower_static.WHOLE_AFTER = default_whole
   dense = np.asarray(maskc.materialize(m, 256, operands=ops)).reshape((-1, 256, 256))
   expected = _expected_grid(dense, bq, bk)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
@@ -550,3 +552,58 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
     _lower._CACHE.clear()
   for got, want in zip(bm.rows, whole.rows):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("lo,hi,in_parts", [(4, 16, False), (40, 160, True)])
+def test_an_intersection_with_dense_operands_is_lowered_whole(lo, hi, in_parts):
+  """`causal & document(seg)` is lowered in parts for long documents and whole for short
+  ones (more than one document per four tile rows), with the same runs either way."""
+  from maskc import _lower, _lower_static
+  from maskc._analysis import Tables
+  from maskc._tile_geometry import TileGeometry
+  rng = np.random.default_rng(lo)
+  seg = np.repeat(np.arange(512), rng.integers(lo, hi, 512))[:4096]
+  bound = _lower.bind_masks("causal & document(seg)", 4096, operands={"seg": seg})
+  geo = TileGeometry(bound.shape, 16, 16)
+  tables = Tables(np, bound.operands, bound.forms)
+  assert _lower_static._parts(bound.masks[0], geo) is not None
+  runs = _lower_static._runs_of_mask(bound.masks[0], geo, tables, None, True,
+                                     _lower_static.Budget(1 << 28))
+  assert isinstance(runs, _lower_static._CombinedRuns) == in_parts
+  dense = np.asarray(maskc.materialize("causal & document(seg)", 4096, operands={"seg": seg}))
+  _lower._CACHE.clear()
+  bm = maskc.compile("causal & document(seg)", 4096, block_q=16, block_kv=16,
+                     operands={"seg": seg})
+  np.testing.assert_array_equal(np.asarray(bm.grid).reshape(256, 256),
+                                _expected_grid(dense.reshape(1, 4096, 4096), 16, 16)[0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 40), st.integers(1, 40), st.integers(0, 2**31))
+def test_leaves_expand_in_line_order(nb, n_lines, n_span, seed):
+  """Leaves (disjoint rectangles) expanded in `(b, line, a)` order by the radix sorts (and by
+  one key when the lines are too many for 16 bits): the order of a plain sort of the runs."""
+  from maskc import _lower_static
+  rng = np.random.default_rng(seed)
+  rects = []  # random disjoint rectangles: a grid cut into random row bands and column cuts
+  for b in range(nb):
+    rows = np.unique(np.concatenate([[0, n_lines], rng.integers(0, n_lines, 4)]))
+    for i0, i1 in zip(rows[:-1], rows[1:]):
+      cols = np.unique(np.concatenate([[0, n_span], rng.integers(0, n_span, 4)]))
+      rects += [(b, i0, i1, j0, j1, rng.integers(1, 3)) for j0, j1 in zip(cols[:-1], cols[1:])
+                if rng.random() < 0.7]
+  rng.shuffle(rects)
+  leaves = tuple(np.array([r[f] for r in rects], np.int8 if f == 5 else np.int64).reshape(-1)
+                 for f in range(6))
+  for along_rows in (True, False):
+    lines = n_lines if along_rows else n_span
+    want = _lower_static._expand(leaves, along_rows)
+    order = np.lexsort((want[2], want[1], want[0]))
+    want = [x[order] for x in want]
+    got = _lower_static._expand_in_order(leaves, along_rows, lines)
+    for g, w in zip(got, want):
+      np.testing.assert_array_equal(g, w)
+    wide = _lower_static._expand_in_order(leaves, along_rows, (1 << 16) + 1)  # one-key path
+    merged = _lower_static._merge_runs(*want)
+    for g, w in zip(wide, merged):
+      np.testing.assert_array_equal(g, w)
