@@ -217,8 +217,8 @@ class _Lines:
     part = lo[..., None] + (jnp.clip(t - w + 1, 0, SUB_PARTS) * length) // SUB_PARTS
     is_part = (t >= w) & (t < w + SUB_PARTS - 1)
     c = jnp.where(change, lo[..., None] + 1 + t, jnp.where(is_part, part, hi[..., None] + 1))
-    # one sort: the cuts and parts, then the unused slots
-    c = jnp.sort(c, axis=-1)[..., :MAX_CUTS + SUB_PARTS - 1]
+    # one sort: the cuts and parts, then the unused slots (values alone: unstable is the same)
+    c = _sort(c)[..., :MAX_CUTS + SUB_PARTS - 1]
     # Pieces start at the line's lo, then at each cut, and end before the next start
     # (a repeated cut or an unused slot makes an empty piece).
     self.starts = jnp.concatenate([lo[..., None], c], axis=-1)
