@@ -37,6 +37,7 @@ from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._bind import Shape
 from maskc._diagonal_period import diagonal_period
 from maskc._operand_runs import Pieces, RunForm, line_pieces, reads_at
+from maskc._tile_cover import tile_cover
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK,
                                  Budget, evaluate_tiles, subdivide)
@@ -152,6 +153,8 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
   done, decided = [], 0
   while pending:
     rect = pending.pop()
+    if not rect[0].size:
+      continue
     if rect[0].size > chunk:  # split the work, not the rectangles: bounded memory per step
       pending.append(tuple(x[chunk:] for x in rect))
       rect = tuple(x[:chunk] for x in rect)
@@ -193,6 +196,8 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
     if split.any():
       budget.charge(int(split.sum()) * 4 * 48, "splitting rectangles of tiles")
       pending.append(_split(tuple(x[split] for x in rect), hints, geo.nq, geo.nk))
+  if not done:
+    return [np.zeros(0, np.int64)] * 5 + [np.zeros(0, np.int8), np.zeros(0, bool)]
   return [np.concatenate(x) for x in zip(*done)]
 
 
@@ -360,7 +365,10 @@ class _StaticRuns:
     self.pieces = _line_pieces(m, geo, tables, batch, self.budget)
     hints = (_split_hints(m, geo, tables, nb, True, self.budget),
              _split_hints(m, geo, tables, nb, False, self.budget))
-    self.leaves = _decided_leaves(m, geo, tables, batch, refine, self.budget, self.pieces, hints)
+    # the analysis starts from the rectangles where the operands allow true positions
+    start = tile_cover(m, geo, tables, nb)
+    self.leaves = _decided_leaves(m, geo, tables, batch, refine, self.budget, self.pieces, hints,
+                                  start)
 
   def merged(self, along_rows: bool):
     """The runs as sorted, merged `(b, line, a, z, state)` arrays."""

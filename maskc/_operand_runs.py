@@ -310,13 +310,14 @@ def _reads_at(m: ir.Mask, axis: str) -> tuple[tuple[str, int], ...]:
     if not isinstance(n, ir.Read):
       continue
     name = ir.array_key(n)
-    shift = _unit_shift(n.index, axis)
+    shift = unit_shift(n.index, axis)
     if shift is not None:
       out.add((name, shift))
   return tuple(sorted(out))
 
 
-def _unit_shift(t: ir.Term, axis: str) -> int | None:
+def unit_shift(t: ir.Term, axis: str) -> int | None:
+  """`s` where `t` is `axis + s` (or `axis`, `axis - s`, `s + axis`); else None."""
   if isinstance(t, ir.Pos):
     return 0 if t.axis == axis else None
   if isinstance(t, ir.Arith) and t.op in "+-":

@@ -1,6 +1,8 @@
 """Lowering with run-structured operands: exactness, soundness, traced == static, memory budget,
 and extreme magnitudes; every tile checked against a dense NumPy reference written here."""
 
+from unittest import mock
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -607,3 +609,78 @@ def test_leaves_expand_in_line_order(nb, n_lines, n_span, seed):
     merged = _lower_static._merge_runs(*want)
     for g, w in zip(wide, merged):
       np.testing.assert_array_equal(g, w)
+
+
+COVER_MASKS = PRELUDE_WITH_OPERANDS + [
+    "seg[q + 2] == seg[k + 1]", "seg[k] == seg[q] & img[q + 1]", "img[q] | document(seg)",
+    "bidirectional(img) | false", "~document(seg)", "img[q] & img[k]"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(run_operands(), st.sampled_from(COVER_MASKS))
+def test_the_operands_tile_cover_holds_every_true_position(case, text):
+  """Every part's cover (`maskc._tile_cover`) holds each tile where that part is true, in
+  disjoint rectangles; the lowering stays exact."""
+  from maskc import _lower_static
+  _, n, q_len, offset, bq, bk, ops = case
+  kv_len = n
+  if "+" in text:  # shifted reads stay inside the operands
+    kv_len, offset = n - 2, min(offset, n - 3)
+    q_len = max(1, min(q_len, n - 2 - offset))
+  ops = _ops_for(text, ops)
+  seen = []
+  real = _lower_static.tile_cover
+
+  def spy(m, geo, tables, nb):
+    seen.append((m, real(m, geo, tables, nb)))
+    return seen[-1][1]
+
+  with mock.patch.object(_lower_static, "tile_cover", spy):
+    bm = maskc.compile(text, q_len, kv_len, q_offset=offset, block_q=bq, block_kv=bk,
+                       operands=ops)
+  nb = next(iter(ops.values())).shape[0] if next(iter(ops.values())).ndim == 2 else 1
+  for part, cover in seen:
+    if cover is None:
+      continue
+    any_, _ = _tile_truth(part.to_dense(q_len, kv_len, q_offset=offset, operands=ops), bq, bk)
+    any_ = any_.reshape((nb,) + any_.shape[-2:])
+    held = np.zeros(any_.shape, np.int64)
+    for b, i0, i1, j0, j1 in zip(*cover):
+      held[b, i0:i1, j0:j1] += 1
+    assert held.max(initial=0) <= 1, "cover rectangles overlap"
+    assert not (any_ & (held == 0)).any(), f"{part}: a true tile lies outside its cover"
+  dense = maskc.parse(text).to_dense(q_len, kv_len, q_offset=offset, operands=ops)
+  expected = _expected_grid(dense, bq, bk)
+  np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
+
+
+def test_documents_and_image_spans_cover_their_diagonal_squares():
+  """Sorted documents cover their squares; `bidirectional(img)` the image spans' squares only
+  (its repeated run id 0 between spans is cut away by `img[q]`)."""
+  from maskc import _tile_cover
+  from maskc._analysis import Tables
+  from maskc._bind import Shape
+  from maskc._tile_geometry import TileGeometry
+  geo = TileGeometry(Shape.of(64), 8, 8)
+  seg = np.repeat(np.arange(4), [16, 20, 4, 24])[None]
+  b, i0, i1, j0, j1 = _tile_cover.tile_cover(maskc.parse("document(seg)"), geo,
+                                             Tables(np, {"seg": seg}), 1)
+  held = np.zeros((8, 8), int)
+  for args in zip(b, i0, i1, j0, j1):
+    held[args[1]:args[2], args[3]:args[4]] = 1
+  # documents [0, 16), [16, 36), [36, 40), [40, 64): tiles 0-1, 2-4, 4, 5-7
+  expected = np.zeros((8, 8), int)
+  for lo, hi in [(0, 2), (2, 5), (4, 5), (5, 8)]:
+    expected[lo:hi, lo:hi] = 1
+  np.testing.assert_array_equal(held, expected)
+  img = np.zeros((1, 64), bool)
+  img[0, 10:20] = img[0, 40:48] = True
+  runs = np.cumsum(np.diff(img.astype(int), prepend=0) == 1, axis=1) * img
+  tables = Tables(np, {"img": img, "runs(img)": runs})
+  b, i0, i1, j0, j1 = _tile_cover.tile_cover(maskc.parse("bidirectional(img)"), geo, tables, 1)
+  assert [tuple(map(int, x)) for x in zip(i0, i1, j0, j1)] == [(1, 3, 1, 3), (5, 6, 5, 6)]
+  unsorted = np.array([[0] * 8 + [1] * 8 + [0] * 48])  # id 0 repeats: whole rows
+  b, i0, i1, j0, j1 = _tile_cover.tile_cover(maskc.parse("document(seg)"), geo,
+                                             Tables(np, {"seg": unsorted}), 1)
+  assert [tuple(map(int, x)) for x in zip(i0, i1, j0, j1)] == [(0, 1, 0, 8), (1, 2, 1, 2),
+                                                               (2, 8, 0, 8)]
