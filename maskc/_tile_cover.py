@@ -175,7 +175,7 @@ def _from_runs(t: RunTable, geo: TileGeometry, q_shift: int, k_shift: int | None
     unique = _unique_in_row(t.values, row_of)
     c_lo = np.where(unique, k_lo // geo.bk, c_lo)
     c_hi = np.where(unique, -(-k_hi // geo.bk), c_hi)
-    keep = keep & (k_hi > k_lo)
+    keep = keep & ((k_hi > k_lo) | ~unique)  # a unique run no column reads: no true position
   keep = keep & (r_hi > r_lo)
   base = row_of * (shape.q_len + 1)
   return _Cover((base + r_lo)[keep], (base + r_hi)[keep], c_lo[keep], c_hi[keep], t.batch)

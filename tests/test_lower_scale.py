@@ -684,3 +684,10 @@ def test_documents_and_image_spans_cover_their_diagonal_squares():
                                              Tables(np, {"seg": unsorted}), 1)
   assert [tuple(map(int, x)) for x in zip(i0, i1, j0, j1)] == [(0, 1, 0, 8), (1, 2, 1, 2),
                                                                (2, 8, 0, 8)]
+  # a run no column reads keeps its rows when its id repeats: row 3 reads id 5, as column 0
+  short = TileGeometry(Shape.of(4, 3, 0), 1, 1)
+  b, i0, i1, j0, j1 = _tile_cover.tile_cover(maskc.parse("document(seg)"), short,
+                                             Tables(np, {"seg": np.array([[5, 7, 7, 5]])}), 1)
+  assert [tuple(map(int, x)) for x in zip(i0, i1, j0, j1)] == [(0, 1, 0, 3), (1, 3, 1, 3),
+                                                               (3, 4, 0, 3)]
+
