@@ -201,6 +201,9 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
   return [np.concatenate(x) for x in zip(*done)]
 
 
+STRIP_PARTS = 8  # parts a long strip of tiles without hints is cut into at once
+
+
 def _split(rect, hints: tuple[_Hints, _Hints], nq: int, nk: int):
   """Children of rectangles: each side with hints cut at its median hint, the other sides
   halved when the rectangle has no hints at all.
@@ -210,11 +213,25 @@ def _split(rect, hints: tuple[_Hints, _Hints], nq: int, nk: int):
   mask's boundary times a logarithm. (Cutting at every hint at once makes
   rectangles of cells that are mostly off the diagonal: four times the work for
   many short documents, for a few rounds less.)
+
+  A strip one tile thick and at least `STRIP_PARTS` long, without hints, is cut
+  into `STRIP_PARTS` equal parts instead: a boundary crosses it at few places,
+  so most parts are decided at once, and the rounds (each a pass of the analysis
+  over the mask) drop by a factor of three. `causal`'s period, one row of tiles
+  over every column, takes 6 rounds instead of 14 at 1M tokens.
   """
   b, i0, i1, j0, j1 = rect
   cut_q, n_q = _median_hint(hints[0], b, i0, i1, nq)
   cut_k, n_k = _median_hint(hints[1], b, j0, j1, nk)
   hinted = (n_q > 0) | (n_k > 0)
+  tall, wide = i1 - i0, j1 - j0
+  strip = ~hinted & ((tall == 1) ^ (wide == 1)) & (np.maximum(tall, wide) >= STRIP_PARTS)
+  if strip.any():
+    rest = ~strip
+    others = tuple(x[rest] for x in rect)
+    return tuple(np.concatenate(x) for x in zip(
+        _split(others, hints, nq, nk) if rest.any() else others,
+        _cut_strips(tuple(x[strip] for x in rect), STRIP_PARTS)))
   mid_q = np.where(n_q > 0, cut_q, np.where(~hinted & (i1 - i0 > 1), (i0 + i1) // 2, i1))
   mid_k = np.where(n_k > 0, cut_k, np.where(~hinted & (j1 - j0 > 1), (j0 + j1) // 2, j1))
   qa, qz = np.stack([i0, mid_q]), np.stack([mid_q, i1])
@@ -224,6 +241,18 @@ def _split(rect, hints: tuple[_Hints, _Hints], nq: int, nk: int):
   out = [np.concatenate(x) for x in zip(*parts)]
   keep = (out[2] > out[1]) & (out[4] > out[3])
   return tuple(x[keep] for x in out)
+
+
+def _cut_strips(rect, parts: int):
+  """Strips of tiles one tile thick, each cut along its length into `parts` equal parts."""
+  b, i0, i1, j0, j1 = rect
+  rows = i1 - i0 > 1  # a column of tiles: cut its rows
+  lo, hi = np.where(rows, i0, j0), np.where(rows, i1, j1)
+  cuts = lo + (hi - lo) * np.arange(parts + 1)[:, None] // parts
+  a, z = cuts[:-1].reshape(-1), cuts[1:].reshape(-1)
+  rows, b, i0, i1, j0, j1 = (np.tile(x, parts) for x in (rows, b, i0, i1, j0, j1))
+  return (b, np.where(rows, a, i0), np.where(rows, z, i1), np.where(rows, j0, a),
+          np.where(rows, j1, z))
 
 
 def _median_hint(hints: _Hints, b, lo, hi, n: int):

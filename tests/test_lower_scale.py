@@ -691,3 +691,29 @@ def test_documents_and_image_spans_cover_their_diagonal_squares():
   assert [tuple(map(int, x)) for x in zip(i0, i1, j0, j1)] == [(0, 1, 0, 3), (1, 3, 1, 3),
                                                                (3, 4, 0, 3)]
 
+
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 50), st.integers(9, 300),
+                          st.booleans()), min_size=1, max_size=20), st.integers(1, 9))
+def test_strips_are_cut_into_equal_parts_that_tile_them(strips, parts):
+  """`_cut_strips`: each strip (one tile thick, at least `parts` long, as `_split` gives
+  it) into `parts` equal parts, together exactly the strip."""
+  from maskc._lower_static import _cut_strips
+  b = np.array([s[0] for s in strips])
+  start = np.array([s[1] for s in strips])
+  length = np.array([s[2] for s in strips])
+  along_rows = np.array([s[3] for s in strips])
+  i0, j0 = start, start + 7
+  i1 = np.where(along_rows, i0 + length, i0 + 1)
+  j1 = np.where(along_rows, j0 + 1, j0 + length)
+  cb, ci0, ci1, cj0, cj1 = _cut_strips((b, i0, i1, j0, j1), parts)
+  for n, (bb, a0, a1, c0, c1) in enumerate(zip(b, i0, i1, j0, j1)):
+    mine = np.arange(n, cb.size, len(strips))  # part p of strip n is at p * len(strips) + n
+    assert (cb[mine] == bb).all()
+    held = np.zeros((a1 + 1, c1 + 1), int)
+    for x0, x1, y0, y1 in zip(ci0[mine], ci1[mine], cj0[mine], cj1[mine]):
+      held[x0:x1, y0:y1] += 1
+    expected = np.zeros_like(held)
+    expected[a0:a1, c0:c1] = 1
+    np.testing.assert_array_equal(held, expected)
+    sizes = (ci1[mine] - ci0[mine]) * (cj1[mine] - cj0[mine])
+    assert sizes.min() >= 1 and sizes.max() - sizes.min() <= 1  # no empty part, equal parts
