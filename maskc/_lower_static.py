@@ -395,7 +395,7 @@ class _StaticRuns:
     hints = (_split_hints(m, geo, tables, nb, True, self.budget),
              _split_hints(m, geo, tables, nb, False, self.budget))
     # the analysis starts from the rectangles where the operands allow true positions
-    start = tile_cover(m, geo, tables, nb)
+    start = tile_cover(m, geo, tables, nb, self.budget)
     self.leaves = _decided_leaves(m, geo, tables, batch, refine, self.budget, self.pieces, hints,
                                   start)
 

@@ -36,6 +36,7 @@ from maskc import _ir as ir
 from maskc._analysis import Tables
 from maskc._operand_runs import RunTable, unit_shift
 from maskc._tile_geometry import TileGeometry
+from maskc._tile_refine import Budget
 
 class _Cover(NamedTuple):
   """Disjoint row intervals `[lo, hi)`, sorted, as keys `b * (q_len + 1) + row` (`batch`
@@ -47,11 +48,17 @@ class _Cover(NamedTuple):
   batch: int
 
 
-def tile_cover(m: ir.Mask, geo: TileGeometry, tables: Tables, nb: int):
+def tile_cover(m: ir.Mask, geo: TileGeometry, tables: Tables, nb: int, budget: Budget):
   """Rectangles of tiles `(b, i0, i1, j0, j1)` holding every tile where `m` can be true;
-  None when no cover is known (the whole grid)."""
+  None when no cover is known (the whole grid).
+
+  Its arrays hold a few int64 per operand run and per tile row: charged to `budget`.
+  """
   if geo.positions:
     return None
+  runs = sum(tables.run_table(name).starts.size for name in {ir.array_key(n) for n in
+                                                             ir.walk(m) if isinstance(n, ir.Read)})
+  budget.charge((runs * 4 + nb * geo.nq) * 8 * 8, "the operands' tile cover")
   cover = _cover(m, geo, tables, nb)
   if cover is None:
     return None

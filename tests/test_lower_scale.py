@@ -631,8 +631,8 @@ def test_the_operands_tile_cover_holds_every_true_position(case, text):
   seen = []
   real = _lower_static.tile_cover
 
-  def spy(m, geo, tables, nb):
-    seen.append((m, real(m, geo, tables, nb)))
+  def spy(m, geo, tables, nb, budget):
+    seen.append((m, real(m, geo, tables, nb, budget)))
     return seen[-1][1]
 
   with mock.patch.object(_lower_static, "tile_cover", spy):
@@ -659,12 +659,14 @@ def test_documents_and_image_spans_cover_their_diagonal_squares():
   (its repeated run id 0 between spans is cut away by `img[q]`)."""
   from maskc import _tile_cover
   from maskc._analysis import Tables
+  from maskc._tile_refine import MEMORY_BUDGET, Budget
+  budget = Budget(MEMORY_BUDGET)
   from maskc._bind import Shape
   from maskc._tile_geometry import TileGeometry
   geo = TileGeometry(Shape.of(64), 8, 8)
   seg = np.repeat(np.arange(4), [16, 20, 4, 24])[None]
   b, i0, i1, j0, j1 = _tile_cover.tile_cover(maskc.parse("document(seg)"), geo,
-                                             Tables(np, {"seg": seg}), 1)
+                                             Tables(np, {"seg": seg}), 1, budget)
   held = np.zeros((8, 8), int)
   for args in zip(b, i0, i1, j0, j1):
     held[args[1]:args[2], args[3]:args[4]] = 1
@@ -677,19 +679,23 @@ def test_documents_and_image_spans_cover_their_diagonal_squares():
   img[0, 10:20] = img[0, 40:48] = True
   runs = np.cumsum(np.diff(img.astype(int), prepend=0) == 1, axis=1) * img
   tables = Tables(np, {"img": img, "runs(img)": runs})
-  b, i0, i1, j0, j1 = _tile_cover.tile_cover(maskc.parse("bidirectional(img)"), geo, tables, 1)
+  b, i0, i1, j0, j1 = _tile_cover.tile_cover(maskc.parse("bidirectional(img)"), geo, tables, 1,
+                                             budget)
   assert [tuple(map(int, x)) for x in zip(i0, i1, j0, j1)] == [(1, 3, 1, 3), (5, 6, 5, 6)]
   unsorted = np.array([[0] * 8 + [1] * 8 + [0] * 48])  # id 0 repeats: whole rows
   b, i0, i1, j0, j1 = _tile_cover.tile_cover(maskc.parse("document(seg)"), geo,
-                                             Tables(np, {"seg": unsorted}), 1)
+                                             Tables(np, {"seg": unsorted}), 1, budget)
   assert [tuple(map(int, x)) for x in zip(i0, i1, j0, j1)] == [(0, 1, 0, 8), (1, 2, 1, 2),
                                                                (2, 8, 0, 8)]
   # a run no column reads keeps its rows when its id repeats: row 3 reads id 5, as column 0
   short = TileGeometry(Shape.of(4, 3, 0), 1, 1)
-  b, i0, i1, j0, j1 = _tile_cover.tile_cover(maskc.parse("document(seg)"), short,
-                                             Tables(np, {"seg": np.array([[5, 7, 7, 5]])}), 1)
+  five_sevens = Tables(np, {"seg": np.array([[5, 7, 7, 5]])})
+  b, i0, i1, j0, j1 = _tile_cover.tile_cover(maskc.parse("document(seg)"), short, five_sevens,
+                                             1, budget)
   assert [tuple(map(int, x)) for x in zip(i0, i1, j0, j1)] == [(0, 1, 0, 3), (1, 3, 1, 3),
                                                                (3, 4, 0, 3)]
+  with pytest.raises(maskc.MaskError, match="tile cover"):  # its arrays are charged
+    _tile_cover.tile_cover(maskc.parse("document(seg)"), short, five_sevens, 1, Budget(64))
 
 
 @given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 50), st.integers(9, 300),
