@@ -34,9 +34,10 @@ import numpy as np
 
 from maskc import _ir as ir
 from maskc._analysis import Tables
-from maskc._operand_runs import RunTable, unit_shift
+from maskc._operand_runs import RunTable, reads_at, unit_shift
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import Budget
+
 
 class _Cover(NamedTuple):
   """Disjoint row intervals `[lo, hi)`, sorted, as keys `b * (q_len + 1) + row` (`batch`
@@ -56,8 +57,8 @@ def tile_cover(m: ir.Mask, geo: TileGeometry, tables: Tables, nb: int, budget: B
   """
   if geo.positions:
     return None
-  runs = sum(tables.run_table(name).starts.size for name in {ir.array_key(n) for n in
-                                                             ir.walk(m) if isinstance(n, ir.Read)})
+  # the cover reads the run tables of reads along q (built already for the line pieces)
+  runs = sum(tables.run_table(name).starts.size for name in {n for n, _ in reads_at(m, "q")})
   budget.charge((runs * 4 + nb * geo.nq) * 8 * 8, "the operands' tile cover")
   cover = _cover(m, geo, tables, nb)
   if cover is None:
