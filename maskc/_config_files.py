@@ -221,6 +221,10 @@ def _load_yaml(text: str, file: str) -> Any:
   except yaml.MarkedYAMLError as e:
     mark = e.problem_mark
     span = _file_span(text, mark.line + 1, mark.column + 1) if mark is not None else None
+    if "maximum nesting depth" in (e.problem or ""):
+      # libyaml 0.2.6 (in PyYAML 6.0.4's wheels) limits depth itself (to 1000), and its
+      # scanner reads that far ahead before our composer sees the deep collection
+      raise _too_deep(file, span) from None
     raise ConfigError(f"invalid YAML: {e.problem}", file=file, span=span,
                       hint="Quote mask text that starts with `~`, `&`, `*`, `|` or `!`: YAML "
                            "reads those characters itself.") from None
