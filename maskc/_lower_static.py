@@ -1,6 +1,6 @@
 """The static lowering path: every operand a NumPy value.
 
-Three ways to the same runs, chosen per mask:
+Four ways to the same runs, chosen per mask:
 
 - A mask without operands that has a *diagonal period* (`causal`, `sliding(w)`,
   `chunk(n)`, `(q - k) % 4 == 0`: see `maskc._diagonal_period`) has the same tile
@@ -8,10 +8,15 @@ Three ways to the same runs, chosen per mask:
   over a grid moved along the diagonal so that it reaches every column the
   repeats need, and repeated; the same for columns. Cost: one period plus the
   output.
-- An `&` or `|` whose operand-free items have such a period and whose other items
-  read operands (`causal & chunk(8192) | bidirectional(img)`): the two parts are
-  lowered apart, the periodic one by its period, and their runs combined; only
-  tiles where both parts are PARTIAL are decided again, for the whole mask.
+- A mask that reads operands at one position only (`g[k]`, `valid[k] & k < n`)
+  has the same state in every tile across its axis: one line of tiles decides
+  it. Cost: the tiles of one axis plus the output.
+- An `&` or `|` whose operand-free items have such a period, or some of whose
+  items read one position only (`causal & chunk(8192) | bidirectional(img)`,
+  `local(64, 64) | g[q] | g[k]`): the parts are lowered apart, the periodic one
+  by its period, and their runs combined; a part of `k` alone is spliced into
+  each row's runs where they meet it, never written out for every row. Only
+  tiles where two parts are PARTIAL are decided again, for the whole mask.
 - Any other mask: rectangles of tiles are classified by range analysis and the
   PARTIAL ones split in two dimensions, first where an operand changes (between
   such cuts every read is constant, so the analysis is as sharp as without
@@ -19,7 +24,7 @@ Three ways to the same runs, chosen per mask:
   tiles the operand pieces prove PARTIAL throughout. Cost: the tiles on the
   mask's boundary plus the operand runs, times a logarithm.
 
-Neither allocates the tile grid or any `q_len × kv_len` array. The decided
+None allocates the tile grid or any `q_len × kv_len` array. The decided
 rectangles give the per-q-tile runs at once and the per-key-tile runs for the
 backward pass on demand.
 """
@@ -37,6 +42,7 @@ from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._bind import Shape
 from maskc._diagonal_period import diagonal_period
 from maskc._operand_runs import Pieces, RunForm, line_pieces, reads_at
+from maskc._ragged import ranges
 from maskc._tile_cover import tile_cover
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK,
@@ -355,27 +361,27 @@ def _merge_runs(b, line, a, z, state, in_order: bool = False):
         a[1:] != z[:-1])
     starts = np.flatnonzero(new)
     b, line, state, a = b[starts], line[starts], state[starts], a[starts]
-    z = np.maximum.reduceat(z, starts)
+    z = z[np.append(starts[1:], z.size) - 1]  # runs are disjoint and sorted: the last ends last
   return b, line, a, z, state
 
 
 def _pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
   """Runs of non-empty tiles, sorted and merged (`_merge_runs`), packed into
   `[nb, n_lines, R]` arrays."""
-  flat_line = b * n_lines + line
-  count = np.bincount(flat_line, minlength=nb * n_lines).astype(np.int32)
+  count = np.bincount(b * n_lines + line if nb > 1 else line,
+                      minlength=nb * n_lines).astype(np.int32)
   r = max(1, int(count.max()) if count.size else 1)
-  first = np.cumsum(count, dtype=np.int64) - count
-  # the runs come sorted by line: the k-th run of a line goes to slot k (flat indices
-  # scatter several times faster than pairs of indices)
-  at = flat_line * r + np.arange(flat_line.size) - np.repeat(first, count)
   shape = (nb, n_lines, r)
+  # the runs come sorted by line: in row-major order, the k-th run of a line fills its
+  # slot k, so a mask of the used slots places them all (several times faster than a
+  # scatter to computed indices)
+  used = (np.arange(r, dtype=np.int32) < count[:, None]).reshape(shape)
   start = np.zeros(shape, np.int32)
   stop = np.zeros(shape, np.int32)
   st = np.zeros(shape, np.int8)
-  start.reshape(-1)[at] = a
-  stop.reshape(-1)[at] = z
-  st.reshape(-1)[at] = state
+  start[used] = a
+  stop[used] = z
+  st[used] = state
   return Runs(start, stop, st, count.reshape(nb, n_lines))
 
 
@@ -460,6 +466,72 @@ def _expand_in_order(leaves, along_rows: bool, n_lines: int):
   if nb > 1:
     order = order[np.argsort(runs[0][order].astype(np.uint16), kind="stable")]
   return tuple(x[order] for x in runs)
+
+
+class _AxisRuns:
+  """The runs of a mask that reads one position only (`g[k]`, `valid[k]`, `g[q]`).
+
+  Such a mask has the same state in every tile of a column of tiles (of a row,
+  for `q`): a vector of states over the tiles of its axis decides it, found on
+  a virtual grid one tile thick. Along the lines of its own axis (q tile rows of
+  a `q` mask) each line is one run over the whole span. Across them every line
+  repeats the same runs, a *pattern*: `_CombinedRuns` splices it into the other
+  parts' runs without writing it out line by line, so `local(64, 64) | g[q] |
+  g[k]` costs its output, not a pass of the analysis over every g column of
+  every row.
+  """
+
+  def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
+               refine: bool, budget: Budget):
+    (self.axis,) = ir.positions_of(m)
+    self.m, self.geo, self.batch, self.budget = m, geo, batch, budget
+    shape = geo.shape
+    if self.axis == "q":
+      line = TileGeometry(Shape.of(shape.q_len, 1, shape.q_offset), geo.bq, 1)
+    else:
+      line = TileGeometry(Shape.of(1, shape.kv_len, shape.q_offset), 1, geo.bk)
+    # every tile of the line at once: one round of the analysis, ambiguous tiles refined
+    nb = batch or 1
+    n = line.nq if self.axis == "q" else line.nk
+    budget.charge(nb * n * 8 * 8, "the tiles of one axis")
+    b = np.repeat(np.arange(nb, dtype=np.int64), n)
+    t = np.tile(np.arange(n, dtype=np.int64), nb)
+    one = np.zeros_like(t)
+    start = (b, t, t + 1, one, one + 1) if self.axis == "q" else (b, one, one + 1, t, t + 1)
+    b, i0, i1, j0, j1, state = _decided_leaves(m, line, tables, batch, refine, budget,
+                                               start=start)
+    a, z = (i0, i1) if self.axis == "q" else (j0, j1)
+    # (b, a, z, state): the pattern of each batch row, sorted and merged
+    self.pattern = tuple(x for i, x in enumerate(_merge_runs(b, np.zeros_like(b), a, z, state))
+                         if i != 1)
+
+  def pattern_along(self, along_rows: bool) -> bool:
+    """Whether the runs along these lines are the pattern, the same on every line."""
+    return (self.axis == "k") == along_rows
+
+  def merged(self, along_rows: bool):
+    """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
+    geo = self.geo
+    n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
+    b, a, z, state = self.pattern
+    if not self.pattern_along(along_rows):  # each run of lines: one run over the span
+      n = z - a
+      item = np.repeat(np.arange(n.size), n)
+      line = (a - (np.cumsum(n) - n))[item] + np.arange(item.size)
+      self.budget.charge(item.size * 48, "the packed runs")
+      return b[item], line, np.zeros_like(line), np.full_like(line, n_span), state[item]
+    # every line repeats its batch row's pattern
+    nb = self.batch or 1
+    count = np.bincount(b, minlength=nb)
+    self.budget.charge(int(count.sum()) * n_lines * 48, "the packed runs")
+    first = np.cumsum(count) - count
+    p = np.concatenate([np.tile(np.arange(f, f + c), n_lines) for f, c in zip(first, count)])
+    line = np.concatenate([np.repeat(np.arange(n_lines), c) for c in count])
+    return b[p], line, a[p], z[p], state[p]
+
+  def runs(self, along_rows: bool) -> Runs:
+    return _pack_runs(*self.merged(along_rows), self.batch or 1,
+                      self.geo.nq if along_rows else self.geo.nk)
 
 
 class _PeriodicRuns:
@@ -585,6 +657,9 @@ def _pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, al
 
 
 def _stack_runs(runs: list[Runs]) -> Runs:
+  """Each mask's runs `[B, n_lines, R_u]` as one `[B, U, n_lines, R]` (a view for one mask)."""
+  if len(runs) == 1:
+    return Runs(*(np.expand_dims(x, 1) for x in runs[0]))
   r = max(x.start.shape[-1] for x in runs)
   def pad(arr):
     return np.pad(arr, [(0, 0)] * (arr.ndim - 1) + [(0, r - arr.shape[-1])])
@@ -623,24 +698,31 @@ def _parts(m: ir.Mask, geo: TileGeometry) -> list[ir.Mask] | None:
 
   Parts: its operand-free items joined, where they have a diagonal period worth
   repeating; each item that is itself lowered in parts
-  (`document(seg) & (causal | bidirectional(img))`); the other items joined. At
-  least one part must be periodic or in parts itself: otherwise splitting saves
-  nothing.
+  (`document(seg) & (causal | bidirectional(img))`); its items that read
+  operands at one axis only, joined per axis (`g[q]`, `g[k]`, `valid[k]`: see
+  `_AxisRuns`); the other items joined. At least one part must be periodic, in
+  parts itself or of one axis: otherwise splitting saves nothing.
   """
   split = operand_free_split(m)
   if split is None or geo.positions or not split[1]:
     return None
   free, rest, join = split
-  if join is ir.or_ and any(ir.positions_of(x) == {"k"} for x in rest):
-    # `| g[k]` puts runs on every row: combining them would cost more than it saves
-    return None
+  axis_items = {a: [x for x in rest if ir.positions_of(x) == {a}] for a in "qk"}
+  rest = [x for x in rest if len(ir.positions_of(x)) != 1]
   periodic = bool(free) and _periodic(joined(free, join), geo) is not None
   in_parts = [_parts(x, geo) is not None for x in rest]
   nested = [x for x, y in zip(rest, in_parts) if y]
   others = [x for x, y in zip(rest, in_parts) if not y] + ([] if periodic else free)
+  axes = [joined(axis_items[a], join) for a in "qk" if axis_items[a]]
   parts = ([joined(free, join)] if periodic else []) + nested + (
-      [joined(others, join)] if others else [])
-  return parts if (periodic or nested) and len(parts) > 1 else None
+      [joined(others, join)] if others else []) + axes
+  return parts if (periodic or nested or axes) and len(parts) > 1 else None
+
+
+def _one_axis(m: ir.Mask, geo: TileGeometry) -> bool:
+  """Whether `m` reads operands and only one position (`g[k]`, `valid[k] & k < n`): lowered
+  as `_AxisRuns`."""
+  return bool(m.operands) and not geo.positions and len(ir.positions_of(m)) == 1
 
 
 WHOLE_AFTER = 0.25  # operand changes per tile row above which an `&` is lowered whole
@@ -680,11 +762,14 @@ def joined(items: list[ir.Mask], join) -> ir.Mask:
 
 def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
                   budget: Budget):
-  """How one mask's runs are computed: by its diagonal period where it has one; as the
-  `&` / `|` of parts lowered apart (`_parts`); else by leaves."""
+  """How one mask's runs are computed: by its diagonal period where it has one; along its
+  one axis when it reads only one (`_AxisRuns`); as the `&` / `|` of parts lowered apart
+  (`_parts`); else by leaves."""
   period = _periodic(m, geo)
   if period is not None:
     return _PeriodicRuns(m, geo, tables, batch, refine, budget, period)
+  if _one_axis(m, geo):
+    return _AxisRuns(m, geo, tables, batch, refine, budget)
   parts = _parts(m, geo)
   if parts is not None and not _parts_pay(m, geo, tables, batch):
     parts = None
@@ -730,18 +815,76 @@ class _CombinedRuns:
     """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
     geo = self.geo
     n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
-    flat = _keyed(self.parts[0].merged(along_rows), n_lines, n_span)
-    for part in self.parts[1:]:
+    patterns = [p for p in self.parts if isinstance(p, _AxisRuns) and p.pattern_along(along_rows)]
+    lines = [p for p in self.parts if not any(p is x for x in patterns)]
+    flat = _keyed(lines[0].merged(along_rows), n_lines, n_span)
+    for part in lines[1:]:
       other = _keyed(part.merged(along_rows), n_lines, n_span)
       flat = self._combine_by_lines(flat, other, along_rows, n_lines, n_span)
-    key, end, state = flat
+    for part in patterns:
+      flat = self._splice(flat, part.pattern, along_rows, n_lines, n_span)
+    key, end, state = _merge_keyed(*flat)
     line, a = np.divmod(key, n_span + 1)
-    b, line = np.divmod(line, n_lines)
-    return _merge_runs(b, line, a, a + (end - key), state, in_order=True)
+    if self.batch:
+      b, line = np.divmod(line, n_lines)
+    else:
+      b = np.zeros_like(line)
+    return b, line, a, a + (end - key), state
 
   def runs(self, along_rows: bool) -> Runs:
     return _pack_runs(*self.merged(along_rows), self.batch or 1,
                       self.geo.nq if along_rows else self.geo.nk)
+
+  def _splice(self, x, pattern, along_rows: bool, n_lines: int, n_span: int):
+    """Flat runs `x` combined with a pattern `(b, a, z, state)`: runs that every line of
+    batch row `b` has (`_AxisRuns`), never written out for lines where `x` has none.
+
+    Only the pattern's runs that meet the span of a line's runs in `x` are combined
+    with them (`_combine_by_lines`); for `|` the line keeps the pattern's runs before
+    and after that span as they are, and a line without runs in `x` is the pattern.
+    """
+    key, end, state = x
+    pb, pa, pz, ps = pattern
+    stride = n_span + 1
+    n_all = (self.batch or 1) * n_lines
+    count = np.bincount(pb, minlength=self.batch or 1)
+    first = np.cumsum(count) - count
+    flat_line = key // stride
+    in_x = np.bincount(flat_line, minlength=n_all)
+    x_first = np.cumsum(in_x) - in_x
+    lines = np.flatnonzero(in_x)
+    base = lines * stride
+    lb = lines // n_lines
+    # the pattern's runs of each line's batch row that meet (or touch) its span in x
+    p_lo, p_hi = pb * stride + pa, pb * stride + pz
+    lo = np.searchsorted(p_hi, lb * stride + key[x_first[lines]] - base, "left")
+    hi = np.searchsorted(p_lo, lb * stride + end[x_first[lines] + in_x[lines] - 1] - base,
+                         "right")
+    n = hi - lo
+    item = np.repeat(np.arange(lines.size), n)
+    p = (lo - (np.cumsum(n) - n))[item] + np.arange(item.size)
+    self.budget.charge((item.size + key.size) * 64, "splicing a pattern of runs")
+    met = (base[item] + pa[p], base[item] + pz[p], ps[p])
+    mid = self._combine_by_lines(x, met, along_rows, n_lines, n_span)
+    if not self.union:
+      return mid
+    # `|`: each line is the pattern's runs before `lo`, the combined ones, those from `hi`:
+    # three ranges of indices into the pattern's runs followed by the combined ones
+    row = np.arange(n_all) // n_lines
+    end_row = (first + count)[row]
+    before, after = end_row.copy(), end_row.copy()  # a line without runs in x: the pattern
+    before[lines], after[lines] = lo, hi
+    mid_line = mid[0] // stride
+    n_mid = np.bincount(mid_line, minlength=n_all)
+    starts = np.stack([first[row], pb.size + np.cumsum(n_mid) - n_mid, after], axis=1)
+    lengths = np.stack([before - first[row], n_mid, end_row - after], axis=1)
+    self.budget.charge(int(lengths.sum()) * 48, "splicing a pattern of runs")
+    src = ranges(starts.reshape(-1), lengths.reshape(-1))
+    line = np.repeat(np.arange(n_all) * stride, lengths.sum(axis=1))
+    rel = mid_line * stride
+    a = np.concatenate([pa, mid[0] - rel])[src]
+    z = np.concatenate([pz, mid[1] - rel])[src]
+    return line + a, line + z, np.concatenate([ps, mid[2]])[src]
 
   def _combine_by_lines(self, x, y, along_rows: bool, n_lines: int, n_span: int):
     """`_combine` over groups of whole lines of about `COMBINE_CHUNK` runs: runs never
@@ -805,6 +948,25 @@ class _CombinedRuns:
 
 
 COMBINE_CHUNK = 1 << 15  # runs combined at a time
+
+
+def _merge_keyed(key, end, state):
+  """Sorted flat runs `(start key, stop key, state)` (`_keyed`) with EMPTY ones dropped and
+  neighbours of one state merged: keys of different lines never touch."""
+  keep = state != EMPTY
+  if not keep.all():
+    key, end, state = key[keep], end[keep], state[keep]
+  if key.size < 2:
+    return key, end, state
+  new = np.empty(key.size, bool)
+  new[0] = True
+  np.not_equal(key[1:], end[:-1], out=new[1:])
+  new[1:] |= state[1:] != state[:-1]
+  if new.all():
+    return key, end, state
+  starts = np.flatnonzero(new)
+  last = np.append(starts[1:], key.size) - 1  # runs are disjoint and sorted: the last ends last
+  return key[starts], end[last], state[starts]
 
 
 def _keyed(merged, n_lines: int, n_span: int):

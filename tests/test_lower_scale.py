@@ -505,6 +505,7 @@ SPLIT_MASKS = [
     "causal & (q - k) % 3 == 0 | bidirectional(img)", "causal & document(seg) & img[k]",
     "document(seg) & (causal | bidirectional(img))",  # a part lowered in parts itself
     "(causal & chunk(8) | bidirectional(img)) & ~document(seg) | img[q] & sliding(3)",
+    "local(3, 2) | g[q] | g[k]", "sliding(5) & ~g[k] | g[q]",  # parts of one axis
 ]
 
 
@@ -527,7 +528,6 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
   bound = _lower.bind_masks(m, 256, operands=ops)
   geo = TileGeometry(bound.shape, bq, bk)
   assert _lower_static._parts(bound.masks[0], geo) is not None, "the split is not taken"
-  assert _lower_static._parts(maskc.parse("local(3, 2) | g[q] | g[k]"), geo) is None
   _lower._CACHE.clear()
   # chunk 5: runs are combined in many groups of lines; in parts however dense the operands
   default_chunk, _lower_static.COMBINE_CHUNK = _lower_static.COMBINE_CHUNK, chunk
@@ -554,6 +554,78 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
     _lower._CACHE.clear()
   for got, want in zip(bm.rows, whole.rows):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+AXIS_MASKS = {  # mask: (the reference by NumPy broadcasting, `_axis_parts`)
+    "g[k]": (lambda q, k, g, s, n: g(k) | (q < q), -1),  # a whole mask of one axis
+    "g[q] & q < n": (lambda q, k, g, s, n: g(q) & (q < n) | (k < k), -1),
+    "local(3, 2) | g[q] | g[k]": (lambda q, k, g, s, n: (q - 3 <= k) & (k <= q + 2) | g(q) | g(k),
+                                  2),
+    "g[q] | g[k]": (lambda q, k, g, s, n: g(q) | g(k), 2),
+    "causal & ~g[k] | g[q]": (lambda q, k, g, s, n: (k <= q) & ~g(k) | g(q), 1),
+    "sliding(5) & g[k]": (lambda q, k, g, s, n: (q - 5 < k) & (k <= q) & g(k), 1),
+    "causal & chunk(8) | g[k] & g[q]": (  # two parts of one axis in a nested part
+        lambda q, k, g, s, n: (k <= q) & (q // 8 == k // 8) | g(k) & g(q), 0),
+    "document(seg) | g[k] & k < n": (lambda q, k, g, s, n: (s(q) == s(k)) | g(k) & (k < n), 1),
+    "causal & k < n": (lambda q, k, g, s, n: (k <= q) & (k < n), 1),
+}
+
+
+def _axis_parts(m, bound, bq, bk):
+  """How many parts of one axis (`_AxisRuns`) the static lowering of `m` combines at its
+  top; -1 for a mask lowered as one such part."""
+  from maskc import _lower_static
+  from maskc._analysis import Tables
+  from maskc._tile_geometry import TileGeometry
+  runs = _lower_static._runs_of_mask(m, TileGeometry(bound.shape, bq, bk),
+                                     Tables(np, bound.operands, bound.forms), bound.batch, True,
+                                     _lower_static.Budget(1 << 28))
+  parts = getattr(runs, "parts", [runs])
+  return sum(isinstance(p, _lower_static._AxisRuns) for p in parts) if len(parts) > 1 else (
+      -1 if isinstance(runs, _lower_static._AxisRuns) else 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(AXIS_MASKS)), st.integers(8, 160), st.sampled_from([None, 2]),
+       st.sampled_from([4, 8, 16]), st.sampled_from([4, 8, 16]),
+       st.sampled_from([0.02, 0.2, 0.7]), st.integers(0, 2**31))
+def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed):
+  """Masks and parts that read one position (`g[k]`, `g[q]`, `k < n`) are lowered once per
+  tile of their axis and spliced into the other parts' runs: the tiles of the dense mask,
+  forward and backward, for ragged lengths, offsets and batches; sound unrefined."""
+  rng = np.random.default_rng(seed)
+  q_len = int(rng.integers(1, kv_len + 1))
+  offset = int(rng.integers(0, kv_len - q_len + 1))
+  shape = (batch, kv_len) if batch else (kv_len,)
+  ops = {"g": rng.random(shape) < density,
+         "seg": np.sort(rng.integers(0, 1 + kv_len // 16, shape), axis=-1),
+         "n": rng.integers(0, kv_len + 1, batch or ()).astype(np.int32)}
+  m = maskc.parse(text)
+  ops = {o.name: ops[o.name] for o in m.operands}
+  reference, parts = AXIS_MASKS[text]
+  lead = (slice(None), None, None) if batch else ()
+  q = np.arange(q_len)[:, None] + offset
+  k = np.arange(kv_len)[None, :]
+  n = ops["n"][lead] if "n" in ops else None
+  dense = reference(q, k, lambda i: ops["g"][..., i] if "g" in ops else None,
+                    lambda i: ops["seg"][..., i] if "seg" in ops else None, n)
+  dense = np.broadcast_to(dense, ((batch or 1), q_len, kv_len))
+  expected = _expected_grid(dense, bq, bk)
+  from maskc import _lower
+  bound = _lower.bind_masks(m, q_len, kv_len, q_offset=offset, operands=ops)
+  assert _axis_parts(bound.masks[0], bound, bq, bk) == parts
+  for exact in (True, False):
+    _lower._CACHE.clear()
+    bm = maskc.compile(m, q_len, kv_len, q_offset=offset, block_q=bq, block_kv=bk,
+                       operands=ops, exact=exact)
+    got = np.asarray(bm.grid).reshape(expected.shape)
+    cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
+    np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), got)
+    if exact:
+      np.testing.assert_array_equal(got, expected)
+    else:
+      assert np.all((got == FULL) <= (expected == FULL))
+      assert np.all((got == EMPTY) <= (expected == EMPTY))
 
 
 @pytest.mark.parametrize("lo,hi,in_parts", [(4, 16, False), (40, 160, True)])
