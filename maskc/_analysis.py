@@ -68,7 +68,7 @@ class Tables:
     index_bytes: static path: at most how many bytes a run table's index of each
       token's run may take (`maskc._operand_runs.RunTable`); 0 for none.
     same_runs: static path: analyse `runs(x)[a] == runs(x)[b]` beside `x[a]` by the
-      ids of x's runs of zeros and nonzeros (`_same_runs`), which decides more
+      ids of x's runs of zeros and nonzeros (`same_runs`), which decides more
       rectangles than the traced path's analysis does.
   """
 
@@ -92,7 +92,7 @@ class Tables:
 
   def run_table(self, name: str) -> RunTable:
     """Static path: operand `name` (`[B, L]`) in run-length form (for `same-run(x)`,
-    the ids of x's runs of zero and nonzero values: see `_same_runs`)."""
+    the ids of x's runs of zero and nonzero values: see `same_runs`)."""
     if name not in self._runs:
       base = name[len(_SAME_RUN):-1] if name.startswith(_SAME_RUN) else None
       form = self.forms.get(base or name) or RunForm.of(self.arrays[base or name])
@@ -521,7 +521,7 @@ class Analyzer:
       t = self.truth(m.item)
       return Truth3(FULL - t.state, t.certain)
     if isinstance(m, ir.And):
-      items = _same_runs(m.items) if self.tables.same_runs else m.items
+      items = same_runs(m.items) if self.tables.same_runs else m.items
       return _conjoin(xp, [self.truth(i) for i in items])
     if isinstance(m, ir.Or):
       parts = [self.truth(i) for i in m.items]
@@ -609,7 +609,7 @@ class Analyzer:
 _SAME_RUN = "same-run("  # static tables: `same-run(x)` holds the ids of x's runs of (non)zeros
 
 
-def _same_runs(items: tuple[ir.Mask, ...]) -> tuple[ir.Mask, ...]:
+def same_runs(items: tuple[ir.Mask, ...]) -> tuple[ir.Mask, ...]:
   """The items of an `&`, where `runs(x)[a] == runs(x)[b]` stands beside `x[a]`, with
   `runs(x)` in that equality replaced by ids of x's maximal runs of zeros and nonzeros.
 

@@ -38,10 +38,11 @@ from typing import NamedTuple
 import numpy as np
 
 from maskc import _ir as ir
-from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
+from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, same_runs
 from maskc._bind import Shape
 from maskc._diagonal_period import diagonal_period
-from maskc._operand_runs import Pieces, RunForm, line_pieces, reads_at
+from maskc._equal_reads import equal_read_runs, equal_reads_where, unique_runs
+from maskc._operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
 from maskc._ragged import ranges
 from maskc._tile_cover import tile_cover
 from maskc._tile_geometry import TileGeometry
@@ -90,12 +91,13 @@ def _decide_by_pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, pi
 
 
 def _decide_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, budget: Budget,
-                  pieces=None, nb: int = 1):
+                  pieces=None, nb: int = 1, evaluate: bool = True):
   """Exact states of ambiguous tiles: by finer analysis where it suffices, else by evaluation.
 
   Finer analysis first cuts tiles at their operands' changes (exact for prelude
   masks), then into 4 x 4 and 16 x 16 sub-rectangles; tiles still undecided are
-  evaluated. Every step works in chunks that fit the memory budget.
+  evaluated. Every step works in chunks that fit the memory budget. Without
+  `evaluate`, only the pieces: tiles they leave undecided stay PARTIAL.
   """
   out = np.full(i.shape, PARTIAL, np.int8)
   todo = np.ones(i.shape, bool)
@@ -110,7 +112,7 @@ def _decide_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, budget
       out[sl] = state
       todo[sl] = ambiguous
   for parts in (4, 16):
-    if not todo.any() or parts > max(geo.bq, geo.bk):
+    if not evaluate or not todo.any() or parts > max(geo.bq, geo.bk):
       break
     idx = np.flatnonzero(todo)
     step = max(1, chunk_items // (parts * parts))
@@ -121,7 +123,7 @@ def _decide_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, budget
       out[sub] = state
       todo[sub] = ambiguous
   idx = np.flatnonzero(todo)
-  if idx.size:
+  if idx.size and evaluate:
     budget.charge(min(EVAL_CHUNK, geo.bq * geo.bk) * 64, "evaluating a tile")
     out[idx] = evaluate_tiles(m, geo, tables, np, b[idx] if not np.isscalar(b) else 0, i[idx],
                                j[idx])
@@ -402,6 +404,8 @@ class _StaticRuns:
              _split_hints(m, geo, tables, nb, False, self.budget))
     # the analysis starts from the rectangles where the operands allow true positions
     start = tile_cover(m, geo, tables, nb, self.budget)
+    if start is not None:
+      start = _small_as_tiles(start)
     self.leaves = _decided_leaves(m, geo, tables, batch, refine, self.budget, self.pieces, hints,
                                   start)
 
@@ -415,6 +419,31 @@ class _StaticRuns:
   def runs(self, along_rows: bool) -> Runs:
     return _pack_runs(*self.merged(along_rows), self.batch or 1,
                       self.geo.nq if along_rows else self.geo.nk)
+
+
+SMALL_COVER = 4  # rectangles of the cover of at most this many tiles start as single tiles
+
+
+def _small_as_tiles(rects):
+  """Rectangles `(b, i0, i1, j0, j1)` with the small ones cut into their single tiles.
+
+  Many short documents cover a thin band of one to three tiles per row: rounds of
+  halving would reach their single tiles anyway, one round per halving.
+  """
+  b, i0, i1, j0, j1 = rects
+  h, w = i1 - i0, j1 - j0
+  small = h * w <= SMALL_COVER
+  if not small.any():
+    return rects
+  n = (h * w)[small]
+  item = np.flatnonzero(small)[np.repeat(np.arange(n.size), n)]
+  k = ranges(np.zeros(n.size, np.int64), n)
+  i = i0[item] + k // w[item]
+  j = j0[item] + k % w[item]
+  big = ~small
+  return (np.concatenate([b[big], b[item]]), np.concatenate([i0[big], i]),
+          np.concatenate([i1[big], i + 1]), np.concatenate([j0[big], j]),
+          np.concatenate([j1[big], j + 1]))
 
 
 def _decided_leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
@@ -528,6 +557,49 @@ class _AxisRuns:
     p = np.concatenate([np.tile(np.arange(f, f + c), n_lines) for f, c in zip(first, count)])
     line = np.concatenate([np.repeat(np.arange(n_lines), c) for c in count])
     return b[p], line, a[p], z[p], state[p]
+
+  def runs(self, along_rows: bool) -> Runs:
+    return _pack_runs(*self.merged(along_rows), self.batch or 1,
+                      self.geo.nq if along_rows else self.geo.nk)
+
+
+class _EqualRuns:
+  """The runs of `x[q + s] == x[k + t]` where each value of x is one run of its batch row
+  (sorted segment ids; the ids of an image mask's runs): found by binary searches over
+  the runs each line reads, exactly, with no analysis (`maskc._equal_reads`)."""
+
+  def __init__(self, table: RunTable, shifts: tuple[int, int], on: np.ndarray | None,
+               geo: TileGeometry, batch: int | None, budget: Budget):
+    self.table, self.shifts, self.on, self.geo, self.batch = table, shifts, on, geo, batch
+    self.budget = budget
+
+  @classmethod
+  def of(cls, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
+         budget: Budget) -> _EqualRuns | None:
+    """The equal reads of `m` (`maskc._equal_reads.equal_reads_where`), where they apply."""
+    found = None if geo.positions else equal_reads_where(m)
+    if found is None:
+      return None
+    name, s, t, w = found
+    table = tables.run_table(name)
+    if not unique_runs(table):
+      return None
+    on = None
+    if w is not None:  # `& w[q + s]`: w must be constant on x's runs
+      w_table = tables.run_table(w)
+      if not (w_table.starts is table.starts or np.array_equal(w_table.starts, table.starts)):
+        return None
+      on = w_table.values != 0
+    return cls(table, (s, t), on, geo, batch, budget)
+
+  def merged(self, along_rows: bool):
+    """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
+    nb = self.batch or 1
+    geo = self.geo
+    tokens = self.table.length if self.on is None else 2 * self.table.length  # runs read
+    self.budget.charge(nb * (geo.nq + geo.nk + min(geo.nq + geo.nk, tokens)) * 6 * 8,
+                       "the runs of equal reads")
+    return equal_read_runs(self.table, geo, nb, *self.shifts, along_rows, self.on)
 
   def runs(self, along_rows: bool) -> Runs:
     return _pack_runs(*self.merged(along_rows), self.batch or 1,
@@ -770,6 +842,11 @@ def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     return _PeriodicRuns(m, geo, tables, batch, refine, budget, period)
   if _one_axis(m, geo):
     return _AxisRuns(m, geo, tables, batch, refine, budget)
+  while isinstance(m, ir.Call) and m.operands:  # `document(seg)`: the parts of its body
+    m = ir.expand(m)
+  equal = _EqualRuns.of(m, geo, tables, batch, budget)
+  if equal is not None:
+    return equal
   parts = _parts(m, geo)
   if parts is not None and not _parts_pay(m, geo, tables, batch):
     parts = None
@@ -815,11 +892,16 @@ class _CombinedRuns:
     """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
     geo = self.geo
     n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
-    patterns = [p for p in self.parts if isinstance(p, _AxisRuns) and p.pattern_along(along_rows)]
-    lines = [p for p in self.parts if not any(p is x for x in patterns)]
-    flat = _keyed(lines[0].merged(along_rows), n_lines, n_span)
-    for part in lines[1:]:
+    axis = [p for p in self.parts if isinstance(p, _AxisRuns)]
+    patterns = [p for p in axis if p.pattern_along(along_rows)]
+    whole = [p for p in axis if not p.pattern_along(along_rows)]  # one run per line
+    # whole lines first: under `&`, the other parts matter only on their non-EMPTY lines
+    order = whole + [p for p in self.parts if not isinstance(p, _AxisRuns)]
+    flat = _keyed(order[0].merged(along_rows), n_lines, n_span)
+    for part in order[1:]:
       other = _keyed(part.merged(along_rows), n_lines, n_span)
+      if whole and not self.union:
+        other = _on_lines(other, flat[0] // (n_span + 1), n_span)
       flat = self._combine_by_lines(flat, other, along_rows, n_lines, n_span)
     for part in patterns:
       flat = self._splice(flat, part.pattern, along_rows, n_lines, n_span)
@@ -931,13 +1013,12 @@ class _CombinedRuns:
       n = bhi - blo
       seg = np.repeat(np.arange(n.size), n)
       tile = blo[seg] + np.arange(seg.size) - np.repeat(np.cumsum(n) - n, n)
-      st = np.full(tile.size, PARTIAL, np.int8)
-      if self.refine:
-        line, pos = np.divmod(tile, n_span + 1)
-        bb, line = np.divmod(line, self.geo.nq if along_rows else self.geo.nk)
-        i, j = (line, pos) if along_rows else (pos, line)
-        st = _decide_tiles(self.m, self.geo, self.tables, bb if self.batch else 0, i, j,
-                           self.budget, self._pieces(), self.batch or 1)
+      line, pos = np.divmod(tile, n_span + 1)
+      bb, line = np.divmod(line, self.geo.nq if along_rows else self.geo.nk)
+      i, j = (line, pos) if along_rows else (pos, line)
+      # unrefined, by the pieces alone: as sharp as the analysis of the mask whole
+      st = _decide_tiles(self.m, self.geo, self.tables, bb if self.batch else 0, i, j,
+                         self.budget, self._pieces(), self.batch or 1, evaluate=self.refine)
       decided = st != EMPTY
       lo_k = np.concatenate([lo_k, tile[decided]])
       hi_k = np.concatenate([hi_k, tile[decided] + 1])
@@ -948,6 +1029,13 @@ class _CombinedRuns:
 
 
 COMBINE_CHUNK = 1 << 15  # runs combined at a time
+
+
+def _on_lines(runs, lines: np.ndarray, n_span: int):
+  """Flat runs `(start key, stop key, state)` (`_keyed`) of the sorted flat `lines` only."""
+  at = runs[0] // (n_span + 1)
+  keep = np.isin(at, lines, assume_unique=False) if lines.size else np.zeros(at.size, bool)
+  return tuple(x[keep] for x in runs)
 
 
 def _merge_keyed(key, end, state):

@@ -1,0 +1,143 @@
+"""Tiles of `x[q + s] == x[k + t]` by binary searches, where each value of x is one run.
+
+`document(seg)` with sorted segment ids, and the ids of an image mask's runs of
+zeros and nonzeros that `bidirectional(img)` compares (`maskc._analysis`), hold
+each value in one run of its batch row. Then two positions are equal exactly
+when they read the same run, and a tile's state follows from the runs its rows
+read, `[r0, r1]`, and those its columns read, `[c0, c1]`: EMPTY where the
+intervals are disjoint, FULL where both are the same single run, PARTIAL
+(certainly mixed) otherwise. Columns read nondecreasing intervals of runs, so
+each row's non-EMPTY columns are one range found by binary search, with its FULL
+columns one range inside: at most three runs per line, exact, with no range
+analysis, in time that follows the lines.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from maskc import _ir as ir
+from maskc._analysis import same_runs
+from maskc._operand_runs import RunTable, unit_shift
+from maskc._ragged import ranges
+from maskc._tile_geometry import TileGeometry
+from maskc._tiles import FULL, PARTIAL
+
+
+def equal_reads(m: ir.Mask) -> tuple[str, int, int] | None:
+  """`(operand table, s, t)` when `m` is `x[q + s] == x[k + t]` (either side first)."""
+  if not (isinstance(m, ir.Compare) and m.ops == ("==",) and
+          all(isinstance(x, ir.Read) for x in m.terms)):
+    return None
+  a, b = m.terms
+  if ir.array_key(a) != ir.array_key(b):
+    return None
+  for x, y in ((a, b), (b, a)):
+    s, t = unit_shift(x.index, "q"), unit_shift(y.index, "k")
+    if s is not None and t is not None:
+      return ir.array_key(a), s, t
+  return None
+
+
+def equal_reads_where(m: ir.Mask) -> tuple[str, int, int, str | None] | None:
+  """`(x, s, t, w)` when `m` is `x[q + s] == x[k + t]` (w None) or that `& w[q + s]`
+  (`bidirectional(x)`'s body once its run ids are those of x's runs: `maskc._analysis.
+  same_runs`)."""
+  if isinstance(m, ir.And) and len(m.items) == 2:
+    items = same_runs(m.items)
+    for eq, w in (items, items[::-1]):
+      found = equal_reads(eq)
+      if (found is not None and isinstance(w, ir.Truth) and isinstance(w.read, ir.Read) and
+          unit_shift(w.read.index, "q") == found[1]):
+        return found + (ir.array_key(w.read),)
+    return None
+  found = equal_reads(m)
+  return None if found is None else found + (None,)
+
+
+def unique_runs(table: RunTable) -> bool:
+  """Whether each value of the operand occurs in one run of its batch row."""
+  values, row = table.values, table.row
+  if values.size < 2 or np.all((values[1:] > values[:-1]) | (row[1:] != row[:-1])):
+    return True  # increasing in each batch row (sorted ids)
+  order = np.lexsort((values, row))
+  v, r = values[order], row[order]
+  return not np.any((v[1:] == v[:-1]) & (r[1:] == r[:-1]))
+
+
+def _lines_read(table: RunTable, geo: TileGeometry, along_rows: bool, shift: int):
+  """First and last run read by each line of tiles of each row of the operand,
+  `[table.batch * n_lines]`: global run indices, nondecreasing in that order."""
+  n = geo.nq if along_rows else geo.nk
+  t = np.arange(n, dtype=np.int64)
+  lo, hi = geo.q_bounds(t, t + 1) if along_rows else geo.k_bounds(t, t + 1)
+  rows = table.batch
+  b = np.repeat(np.arange(rows, dtype=np.int64), n) if rows > 1 else 0
+  lo, hi = np.tile(lo + shift, rows), np.tile(hi + shift, rows)
+  return table.run_index(b, lo), table.run_index(b, hi)
+
+
+def equal_read_runs(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift: int,
+                    along_rows: bool, on: np.ndarray | None = None):
+  """The runs of `x[q + s] == x[k + t]` along rows (or columns) as sorted, merged
+  `(b, line, a, z, state)` arrays, for an operand whose values are one run each
+  (`unique_runs`) and which has 1 or `nb` batch rows.
+
+  `on`: per run of x, whether a truth read beside it at `q + s` holds there
+  (`& w[q + s]`, where w is constant on x's runs): only those runs can be true.
+  """
+  shifts = (q_shift, k_shift) if along_rows else (k_shift, q_shift)
+  r0, r1 = _lines_read(table, geo, along_rows, shifts[0])
+  c0, c1 = _lines_read(table, geo, not along_rows, shifts[1])
+  n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
+  runs = table.values.size
+  if table.batch == 1 and nb > 1:  # one operand row read by every batch row
+    r0, r1, c0, c1 = (np.tile(x, nb) + np.repeat(np.arange(nb) * runs, x.size)
+                      for x in (r0, r1, c0, c1))
+    on = None if on is None else np.tile(on, nb)
+  flat = np.arange(nb * n_lines, dtype=np.int64)
+  base = flat // n_lines * n_span
+  # a line reading one run: the span's lines meeting it, FULL where they read it alone
+  one = r0 == r1
+  if on is not None:
+    one &= on[r0]
+  f, r = flat[one], r0[one]
+  j0 = np.searchsorted(c1, r, "left") - base[one]
+  f0 = np.searchsorted(c0, r, "left") - base[one]
+  f1 = np.searchsorted(c1, r, "right") - base[one]
+  j1 = np.searchsorted(c0, r, "right") - base[one]
+  full = f1 > f0
+  f0, f1 = np.where(full, f0, j1), np.where(full, f1, j1)
+  parts = [(np.repeat(f, 3), np.stack([j0, f0, f1], 1).reshape(-1),
+            np.stack([f0, f1, j1], 1).reshape(-1),
+            np.tile(np.array([PARTIAL, FULL, PARTIAL], np.int8), f.size))]
+  # a line reading several runs: PARTIAL where the span meets one of them (every run,
+  # or those `on`)
+  many = r0 < r1
+  if on is None:  # the runs are consecutive: the span's lines meeting them are one range
+    f = flat[many]
+    j0 = np.searchsorted(c1, r0[many], "left") - base[many]
+    j1 = np.searchsorted(c0, r1[many], "right") - base[many]
+  else:
+    n = (r1 - r0 + 1)[many]
+    f = np.repeat(flat[many], n)
+    r = ranges(r0[many], n)
+    kept = on[r]
+    f, r = f[kept], r[kept]
+    j0 = np.searchsorted(c1, r, "left") - base[f]
+    j1 = np.searchsorted(c0, r, "right") - base[f]
+    # ranges of one line, in order of their runs, united where they meet
+    if f.size:
+      new = np.ones(f.size, bool)
+      new[1:] = (f[1:] != f[:-1]) | (j0[1:] > j1[:-1])
+      starts = np.flatnonzero(new)
+      last = np.append(starts[1:], f.size) - 1
+      f, j0, j1 = f[starts], j0[starts], j1[last]
+  parts.append((f, j0, j1, np.full(f.size, PARTIAL, np.int8)))
+  f, a, z, state = (np.concatenate(x) for x in zip(*parts))
+  keep = z > a
+  f, a, z, state = f[keep], a[keep], z[keep], state[keep]
+  order = np.argsort(f, kind="stable")  # each line's runs are in order already
+  f, a, z, state = f[order], a[order], z[order], state[order]
+  b, line = np.divmod(f, n_lines)
+  return b, line, a, z, state
