@@ -801,7 +801,8 @@ WHOLE_AFTER = 0.25  # operand changes per tile row above which an `&` is lowered
 
 
 def _parts_pay(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None) -> bool:
-  """Whether lowering `m` in parts (`_parts`) beats lowering it whole.
+  """Whether lowering `m` in parts (`_parts`) beats lowering it whole, where a part needs
+  range analysis (parts that need none always pay: `_unanalysed`).
 
   An `&` lowered whole prunes its operand items by its periodic ones: with many
   short documents `causal & document(seg)` analyses half the diagonal squares
@@ -817,6 +818,15 @@ def _parts_pay(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None)
   changes = sum(tables.run_table(name).starts.size - nb for name in {n for n, _ in
                                                                        reads_at(m, "q")})
   return changes <= WHOLE_AFTER * nb * geo.nq
+
+
+def _unanalysed(m: ir.Mask, geo: TileGeometry, tables: Tables) -> bool:
+  """Whether `m` is lowered without range analysis over the grid: by its period, along
+  one axis, or as equal reads of runs (`_runs_of_mask`)."""
+  while isinstance(m, ir.Call) and m.operands:
+    m = ir.expand(m)
+  return (_periodic(m, geo) is not None or _one_axis(m, geo) or
+          _EqualRuns.of(m, geo, tables, None, Budget(0)) is not None)
 
 
 def operand_free_split(m: ir.Mask):
@@ -848,7 +858,8 @@ def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   if equal is not None:
     return equal
   parts = _parts(m, geo)
-  if parts is not None and not _parts_pay(m, geo, tables, batch):
+  if parts is not None and not _parts_pay(m, geo, tables, batch) and not all(
+      _unanalysed(x, geo, tables) for x in parts):
     parts = None
   if parts is not None:
     return _CombinedRuns(m, [_runs_of_mask(x, geo, tables, batch, refine, budget)

@@ -628,15 +628,19 @@ def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed)
       assert np.all((got == EMPTY) <= (expected == EMPTY))
 
 
-@pytest.mark.parametrize("lo,hi,in_parts", [(4, 16, False), (40, 160, True)])
-def test_an_intersection_with_dense_operands_is_lowered_whole(lo, hi, in_parts):
-  """`causal & document(seg)` is lowered in parts for long documents and whole for short
-  ones (more than one document per four tile rows), with the same runs either way."""
+@pytest.mark.parametrize("lo,hi,ids,in_parts", [(4, 16, 7, False), (40, 160, 7, True),
+                                                 (4, 16, None, True)])
+def test_an_intersection_with_dense_operands_is_lowered_whole(lo, hi, ids, in_parts):
+  """`causal & document(seg)` with repeated ids (`ids` values, round robin) is lowered in parts
+  for long documents and whole for short ones (more than one document per four tile rows);
+  with one run per id (sorted documents) its documents need no analysis, and it is lowered in
+  parts however short; the same runs every way."""
   from maskc import _lower, _lower_static
   from maskc._analysis import Tables
   from maskc._tile_geometry import TileGeometry
   rng = np.random.default_rng(lo)
-  seg = np.repeat(np.arange(512), rng.integers(lo, hi, 512))[:4096]
+  doc = np.arange(512) % ids if ids else np.arange(512)
+  seg = np.repeat(doc, rng.integers(lo, hi, 512))[:4096]
   bound = _lower.bind_masks("causal & document(seg)", 4096, operands={"seg": seg})
   geo = TileGeometry(bound.shape, 16, 16)
   tables = Tables(np, bound.operands, bound.forms)
@@ -644,6 +648,9 @@ def test_an_intersection_with_dense_operands_is_lowered_whole(lo, hi, in_parts):
   runs = _lower_static._runs_of_mask(bound.masks[0], geo, tables, None, True,
                                      _lower_static.Budget(1 << 28))
   assert isinstance(runs, _lower_static._CombinedRuns) == in_parts
+  if in_parts:
+    kinds = {type(p).__name__ for p in runs.parts}
+    assert kinds == {"_PeriodicRuns", "_EqualRuns" if ids is None else "_StaticRuns"}
   dense = np.asarray(maskc.materialize("causal & document(seg)", 4096, operands={"seg": seg}))
   _lower._CACHE.clear()
   bm = maskc.compile("causal & document(seg)", 4096, block_q=16, block_kv=16,
