@@ -713,19 +713,29 @@ def _line_pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | Non
 
 
 def _pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, along_rows: bool,
-            budget: Budget) -> Pieces:
-  """Each q tile row (or k tile column) cut at the changes of the operands read along it."""
+            budget: Budget, lines: np.ndarray | None = None) -> Pieces:
+  """Each q tile row (or k tile column) cut at the changes of the operands read along it.
+
+  `lines`: only these flat lines `b * n_lines + line` (sorted, distinct); the others
+  then have no pieces, and must not be asked for.
+  """
   nb = batch or 1
-  if along_rows:
-    lo, hi = geo.q_bounds(np.arange(geo.nq), np.arange(1, geo.nq + 1))
-  else:
-    lo, hi = geo.k_bounds(np.arange(geo.nk), np.arange(1, geo.nk + 1))
+  n = geo.nq if along_rows else geo.nk
+  t = np.arange(n) if lines is None else lines % n
+  lo, hi = geo.q_bounds(t, t + 1) if along_rows else geo.k_bounds(t, t + 1)
   lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
   reads = reads_at(m, "q" if along_rows else "k")
   for name, _ in reads:
-    budget.charge(tables.size(name) * 2 + lo.size * nb * 64, f"the runs of operand `{name}`")
+    budget.charge(tables.size(name) * 2 + lo.size * (nb if lines is None else 1) * 64,
+                  f"the runs of operand `{name}`")
     tables.run_table(name)
-  return line_pieces({n: tables.run_table(n) for n, _ in reads}, reads, nb, lo, hi)
+  found = {n: tables.run_table(n) for n, _ in reads}
+  if lines is None:
+    return line_pieces(found, reads, nb, lo, hi)
+  some = line_pieces(found, reads, nb, lo, hi, rows=lines // n)
+  first, count = np.zeros(nb * n, np.int64), np.zeros(nb * n, np.int64)
+  first[lines], count[lines] = some.first, some.count
+  return Pieces(some.lo, some.hi, first, count)
 
 
 def _stack_runs(runs: list[Runs]) -> Runs:
@@ -883,21 +893,25 @@ class _CombinedRuns:
     self.m, self.parts, self.geo, self.tables = m, parts, geo, tables
     self.batch, self.refine, self.budget = batch, refine, budget
     self.union = isinstance(m, ir.Or)
-    self.pieces = None
 
-  def _pieces(self):
-    """Operand pieces of the whole mask's lines (as `_StaticRuns`), for deciding tiles.
+  def _pieces(self, b, i, j):
+    """Operand pieces of the whole mask's lines (as `_StaticRuns`) for deciding tiles
+    `(b, i, j)`: of their rows and columns only, where no part lends them.
 
     The operand-free part reads nothing, so a part that cut its lines at the same
     reads lends its pieces.
     """
-    if self.pieces is None:
-      reads = [reads_at(self.m, axis) for axis in "qk"]
-      lent = [x.pieces for x in self.parts if isinstance(x, _StaticRuns) and
-              [reads_at(x.m, axis) for axis in "qk"] == reads]
-      self.pieces = lent[0] if lent else _line_pieces(self.m, self.geo, self.tables, self.batch,
-                                                      self.budget)
-    return self.pieces
+    geo = self.geo
+    if geo.batched_positions:
+      return None
+    reads = [reads_at(self.m, axis) for axis in "qk"]
+    lent = [x.pieces for x in self.parts if isinstance(x, _StaticRuns) and
+            [reads_at(x.m, axis) for axis in "qk"] == reads]
+    if lent:
+      return lent[0]
+    return tuple(_pieces(self.m, geo, self.tables, self.batch, rows, self.budget,
+                         np.unique(b * n + line))
+                 for rows, n, line in ((True, geo.nq, i), (False, geo.nk, j)))
 
   def merged(self, along_rows: bool):
     """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
@@ -1029,7 +1043,8 @@ class _CombinedRuns:
       i, j = (line, pos) if along_rows else (pos, line)
       # unrefined, by the pieces alone: as sharp as the analysis of the mask whole
       st = _decide_tiles(self.m, self.geo, self.tables, bb if self.batch else 0, i, j,
-                         self.budget, self._pieces(), self.batch or 1, evaluate=self.refine)
+                         self.budget, self._pieces(bb, i, j), self.batch or 1,
+                         evaluate=self.refine)
       decided = st != EMPTY
       lo_k = np.concatenate([lo_k, tile[decided]])
       hi_k = np.concatenate([hi_k, tile[decided] + 1])

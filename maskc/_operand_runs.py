@@ -285,7 +285,7 @@ class Pieces:
   @property
   def cut(self) -> bool:
     """Whether any line is cut into more than one piece."""
-    return bool(self.lo.size > self.count.size)
+    return bool((self.count > 1).any())
 
   def expand(self, flat_line: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For items on lines `flat_line`: (item of each piece, piece lo, piece hi)."""
@@ -330,7 +330,8 @@ def unit_shift(t: ir.Term, axis: str) -> int | None:
 
 
 def line_pieces(tables: dict[str, RunTable], reads: list[tuple[str, int]], nb: int,
-                lo: np.ndarray, hi: np.ndarray, limit: int = PIECES_PER_LINE) -> Pieces:
+                lo: np.ndarray, hi: np.ndarray, limit: int = PIECES_PER_LINE,
+                rows: np.ndarray | None = None) -> Pieces:
   """Cuts lines (positions `[lo, hi]` per line, the same for every batch row) at operand changes.
 
   Args:
@@ -339,11 +340,16 @@ def line_pieces(tables: dict[str, RunTable], reads: list[tuple[str, int]], nb: i
     nb: batch rows; lines are flat `b * len(lo) + line`.
     lo, hi: each line's inclusive position bounds.
     limit: lines that would have more pieces than this stay whole.
+    rows: the batch row of each line when `lo` and `hi` list lines of any batch rows
+      (then lines are numbered as listed, not repeated for each batch row).
   """
-  n_lines = lo.size
-  b = np.repeat(np.arange(nb, dtype=np.int64), n_lines)
-  lo_all, hi_all = np.tile(lo, nb), np.tile(hi, nb)
-  line_of, cut_at, total = [], [], np.zeros(nb * n_lines, np.int64)
+  if rows is None:
+    n_lines = lo.size
+    b = np.repeat(np.arange(nb, dtype=np.int64), n_lines)
+    lo_all, hi_all = np.tile(lo, nb), np.tile(hi, nb)
+  else:
+    b, lo_all, hi_all = np.asarray(rows, np.int64), lo, hi
+  line_of, cut_at, total = [], [], np.zeros(b.size, np.int64)
   spans, seen = [], set()
   for name, shift in reads:
     t = tables[name]
@@ -373,7 +379,7 @@ def line_pieces(tables: dict[str, RunTable], reads: list[tuple[str, int]], nb: i
     fresh[1:] = (f[1:] != f[:-1]) | (c[1:] != c[:-1])
     fresh &= (c > lo_all[f]) & (c <= hi_all[f])
     f, c = f[fresh], c[fresh]
-  count = np.bincount(f, minlength=nb * n_lines).astype(np.int64) + 1
+  count = np.bincount(f, minlength=b.size).astype(np.int64) + 1
   first = np.cumsum(count) - count
   # piece starts: the line's lo, then its cuts; piece ends: the next start - 1, or the line's hi
   starts = np.empty(int(count.sum()), np.int64)
