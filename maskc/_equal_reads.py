@@ -9,7 +9,9 @@ intervals are disjoint, FULL where both are the same single run, PARTIAL
 (certainly mixed) otherwise. Columns read nondecreasing intervals of runs, so
 each row's non-EMPTY columns are one range found by binary search, with its FULL
 columns one range inside: at most three runs per line, exact, with no range
-analysis, in time that follows the lines.
+analysis, in time that follows the lines. Beside a truth read `& w[q + s]` that is
+constant on x's runs (`bidirectional`'s `& img[q]`), only the runs where w holds
+count: a line then meets one range per such run it reads.
 """
 
 from __future__ import annotations
@@ -97,10 +99,22 @@ def equal_read_runs(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k
     on = None if on is None else np.tile(on, nb)
   flat = np.arange(nb * n_lines, dtype=np.int64)
   base = flat // n_lines * n_span
-  # a line reading one run: the span's lines meeting it, FULL where they read it alone
-  one = r0 == r1
-  if on is not None:
-    one &= on[r0]
+  if on is None:  # every line: the span's lines meeting its runs, FULL inside for one run
+    j0 = np.searchsorted(c1, r0, "left") - base
+    j1 = np.searchsorted(c0, r1, "right") - base
+    f0 = np.searchsorted(c0, r0, "left") - base
+    f1 = np.searchsorted(c1, r0, "right") - base
+    full = (r0 == r1) & (f1 > f0)
+    f0, f1 = np.where(full, f0, j1), np.where(full, f1, j1)
+    a = np.stack([j0, f0, f1], axis=1).reshape(-1)
+    z = np.stack([f0, f1, j1], axis=1).reshape(-1)
+    keep = z > a
+    state = np.tile(np.array([PARTIAL, FULL, PARTIAL], np.int8), flat.size)
+    b, line = np.divmod(np.repeat(flat, 3)[keep], n_lines)
+    return b, line, a[keep], z[keep], state[keep]
+  # a line reading one run that is `on`: the span's lines meeting it, FULL where they
+  # read it alone
+  one = (r0 == r1) & on[r0]
   f, r = flat[one], r0[one]
   j0 = np.searchsorted(c1, r, "left") - base[one]
   f0 = np.searchsorted(c0, r, "left") - base[one]
@@ -111,28 +125,22 @@ def equal_read_runs(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k
   parts = [(np.repeat(f, 3), np.stack([j0, f0, f1], 1).reshape(-1),
             np.stack([f0, f1, j1], 1).reshape(-1),
             np.tile(np.array([PARTIAL, FULL, PARTIAL], np.int8), f.size))]
-  # a line reading several runs: PARTIAL where the span meets one of them (every run,
-  # or those `on`)
+  # a line reading several runs: PARTIAL where the span meets one of those `on`, one
+  # range per run, united where they meet
   many = r0 < r1
-  if on is None:  # the runs are consecutive: the span's lines meeting them are one range
-    f = flat[many]
-    j0 = np.searchsorted(c1, r0[many], "left") - base[many]
-    j1 = np.searchsorted(c0, r1[many], "right") - base[many]
-  else:
-    n = (r1 - r0 + 1)[many]
-    f = np.repeat(flat[many], n)
-    r = ranges(r0[many], n)
-    kept = on[r]
-    f, r = f[kept], r[kept]
-    j0 = np.searchsorted(c1, r, "left") - base[f]
-    j1 = np.searchsorted(c0, r, "right") - base[f]
-    # ranges of one line, in order of their runs, united where they meet
-    if f.size:
-      new = np.ones(f.size, bool)
-      new[1:] = (f[1:] != f[:-1]) | (j0[1:] > j1[:-1])
-      starts = np.flatnonzero(new)
-      last = np.append(starts[1:], f.size) - 1
-      f, j0, j1 = f[starts], j0[starts], j1[last]
+  n = (r1 - r0 + 1)[many]
+  f = np.repeat(flat[many], n)
+  r = ranges(r0[many], n)
+  kept = on[r]
+  f, r = f[kept], r[kept]
+  j0 = np.searchsorted(c1, r, "left") - base[f]
+  j1 = np.searchsorted(c0, r, "right") - base[f]
+  if f.size:
+    new = np.ones(f.size, bool)
+    new[1:] = (f[1:] != f[:-1]) | (j0[1:] > j1[:-1])
+    starts = np.flatnonzero(new)
+    last = np.append(starts[1:], f.size) - 1
+    f, j0, j1 = f[starts], j0[starts], j1[last]
   parts.append((f, j0, j1, np.full(f.size, PARTIAL, np.int8)))
   f, a, z, state = (np.concatenate(x) for x in zip(*parts))
   keep = z > a
