@@ -38,12 +38,14 @@ from typing import NamedTuple
 import numpy as np
 
 from maskc import _ir as ir
-from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, same_runs
+from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._bind import Shape
 from maskc._diagonal_period import diagonal_period
 from maskc._equal_reads import equal_read_runs, equal_reads_where, unique_runs
 from maskc._operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
 from maskc._ragged import ranges
+from maskc._run_lists import (expand_in_order, expand_leaves, keyed, merge_keyed, merge_runs,
+                              on_lines, pack_runs, stack_runs)
 from maskc._tile_cover import tile_cover
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK,
@@ -342,51 +344,6 @@ def _strip_pieces(m, geo: TileGeometry, tables: Tables, batch, along_rows: bool,
   return _combine_pieces(item, line.size, t.state, t.certain)
 
 
-def _merge_runs(b, line, a, z, state, in_order: bool = False):
-  """Runs of non-empty tiles sorted by (b, line, a), adjacent runs of one state merged.
-
-  `in_order`: the runs come sorted already.
-  """
-  keep = state != EMPTY
-  if not keep.all():
-    b, line, a, z, state = b[keep], line[keep], a[keep], z[keep], state[keep]
-  if b.size and not in_order:
-    lines, span = int(line.max()) + 1, int(a.max()) + 1
-    if (int(b.max()) + 1) * lines * span < 1 << 62:  # one int64 key sorts faster than three
-      order = np.argsort((b.astype(np.int64) * lines + line) * span + a, kind="stable")
-    else:
-      order = np.lexsort((a, line, b))
-    b, line, a, z, state = b[order], line[order], a[order], z[order], state[order]
-  if b.size:
-    new = np.ones(b.size, bool)
-    new[1:] = (b[1:] != b[:-1]) | (line[1:] != line[:-1]) | (state[1:] != state[:-1]) | (
-        a[1:] != z[:-1])
-    starts = np.flatnonzero(new)
-    b, line, state, a = b[starts], line[starts], state[starts], a[starts]
-    z = z[np.append(starts[1:], z.size) - 1]  # runs are disjoint and sorted: the last ends last
-  return b, line, a, z, state
-
-
-def _pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
-  """Runs of non-empty tiles, sorted and merged (`_merge_runs`), packed into
-  `[nb, n_lines, R]` arrays."""
-  count = np.bincount(b * n_lines + line if nb > 1 else line,
-                      minlength=nb * n_lines).astype(np.int32)
-  r = max(1, int(count.max()) if count.size else 1)
-  shape = (nb, n_lines, r)
-  # the runs come sorted by line: in row-major order, the k-th run of a line fills its
-  # slot k, so a mask of the used slots places them all (several times faster than a
-  # scatter to computed indices)
-  used = (np.arange(r, dtype=np.int32) < count[:, None]).reshape(shape)
-  start = np.zeros(shape, np.int32)
-  stop = np.zeros(shape, np.int32)
-  st = np.zeros(shape, np.int8)
-  start[used] = a
-  stop[used] = z
-  st[used] = state
-  return Runs(start, stop, st, count.reshape(nb, n_lines))
-
-
 class _StaticRuns:
   """The runs of one mask along rows now and along columns on demand, from one set of leaves.
 
@@ -414,10 +371,10 @@ class _StaticRuns:
     _, i0, i1, j0, j1, _ = self.leaves
     self.budget.charge(int(((i1 - i0) if along_rows else (j1 - j0)).sum()) * 48, "the packed runs")
     n_lines = self.geo.nq if along_rows else self.geo.nk
-    return _merge_runs(*_expand_in_order(self.leaves, along_rows, n_lines), in_order=True)
+    return merge_runs(*expand_in_order(self.leaves, along_rows, n_lines), in_order=True)
 
   def runs(self, along_rows: bool) -> Runs:
-    return _pack_runs(*self.merged(along_rows), self.batch or 1,
+    return pack_runs(*self.merged(along_rows), self.batch or 1,
                       self.geo.nq if along_rows else self.geo.nk)
 
 
@@ -465,38 +422,6 @@ def _decided_leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | 
   return tuple(x[keep] for x in (b, i0, i1, j0, j1, state))
 
 
-def _expand(leaves, along_rows: bool):
-  """Leaves `(b, i0, i1, j0, j1, state)` as runs `(b, line, a, z, state)` of single lines."""
-  b, i0, i1, j0, j1, state = leaves
-  lo, hi, a, z = (i0, i1, j0, j1) if along_rows else (j0, j1, i0, i1)
-  n = hi - lo
-  item = np.repeat(np.arange(n.size, dtype=np.int32), n)  # tile counts fit int32 (`Runs`)
-  line = (lo - (np.cumsum(n) - n)).astype(np.int32)[item] + np.arange(item.size, dtype=np.int32)
-  return (b.astype(np.int32)[item], line, a.astype(np.int32)[item], z.astype(np.int32)[item],
-          state[item])
-
-
-def _expand_in_order(leaves, along_rows: bool, n_lines: int):
-  """`_expand`, sorted by `(b, line, a)`.
-
-  The leaves are ordered by their first position `a`, so that expanding them
-  gives each line's runs in order, and the runs then sorted stably by line and
-  batch row: radix sorts (NumPy's stable sort of 16-bit keys), several times
-  faster than sorting one int64 key when a mask has hundreds of thousands of runs
-  (`| g[k]` puts one on every line). Runs of a mask never overlap, so `a` is
-  distinct within a line and ties in the first sort do not matter.
-  """
-  nb = int(leaves[0].max()) + 1 if leaves[0].size else 1
-  if max(n_lines, nb) > 1 << 16:  # keys too wide for a radix sort: sorted (and merged) by one key
-    return _merge_runs(*_expand(leaves, along_rows))
-  order = np.argsort(leaves[3] if along_rows else leaves[1])
-  runs = _expand(tuple(x[order] for x in leaves), along_rows)
-  order = np.argsort(runs[1].astype(np.uint16), kind="stable")
-  if nb > 1:
-    order = order[np.argsort(runs[0][order].astype(np.uint16), kind="stable")]
-  return tuple(x[order] for x in runs)
-
-
 class _AxisRuns:
   """The runs of a mask that reads one position only (`g[k]`, `valid[k]`, `g[q]`).
 
@@ -531,7 +456,7 @@ class _AxisRuns:
                                                start=start)
     a, z = (i0, i1) if self.axis == "q" else (j0, j1)
     # (b, a, z, state): the pattern of each batch row, sorted and merged
-    self.pattern = tuple(x for i, x in enumerate(_merge_runs(b, np.zeros_like(b), a, z, state))
+    self.pattern = tuple(x for i, x in enumerate(merge_runs(b, np.zeros_like(b), a, z, state))
                          if i != 1)
 
   def pattern_along(self, along_rows: bool) -> bool:
@@ -559,7 +484,7 @@ class _AxisRuns:
     return b[p], line, a[p], z[p], state[p]
 
   def runs(self, along_rows: bool) -> Runs:
-    return _pack_runs(*self.merged(along_rows), self.batch or 1,
+    return pack_runs(*self.merged(along_rows), self.batch or 1,
                       self.geo.nq if along_rows else self.geo.nk)
 
 
@@ -602,7 +527,7 @@ class _EqualRuns:
     return equal_read_runs(self.table, geo, nb, *self.shifts, along_rows, self.on)
 
   def runs(self, along_rows: bool) -> Runs:
-    return _pack_runs(*self.merged(along_rows), self.batch or 1,
+    return pack_runs(*self.merged(along_rows), self.batch or 1,
                       self.geo.nq if along_rows else self.geo.nk)
 
 
@@ -664,7 +589,7 @@ class _PeriodicRuns:
         virtual = Shape.of((n_span + reps * t_span) * geo.bq, base_lines * geo.bk,
                            shape.q_offset - reps * self.step)
       leaves = self._decided(TileGeometry(virtual, geo.bq, geo.bk))
-      _, line, a, z, st = _merge_runs(*_expand_in_order(leaves, along_rows, base_lines),
+      _, line, a, z, st = merge_runs(*expand_in_order(leaves, along_rows, base_lines),
                                       in_order=True)
       self.budget.charge(line.size * (reps + 1) * 48, "the repeated runs")
       t = np.arange(reps + 1, dtype=np.int64)[:, None]
@@ -676,12 +601,12 @@ class _PeriodicRuns:
       st = np.broadcast_to(st[None, :], keep.shape)
       parts.append((np.zeros(int(keep.sum()), np.int64), line[keep], a[keep], z[keep], st[keep]))
     if self.edges is not None:
-      parts.append(_expand(self.edges, along_rows))
+      parts.append(expand_leaves(self.edges, along_rows))
     if not parts:
       parts.append(tuple(np.zeros(0, np.int64) for _ in range(4)) + (np.zeros(0, np.int8),))
     # The repeats come line by line, each line's runs in order: only the edges need a sort.
-    return _merge_runs(*(np.concatenate(x) for x in zip(*parts)),
-                       in_order=self.edges is None)
+    return merge_runs(*(np.concatenate(x) for x in zip(*parts)),
+                      in_order=self.edges is None)
 
   def merged(self, along_rows: bool):
     """The runs of every batch row as sorted, merged `(b, line, a, z, state)` arrays."""
@@ -693,7 +618,7 @@ class _PeriodicRuns:
     return (b,) + tuple(np.tile(x, nb) for x in one[1:])
 
   def runs(self, along_rows: bool) -> Runs:
-    runs = _pack_runs(*self._merged_row(along_rows), 1,
+    runs = pack_runs(*self._merged_row(along_rows), 1,
                       self.geo.nq if along_rows else self.geo.nk)
     nb = self.batch or 1
     return Runs(*(np.repeat(x, nb, axis=0) for x in runs)) if nb > 1 else runs
@@ -738,18 +663,6 @@ def _pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, al
   return Pieces(some.lo, some.hi, first, count)
 
 
-def _stack_runs(runs: list[Runs]) -> Runs:
-  """Each mask's runs `[B, n_lines, R_u]` as one `[B, U, n_lines, R]` (a view for one mask)."""
-  if len(runs) == 1:
-    return Runs(*(np.expand_dims(x, 1) for x in runs[0]))
-  r = max(x.start.shape[-1] for x in runs)
-  def pad(arr):
-    return np.pad(arr, [(0, 0)] * (arr.ndim - 1) + [(0, r - arr.shape[-1])])
-  return Runs(*(np.stack([pad(getattr(x, f)) for x in runs], axis=1) for f in ("start", "stop",
-                                                                                "state")),
-              np.stack([x.count for x in runs], axis=1))
-
-
 class _Backward:
   """Computes the per-key-tile runs of a static map once, when a backward pass first asks.
 
@@ -762,7 +675,7 @@ class _Backward:
 
   def __call__(self) -> Runs:
     if self.runs is None:
-      self.runs = _stack_runs([r.runs(along_rows=False) for r in self.per_mask])
+      self.runs = stack_runs([r.runs(along_rows=False) for r in self.per_mask])
       self.per_mask = []
     return self.runs
 
@@ -922,15 +835,15 @@ class _CombinedRuns:
     whole = [p for p in axis if not p.pattern_along(along_rows)]  # one run per line
     # whole lines first: under `&`, the other parts matter only on their non-EMPTY lines
     order = whole + [p for p in self.parts if not isinstance(p, _AxisRuns)]
-    flat = _keyed(order[0].merged(along_rows), n_lines, n_span)
+    flat = keyed(order[0].merged(along_rows), n_lines, n_span)
     for part in order[1:]:
-      other = _keyed(part.merged(along_rows), n_lines, n_span)
+      other = keyed(part.merged(along_rows), n_lines, n_span)
       if whole and not self.union:
-        other = _on_lines(other, flat[0] // (n_span + 1), n_span)
+        other = on_lines(other, flat[0] // (n_span + 1), n_span)
       flat = self._combine_by_lines(flat, other, along_rows, n_lines, n_span)
     for part in patterns:
       flat = self._splice(flat, part.pattern, along_rows, n_lines, n_span)
-    key, end, state = _merge_keyed(*flat)
+    key, end, state = merge_keyed(*flat)
     line, a = np.divmod(key, n_span + 1)
     if self.batch:
       b, line = np.divmod(line, n_lines)
@@ -939,7 +852,7 @@ class _CombinedRuns:
     return b, line, a, a + (end - key), state
 
   def runs(self, along_rows: bool) -> Runs:
-    return _pack_runs(*self.merged(along_rows), self.batch or 1,
+    return pack_runs(*self.merged(along_rows), self.batch or 1,
                       self.geo.nq if along_rows else self.geo.nk)
 
   def _splice(self, x, pattern, along_rows: bool, n_lines: int, n_span: int):
@@ -1057,40 +970,6 @@ class _CombinedRuns:
 COMBINE_CHUNK = 1 << 15  # runs combined at a time
 
 
-def _on_lines(runs, lines: np.ndarray, n_span: int):
-  """Flat runs `(start key, stop key, state)` (`_keyed`) of the sorted flat `lines` only."""
-  at = runs[0] // (n_span + 1)
-  keep = np.isin(at, lines, assume_unique=False) if lines.size else np.zeros(at.size, bool)
-  return tuple(x[keep] for x in runs)
-
-
-def _merge_keyed(key, end, state):
-  """Sorted flat runs `(start key, stop key, state)` (`_keyed`) with EMPTY ones dropped and
-  neighbours of one state merged: keys of different lines never touch."""
-  keep = state != EMPTY
-  if not keep.all():
-    key, end, state = key[keep], end[keep], state[keep]
-  if key.size < 2:
-    return key, end, state
-  new = np.empty(key.size, bool)
-  new[0] = True
-  np.not_equal(key[1:], end[:-1], out=new[1:])
-  new[1:] |= state[1:] != state[:-1]
-  if new.all():
-    return key, end, state
-  starts = np.flatnonzero(new)
-  last = np.append(starts[1:], key.size) - 1  # runs are disjoint and sorted: the last ends last
-  return key[starts], end[last], state[starts]
-
-
-def _keyed(merged, n_lines: int, n_span: int):
-  """Sorted runs `(b, line, a, z, state)` as `(start key, stop key, state)`, where a tile's
-  key is `(b * n_lines + line) * (n_span + 1) + position`: one sorted axis for all lines."""
-  b, line, a, z, state = merged
-  base = (np.asarray(b, np.int64) * n_lines + line) * (n_span + 1)
-  return base + a, base + z, np.asarray(state, np.int8)
-
-
 def compile_static(masks, shape: Shape, operands: dict, batch: int | None, block_q: int,
                    block_kv: int, refine: list[bool], budget: Budget | None = None,
                    forms: dict[str, RunForm] | None = None):
@@ -1103,4 +982,4 @@ def compile_static(masks, shape: Shape, operands: dict, batch: int | None, block
   # shared: tables are built for the operands masks read
   tables = Tables(np, operands, forms, index_bytes=budget.limit, same_runs=True)
   per_mask = [_runs_of_mask(m, geo, tables, batch, ref, budget) for m, ref in zip(masks, refine)]
-  return _stack_runs([r.runs(along_rows=True) for r in per_mask]), _Backward(per_mask)
+  return stack_runs([r.runs(along_rows=True) for r in per_mask]), _Backward(per_mask)

@@ -664,7 +664,7 @@ def test_an_intersection_with_dense_operands_is_lowered_whole(lo, hi, ids, in_pa
 def test_leaves_expand_in_line_order(nb, n_lines, n_span, seed):
   """Leaves (disjoint rectangles) expanded in `(b, line, a)` order by the radix sorts (and by
   one key when the lines are too many for 16 bits): the order of a plain sort of the runs."""
-  from maskc import _lower_static
+  from maskc import _run_lists
   rng = np.random.default_rng(seed)
   rects = []  # random disjoint rectangles: a grid cut into random row bands and column cuts
   for b in range(nb):
@@ -678,14 +678,14 @@ def test_leaves_expand_in_line_order(nb, n_lines, n_span, seed):
                  for f in range(6))
   for along_rows in (True, False):
     lines = n_lines if along_rows else n_span
-    want = _lower_static._expand(leaves, along_rows)
+    want = _run_lists.expand_leaves(leaves, along_rows)
     order = np.lexsort((want[2], want[1], want[0]))
     want = [x[order] for x in want]
-    got = _lower_static._expand_in_order(leaves, along_rows, lines)
+    got = _run_lists.expand_in_order(leaves, along_rows, lines)
     for g, w in zip(got, want):
       np.testing.assert_array_equal(g, w)
-    wide = _lower_static._expand_in_order(leaves, along_rows, (1 << 16) + 1)  # one-key path
-    merged = _lower_static._merge_runs(*want)
+    wide = _run_lists.expand_in_order(leaves, along_rows, (1 << 16) + 1)  # one-key path
+    merged = _run_lists.merge_runs(*want)
     for g, w in zip(wide, merged):
       np.testing.assert_array_equal(g, w)
 

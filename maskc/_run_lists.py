@@ -1,0 +1,139 @@
+"""Lists of runs of tiles in NumPy: sorted, merged, combined by keys, packed.
+
+The static lowering describes a mask by runs `(b, line, a, z, state)`: tiles
+`[a, z)` of line `line` (a q tile row, or a key tile column for the backward
+pass) of batch row `b`, in one state, PARTIAL or FULL. Its ways of lowering
+(leaves of analysis, periodic repeats, equal reads, parts of one axis) each
+make such lists; here they are sorted and merged, given one sorted *key* per
+tile so that lists of many lines combine as one, and packed into the padded
+`Runs` arrays of a `BlockMap`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from maskc._tiles import EMPTY, Runs
+
+
+def keyed(merged, n_lines: int, n_span: int):
+  """Sorted runs `(b, line, a, z, state)` as `(start key, stop key, state)`, where a tile's
+  key is `(b * n_lines + line) * (n_span + 1) + position`: one sorted axis for all lines."""
+  b, line, a, z, state = merged
+  base = (np.asarray(b, np.int64) * n_lines + line) * (n_span + 1)
+  return base + a, base + z, np.asarray(state, np.int8)
+
+
+def merge_keyed(key, end, state):
+  """Sorted flat runs `(start key, stop key, state)` (`keyed`) with EMPTY ones dropped and
+  neighbours of one state merged: keys of different lines never touch."""
+  keep = state != EMPTY
+  if not keep.all():
+    key, end, state = key[keep], end[keep], state[keep]
+  if key.size < 2:
+    return key, end, state
+  new = np.empty(key.size, bool)
+  new[0] = True
+  np.not_equal(key[1:], end[:-1], out=new[1:])
+  new[1:] |= state[1:] != state[:-1]
+  if new.all():
+    return key, end, state
+  starts = np.flatnonzero(new)
+  last = np.append(starts[1:], key.size) - 1  # runs are disjoint and sorted: the last ends last
+  return key[starts], end[last], state[starts]
+
+
+def on_lines(runs, lines: np.ndarray, n_span: int):
+  """Flat runs `(start key, stop key, state)` (`keyed`) of the sorted flat `lines` only."""
+  at = runs[0] // (n_span + 1)
+  keep = np.isin(at, lines, assume_unique=False) if lines.size else np.zeros(at.size, bool)
+  return tuple(x[keep] for x in runs)
+
+
+def merge_runs(b, line, a, z, state, in_order: bool = False):
+  """Runs of non-empty tiles sorted by (b, line, a), adjacent runs of one state merged.
+
+  `in_order`: the runs come sorted already.
+  """
+  keep = state != EMPTY
+  if not keep.all():
+    b, line, a, z, state = b[keep], line[keep], a[keep], z[keep], state[keep]
+  if b.size and not in_order:
+    lines, span = int(line.max()) + 1, int(a.max()) + 1
+    if (int(b.max()) + 1) * lines * span < 1 << 62:  # one int64 key sorts faster than three
+      order = np.argsort((b.astype(np.int64) * lines + line) * span + a, kind="stable")
+    else:
+      order = np.lexsort((a, line, b))
+    b, line, a, z, state = b[order], line[order], a[order], z[order], state[order]
+  if b.size:
+    new = np.ones(b.size, bool)
+    new[1:] = (b[1:] != b[:-1]) | (line[1:] != line[:-1]) | (state[1:] != state[:-1]) | (
+        a[1:] != z[:-1])
+    starts = np.flatnonzero(new)
+    b, line, state, a = b[starts], line[starts], state[starts], a[starts]
+    z = z[np.append(starts[1:], z.size) - 1]  # runs are disjoint and sorted: the last ends last
+  return b, line, a, z, state
+
+
+def expand_leaves(leaves, along_rows: bool):
+  """Leaves `(b, i0, i1, j0, j1, state)` as runs `(b, line, a, z, state)` of single lines."""
+  b, i0, i1, j0, j1, state = leaves
+  lo, hi, a, z = (i0, i1, j0, j1) if along_rows else (j0, j1, i0, i1)
+  n = hi - lo
+  item = np.repeat(np.arange(n.size, dtype=np.int32), n)  # tile counts fit int32 (`Runs`)
+  line = (lo - (np.cumsum(n) - n)).astype(np.int32)[item] + np.arange(item.size, dtype=np.int32)
+  return (b.astype(np.int32)[item], line, a.astype(np.int32)[item], z.astype(np.int32)[item],
+          state[item])
+
+
+def expand_in_order(leaves, along_rows: bool, n_lines: int):
+  """`expand_leaves`, sorted by `(b, line, a)`.
+
+  The leaves are ordered by their first position `a`, so that expanding them
+  gives each line's runs in order, and the runs then sorted stably by line and
+  batch row: radix sorts (NumPy's stable sort of 16-bit keys), several times
+  faster than sorting one int64 key when a mask has hundreds of thousands of runs
+  (`| g[k]` puts one on every line). Runs of a mask never overlap, so `a` is
+  distinct within a line and ties in the first sort do not matter.
+  """
+  nb = int(leaves[0].max()) + 1 if leaves[0].size else 1
+  if max(n_lines, nb) > 1 << 16:  # keys too wide for a radix sort: sorted (and merged) by one key
+    return merge_runs(*expand_leaves(leaves, along_rows))
+  order = np.argsort(leaves[3] if along_rows else leaves[1])
+  runs = expand_leaves(tuple(x[order] for x in leaves), along_rows)
+  order = np.argsort(runs[1].astype(np.uint16), kind="stable")
+  if nb > 1:
+    order = order[np.argsort(runs[0][order].astype(np.uint16), kind="stable")]
+  return tuple(x[order] for x in runs)
+
+
+def pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
+  """Runs of non-empty tiles, sorted and merged (`merge_runs`), packed into
+  `[nb, n_lines, R]` arrays."""
+  count = np.bincount(b * n_lines + line if nb > 1 else line,
+                      minlength=nb * n_lines).astype(np.int32)
+  r = max(1, int(count.max()) if count.size else 1)
+  shape = (nb, n_lines, r)
+  # the runs come sorted by line: in row-major order, the k-th run of a line fills its
+  # slot k, so a mask of the used slots places them all (several times faster than a
+  # scatter to computed indices)
+  used = (np.arange(r, dtype=np.int32) < count[:, None]).reshape(shape)
+  start = np.zeros(shape, np.int32)
+  stop = np.zeros(shape, np.int32)
+  st = np.zeros(shape, np.int8)
+  start[used] = a
+  stop[used] = z
+  st[used] = state
+  return Runs(start, stop, st, count.reshape(nb, n_lines))
+
+
+def stack_runs(runs: list[Runs]) -> Runs:
+  """Each mask's runs `[B, n_lines, R_u]` as one `[B, U, n_lines, R]` (a view for one mask)."""
+  if len(runs) == 1:
+    return Runs(*(np.expand_dims(x, 1) for x in runs[0]))
+  r = max(x.start.shape[-1] for x in runs)
+  def pad(arr):
+    return np.pad(arr, [(0, 0)] * (arr.ndim - 1) + [(0, r - arr.shape[-1])])
+  return Runs(*(np.stack([pad(getattr(x, f)) for x in runs], axis=1) for f in ("start", "stop",
+                                                                                "state")),
+              np.stack([x.count for x in runs], axis=1))
