@@ -44,8 +44,8 @@ from maskc._diagonal_period import diagonal_period
 from maskc._equal_reads import equal_read_runs, equal_reads_where, unique_runs
 from maskc._operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
 from maskc._ragged import ranges
-from maskc._run_lists import (expand_in_order, expand_leaves, keyed, merge_keyed, merge_runs,
-                              on_lines, pack_runs, stack_runs)
+from maskc._run_lists import (expand_in_order, expand_leaves, keyed, lines_of, merge_keyed,
+                              merge_runs, on_lines, on_lines_mask, pack_runs, stack_runs)
 from maskc._tile_cover import tile_cover
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK,
@@ -691,33 +691,43 @@ def _periodic(m: ir.Mask, geo: TileGeometry) -> int | None:
 def _parts(m: ir.Mask, geo: TileGeometry) -> list[ir.Mask] | None:
   """The parts of an `&` / `|` lowered apart, or None to lower it whole.
 
-  Parts: its operand-free items joined, where they have a diagonal period worth
-  repeating; each item that is itself lowered in parts
-  (`document(seg) & (causal | bidirectional(img))`); its items that read
-  operands at one axis only, joined per axis (`g[q]`, `g[k]`, `valid[k]`: see
-  `_AxisRuns`); the other items joined. At least one part must be periodic, in
-  parts itself or of one axis: otherwise splitting saves nothing.
+  Parts: its items that read one position only, joined per axis (`g[q]`, `g[k]`,
+  `valid[k]`, `sink(4)`: see `_AxisRuns`); its operand-free items joined, where
+  they have a diagonal period worth repeating (else those that have one); each
+  other item that is itself lowered in parts (`document(seg) & (causal |
+  bidirectional(img))`, `causal | prefix(4096)`); the other items joined. At
+  least one part must be periodic, in parts itself or of one axis: otherwise
+  splitting saves nothing.
   """
+  while isinstance(m, ir.Call):
+    m = ir.expand(m)
   split = operand_free_split(m)
-  if split is None or geo.positions or not split[1]:
+  if split is None or geo.positions:
     return None
   free, rest, join = split
-  axis_items = {a: [x for x in rest if ir.positions_of(x) == {a}] for a in "qk"}
-  rest = [x for x in rest if len(ir.positions_of(x)) != 1]
-  periodic = bool(free) and _periodic(joined(free, join), geo) is not None
-  in_parts = [_parts(x, geo) is not None for x in rest]
-  nested = [x for x, y in zip(rest, in_parts) if y]
-  others = [x for x, y in zip(rest, in_parts) if not y] + ([] if periodic else free)
+  axis_items = {a: [x for x in free + rest if ir.positions_of(x) == {a}] for a in "qk"}
+  free, rest = ([x for x in items if len(ir.positions_of(x)) != 1] for items in (free, rest))
+  periodic = []
+  if free and _periodic(joined(free, join), geo) is not None:
+    periodic, free = free, []
+  elif free:
+    some = [x for x in free if _periodic(x, geo) is not None]
+    if some and _periodic(joined(some, join), geo) is not None:
+      periodic, free = some, [x for x in free if not any(x is y for y in some)]
+  items = rest + free
+  in_parts = [_parts(x, geo) is not None for x in items]
+  nested = [x for x, y in zip(items, in_parts) if y]
+  others = [x for x, y in zip(items, in_parts) if not y]
   axes = [joined(axis_items[a], join) for a in "qk" if axis_items[a]]
-  parts = ([joined(free, join)] if periodic else []) + nested + (
+  parts = ([joined(periodic, join)] if periodic else []) + nested + (
       [joined(others, join)] if others else []) + axes
   return parts if (periodic or nested or axes) and len(parts) > 1 else None
 
 
 def _one_axis(m: ir.Mask, geo: TileGeometry) -> bool:
-  """Whether `m` reads operands and only one position (`g[k]`, `valid[k] & k < n`): lowered
-  as `_AxisRuns`."""
-  return bool(m.operands) and not geo.positions and len(ir.positions_of(m)) == 1
+  """Whether `m` reads one position only (`g[k]`, `valid[k] & k < n`, `sink(4)`): lowered as
+  `_AxisRuns`."""
+  return not geo.positions and len(ir.positions_of(m)) == 1
 
 
 WHOLE_AFTER = 0.25  # operand changes per tile row above which an `&` is lowered whole
@@ -746,7 +756,7 @@ def _parts_pay(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None)
 def _unanalysed(m: ir.Mask, geo: TileGeometry, tables: Tables) -> bool:
   """Whether `m` is lowered without range analysis over the grid: by its period, along
   one axis, or as equal reads of runs (`_runs_of_mask`)."""
-  while isinstance(m, ir.Call) and m.operands:
+  while isinstance(m, ir.Call):
     m = ir.expand(m)
   return (_periodic(m, geo) is not None or _one_axis(m, geo) or
           _EqualRuns.of(m, geo, tables, None, Budget(0)) is not None)
@@ -775,7 +785,7 @@ def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     return _PeriodicRuns(m, geo, tables, batch, refine, budget, period)
   if _one_axis(m, geo):
     return _AxisRuns(m, geo, tables, batch, refine, budget)
-  while isinstance(m, ir.Call) and m.operands:  # `document(seg)`: the parts of its body
+  while isinstance(m, ir.Call):  # `document(seg)`, `streaming(w, s)`: the parts of its body
     m = ir.expand(m)
   equal = _EqualRuns.of(m, geo, tables, batch, budget)
   if equal is not None:
@@ -839,7 +849,7 @@ class _CombinedRuns:
     for part in order[1:]:
       other = keyed(part.merged(along_rows), n_lines, n_span)
       if whole and not self.union:
-        other = on_lines(other, flat[0] // (n_span + 1), n_span)
+        other = on_lines(other, lines_of(flat[0], n_span), n_span)
       flat = self._combine_by_lines(flat, other, along_rows, n_lines, n_span)
     for part in patterns:
       flat = self._splice(flat, part.pattern, along_rows, n_lines, n_span)
@@ -908,7 +918,27 @@ class _CombinedRuns:
 
   def _combine_by_lines(self, x, y, along_rows: bool, n_lines: int, n_span: int):
     """`_combine` over groups of whole lines of about `COMBINE_CHUNK` runs: runs never
-    cross a line, so the groups are independent, and memory stays bounded."""
+    cross a line, so the groups are independent, and memory stays bounded.
+
+    Where one list has runs on few lines (an image's rows, a pattern's meeting), only
+    those lines are combined: elsewhere a union keeps the other list's runs as they
+    are, and an intersection drops them.
+    """
+    small, large = (x, y) if x[0].size <= y[0].size else (y, x)
+    lines = lines_of(small[0], n_span)
+    if lines.size * 4 < lines_of(large[0], n_span).size:
+      meets = on_lines_mask(large[0], lines, n_span)
+      both = self._combine_lines(tuple(v[meets] for v in large), small, along_rows, n_lines,
+                                 n_span)
+      if not self.union:
+        return both
+      rest = tuple(v[~meets] for v in large)
+      order = np.argsort(np.concatenate([both[0], rest[0]]), kind="stable")
+      return tuple(np.concatenate([a, b])[order] for a, b in zip(both, rest))
+    return self._combine_lines(x, y, along_rows, n_lines, n_span)
+
+  def _combine_lines(self, x, y, along_rows: bool, n_lines: int, n_span: int):
+    """`_combine_by_lines` over every line."""
     total = x[0].size + y[0].size
     chunks = max(1, -(-total // COMBINE_CHUNK))
     self.budget.charge(min(total, COMBINE_CHUNK) * 16 * 8, "combining runs")

@@ -43,10 +43,26 @@ def merge_keyed(key, end, state):
   return key[starts], end[last], state[starts]
 
 
+def lines_of(key: np.ndarray, n_span: int) -> np.ndarray:
+  """The distinct flat lines of sorted keys (`keyed`), in order."""
+  line = key // (n_span + 1)
+  if line.size < 2:
+    return line
+  return line[np.append(True, line[1:] != line[:-1])]
+
+
+def on_lines_mask(key: np.ndarray, lines: np.ndarray, n_span: int) -> np.ndarray:
+  """Which keys (`keyed`) lie on one of the sorted distinct flat `lines`."""
+  at = key // (n_span + 1)
+  if not lines.size:
+    return np.zeros(at.size, bool)
+  found = np.minimum(np.searchsorted(lines, at), lines.size - 1)
+  return lines[found] == at
+
+
 def on_lines(runs, lines: np.ndarray, n_span: int):
   """Flat runs `(start key, stop key, state)` (`keyed`) of the sorted flat `lines` only."""
-  at = runs[0] // (n_span + 1)
-  keep = np.isin(at, lines, assume_unique=False) if lines.size else np.zeros(at.size, bool)
+  keep = on_lines_mask(runs[0], lines, n_span)
   return tuple(x[keep] for x in runs)
 
 

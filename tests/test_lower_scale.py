@@ -568,6 +568,12 @@ AXIS_MASKS = {  # mask: (the reference by NumPy broadcasting, `_axis_parts`)
         lambda q, k, g, s, n: (k <= q) & (q // 8 == k // 8) | g(k) & g(q), 0),
     "document(seg) | g[k] & k < n": (lambda q, k, g, s, n: (s(q) == s(k)) | g(k) & (k < n), 1),
     "causal & k < n": (lambda q, k, g, s, n: (k <= q) & (k < n), 1),
+    "sliding(5) | sink(3)": (lambda q, k, g, s, n: (q - 5 < k) & (k <= q) | (k < 3), 1),
+    "sink(3)": (lambda q, k, g, s, n: (k < 3) | (q < q), -1),  # no operands, one axis
+    # operand-free parts that are `&` / `|` of parts of one axis (`q < 7 & k < 7`)
+    "causal | prefix(7)": (lambda q, k, g, s, n: (k <= q) | (q < 7) & (k < 7), 0),
+    "causal & sliding(5) | global(3)": (
+        lambda q, k, g, s, n: (k <= q) & (q - 5 < k) | (q < 3) | (k < 3), 0),
 }
 
 
@@ -590,17 +596,18 @@ def _axis_parts(m, bound, bq, bk):
        st.sampled_from([4, 8, 16]), st.sampled_from([4, 8, 16]),
        st.sampled_from([0.02, 0.2, 0.7]), st.integers(0, 2**31))
 def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed):
-  """Masks and parts that read one position (`g[k]`, `g[q]`, `k < n`) are lowered once per
-  tile of their axis and spliced into the other parts' runs: the tiles of the dense mask,
+  """Masks and parts that read one position (`g[k]`, `g[q]`, `k < n`, `sink(3)`) are lowered
+  once per tile of their axis and spliced into the other parts' runs: the tiles of the dense mask,
   forward and backward, for ragged lengths, offsets and batches; sound unrefined."""
   rng = np.random.default_rng(seed)
   q_len = int(rng.integers(1, kv_len + 1))
   offset = int(rng.integers(0, kv_len - q_len + 1))
+  m = maskc.parse(text)
+  batch = batch if m.operands else None  # without operands, nothing has a batch axis
   shape = (batch, kv_len) if batch else (kv_len,)
   ops = {"g": rng.random(shape) < density,
          "seg": np.sort(rng.integers(0, 1 + kv_len // 16, shape), axis=-1),
          "n": rng.integers(0, kv_len + 1, batch or ()).astype(np.int32)}
-  m = maskc.parse(text)
   ops = {o.name: ops[o.name] for o in m.operands}
   reference, parts = AXIS_MASKS[text]
   lead = (slice(None), None, None) if batch else ()
@@ -722,7 +729,7 @@ def test_the_operands_tile_cover_holds_every_true_position(case, text):
     if cover is None:
       continue
     any_, _ = _tile_truth(part.to_dense(q_len, kv_len, q_offset=offset, operands=ops), bq, bk)
-    any_ = any_.reshape((nb,) + any_.shape[-2:])
+    any_ = np.broadcast_to(any_.reshape((-1,) + any_.shape[-2:]), (nb,) + any_.shape[-2:])
     held = np.zeros(any_.shape, np.int64)
     for b, i0, i1, j0, j1 in zip(*cover):
       held[b, i0:i1, j0:j1] += 1
