@@ -1,6 +1,6 @@
 """The static lowering path: every operand a NumPy value.
 
-Four ways to the same runs, chosen per mask:
+Five ways to the same runs, chosen per mask:
 
 - A mask without operands that has a *diagonal period* (`causal`, `sliding(w)`,
   `chunk(n)`, `(q - k) % 4 == 0`: see `maskc._diagonal_period`) has the same tile
@@ -8,15 +8,19 @@ Four ways to the same runs, chosen per mask:
   over a grid moved along the diagonal so that it reaches every column the
   repeats need, and repeated; the same for columns. Cost: one period plus the
   output.
-- A mask that reads operands at one position only (`g[k]`, `valid[k] & k < n`)
+- A mask that reads one position only (`g[k]`, `valid[k] & k < n`, `sink(4)`)
   has the same state in every tile across its axis: one line of tiles decides
   it. Cost: the tiles of one axis plus the output.
-- An `&` or `|` whose operand-free items have such a period, or some of whose
-  items read one position only (`causal & chunk(8192) | bidirectional(img)`,
-  `local(64, 64) | g[q] | g[k]`): the parts are lowered apart, the periodic one
-  by its period, and their runs combined; a part of `k` alone is spliced into
-  each row's runs where they meet it, never written out for every row. Only
-  tiles where two parts are PARTIAL are decided again, for the whole mask.
+- `x[q + s] == x[k + t]` where each value of x is one run (sorted documents;
+  `bidirectional(img)`): each line's tiles follow from binary searches over the
+  runs the lines read (`maskc._equal_reads`). Cost: the lines plus the output.
+- An `&` or `|` whose operand-free items have such a period, some of whose items
+  read one position only, or are lowered in parts themselves
+  (`causal & chunk(8192) | bidirectional(img)`, `local(64, 64) | g[q] | g[k]`):
+  the parts are lowered apart, each its own way, and their runs combined; a part
+  of `k` alone is spliced into each row's runs where they meet it, never written
+  out for every row. Only tiles where two parts are PARTIAL are decided again,
+  for the whole mask.
 - Any other mask: rectangles of tiles are classified by range analysis and the
   PARTIAL ones split in two dimensions, first where an operand changes (between
   such cuts every read is constant, so the analysis is as sharp as without
@@ -375,7 +379,7 @@ class _StaticRuns:
 
   def runs(self, along_rows: bool) -> Runs:
     return pack_runs(*self.merged(along_rows), self.batch or 1,
-                      self.geo.nq if along_rows else self.geo.nk)
+                     self.geo.nq if along_rows else self.geo.nk)
 
 
 SMALL_COVER = 4  # rectangles of the cover of at most this many tiles start as single tiles
@@ -485,7 +489,7 @@ class _AxisRuns:
 
   def runs(self, along_rows: bool) -> Runs:
     return pack_runs(*self.merged(along_rows), self.batch or 1,
-                      self.geo.nq if along_rows else self.geo.nk)
+                     self.geo.nq if along_rows else self.geo.nk)
 
 
 class _EqualRuns:
@@ -528,7 +532,7 @@ class _EqualRuns:
 
   def runs(self, along_rows: bool) -> Runs:
     return pack_runs(*self.merged(along_rows), self.batch or 1,
-                      self.geo.nq if along_rows else self.geo.nk)
+                     self.geo.nq if along_rows else self.geo.nk)
 
 
 class _PeriodicRuns:
@@ -619,7 +623,7 @@ class _PeriodicRuns:
 
   def runs(self, along_rows: bool) -> Runs:
     runs = pack_runs(*self._merged_row(along_rows), 1,
-                      self.geo.nq if along_rows else self.geo.nk)
+                     self.geo.nq if along_rows else self.geo.nk)
     nb = self.batch or 1
     return Runs(*(np.repeat(x, nb, axis=0) for x in runs)) if nb > 1 else runs
 
@@ -863,7 +867,7 @@ class _CombinedRuns:
 
   def runs(self, along_rows: bool) -> Runs:
     return pack_runs(*self.merged(along_rows), self.batch or 1,
-                      self.geo.nq if along_rows else self.geo.nk)
+                     self.geo.nq if along_rows else self.geo.nk)
 
   def _splice(self, x, pattern, along_rows: bool, n_lines: int, n_span: int):
     """Flat runs `x` combined with a pattern `(b, a, z, state)`: runs that every line of
