@@ -542,7 +542,12 @@ class Analyzer:
     if op in ("==", "!="):
       eq_full = xp.logical_and(xp.logical_and(a.lo == a.hi, b.lo == b.hi), a.lo == b.lo)
       eq_empty = xp.logical_or(a.hi < b.lo, a.lo > b.hi)
-      certain = dense
+      # Attained ends on independent axes: an end of one side equal to an end of the
+      # other is a pair of equal values, and a side that is not one value has another
+      # that differs from it, so a PARTIAL rectangle holds both.
+      ends_meet = xp.logical_or(xp.logical_or(a.lo == b.lo, a.lo == b.hi),
+                                xp.logical_or(a.hi == b.lo, a.hi == b.hi))
+      certain = _or(xp, dense, _and(xp, True, tight, ends_meet))
       if (a.source is not None and a.source == b.source and independent):
         # Both sides read one nondecreasing operand over whole index ranges: the
         # value sets are the operand's values within [lo, hi], and they meet
@@ -682,6 +687,18 @@ def _unless_ok(xp, ok, state, certain) -> Truth3:
   if ok is False:
     return Truth3(PARTIAL, False)
   return Truth3(xp.where(ok, state, PARTIAL), _and(xp, True, certain, ok))
+
+
+def _or(xp, *arrays):
+  """Logical or of flags that may be Python bools (True and False short-cut)."""
+  out = False
+  for a in arrays:
+    if a is True:
+      return True
+    if a is False:
+      continue
+    out = a if out is False else xp.logical_or(out, a)
+  return out
 
 
 def _and(xp, flag: bool, *arrays):

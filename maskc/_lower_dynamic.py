@@ -46,6 +46,7 @@ code keeps the kernel count down:
 from __future__ import annotations
 
 import copy
+from collections import ChainMap
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +57,7 @@ from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many,
 from maskc._bind import Shape
 from maskc._lower_static import compile_static, joined, operand_free_split
 from maskc._operand_runs import reads_at
+from maskc._same_run import SameRun, label_key, labels, run_ids, same_run_truth, same_runs
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget,
                                  decide_parts, evaluate_tiles, subdivide)
@@ -259,7 +261,7 @@ class _Lines:
     return other
 
 
-def _shared_reads(m: ir.Mask, geo: TileGeometry) -> list[tuple[str, int]] | None:
+def _shared_reads(geo: TileGeometry, q_reads, k_reads) -> list[tuple[str, int]] | None:
   """The reads of one set of lines serving both axes, or None where each axis needs its own.
 
   When q and key tiles cover the same positions (same tiles and lengths, offset 0)
@@ -273,7 +275,6 @@ def _shared_reads(m: ir.Mask, geo: TileGeometry) -> list[tuple[str, int]] | None
   if not (isinstance(off, (int, np.integer)) and off == 0 and geo.bq == geo.bk and
           geo.shape.q_len == geo.shape.kv_len):
     return None
-  q_reads, k_reads = reads_at(m, "q"), reads_at(m, "k")
   if not (q_reads and k_reads):
     return None
   return sorted(set(q_reads) | set(k_reads))
@@ -370,7 +371,8 @@ def _combine(fixed, state, certain, union: bool):
 
 
 def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
-                  budget: int | None, memory: Budget):
+                  budget: int | None, memory: Budget, same: list[SameRun] = ()):
+  """The tile grid `[nb, nq, nk]` of one mask; `same`: its places decided from run labels."""
   nb = batch or 1
   memory.charge(nb * geo.nq * geo.nk * ITEM_BYTES, "the traced analysis of the tile grid")
   i = jnp.arange(geo.nq)[None, :, None]
@@ -390,9 +392,12 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   _prepare_tables(m, tables, spans, geo.pos_ok)
   lines, known, shared = None, {}, None
   if spans:  # every read along an axis read once per line, for the grid and the pieces
-    shared = _shared_reads(m, geo)
+    # the run labels of `same` are read along each axis besides the mask's own reads
+    q_reads = reads_at(m, "q") + [(p.key, p.s) for p in same]
+    k_reads = reads_at(m, "k") + [(p.key, p.t) for p in same]
+    shared = _shared_reads(geo, q_reads, k_reads)
     if shared is None:
-      lines = (_Lines(m, geo, tables, "q", nb), _Lines(m, geo, tables, "k", nb))
+      lines = (_Lines(m, geo, tables, "q", nb, q_reads), _Lines(m, geo, tables, "k", nb, k_reads))
     else:
       one = _Lines(m, geo, tables, "q", nb, shared)
       lines = (one, one.as_axis("k"))
@@ -401,9 +406,13 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
                   for key, (lo, hi) in lines[1].tile.items()})
   b = jnp.arange(nb)[:, None, None] if batch else 0
   split = _static_part(m, geo, refine, memory)
-  t = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b, geo.pos_ok,
-               spans={"q": geo.bq, "k": geo.bk} if spans else None,
-               known=known).truth(m if split is None else split[0])
+  analyzer = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b, geo.pos_ok,
+                      spans={"q": geo.bq, "k": geo.bk} if spans else None, known=known)
+  for p in same:  # exact verdicts from the labels the lines read (`maskc._same_run`)
+    on_q, on_k = (p.key, "q", p.s), (p.key, "k", p.t)
+    if geo.pos_ok is True and on_q in known and on_k in known:
+      analyzer.memo[id(p.node)] = same_run_truth(jnp, *known[on_q], *known[on_k])
+  t = analyzer.truth(m if split is None else split[0])
   full_shape = (nb, geo.nq, geo.nk)
   state = jnp.broadcast_to(jnp.asarray(t.state, jnp.int8), full_shape)
   certain = jnp.broadcast_to(jnp.asarray(t.certain, bool) & dense, full_shape)
@@ -464,12 +473,22 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
   """Per-q-tile and per-key-tile runs `[B, U, n, R]` of the masks, traced."""
   geo = TileGeometry(shape, block_q, block_kv, xp=jnp)
   memory = memory or Budget(MEMORY_BUDGET)
-  tables = Tables(jnp, operands)
-  for name, a in operands.items():
+  expanded = [same_runs(m) for m in masks]  # bidirectional's body, decided from run labels
+  labelled = {p.operand for _, found in expanded for p in found}
+  arrays = operands
+  if labelled:  # the labels, and run ids from them: one prefix sum (kernels) for both
+    derived = {}
+    for n in labelled:
+      ids = ir.run_ids_key(n)
+      derived[label_key(n)] = lab = labels(jnp, operands[n], operands[ids].dtype)
+      derived[ids] = run_ids(jnp, lab)
+    arrays = ChainMap(derived, operands)
+  tables = Tables(jnp, arrays)
+  for name, a in arrays.items():
     if a.ndim == 2:  # per-token: its lines' tokens, parts and pieces, or blocked range tables
       memory.charge(a.size * a.dtype.itemsize * 12, f"the tables of `{name}`")
-  grid = jnp.stack([_dynamic_grid(m, geo, tables, batch, ref, budget, memory)
-                    for m, ref in zip(masks, refine)], axis=1)
+  grid = jnp.stack([_dynamic_grid(m, geo, tables, batch, ref, budget, memory, same)
+                    for (m, same), ref in zip(expanded, refine)], axis=1)
   return _runs(grid), _runs(jnp.swapaxes(grid, -1, -2))
 
 

@@ -817,3 +817,32 @@ def test_strips_are_cut_into_equal_parts_that_tile_them(strips, parts):
     np.testing.assert_array_equal(held, expected)
     sizes = (ci1[mine] - ci0[mine]) * (cj1[mine] - cj0[mine])
     assert sizes.min() >= 1 and sizes.max() - sizes.min() <= 1  # no empty part, equal parts
+
+
+@settings(max_examples=40)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["x[q] == x[k]", "x[q] != x[k]", "x[q] == 2",
+                                                    "x[q] * 2 == x[k] + 2"]))
+def test_certain_comparisons_of_reads_are_mixed(seed, text):
+  """`==` / `!=` between reads on independent axes is certainly mixed where an attained end
+  of one side equals one of the other (`Analyzer._link`): checked on random rectangles of
+  unsorted values against the dense mask."""
+  from maskc import _lower
+  from maskc._analysis import EMPTY as A_EMPTY, FULL as A_FULL, PARTIAL as A_PARTIAL
+  from maskc._analysis import Analyzer, Tables
+  n = 48
+  rng = np.random.default_rng(seed)
+  x = np.repeat(rng.integers(0, 4, n), rng.integers(1, 5, n))[:n].astype(np.int32)
+  bound = _lower.bind_masks(text, n, operands={"x": x})
+  ql, kl = rng.integers(0, n, 64), rng.integers(0, n, 64)
+  qh, kh = ql + rng.integers(0, 12, 64), kl + rng.integers(0, 12, 64)
+  qh, kh = np.minimum(qh, n - 1), np.minimum(kh, n - 1)
+  t = Analyzer(np, Tables(np, bound.operands), ql, qh, kl, kh).truth(bound.masks[0])
+  state = np.broadcast_to(np.asarray(t.state), ql.shape)
+  certain = np.broadcast_to(np.asarray(t.certain), ql.shape)
+  dense = np.asarray(maskc.materialize(text, n, operands={"x": x}))
+  for r in range(ql.size):
+    tile = dense[ql[r]:qh[r] + 1, kl[r]:kh[r] + 1]
+    assert state[r] != A_FULL or tile.all()
+    assert state[r] != A_EMPTY or not tile.any()
+    if state[r] == A_PARTIAL and certain[r]:
+      assert tile.any() and not tile.all()

@@ -22,6 +22,7 @@ import maskc
 from maskc import _lower, _lower_dynamic
 from maskc._analysis import Tables, reduce_many
 from maskc._lower_dynamic import MAX_CUTS
+from maskc._same_run import same_runs
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import MEMORY_BUDGET, Budget, evaluate_tiles, subdivide
 
@@ -364,6 +365,42 @@ def _refiners(text: str, q_len: int, offset: int):
   return functools.partial(run, np), jax.jit(functools.partial(run, jnp))
 
 
+# `runs(x)[a] == runs(x)[b]` beside `x[a]` (or `x[b]`): (mask, q_len, offset, shift of a)
+SAME_RUN = [("bidirectional(img)", N, 0, 0),
+            ("runs(img)[q] == runs(img)[k] & img[k]", 120, 80, 0),
+            ("runs(img)[q + 3] == runs(img)[k] & img[q + 3]", N - 3, 0, 3)]
+
+
+@functools.cache
+def _unrefined_lowering(text: str, q_len: int, offset: int):
+  """The traced grid of `text` without refinement: the analysis' verdicts alone."""
+  def lower(ops):
+    bound = _lower.bind_masks(text, q_len, N, q_offset=offset, operands=ops)
+    rows, _ = _lower_dynamic.compile_dynamic(bound.masks, bound.shape, bound.operands,
+                                             bound.batch, BQ, BK, [False], None)
+    return rows
+  return jax.jit(lower)
+
+
+@pytest.mark.parametrize("text,q_len,offset,shift", SAME_RUN)
+@settings(max_examples=10)
+@given(ops=operands(("img",), 3))
+def test_same_run_verdicts_are_exact_without_refinement(text, q_len, offset, shift, ops):
+  # The tiles come from the run labels the lines read (`maskc._same_run`): exact, with
+  # no refinement at all, for any flags, also across the lines' run boundaries.
+  ops0 = {"img": np.zeros(N, bool)}
+  assert len(same_runs(_lower.bind_masks(text, q_len, N, q_offset=offset,
+                                         operands=ops0).masks[0])[1]) == 1
+  img = np.asarray(ops["img"]).reshape(-1, N)
+  r = _runs_of(img)
+  at = offset + shift + np.arange(q_len)
+  truth = img[:, at][:, :, None] if "img[k]" not in text else img[:, None, :]
+  dense = (r[:, at][:, :, None] == r[:, None, :]) & (truth != 0)
+  expected = _tile_states(dense, BQ, BK)
+  rows = _unrefined_lowering(text, q_len, offset)({"img": jnp.asarray(ops["img"])})
+  np.testing.assert_array_equal(_grid_of(rows, expected.shape[2]), expected)
+
+
 @pytest.mark.parametrize("text,offset,q_len", [
     (text, *shape) for text, shape in zip(MASKS, [(0, N), (80, 120), (0, N), (80, 120)])])
 @settings(max_examples=8)
@@ -413,3 +450,4 @@ def test_reduce_many_is_each_reduction(seed, axis):
   for e, g, h in zip(expected, got_np, got_jax):
     np.testing.assert_array_equal(g, e)
     np.testing.assert_array_equal(np.asarray(h), e)
+
