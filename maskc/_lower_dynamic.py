@@ -496,9 +496,10 @@ def _runs(grid) -> Runs:
   """Maximal runs of equal non-empty states along the last axis of `grid` (`[..., n]`).
 
   The runs of `maskc._tiles.runs_from_grid` (`R = n` slots), from one sort per line:
-  each tile gives a start key `8 j + state` where a run starts and an end key
-  `8 j + 4` where one ends, so the sorted keys alternate start, end, start, ...
-  and carry the run's state.
+  each tile gives a start key `4 j + state` where a run starts and an end key
+  `4 j + 3` where one ends, so the sorted keys alternate start, end, start, ...
+  and carry the run's state. Keys are 16-bit where they fit (lines of up to 16K
+  tiles): XLA's CPU sort takes about a third less time on them.
   """
   n = grid.shape[-1]
   g = grid.astype(jnp.int32)
@@ -506,15 +507,16 @@ def _runs(grid) -> Runs:
   prev = jnp.concatenate([pad, g[..., :-1]], axis=-1)
   nxt = jnp.concatenate([g[..., 1:], pad], axis=-1)
   j = jnp.arange(n, dtype=jnp.int32)
-  never = 8 * n + 8
-  start = jnp.where((g != prev) & (g != EMPTY), 8 * j + g, never)
-  end = jnp.where((g != nxt) & (g != EMPTY), 8 * j + 4, never)
-  keys = _sort(jnp.stack([start, end], axis=-1).reshape(g.shape[:-1] + (2 * n,)))
-  first, last = keys[..., 0::2], keys[..., 1::2]
+  never = 4 * n + 4
+  key_type = jnp.uint16 if never <= np.iinfo(np.uint16).max else jnp.int32
+  start = jnp.where((g != prev) & (g != EMPTY), 4 * j + g, never)
+  end = jnp.where((g != nxt) & (g != EMPTY), 4 * j + 3, never)
+  keys = _sort(jnp.stack([start, end], axis=-1).reshape(g.shape[:-1] + (2 * n,)).astype(key_type))
+  first, last = keys[..., 0::2].astype(jnp.int32), keys[..., 1::2].astype(jnp.int32)
   valid = first < never
   # Valid runs come first: their count is the first invalid slot (argmax: one kernel,
   # where a sum over more than 32 elements compiles to three).
   count = jnp.argmax(jnp.concatenate([~valid, jnp.ones(valid.shape[:-1] + (1,), bool)], -1),
                      axis=-1).astype(jnp.int32)
-  return Runs(jnp.where(valid, first // 8, 0), jnp.where(valid, last // 8 + 1, 0),
-              jnp.where(valid, first % 8, 0).astype(jnp.int8), count)
+  return Runs(jnp.where(valid, first // 4, 0), jnp.where(valid, last // 4 + 1, 0),
+              jnp.where(valid, first % 4, 0).astype(jnp.int8), count)

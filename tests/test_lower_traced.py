@@ -451,3 +451,22 @@ def test_reduce_many_is_each_reduction(seed, axis):
     np.testing.assert_array_equal(g, e)
     np.testing.assert_array_equal(np.asarray(h), e)
 
+
+@pytest.mark.parametrize("n", [1, 7, 16382, 16383])  # 16-bit sort keys up to 16382 tiles
+@settings(max_examples=6)
+@given(seed=st.integers(0, 2**32 - 1), density=st.sampled_from([0.0, 0.1, 0.9]))
+def test_traced_runs_of_a_grid_equal_numpy(n, seed, density):
+  from maskc._tiles import runs_from_grid
+  rng = np.random.default_rng(seed)
+  grid = rng.integers(1, 3, (2, n)) * (rng.random((2, n)) < density)
+  grid[:, rng.integers(0, n, 3)] = rng.integers(0, 3, 3)  # runs of one tile
+  got = _traced_runs(n)(jnp.asarray(grid, jnp.int8))
+  want = runs_from_grid(np, grid.astype(np.int8))
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@functools.cache
+def _traced_runs(n: int):
+  del n  # one compilation per length
+  return jax.jit(_lower_dynamic._runs)
