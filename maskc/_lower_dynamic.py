@@ -14,6 +14,10 @@ the costliest kernel of a traced lowering, has less to do. The static grid's
 PARTIAL tiles are exact, so they need no refinement where the other items leave
 them so (as causal's diagonal tiles inside a document).
 
+`bidirectional(x)`'s body, `runs(x)[q] == runs(x)[k] & x[q]`, is decided exactly
+from the run labels the tile lines read (`maskc._same_run`), seeded into the
+analysis: its tiles across a span's edge are never ambiguous.
+
 Ambiguous PARTIAL tiles (the analysis cannot prove them mixed) are listed once,
 in order, by one sort, and decided `chunk` at a time in a `while_loop`, so the
 cost follows their number, never the grid's, per round:
