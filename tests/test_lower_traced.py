@@ -142,20 +142,21 @@ def operands(draw, names, batch):
 
 @functools.cache
 def _traced(text: str, q_len: int, n: int, offset: int, bq: int, bk: int,
-            budget: int | None = None):
+            budget: int | None = None, memory: int = MEMORY_BUDGET):
   """The jitted lowering, built once per shape: (row runs, column runs)."""
   def lower(ops):
     bm = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops,
-                       refine_budget=budget, exact=text in EXACT)
+                       refine_budget=budget, exact=text in EXACT, memory_budget=memory)
     return bm.rows, bm.cols
   return jax.jit(lower)
 
 
-def _check(text: str, q_len: int, offset: int, ops: dict) -> None:
+def _check(text: str, q_len: int, offset: int, ops: dict, memory: int = MEMORY_BUDGET) -> None:
   expected = _tile_states(_dense(text, q_len, N, offset, ops), BQ, BK)
   static = maskc.compile(text, q_len, N, q_offset=offset, block_q=BQ, block_kv=BK, operands=ops,
                          exact=text in EXACT)
-  rows, cols = _traced(text, q_len, N, offset, BQ, BK)({k: jnp.asarray(v) for k, v in ops.items()})
+  rows, cols = _traced(text, q_len, N, offset, BQ, BK, memory=memory)(
+      {k: jnp.asarray(v) for k, v in ops.items()})
   nq, nk = expected.shape[1:]
   np.testing.assert_array_equal(_grid_of(rows, nk), expected)
   np.testing.assert_array_equal(_grid_of(cols, nq), expected.transpose(0, 2, 1))
@@ -176,6 +177,14 @@ def test_traced_equals_static_and_dense_reference(text, data):
 def test_traced_with_an_offset_equals_dense_reference(ops):
   # 120 queries at positions 80..199: q tiles do not start on key tiles' edges
   _check("document(seg) & (causal | bidirectional(img))", 120, 80, ops)
+
+
+@settings(max_examples=10)
+@given(operands(("seg", "img"), 3))
+def test_traced_in_small_chunks_equals_dense_reference(ops):
+  # A memory budget of 80 KB decides 4 ambiguous tiles a round, so the 273 tiles are listed
+  # by top_k where at most 4 are ambiguous and by a sort where more are (`_sort_few`).
+  _check("document(seg) & (causal | bidirectional(img))", N, 0, ops, memory=80_000)
 
 
 def test_prelude_masks_on_few_runs_need_no_evaluation(monkeypatch):
@@ -462,6 +471,52 @@ def test_traced_runs_of_a_grid_equal_numpy(n, seed, density):
   grid[:, rng.integers(0, n, 3)] = rng.integers(0, 3, 3)  # runs of one tile
   got = _traced_runs(n)(jnp.asarray(grid, jnp.int8))
   want = runs_from_grid(np, grid.astype(np.int8))
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("width", [3, 8, 40])
+@settings(max_examples=8)
+@given(seed=st.integers(0, 2**32 - 1), most=st.sampled_from([0, 5, 6, 7, 40]))
+def test_sort_few_is_a_sort(width, seed, most):
+  # Lines of at most `most` keys below the fill, by top_k when none has more than 6 and
+  # the line is wider than 7, by the whole sort otherwise: the same keys either way.
+  rng = np.random.default_rng(seed)
+  fill = 4 * width + 4
+  keys = np.full((5, 2, width), fill, np.int32)
+  for line in keys.reshape(-1, width):
+    count = rng.integers(0, min(most, width) + 1)
+    line[rng.choice(width, count, replace=False)] = rng.choice(fill, count, replace=False)
+  got = _sort_few_jit(width, fill)(jnp.asarray(keys, jnp.uint16))
+  np.testing.assert_array_equal(np.asarray(got), np.sort(keys, axis=-1))
+
+
+@functools.cache
+def _sort_few_jit(width: int, fill: int):
+  del width  # one compilation per width
+  return jax.jit(lambda k: _lower_dynamic._sort_few(k, fill, 6))
+
+
+@pytest.mark.parametrize("runs", [0, 8, 9])
+@settings(max_examples=4)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_traced_runs_of_lines_with_few_runs_equal_numpy(runs, seed):
+  # `runs` runs a line (8 is the most listed without a sort), some touching a neighbour of
+  # the other state: the traced runs equal NumPy's either way
+  from maskc._tiles import runs_from_grid
+  rng = np.random.default_rng(seed)
+  n = 64
+  grid = np.zeros((3, n), np.int8)
+  for line in grid:
+    cuts = np.sort(rng.choice(n + 1, 2 * runs, replace=False)).reshape(-1, 2)
+    state = 1
+    for r, (a, z) in enumerate(cuts):
+      touch = r and rng.random() < 0.5  # start where the last run stopped, in the other state
+      state = 3 - state if touch else rng.integers(1, 3)
+      line[cuts[r - 1, 1] if touch else a:z] = state
+  got = _traced_runs(n)(jnp.asarray(grid))
+  want = runs_from_grid(np, grid)
+  assert (np.asarray(want.count) == runs).all()
   for a, b in zip(got, want):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
