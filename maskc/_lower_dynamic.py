@@ -19,9 +19,9 @@ from the run labels the tile lines read (`maskc._same_run`), seeded into the
 analysis: its tiles across a span's edge are never ambiguous.
 
 Ambiguous PARTIAL tiles (the analysis cannot prove them mixed) are listed once,
-in order, by one sort (top_k where one round holds them), and decided `chunk` at a
-time in a `while_loop`, so the
-cost follows their number, never the grid's, per round:
+in order, by one sort (top_k where one round holds them), and decided `chunk` at
+a time in a `while_loop`, so the cost follows their number, never the grid's, per
+round:
 
 1. by *pieces*, as the static path does: each tile line is cut where a read along
    it changes (up to `MAX_CUTS` cuts, none if it changes more often) and into
