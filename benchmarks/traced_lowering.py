@@ -9,7 +9,7 @@ and the best time of the static path (NumPy operands, lowering cache cleared
 each time) for the same batch, with their ratio. Issue 11's target: traced at
 most 2x static per call, compile under 1 s.
 
-  python benchmarks/traced_lowering.py [--repeat 5] [--length 32768] [--batch 8]
+  python benchmarks/traced_lowering.py [--repeat 15] [--length 32768] [--batch 8]
 
 Other processes on the machine change every time but the kernel count; the header
 gives the load average the figures were taken at.
@@ -57,7 +57,7 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__)
   ap.add_argument("--length", type=int, default=32768)
   ap.add_argument("--batch", type=int, default=8)
-  ap.add_argument("--repeat", type=int, default=5)
+  ap.add_argument("--repeat", type=int, default=15)
   ap.add_argument("--blocks", default="128,512")
   args = ap.parse_args()
   n, batch = args.length, args.batch
