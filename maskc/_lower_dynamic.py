@@ -88,7 +88,7 @@ def _sort(keys):
 
 
 def _sort_few(keys, fill: int, few: int):
-  """`_sort(keys)` as int32, from the `few` smallest keys of each line where no line has more.
+  """`_sort(keys)`, from the `few` smallest keys of each line where no line has more.
 
   Where every line holds at most `few` keys below `fill` (the common case: a tile
   line has a few runs, a grid a few dozen ambiguous tiles), `lax.top_k` finds them
@@ -98,18 +98,19 @@ def _sort_few(keys, fill: int, few: int):
   """
   width = keys.shape[-1]
   if width <= few + 1 or fill >= 1 << 24:
-    return _sort(keys).astype(jnp.int32)
+    return _sort(keys)
   neg, _ = jax.lax.top_k(-keys.astype(jnp.float32), few + 1)
+  # Integers again at once: an argmax over the floats takes 20 times as long (NaN rules).
   smallest = (-neg).astype(jnp.int32)  # ascending; slot `few` is `fill` on lines that fit
   last = smallest[..., few].reshape(-1)
   # every line fits: no slot `few` below the fill (argmin: one kernel, not a tree reduction)
   fits = last[jnp.argmin(last)] >= fill
 
-  def padded():
-    rest = jnp.full(smallest.shape[:-1] + (width - few,), fill, jnp.int32)
-    return jnp.concatenate([smallest[..., :few], rest], axis=-1)
+  def padded():  # in the keys' type, as the sort gives them: what reads them converts
+    rest = jnp.full(keys.shape[:-1] + (width - few,), fill, keys.dtype)
+    return jnp.concatenate([smallest[..., :few].astype(keys.dtype), rest], axis=-1)
 
-  return jax.lax.cond(fits, padded, lambda: _sort(keys).astype(jnp.int32))
+  return jax.lax.cond(fits, padded, lambda: _sort(keys))
 
 
 def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budget):
@@ -549,7 +550,7 @@ def _runs(grid) -> Runs:
   end = jnp.where((g != nxt) & (g != EMPTY), 4 * j + 3, never)
   keys = _sort_few(jnp.stack([start, end], axis=-1).reshape(g.shape[:-1] + (2 * n,))
                    .astype(key_type), never, 2 * FEW_RUNS)
-  first, last = keys[..., 0::2], keys[..., 1::2]
+  first, last = keys[..., 0::2].astype(jnp.int32), keys[..., 1::2].astype(jnp.int32)
   valid = first < never
   # Valid runs come first: their count is the first invalid slot (argmax: one kernel,
   # where a sum over more than 32 elements compiles to three).
