@@ -116,9 +116,10 @@ def _sort_few(keys, fill: int, few: int):
 def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budget):
   """Decides the ambiguous tiles: `decide` on `chunk` at a time, then `evaluate` what it leaves.
 
-  The ambiguous tiles are listed once, in order, by one sort (XLA compiles a sort
-  far faster than a prefix sum, an associative scan of log2(N) levels, and
-  compile time is much of a traced lowering's cost). A `while_loop` takes them
+  The ambiguous tiles are listed once, in order, by one sort, or by top_k where
+  one chunk holds them all (`_sort_few`; XLA compiles a sort far faster than a
+  prefix sum, an associative scan of log2(N) levels, and compile time is much of
+  a traced lowering's cost). A `while_loop` takes them
   `chunk` at a time; within each chunk, the tiles `decide` leaves ambiguous are
   listed by a small sort and evaluated `eval_chunk` at a time in an inner loop,
   as long as fewer than `budget` tiles were evaluated. No round looks at the
