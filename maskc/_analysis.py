@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from maskc import _ir as ir
-from maskc._operand_runs import RunForm, RunTable, floor_log2
+from maskc._operand_runs import RunForm, RunTable, floor_log2, unit_read
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -628,31 +628,29 @@ def same_runs(items: tuple[ir.Mask, ...]) -> tuple[ir.Mask, ...]:
   once. `bidirectional(img)` is this pattern. Static path only (`Tables.same_runs`:
   run tables).
   """
-  truths = {(i.read.operand.name, i.read.index) for i in items
-            if isinstance(i, ir.Truth) and isinstance(i.read, ir.Read) and not i.read.runs}
-  if not truths:
-    return items
   out = []
   for i in items:
-    if (isinstance(i, ir.Compare) and i.ops == ("==",) and
-        all(isinstance(t, ir.Read) and t.runs and isinstance(t.operand, ir.Operand)
-            for t in i.terms) and i.terms[0].operand.name == i.terms[1].operand.name and
-        any((i.terms[0].operand.name, t.index) in truths for t in i.terms)):
-      same = ir.Operand(f"{_SAME_RUN}{i.terms[0].operand.name})")
+    name = next((n for w in items if (n := same_run_read(i, w)) is not None), None)
+    if name is not None:
+      same = ir.Operand(f"{_SAME_RUN}{name})")
       i = ir.Compare(tuple(ir.Read(same, t.index) for t in i.terms), i.ops, i.span)
     out.append(i)
   return tuple(out)
 
 
-def unit_read(t: ir.Term) -> tuple[str, int] | None:
-  """`(axis, c)` for an index `q`, `q + c`, `q - c` or `c + q` (`k` alike), else None."""
-  if isinstance(t, ir.Pos):
-    return t.axis, 0
-  if isinstance(t, ir.Arith) and t.op in "+-":
-    if isinstance(t.lhs, ir.Pos) and isinstance(t.rhs, ir.Const):
-      return t.lhs.axis, (t.rhs.value if t.op == "+" else -t.rhs.value)
-    if t.op == "+" and isinstance(t.lhs, ir.Const) and isinstance(t.rhs, ir.Pos):
-      return t.rhs.axis, t.lhs.value
+def same_run_read(eq: ir.Mask, truth: ir.Mask) -> str | None:
+  """x, when `eq` is `runs(x)[a] == runs(x)[b]` and `truth` is `x[a]` or `x[b]`: the
+  pattern whose equality means "a and b lie in one run of x's nonzeros" wherever the
+  `&` of the two holds (`same_runs`; `maskc._same_run` on the traced path)."""
+  if not (isinstance(eq, ir.Compare) and eq.ops == ("==",) and isinstance(truth, ir.Truth) and
+          isinstance(truth.read, ir.Read) and not truth.read.runs and
+          isinstance(truth.read.operand, ir.Operand)):
+    return None
+  name = truth.read.operand.name
+  if all(isinstance(t, ir.Read) and t.runs and isinstance(t.operand, ir.Operand) and
+         t.operand.name == name for t in eq.terms) and \
+      truth.read.index in (t.index for t in eq.terms):
+    return name
   return None
 
 

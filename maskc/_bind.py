@@ -183,10 +183,16 @@ def runs_of(xp, x, dtype=None):
   dtype = dtype or (np.int64 if xp is np else jax_int())
   if xp is np:
     return _runs_of_numpy(np.asarray(x), dtype)
+  x, starts = nonzero_run_starts(xp, x)
+  return xp.where(x, xp.cumsum(starts, axis=-1, dtype=dtype), 0).astype(dtype)
+
+
+def nonzero_run_starts(xp, x):
+  """`(x != 0, starts)`: where x is nonzero, and where a run of nonzeros starts, along the
+  last axis (array form; a prefix sum of the starts numbers the runs)."""
   x = x != 0
   prev = xp.concatenate([xp.zeros_like(x[..., :1]), x[..., :-1]], axis=-1)
-  starts = xp.logical_and(x, xp.logical_not(prev))
-  return xp.where(x, xp.cumsum(starts, axis=-1, dtype=dtype), 0).astype(dtype)
+  return x, xp.logical_and(x, xp.logical_not(prev))
 
 
 def _runs_of_numpy(x: np.ndarray, dtype) -> np.ndarray:

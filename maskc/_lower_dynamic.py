@@ -62,10 +62,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from maskc import _ir as ir
-from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many, unit_read
+from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
 from maskc._bind import Shape
 from maskc._lower_static import compile_static, joined, operand_free_split
-from maskc._operand_runs import reads_at
+from maskc._operand_runs import reads_at, unit_read
 from maskc._same_run import SameRun, label_key, labels, run_ids, same_run_truth, same_runs
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget,

@@ -318,14 +318,19 @@ def _reads_at(m: ir.Mask, axis: str) -> tuple[tuple[str, int], ...]:
 
 def unit_shift(t: ir.Term, axis: str) -> int | None:
   """`s` where `t` is `axis + s` (or `axis`, `axis - s`, `s + axis`); else None."""
+  read = unit_read(t)
+  return read[1] if read is not None and read[0] == axis else None
+
+
+def unit_read(t: ir.Term) -> tuple[str, int] | None:
+  """`(axis, c)` for an index `q`, `q + c`, `q - c` or `c + q` (`k` alike), else None."""
   if isinstance(t, ir.Pos):
-    return 0 if t.axis == axis else None
+    return t.axis, 0
   if isinstance(t, ir.Arith) and t.op in "+-":
-    if isinstance(t.rhs, ir.Const) and isinstance(t.lhs, ir.Pos) and t.lhs.axis == axis:
-      return t.rhs.value if t.op == "+" else -t.rhs.value
-    if t.op == "+" and isinstance(t.lhs, ir.Const) and isinstance(t.rhs, ir.Pos) and \
-        t.rhs.axis == axis:
-      return t.lhs.value
+    if isinstance(t.lhs, ir.Pos) and isinstance(t.rhs, ir.Const):
+      return t.lhs.axis, (t.rhs.value if t.op == "+" else -t.rhs.value)
+    if t.op == "+" and isinstance(t.lhs, ir.Const) and isinstance(t.rhs, ir.Pos):
+      return t.rhs.axis, t.lhs.value
   return None
 
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 
 from maskc import _ir as ir
-from maskc._analysis import EMPTY, FULL, PARTIAL, Truth3
+from maskc._analysis import EMPTY, FULL, PARTIAL, Truth3, same_run_read
+from maskc._bind import nonzero_run_starts
 from maskc._operand_runs import unit_shift
 
 
@@ -57,9 +58,8 @@ def same_runs(m: ir.Mask) -> tuple[ir.Mask, list[SameRun]]:
 def labels(xp, x, dtype):
   """Run labels of `x` along its last axis: `2 c + (x == 0)`, c the nonzero runs started
   at or before each token."""
-  nz = x != 0
-  prev = xp.concatenate([xp.zeros_like(nz[..., :1]), nz[..., :-1]], axis=-1)
-  started = xp.cumsum(xp.logical_and(nz, xp.logical_not(prev)), axis=-1, dtype=dtype)
+  nz, starts = nonzero_run_starts(xp, x)
+  started = xp.cumsum(starts, axis=-1, dtype=dtype)
   return 2 * started + xp.logical_not(nz).astype(dtype)
 
 
@@ -103,16 +103,11 @@ def _pattern(m: ir.And) -> SameRun | None:
   if len(m.items) != 2:
     return None
   for eq, truth in (m.items, m.items[::-1]):
-    if not (isinstance(eq, ir.Compare) and eq.ops == ("==",) and isinstance(truth, ir.Truth) and
-            isinstance(truth.read, ir.Read) and not truth.read.runs and
-            isinstance(truth.read.operand, ir.Operand)):
+    name = same_run_read(eq, truth)
+    if name is None:
       continue
-    terms = eq.terms
-    if not all(isinstance(r, ir.Read) and r.runs and isinstance(r.operand, ir.Operand) and
-               r.operand.name == truth.read.operand.name for r in terms):
-      continue
-    for a, b in (terms, terms[::-1]):
+    for a, b in (eq.terms, eq.terms[::-1]):
       s, t = unit_shift(a.index, "q"), unit_shift(b.index, "k")
-      if s is not None and t is not None and truth.read.index in (a.index, b.index):
-        return SameRun(m, truth.read.operand.name, s, t)
+      if s is not None and t is not None:
+        return SameRun(m, name, s, t)
   return None
