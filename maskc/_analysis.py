@@ -687,28 +687,24 @@ def _unless_ok(xp, ok, state, certain) -> Truth3:
   return Truth3(xp.where(ok, state, PARTIAL), _and(xp, True, certain, ok))
 
 
-def _or(xp, *arrays):
-  """Logical or of flags that may be Python bools (True and False short-cut)."""
-  out = False
-  for a in arrays:
-    if a is True:
-      return True
-    if a is False:
-      continue
-    out = a if out is False else xp.logical_or(out, a)
-  return out
+def _or(xp, *flags):
+  return _fold(xp.logical_or, False, flags)
 
 
-def _and(xp, flag: bool, *arrays):
-  if not flag:
-    return False
-  out = True
-  for a in arrays:
-    if a is False:
-      return False
-    if a is True:
+def _and(xp, flag: bool, *flags):
+  return _fold(xp.logical_and, True, flags) if flag else False
+
+
+def _fold(op, unit: bool, flags):
+  """`op` over flags that may be Python bools, which short-cut: `unit` drops out, its
+  opposite decides, so constant verdicts stay Python bools (`x is True` tests)."""
+  out = unit
+  for a in flags:
+    if a is unit:
       continue
-    out = a if out is True else xp.logical_and(out, a)
+    if a is (not unit):
+      return not unit
+    out = a if out is unit else op(out, a)
   return out
 
 
