@@ -959,24 +959,12 @@ class _CombinedRuns:
   def _combine(self, x, y, along_rows: bool, n_span: int):
     """Two sorted flat run lists `(start key, stop key, state)` combined; PARTIAL with
     PARTIAL decided tile by tile."""
-    # Each list's starts and stops interleave in order, so their concatenation is two
-    # sorted runs (a linear merge), and a list covers a cut iff an odd number of its
-    # boundaries lie at or before it: the last one was a start. Between lines lies a
-    # key no run covers, so a piece reaching over it is EMPTY in both lists: dropped.
-    xb, yb = (np.stack(v[:2], axis=1).reshape(-1) for v in (x, y))
-    cuts = np.concatenate([xb, yb])
-    order = np.argsort(cuts, kind="stable")
-    cuts = cuts[order]
-    # pieces start at the last of equal cuts (which counts all of them) and end at the next
-    at = np.flatnonzero(cuts[1:] != cuts[:-1])
-    lo, hi = cuts[at], cuts[at + 1]
-    nx = np.cumsum(order < xb.size)[at]
-    ny = at + 1 - nx
-    # the state after n boundaries: a run's for odd n (inside it), EMPTY for even n
-    sx, sy = (np.zeros(2 * v[2].size + 1, np.int8) for v in (x, y))
-    sx[1::2], sy[1::2] = x[2], y[2]
-    sx, sy = sx[nx], sy[ny]
-    state = np.maximum(sx, sy) if self.union else np.minimum(sx, sy)
+    if self.union:
+      lo, hi, sx, sy = _union_pieces(x, y)
+      state = np.maximum(sx, sy)
+    else:
+      lo, hi, sx, sy = _meeting_pieces(x, y)
+      state = np.minimum(sx, sy)
     both = (sx == PARTIAL) & (sy == PARTIAL)
     keep = (state != EMPTY) & ~both
     lo_k, hi_k, st_k = lo[keep], hi[keep], state[keep]
@@ -999,6 +987,41 @@ class _CombinedRuns:
       order = np.argsort(lo_k, kind="stable")
       lo_k, hi_k, st_k = lo_k[order], hi_k[order], st_k[order]
     return lo_k, hi_k, st_k.astype(np.int8)
+
+
+def _union_pieces(x, y):
+  """The pieces between consecutive boundaries of two sorted flat run lists, in order, with
+  each list's state on them (EMPTY outside its runs)."""
+  # Each list's starts and stops interleave in order, so their concatenation is two
+  # sorted runs (a linear merge), and a list covers a cut iff an odd number of its
+  # boundaries lie at or before it: the last one was a start. Between lines lies a
+  # key no run covers, so a piece reaching over it is EMPTY in both lists: dropped.
+  xb, yb = (np.stack(v[:2], axis=1).reshape(-1) for v in (x, y))
+  cuts = np.concatenate([xb, yb])
+  order = np.argsort(cuts, kind="stable")
+  cuts = cuts[order]
+  # pieces start at the last of equal cuts (which counts all of them) and end at the next
+  at = np.flatnonzero(cuts[1:] != cuts[:-1])
+  nx = np.cumsum(order < xb.size)[at]
+  ny = at + 1 - nx
+  # the state after n boundaries: a run's for odd n (inside it), EMPTY for even n
+  sx, sy = (np.zeros(2 * v[2].size + 1, np.int8) for v in (x, y))
+  sx[1::2], sy[1::2] = x[2], y[2]
+  return cuts[at], cuts[at + 1], sx[nx], sy[ny]
+
+
+def _meeting_pieces(x, y):
+  """The intersections of each run of one sorted flat run list with each of the other's, in
+  order, with both lists' states: the pieces of `_union_pieces` inside both lists' runs,
+  found by binary searches instead of a merge of every boundary."""
+  (xa, xz, xs), (ya, yz, ys) = x, y
+  # the runs of y that meet x's run: from the first that stops after its start to the
+  # last that starts before its stop (the runs of one list are disjoint, so in order)
+  first = np.searchsorted(yz, xa, "right")
+  count = np.maximum(np.searchsorted(ya, xz, "left") - first, 0)
+  i = np.repeat(np.arange(xa.size), count)
+  j = ranges(first, count)
+  return (np.maximum(xa[i], ya[j]), np.minimum(xz[i], yz[j]), xs[i], ys[j])
 
 
 COMBINE_CHUNK = 1 << 15  # runs combined at a time
