@@ -1,6 +1,7 @@
 """Lowering with run-structured operands: exactness, soundness, traced == static, memory budget,
 and extreme magnitudes; every tile checked against a dense NumPy reference written here."""
 
+import itertools
 from unittest import mock
 
 import jax
@@ -465,6 +466,65 @@ def test_median_operand_change_by_counts_equals_binary_search(nb, n, data):
   expected = at[np.clip((first + last) // 2, 0, max(at.size - 1, 0))] - base if at.size else hi
   np.testing.assert_array_equal(cut, np.where(inside, expected, hi))
   assert np.all((cut[inside] > lo[inside]) & (cut[inside] < hi[inside]))
+
+
+@st.composite
+def flat_run_list(draw, size: int = 60):
+  """A sorted flat run list `(start, stop, state)` over keys `[0, size)`: disjoint runs."""
+  cuts = sorted(set(draw(st.lists(st.integers(0, size), max_size=16))))
+  runs = [(a, z) for a, z in itertools.pairwise(cuts) if draw(st.booleans())]
+  states = [draw(st.sampled_from([1, 2])) for _ in runs]  # PARTIAL, FULL
+  return (np.array([a for a, _ in runs], np.int64), np.array([z for _, z in runs], np.int64),
+          np.array(states, np.int8))
+
+
+@given(flat_run_list(), flat_run_list())
+def test_meeting_pieces_are_the_keys_in_both_lists(x, y):
+  """`&` of run lists: the pieces found by binary searches are disjoint, in order, and
+  cover exactly the keys inside a run of both lists, each with both lists' states."""
+  from maskc._lower_static import _meeting_pieces
+
+  def states(lst, size=60):
+    out = np.zeros(size, np.int8)
+    for a, z, s in zip(*lst):
+      out[a:z] = s
+    return out
+
+  lo, hi, sx, sy = _meeting_pieces(x, y)
+  assert np.all(lo < hi) and np.all(hi[:-1] <= lo[1:])
+  got_x, got_y = np.zeros(60, np.int8), np.zeros(60, np.int8)
+  for a, z, u, v in zip(lo, hi, sx, sy):
+    got_x[a:z], got_y[a:z] = u, v
+  both = (states(x) > 0) & (states(y) > 0)
+  np.testing.assert_array_equal(got_x, np.where(both, states(x), 0))
+  np.testing.assert_array_equal(got_y, np.where(both, states(y), 0))
+
+
+@given(st.lists(st.tuples(st.integers(1, 70), st.integers(1, 70)), min_size=1, max_size=40),
+       st.booleans(), st.data())
+def test_split_children_tile_their_rectangle(sides, few, data):
+  """A rectangle's children (halves, 4 x 4 parts in a round of few, cuts at a hint) are
+  non-empty and cover it exactly once."""
+  from maskc._lower_static import NO_HINTS, _Hints, _split
+  nq = nk = 70
+  i0 = np.array([data.draw(st.integers(0, nq - h)) for h, _ in sides], np.int64)
+  j0 = np.array([data.draw(st.integers(0, nk - w)) for _, w in sides], np.int64)
+  i1 = i0 + np.array([h for h, _ in sides])
+  j1 = j0 + np.array([w for _, w in sides])
+  b = np.arange(len(sides), dtype=np.int64)  # a batch row each: children tell their parent
+  size = b.size * (nq + 1)
+  q_hints = _Hints.of(np.array(data.draw(st.lists(st.integers(0, size - 1), max_size=9)),
+                               np.int64), size)
+  with mock.patch("maskc._lower_static.FEW_RECTS", len(sides) if few else 0):
+    cb, ci0, ci1, cj0, cj1 = _split((b, i0, i1, j0, j1), (q_hints, NO_HINTS), nq, nk)
+  assert np.all((ci1 > ci0) & (cj1 > cj0))
+  for r in range(len(sides)):
+    cover = np.zeros((nq, nk), np.int64)
+    for u in np.flatnonzero(cb == r):
+      cover[ci0[u]:ci1[u], cj0[u]:cj1[u]] += 1
+    expected = np.zeros((nq, nk), np.int64)
+    expected[i0[r]:i1[r], j0[r]:j1[r]] = 1
+    np.testing.assert_array_equal(cover, expected)
 
 
 @given(st.lists(st.one_of(st.integers(1, 2**53 - 1),
