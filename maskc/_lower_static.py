@@ -45,6 +45,7 @@ from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._bind import Shape
 from maskc._diagonal_period import diagonal_period
+from maskc._evaluate import Env, evaluate_mask
 from maskc._equal_reads import equal_read_runs, equal_reads_where, unique_runs
 from maskc._operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
 from maskc._ragged import ranges
@@ -994,10 +995,16 @@ class _CombinedRuns:
       line, pos = np.divmod(tile, n_span + 1)
       bb, line = np.divmod(line, self.geo.nq if along_rows else self.geo.nk)
       i, j = (line, pos) if along_rows else (pos, line)
-      # unrefined, by the pieces alone: as sharp as the analysis of the mask whole
-      st = _decide_tiles(self.m, self.geo, self.tables, bb if self.batch else 0, i, j,
-                         self.budget, self._pieces(bb, i, j), self.batch or 1,
-                         evaluate=self.refine)
+      st = np.full(tile.shape, PARTIAL, np.int8)
+      # refined parts are exactly mixed: one sampled pair of the right value proves the rest
+      todo = ~_sampled_mixed(self.m, self.geo, self.tables, bb if self.batch else 0, i, j,
+                             self.union) if self.refine else np.ones(tile.shape, bool)
+      if todo.any():
+        bt = bb[todo] if self.batch else 0
+        # unrefined, by the pieces alone: as sharp as the analysis of the mask whole
+        st[todo] = _decide_tiles(self.m, self.geo, self.tables, bt, i[todo], j[todo],
+                                 self.budget, self._pieces(bb[todo], i[todo], j[todo]),
+                                 self.batch or 1, evaluate=self.refine)
       decided = st != EMPTY
       lo_k = np.concatenate([lo_k, tile[decided]])
       hi_k = np.concatenate([hi_k, tile[decided] + 1])
@@ -1005,6 +1012,71 @@ class _CombinedRuns:
       order = np.argsort(lo_k, kind="stable")
       lo_k, hi_k, st_k = lo_k[order], hi_k[order], st_k[order]
     return lo_k, hi_k, st_k.astype(np.int8)
+
+
+def _sampled_mixed(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union: bool):
+  """Which tiles `(b, i, j)`, PARTIAL in two exactly mixed parts, hold a true pair of the
+  `&` of them (a false one of the `|`) among a few sampled pairs: then the tile is mixed.
+
+  Both parts mixed put a false pair in the `&` (a true one in the `|`): one sampled
+  pair of the other value decides the tile PARTIAL, with no pieces and no analysis
+  of sub-rectangles. Without explicit positions, the first sample is where the
+  tile's rows and columns meet on the diagonal `q == k`, true for `causal &
+  document(seg)`'s diagonal tiles, the common case (documents of 50-200 tokens at
+  1M: about 7,000); then the corners of the tiles not decided yet. Pairs are
+  evaluated with per-token operands read through their runs (`_RunReads`).
+  """
+  r0 = i * geo.bq
+  r1 = np.minimum(r0 + geo.bq, geo.shape.q_len) - 1
+  c0 = j * geo.bk
+  c1 = np.minimum(c0 + geo.bk, geo.shape.kv_len) - 1
+  samples = [(r0, c0), (r0, c1), (r1, c0), (r1, c1)]
+  if not geo.positions:
+    off = geo.shape.q_offset
+    p = np.maximum(r0 + off, c0)
+    on = p <= np.minimum(r1 + off, c1)  # the diagonal crosses the tile
+    samples.insert(0, (np.where(on, p - off, r0), np.where(on, p, c0)))
+  reads = _RunReads(tables)
+  proved = np.zeros(i.shape, bool)
+  for group in (samples[:1], samples[1:]):
+    todo = np.flatnonzero(~proved)
+    if not todo.size:
+      break
+    rows = np.concatenate([r[todo] for r, _ in group])
+    cols = np.concatenate([c[todo] for _, c in group])
+    bb = b if np.isscalar(b) else np.tile(b[todo], len(group))
+    v = evaluate_mask(m, Env(np, geo.q_at(bb, rows), geo.k_at(bb, cols), reads, bb))
+    proof = ~v if union else v
+    proved[todo] = proof.reshape(len(group), todo.size).any(axis=0)
+  return proved
+
+
+class _RunReads:
+  """Operand arrays for evaluating a few pairs: a per-token operand not written out yet
+  (`maskc._operand_arrays`) is read through its run table instead of written out."""
+
+  def __init__(self, tables: Tables):
+    self.tables = tables
+
+  def __getitem__(self, name: str):
+    arrays = self.tables.arrays
+    if getattr(arrays, "written", lambda _: True)(name):
+      return arrays[name]
+    return _TokenReads(self.tables.run_table(name))
+
+
+class _TokenReads:
+  """`a[row, idx]` of a per-token operand `a` from its runs, by binary search: a few
+  thousand reads do not pay for the table's index of every token's run."""
+
+  def __init__(self, table: RunTable):
+    self.table = table
+    self.shape = (table.batch, table.length)
+
+  def __getitem__(self, at):
+    row, idx = at
+    flat = np.asarray(row, np.int64) * self.table.length + self.table.clip(idx)
+    return self.table.values[np.searchsorted(self.table.starts, flat, "right") - 1]
 
 
 def _union_pieces(x, y):
