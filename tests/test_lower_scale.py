@@ -527,6 +527,35 @@ def test_split_children_tile_their_rectangle(sides, few, data):
     np.testing.assert_array_equal(cover, expected)
 
 
+@settings(max_examples=40, deadline=None)
+@given(run_operands(), st.sampled_from(["causal & document(seg)", "sliding(5) & document(seg)",
+                                        "causal & chunk(8) | bidirectional(img)",
+                                        "causal | img[q] & seg[q] == seg[k]"]))
+def test_a_sampled_pair_proves_a_tile_holds_that_value(case, text):
+  """`_sampled_mixed` reads every operand through its runs: a tile it proves holds a true
+  pair (of an `&`; a false one of an `|`) in the dense reference."""
+  from maskc import _ir, _lower
+  from maskc._analysis import Tables
+  from maskc._lower_static import _sampled_mixed
+  from maskc._tile_geometry import TileGeometry
+  _, n, q_len, offset, bq, bk, ops = case
+  ops = _ops_for(text, ops)
+  bound = _lower.bind_masks(text, q_len, n, q_offset=offset, operands=ops)
+  m, geo = bound.masks[0], TileGeometry(bound.shape, bq, bk)
+  tables = Tables(np, bound.operands, bound.forms, same_runs=True)
+  nb = bound.batch or 1
+  b, i, j = (x.reshape(-1) for x in np.meshgrid(np.arange(nb), np.arange(geo.nq),
+                                                 np.arange(geo.nk), indexing="ij"))
+  union = isinstance(m, _ir.Or)
+  proved = _sampled_mixed(m, geo, tables, b if bound.batch else 0, i, j, union)
+  assert not any(bound.operands.written(x) for x in bound.operands), "operands written out"
+  dense = np.asarray(maskc.materialize(text, q_len, n, q_offset=offset, operands=ops),
+                     bool).reshape(nb, q_len, n)
+  for t in np.flatnonzero(proved):
+    tile = dense[b[t], i[t] * bq:(i[t] + 1) * bq, j[t] * bk:(j[t] + 1) * bk]
+    assert (~tile).any() if union else tile.any(), (text, b[t], i[t], j[t])
+
+
 @given(st.lists(st.one_of(st.integers(1, 2**53 - 1),
                           st.integers(0, 52).map(lambda e: 2**e),
                           st.integers(1, 53).map(lambda e: 2**e - 1)), min_size=1,
