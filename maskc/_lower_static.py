@@ -998,7 +998,8 @@ class _CombinedRuns:
       st = np.full(tile.shape, PARTIAL, np.int8)
       # refined parts are exactly mixed: one sampled pair of the right value proves the rest
       todo = ~_sampled_mixed(self.m, self.geo, self.tables, bb if self.batch else 0, i, j,
-                             self.union) if self.refine else np.ones(tile.shape, bool)
+                             self.union, self.budget) if self.refine else np.ones(tile.shape,
+                                                                                  bool)
       if todo.any():
         bt = bb[todo] if self.batch else 0
         # unrefined, by the pieces alone: as sharp as the analysis of the mask whole
@@ -1014,7 +1015,8 @@ class _CombinedRuns:
     return lo_k, hi_k, st_k.astype(np.int8)
 
 
-def _sampled_mixed(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union: bool):
+def _sampled_mixed(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union: bool,
+                   budget: Budget):
   """Which tiles `(b, i, j)`, PARTIAL in two exactly mixed parts, hold a true pair of the
   `&` of them (a false one of the `|`) among a few sampled pairs: then the tile is mixed.
 
@@ -1024,8 +1026,23 @@ def _sampled_mixed(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union
   tile's rows and columns meet on the diagonal `q == k`, true for `causal &
   document(seg)`'s diagonal tiles, the common case (documents of 50-200 tokens at
   1M: about 7,000); then the corners of the tiles not decided yet. Pairs are
-  evaluated with per-token operands read through their runs (`_RunReads`).
+  evaluated with per-token operands read through their runs (`_RunReads`), a bounded
+  chunk of tiles at a time.
   """
+  chunk = max(1, min(SAMPLE_CHUNK, budget.items(SAMPLE_BYTES)))
+  budget.charge(min(i.size, chunk) * SAMPLE_BYTES, "sampling pairs of tiles")
+  out = [_sampled_chunk(m, geo, tables, b if np.isscalar(b) else b[s:s + chunk],
+                        i[s:s + chunk], j[s:s + chunk], union)
+         for s in range(0, i.size, chunk)]
+  return np.concatenate(out) if out else np.zeros(0, bool)
+
+
+SAMPLE_CHUNK = 1 << 16  # tiles sampled at a time
+SAMPLE_BYTES = 512  # working memory per tile sampled (five pairs, their positions and reads)
+
+
+def _sampled_chunk(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union: bool):
+  """`_sampled_mixed` of one chunk."""
   r0 = i * geo.bq
   r1 = np.minimum(r0 + geo.bq, geo.shape.q_len) - 1
   c0 = j * geo.bk

@@ -538,6 +538,7 @@ def test_a_sampled_pair_proves_a_tile_holds_that_value(case, text):
   from maskc._analysis import Tables
   from maskc._lower_static import _sampled_mixed
   from maskc._tile_geometry import TileGeometry
+  from maskc._tile_refine import Budget
   _, n, q_len, offset, bq, bk, ops = case
   ops = _ops_for(text, ops)
   bound = _lower.bind_masks(text, q_len, n, q_offset=offset, operands=ops)
@@ -547,7 +548,9 @@ def test_a_sampled_pair_proves_a_tile_holds_that_value(case, text):
   b, i, j = (x.reshape(-1) for x in np.meshgrid(np.arange(nb), np.arange(geo.nq),
                                                  np.arange(geo.nk), indexing="ij"))
   union = isinstance(m, _ir.Or)
-  proved = _sampled_mixed(m, geo, tables, b if bound.batch else 0, i, j, union)
+  with mock.patch("maskc._lower_static.SAMPLE_CHUNK", 7):  # several chunks
+    proved = _sampled_mixed(m, geo, tables, b if bound.batch else 0, i, j, union,
+                            Budget(1 << 20))
   assert not any(bound.operands.written(x) for x in bound.operands), "operands written out"
   dense = np.asarray(maskc.materialize(text, q_len, n, q_offset=offset, operands=ops),
                      bool).reshape(nb, q_len, n)
