@@ -27,7 +27,9 @@ round:
    it changes (up to `MAX_CUTS` cuts, none if it changes more often) and into
    `SUB_PARTS` equal parts (the static path's 4 x 4 sub-rectangles); on a cut line
    every read is one value per piece, which makes the analysis exact on prelude
-   masks. Masks without such reads use 4 x 4 and 16 x 16 sub-rectangles instead;
+   masks. A round of `PIECE_ROUND` tiles cuts its tiles' lines only, so a few
+   ambiguous tiles never pay for cutting every line of the grid. Masks without
+   such reads use 4 x 4 and 16 x 16 sub-rectangles instead;
 2. what is left by evaluating the mask on the tile, in an inner loop of
    `EVAL_CHUNK` elements a round, at most `refine_budget` tiles in all; any beyond
    stay PARTIAL (sound).
@@ -73,7 +75,9 @@ from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHU
 from maskc._tiles import Runs, expand_runs
 
 MAX_CUTS = 4  # operand changes a tile line may be cut at
-SUB_PARTS = 4  # and equal parts it is cut into (pieces per tile: (MAX_CUTS + SUB_PARTS) ** 2)
+SUB_PARTS = 4  # and equal parts it is cut into
+PIECES = MAX_CUTS + SUB_PARTS  # pieces a line is cut into (some may be empty)
+PIECE_ROUND = 128  # ambiguous tiles decided by pieces per round
 FEW_RUNS = 8  # runs per tile line listed without a sort where no line has more
 STATIC_PART_TILES = 1 << 20  # the most tiles of an operand-free part lowered to a constant grid
 
@@ -186,14 +190,13 @@ class _Lines:
   """The tile lines of one axis, their pieces, and the values read along them.
 
   Attributes:
-    starts, ends: `[nb, n_lines, MAX_CUTS + 1]` inclusive position bounds of each
-      line's pieces (`ends < starts`: no piece). A line is cut where an operand read
-      along the axis (`x[q + c]`) changes, unless it changes more than `MAX_CUTS`
-      times: then the line is one piece.
     tile: `{(table, axis, c): (min, max)}`, `[nb, n_lines]`: each read over each line.
-    piece: per read, where its min and max per piece are in `packed`: on a cut line
-      each read is one value per piece; an uncut line's one piece has the line's range.
-    packed: `[nb * n_lines, F, MAX_CUTS + 1]`: `starts`, `ends` and the pieces' values.
+    piece: per read, where its min and max per piece are among the fields `pieces`
+      gives: on a cut line each read is one value per piece; an uncut line's pieces
+      are its equal parts, with the read's range over each.
+
+  A line is cut where an operand read along the axis (`x[q + c]`) changes, unless it
+  changes more than `MAX_CUTS` times: then only into its `SUB_PARTS` equal parts.
   """
 
   def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, axis: str, nb: int,
@@ -210,14 +213,16 @@ class _Lines:
     # Shifts beyond any length read clipped ends only; they would leave int32 here.
     reads = [(n, c) for n, c in (reads_at(m, axis) if reads is None else reads)
              if abs(c) < 1 << 30]
-    self.tile, self.piece = {}, {}
+    self.tile = {}
     self.axis, self.n_lines = axis, n_lines
-    self._lo, self._hi = lo, hi
+    self._count = jnp.zeros((nb, n_lines), jnp.int32)  # changes per line: none without reads
+    self._block, self._length = block, length
+    self._offset = geo.shape.q_offset if axis == "q" else 0
     # Each read over each line's positions p = lo + t (t < block), its index clipped to
     # the operand as range queries clip it; a change at p: the value differs from p - 1's.
     p = lo[..., None] + jnp.arange(block, dtype=jnp.int32)
     inside = p <= hi[..., None]
-    self._change = jnp.zeros(p.shape[:-1] + (block - 1,), bool)
+    change = jnp.zeros(p.shape[:-1] + (block - 1,), bool)
     self._reads = []
     terms = []
     for name, shift in reads:
@@ -227,32 +232,46 @@ class _Lines:
       v = a[rows, jnp.clip(p + shift, 0, size - 1)]
       info = np.iinfo(a.dtype)
       terms += [(jnp.where(inside, v, info.max), "min"), (jnp.where(inside, v, info.min), "max")]
-      self._change = self._change | (inside[..., 1:] & (v[..., 1:] != v[..., :-1]))
+      change = change | (inside[..., 1:] & (v[..., 1:] != v[..., :-1]))
       self._reads.append((name, shift, v, info))
-    self._p, self._inside = p, inside
+    # where each read's min and max per piece are in `pieces`' fields (after starts, ends)
+    self.piece = {(name, axis, shift): 2 + 2 * r for r, (name, shift, _, _)
+                  in enumerate(self._reads)}
     if reads:  # every read's min and max and the changes per line: one reduction
       first = jnp.zeros(p.shape[:-1] + (1,), jnp.int32)
-      changes = jnp.concatenate([first, self._change.astype(jnp.int32)], axis=-1)
+      changes = jnp.concatenate([first, change.astype(jnp.int32)], axis=-1)
       out = reduce_many(jnp, terms + [(changes, "sum")], -1)
       for r, (name, shift, _, _) in enumerate(self._reads):
         self.tile[(name, axis, shift)] = (out[2 * r], out[2 * r + 1])
       self._count = out[-1]
 
-  def cut(self) -> None:
-    """Cuts the lines into pieces (`starts`, `ends`, `piece`, `packed`): for refinement only.
+  def pieces(self, sel):
+    """The pieces of lines `sel` (flat `b * n_lines + line`), `[len(sel), F, PIECES]`: the
+    fields `piece` names, the pieces' `starts` and `ends` first (inclusive positions;
+    `ends < starts`: no piece). For refinement only, a round's lines at a time: no pass
+    over every line when few tiles are ambiguous.
 
     Cuts are the first `MAX_CUTS` positions where a read changes (none if it changes
     more often) and the `SUB_PARTS` equal parts of the line, as the static path's
     4 x 4 sub-rectangles: one analysis then does the work of both.
     """
-    lo, hi, axis = self._lo, self._hi, self.axis
-    cut = self._count <= MAX_CUTS
+    # the lines' positions from their index, their reads' values by one gather each
+    line = jax.lax.rem(sel, jnp.int32(self.n_lines))
+    lo = line * self._block + self._offset
+    hi = jnp.minimum((line + 1) * self._block, self._length) - 1 + self._offset
+    p = lo[:, None] + jnp.arange(self._block, dtype=jnp.int32)
+    inside = p <= hi[:, None]
+    values = [v.reshape(-1, self._block)[sel] for _, _, v, _ in self._reads]
+    change = jnp.zeros(p.shape[:-1] + (self._block - 1,), bool)
+    for v in values:
+      change = change | (inside[..., 1:] & (v[..., 1:] != v[..., :-1]))
+    cut = self._count.reshape(-1)[sel] <= MAX_CUTS
     # Candidates, in one array (one kernel, no concatenation): slot t < w (w = block - 1)
     # the change at lo + 1 + t, then the SUB_PARTS - 1 inner part bounds, then MAX_CUTS
     # unused slots (past the line's end; short lines have fewer changes to fill them).
-    w = self._change.shape[-1]
+    w = change.shape[-1]
     t = jnp.arange(w + SUB_PARTS - 1 + MAX_CUTS, dtype=jnp.int32)
-    change = jnp.pad(self._change & cut[..., None], [(0, 0), (0, 0), (0, t.size - w)])
+    change = jnp.pad(change & cut[..., None], [(0, 0), (0, t.size - w)])
     length = (hi - lo + 1)[..., None]
     part = lo[..., None] + (jnp.clip(t - w + 1, 0, SUB_PARTS) * length) // SUB_PARTS
     is_part = (t >= w) & (t < w + SUB_PARTS - 1)
@@ -261,30 +280,27 @@ class _Lines:
     c = _sort(c)[..., :MAX_CUTS + SUB_PARTS - 1]
     # Pieces start at the line's lo, then at each cut, and end before the next start
     # (a repeated cut or an unused slot makes an empty piece).
-    self.starts = jnp.concatenate([lo[..., None], c], axis=-1)
-    self.ends = jnp.concatenate([c - 1, hi[..., None]], axis=-1)
-    fields = [self.starts, self.ends]
+    starts = jnp.concatenate([lo[..., None], c], axis=-1)
+    ends = jnp.concatenate([c - 1, hi[..., None]], axis=-1)
+    fields = [starts, ends]
     # Each read's exact min and max per piece. On a cut line a read is constant between
     # cuts: its value at the piece's start. An uncut line's pieces are its parts (the
     # operand cuts are all past its end): the read's min and max over each part.
-    first = jnp.clip(self.starts - lo[..., None], 0, self._p.shape[-1] - 1)
-    in_part = ((self._p[..., None, :] >= self.starts[..., :SUB_PARTS, None]) &
-               (self._p[..., None, :] <= self.ends[..., :SUB_PARTS, None]) &
-               self._inside[..., None, :])
-    rest = self.starts.shape[-1] - SUB_PARTS
-    part_range = reduce_many(jnp, [
-        (jnp.where(in_part, v[..., None, :], extreme), op) for _, _, v, info in self._reads
-        for extreme, op in ((info.max, "min"), (info.min, "max"))], -1)  # one reduction
-    for r, (name, shift, v, info) in enumerate(self._reads):
+    first = jnp.clip(starts - lo[..., None], 0, p.shape[-1] - 1)
+    in_part = ((p[..., None, :] >= starts[..., :SUB_PARTS, None]) &
+               (p[..., None, :] <= ends[..., :SUB_PARTS, None]) & inside[..., None, :])
+    rest = starts.shape[-1] - SUB_PARTS
+    part_range = reduce_many(jnp, [  # one reduction
+        (jnp.where(in_part, v[..., None, :], extreme), op)
+        for v, (_, _, _, info) in zip(values, self._reads)
+        for extreme, op in ((info.max, "min"), (info.min, "max"))], -1) if values else []
+    for r, v in enumerate(values):
       point = jnp.take_along_axis(v, first, axis=-1)
       lo_v, hi_v = part_range[2 * r], part_range[2 * r + 1]
       lo_v = jnp.concatenate([lo_v, point[..., SUB_PARTS:]], axis=-1) if rest else lo_v
       hi_v = jnp.concatenate([hi_v, point[..., SUB_PARTS:]], axis=-1) if rest else hi_v
-      self.piece[(name, axis, shift)] = len(fields)
       fields += [jnp.where(cut[..., None], point, lo_v), jnp.where(cut[..., None], point, hi_v)]
-    # one array, so that a round gathers a tile's pieces once: `[nb * n_lines, F, pieces]`
-    stacked = jnp.stack(fields, axis=2)
-    self.packed = stacked.reshape((-1,) + stacked.shape[2:])
+    return jnp.stack(fields, axis=1)
 
   @property
   def any_reads(self) -> bool:
@@ -327,13 +343,13 @@ def _decide_by_pieces(m, geo: TileGeometry, tables: Tables, lines, batch, b, i, 
   constant over them.
   """
   q, k = lines
-  if q.packed is k.packed:  # lines shared by both axes: one gather
+  if q._reads is k._reads:  # lines shared by both axes: their pieces in one pass
     n = i.shape[0]
-    both = q.packed[jnp.concatenate([b * q.n_lines + i, b * k.n_lines + j])]
+    both = q.pieces(jnp.concatenate([b * q.n_lines + i, b * k.n_lines + j]))
     qp, kp = both[:n][:, :, :, None], both[n:][:, :, None, :]
   else:
-    qp = q.packed[b * q.n_lines + i][:, :, :, None]  # [n, F, pieces, 1]
-    kp = k.packed[b * k.n_lines + j][:, :, None, :]  # [n, F, 1, pieces]
+    qp = q.pieces(b * q.n_lines + i)[:, :, :, None]  # [n, F, pieces, 1]
+    kp = k.pieces(b * k.n_lines + j)[:, :, None, :]  # [n, F, 1, pieces]
   known = {key: (qp[:, f], qp[:, f + 1]) for key, f in q.piece.items()}
   known.update({key: (kp[:, f], kp[:, f + 1]) for key, f in k.piece.items()})
   return decide_parts(m, geo, tables, jnp, b[:, None, None] if batch else 0, qp[:, 0], qp[:, 1],
@@ -471,12 +487,8 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   if lines is not None and (lines[0].any_reads or lines[1].any_reads):
     # pieces: exact on prelude masks, one analysis per pair of pieces (the parts of the
     # static path's 4 x 4 sub-rectangles included)
-    lines[0].cut()
-    if shared is None:
-      lines[1].cut()
-    else:
-      lines = (lines[0], lines[0].as_axis("k"))
-    per_tile = lines[0].starts.shape[-1] * lines[1].starts.shape[-1]
+    per_tile = PIECES * PIECES
+    round_tiles = PIECE_ROUND  # each round cuts its tiles' lines: few tiles, few lines
 
     def decide(idx):
       tb, ti, tj = coords(idx)
@@ -485,6 +497,7 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   else:
     # sub-rectangles, 4 x 4 then 16 x 16
     per_tile = 256
+    round_tiles = None
 
     def decide(idx):
       tb, ti, tj = coords(idx)
@@ -499,7 +512,8 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     tb, ti, tj = coords(idx)
     return evaluate_tiles(m, geo, tables, jnp, tb, ti, tj)
 
-  flat = _refine(state.reshape(-1), ambiguous, decide, evaluate, max(1, items // per_tile),
+  chunk = max(1, min(items // per_tile, round_tiles or items))
+  flat = _refine(state.reshape(-1), ambiguous, decide, evaluate, chunk,
                  max(1, EVAL_CHUNK // (geo.bq * geo.bk)),
                  None if budget is None else max(0, int(budget)))
   return flat.reshape(full_shape)

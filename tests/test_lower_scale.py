@@ -145,6 +145,20 @@ def test_traced_equals_static_on_run_structured_operands(case):
   np.testing.assert_array_equal(np.asarray(traced), np.asarray(static.grid))
 
 
+@settings(max_examples=8, deadline=None)
+@given(run_operands())
+def test_traced_pieces_in_many_small_rounds_equal_static(case):
+  """The traced path cuts only a round's tiles' lines into pieces: rounds of 3 tiles (many
+  rounds, lines cut again in each) give the static path's tiles."""
+  text, n, q_len, offset, bq, bk, ops = case
+  ops = _ops_for(text, ops)
+  static = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops)
+  with mock.patch("maskc._lower_dynamic.PIECE_ROUND", 3):
+    traced = jax.jit(lambda o: maskc.compile(text, q_len, n, q_offset=offset, block_q=bq,
+                                             block_kv=bk, operands=o).grid)(ops)
+  np.testing.assert_array_equal(np.asarray(traced), np.asarray(static.grid))
+
+
 def test_bidirectional_is_decided_by_analysis_without_evaluation(monkeypatch):
   from maskc import _lower, _lower_static
 

@@ -525,3 +525,18 @@ def test_traced_runs_of_lines_with_few_runs_equal_numpy(runs, seed):
 def _traced_runs(n: int):
   del n  # one compilation per length
   return jax.jit(_lower_dynamic._runs)
+
+
+@pytest.mark.parametrize("text", ["seg[q] * 16 > k", "seg[k] * 16 < q + 3"])
+def test_exact_traced_lowering_of_reads_along_one_axis(text):
+  """Refining a mask whose operand reads are all along one axis (the other axis' lines
+  read nothing, so they have one piece each): it crashed on the other axis' lines."""
+  seg = np.repeat(np.arange(16), 16).astype(np.int32)
+  static = maskc.compile(text, 256, block_q=16, block_kv=16, operands={"seg": seg}, exact=True)
+  traced = jax.jit(lambda o: maskc.compile(text, 256, block_q=16, block_kv=16, operands=o,
+                                           exact=True).grid)({"seg": seg})
+  np.testing.assert_array_equal(np.asarray(traced), np.asarray(static.grid))
+  dense = np.asarray(maskc.materialize(text, 256, operands={"seg": seg}))
+  tiles = dense.reshape(16, 16, 16, 16)
+  expected = np.where(tiles.all((1, 3)), 2, np.where(tiles.any((1, 3)), 1, 0))
+  np.testing.assert_array_equal(np.asarray(static.grid).reshape(16, 16), expected)
