@@ -1083,17 +1083,14 @@ class _RunReads:
 
 
 class _TokenReads:
-  """`a[row, idx]` of a per-token operand `a` from its runs, by binary search: a few
-  thousand reads do not pay for the table's index of every token's run."""
+  """`a[row, idx]` of a per-token operand `a`, read from its run table (`values_at`)."""
 
   def __init__(self, table: RunTable):
     self.table = table
     self.shape = (table.batch, table.length)
 
   def __getitem__(self, at):
-    row, idx = at
-    flat = np.asarray(row, np.int64) * self.table.length + self.table.clip(idx)
-    return self.table.values[np.searchsorted(self.table.starts, flat, "right") - 1]
+    return self.table.values_at(*at)
 
 
 def _union_pieces(x, y):

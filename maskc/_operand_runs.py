@@ -159,9 +159,12 @@ class _RunSearch:
     self.index: np.ndarray | None = None
     self.spans: dict = {}  # memo of run spans by the identity of the queried index arrays
 
-  def run_index(self, flat: np.ndarray) -> np.ndarray:
-    """Index of the run holding each flat token `b * L + i` (in range)."""
-    if self.index is None and self.may_index:
+  def run_index(self, flat: np.ndarray, count: bool = True) -> np.ndarray:
+    """Index of the run holding each flat token `b * L + i` (in range).
+
+    `count=False`: a few lookups that do not count toward building the index.
+    """
+    if self.index is None and self.may_index and count:
       self.probes += flat.size * self.starts.size.bit_length()
       if self.probes * INDEX_AFTER > self.tokens:
         lengths = np.diff(np.append(self.starts, self.tokens))
@@ -222,6 +225,13 @@ class RunTable:
   def run_index(self, b, i) -> np.ndarray:
     """Index of the run holding token `i` (clipped to the length) of batch row `b`."""
     return self._run_of(b, self.clip(i))
+
+  def values_at(self, b, i) -> np.ndarray:
+    """The operand at tokens `i` (clipped to the length) of batch rows `b`, for a few
+    reads (sampled pairs): they use the index where one exists, else binary searches,
+    and never make one be built."""
+    flat = np.asarray(b, np.int64) * self.length + self.clip(i)
+    return self.values[self._search.run_index(flat, count=False)]
 
   def _run_of(self, b, i) -> np.ndarray:
     """`run_index` for tokens `i` already inside the length."""
