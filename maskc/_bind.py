@@ -20,6 +20,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 
 from maskc import _ir as ir
 from maskc._analysis import Analyzer, Tables
+from maskc._bit_words import count_through
 from maskc._errors import MaskLimitError, MaskTypeError, MaskValueError, OperandError
 from maskc._evaluate import Env, evaluate, evaluate_mask
 from maskc._operand_arrays import OperandArrays, Unwritten
@@ -184,7 +185,7 @@ def runs_of(xp, x, dtype=None):
   if xp is np:
     return _runs_of_numpy(np.asarray(x), dtype)
   x, starts = nonzero_run_starts(xp, x)
-  return xp.where(x, xp.cumsum(starts, axis=-1, dtype=dtype), 0).astype(dtype)
+  return xp.where(x, count_through(xp, starts, dtype), 0).astype(dtype)
 
 
 def nonzero_run_starts(xp, x):

@@ -26,6 +26,7 @@ import dataclasses
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Truth3, same_run_read
 from maskc._bind import nonzero_run_starts
+from maskc._bit_words import count_through
 from maskc._operand_runs import unit_shift
 
 
@@ -59,7 +60,7 @@ def labels(xp, x, dtype):
   """Run labels of `x` along its last axis: `2 c + (x == 0)`, c the nonzero runs started
   at or before each token."""
   nz, starts = nonzero_run_starts(xp, x)
-  started = xp.cumsum(starts, axis=-1, dtype=dtype)
+  started = count_through(xp, starts, dtype)
   return 2 * started + xp.logical_not(nz).astype(dtype)
 
 

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 import maskc
 from maskc import _lower, _lower_dynamic
 from maskc._analysis import Tables, reduce_many
+from maskc._bit_words import count_through
 from maskc._lower_dynamic import MAX_CUTS
 from maskc._same_run import same_runs
 from maskc._tile_geometry import TileGeometry
@@ -519,6 +520,22 @@ def test_traced_runs_of_lines_with_few_runs_equal_numpy(runs, seed):
   assert (np.asarray(want.count) == runs).all()
   for a, b in zip(got, want):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("length", [1, 31, 32, 33, 1024, 1025, 40_000])
+@settings(max_examples=5)
+@given(seed=st.integers(0, 2**32 - 1), density=st.sampled_from([0.0, 0.01, 0.5, 1.0]))
+def test_count_through_bit_words_is_a_prefix_sum(length, seed, density):
+  # words of 32 flags, then levels of 32 words (40,000 flags: three levels)
+  flags = np.random.default_rng(seed).random((2, length)) < density
+  got = _count_through(length)(jnp.asarray(flags))
+  np.testing.assert_array_equal(np.asarray(got), np.cumsum(flags, axis=-1))
+
+
+@functools.cache
+def _count_through(length: int):
+  del length  # one compilation per length
+  return jax.jit(lambda f: count_through(jnp, f, jnp.int32))
 
 
 @functools.cache
