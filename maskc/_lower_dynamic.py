@@ -41,10 +41,14 @@ lowering's cost (each kernel goes through its own MLIR and LLVM pipelines), so t
 code keeps the kernel count down:
 - sorts instead of prefix sums (associative scans of log2(N) levels), unstable
   ones where keys are distinct but for a fill value (`_sort`: half the time);
-  where few keys of a line are not the fill (a tile line's runs, a grid's
-  ambiguous tiles), `lax.top_k` of those few, with the sort kept for inputs
-  that have more (`_sort_few`: a quarter of the sort's time per call, for about
-  0.1-0.2 s more compile);
+  where few keys of a line are not the fill (a grid's ambiguous tiles),
+  `lax.top_k` of those few, with the sort kept for inputs that have more
+  (`_sort_few`: a quarter of the sort's time per call, for about 0.1-0.2 s
+  more compile);
+- counts and places of flags from flags packed into 32-bit words
+  (`maskc._bit_words`): the run labels' prefix count, and a tile line's runs
+  where it has few (`_few_runs`: a third of top_k's time per call, for about
+  0.1 s more compile than top_k);
 - a reduction over more than 32 elements is one variadic reduce with its siblings
   (`maskc._analysis.reduce_many`) or an argmin/argmax, never a plain one, which
   XLA's CPU compiler splits into three kernels (a tree reduction);
@@ -66,6 +70,7 @@ import numpy as np
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
 from maskc._bind import Shape
+from maskc._bit_words import WORD, bit_words, prefix_sums
 from maskc._lower_static import compile_static, joined, operand_free_split
 from maskc._operand_runs import reads_at, unit_read
 from maskc._same_run import SameRun, label_key, labels, run_ids, same_run_truth, same_runs
@@ -79,6 +84,7 @@ SUB_PARTS = 4  # and equal parts it is cut into
 PIECES = MAX_CUTS + SUB_PARTS  # pieces a line is cut into (some may be empty)
 PIECE_ROUND = 128  # ambiguous tiles decided by pieces per round
 FEW_RUNS = 8  # runs per tile line listed without a sort where no line has more
+BIT_LINE = 1024  # the most tiles a line may have for its runs read from bit words (32 words)
 STATIC_PART_TILES = 1 << 20  # the most tiles of an operand-free part lowered to a constant grid
 
 
@@ -547,11 +553,79 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
 def _runs(grid) -> Runs:
   """Maximal runs of equal non-empty states along the last axis of `grid` (`[..., n]`).
 
-  The runs of `maskc._tiles.runs_from_grid` (`R = n` slots), from one sort per line:
-  each tile gives a start key `4 j + state` where a run starts and an end key
-  `4 j + 3` where one ends, so the sorted keys alternate start, end, start, ...
-  and carry the run's state. Keys are 16-bit where they fit (lines of up to 16K
-  tiles): XLA's CPU sort takes about a third less time on them.
+  The runs of `maskc._tiles.runs_from_grid` (`R = n` slots). Where every line has
+  at most `FEW_RUNS` runs and `BIT_LINE` tiles (the usual case: a diagonal tile, a
+  document's block, an image's span a line), they are read from bit words
+  (`_few_runs`), in about a third of the time of a top_k over the tiles;
+  otherwise from a sort (`lax.cond`: one branch executes). Wider lines take
+  `_sorted_runs` (top_k where the runs are few).
+  """
+  n = grid.shape[-1]
+  if n > BIT_LINE or n <= FEW_RUNS:
+    return _sorted_runs(grid)
+  fits, runs = _few_runs(grid.astype(jnp.int8))
+  return jax.lax.cond(fits, runs, lambda: _sorted_runs(grid, listed=_sort))
+
+
+def _few_runs(g):
+  """Whether every line of `g` (`[..., n]`, `n` at most `BIT_LINE`) has at most `FEW_RUNS`
+  runs, and a function giving its runs then, from the flags of the tiles where runs
+  start and end packed into 32-bit words.
+
+  A line's `i`-th run starts at its `i`-th start flag and ends after its `i`-th end
+  flag. Flag `i` lies in the word whose set bits before it number at most `i` and
+  with it more, at the place a binary search by population counts finds; the run
+  is FULL where the FULL tiles' word has that bit. Elementwise work on a few values
+  per line: no sort and no prefix sum over the line (costly kernels on a CPU).
+  """
+  n = g.shape[-1]
+  assert n <= BIT_LINE, n
+  lead = g.shape[:-1]
+  pad = jnp.zeros(lead + (1,), g.dtype)
+  on = g != EMPTY
+  flags = jnp.stack([on & (g != jnp.concatenate([pad, g[..., :-1]], axis=-1)),
+                     on & (g != jnp.concatenate([g[..., 1:], pad], axis=-1)), g == FULL], -2)
+  words = bit_words(flags)  # [..., starts / ends / FULL tiles, words]
+  count = jax.lax.population_count(words[..., :2, :]).astype(jnp.int32)
+  before = prefix_sums(count) - count  # the set bits in the words before each word
+  total = before[..., 0, -1] + count[..., 0, -1]
+  flat = total.reshape(-1)
+  fits = flat[jnp.argmax(flat)] <= FEW_RUNS  # argmax: one kernel
+
+  def runs():
+    # flag i in word w: its rank r there, with 0 <= r < count in exactly one word
+    r = jnp.arange(FEW_RUNS, dtype=jnp.int32)[:, None] - before[..., None, :]
+    here = (r >= 0) & (r < count[..., None, :])  # [..., 2, FEW_RUNS, words]
+    x = jnp.broadcast_to(words[..., :2, None, :], r.shape)
+    place = jnp.zeros_like(r)
+    for width in (16, 8, 4, 2, 1):
+      low = jax.lax.population_count(x & jnp.uint32((1 << width) - 1)).astype(jnp.int32)
+      up = r >= low
+      r, x, place = (jnp.where(up, r - low, r), jnp.where(up, x >> width, x),
+                     place + jnp.where(up, width, 0))
+    full = ((words[..., 2:, None, :] >> place.astype(jnp.uint32)) & 1).astype(jnp.int32)
+    # one sum: 2 (place + 1) + (whether FULL) where the flag is, else 0
+    w = jnp.arange(words.shape[-1], dtype=jnp.int32)
+    found = jnp.sum(jnp.where(here, 2 * (w * WORD + place + 1) + full, 0), axis=-1)
+    valid = found[..., 0, :] > 0
+    rest = jnp.zeros(lead + (n - FEW_RUNS,), jnp.int32)
+    return Runs(
+        jnp.concatenate([jnp.where(valid, found[..., 0, :] // 2 - 1, 0), rest], axis=-1),
+        jnp.concatenate([jnp.where(valid, found[..., 1, :] // 2, 0), rest], axis=-1),
+        jnp.concatenate([jnp.where(valid, PARTIAL + found[..., 0, :] % 2, EMPTY),
+                         rest], axis=-1).astype(jnp.int8),
+        total)
+
+  return fits, runs
+
+
+def _sorted_runs(grid, listed=None) -> Runs:
+  """`_runs` from one sort per line (`listed`: by default, top_k where no line has more
+  than `FEW_RUNS` runs, `_sort_few`): each tile gives a start key
+  `4 j + state` where a run starts and an end key `4 j + 3` where one ends, so the
+  sorted keys alternate start, end, start, ... and carry the run's state. Keys are
+  16-bit where they fit (lines of up to 16K tiles): XLA's CPU sort takes about a
+  third less time on them.
   """
   n = grid.shape[-1]
   g = grid.astype(jnp.int32)
@@ -563,8 +637,8 @@ def _runs(grid) -> Runs:
   key_type = jnp.uint16 if never <= np.iinfo(np.uint16).max else jnp.int32
   start = jnp.where((g != prev) & (g != EMPTY), 4 * j + g, never)
   end = jnp.where((g != nxt) & (g != EMPTY), 4 * j + 3, never)
-  keys = _sort_few(jnp.stack([start, end], axis=-1).reshape(g.shape[:-1] + (2 * n,))
-                   .astype(key_type), never, 2 * FEW_RUNS)
+  keys = jnp.stack([start, end], axis=-1).reshape(g.shape[:-1] + (2 * n,)).astype(key_type)
+  keys = listed(keys) if listed else _sort_few(keys, never, 2 * FEW_RUNS)
   first, last = keys[..., 0::2].astype(jnp.int32), keys[..., 1::2].astype(jnp.int32)
   valid = first < never
   # Valid runs come first: their count is the first invalid slot (argmax: one kernel,

@@ -462,7 +462,10 @@ def test_reduce_many_is_each_reduction(seed, axis):
     np.testing.assert_array_equal(np.asarray(h), e)
 
 
-@pytest.mark.parametrize("n", [1, 7, 16382, 16383])  # 16-bit sort keys up to 16382 tiles
+# Lines of up to 8 tiles and over 1024 by a sort (16-bit keys up to 16382 tiles), others
+# from bit words (one word, a word and a bit, the most words) with a sort where a line
+# has more than 8 runs
+@pytest.mark.parametrize("n", [1, 7, 9, 33, 1024, 16382, 16383])
 @settings(max_examples=6)
 @given(seed=st.integers(0, 2**32 - 1), density=st.sampled_from([0.0, 0.1, 0.9]))
 def test_traced_runs_of_a_grid_equal_numpy(n, seed, density):
@@ -498,15 +501,15 @@ def _sort_few_jit(width: int, fill: int):
   return jax.jit(lambda k: _lower_dynamic._sort_few(k, fill, 6))
 
 
-@pytest.mark.parametrize("runs", [0, 8, 9])
+@pytest.mark.parametrize("n", [64, 100])
+@pytest.mark.parametrize("runs", [0, 1, 8, 9])
 @settings(max_examples=4)
 @given(seed=st.integers(0, 2**32 - 1))
-def test_traced_runs_of_lines_with_few_runs_equal_numpy(runs, seed):
-  # `runs` runs a line (8 is the most listed without a sort), some touching a neighbour of
-  # the other state: the traced runs equal NumPy's either way
+def test_traced_runs_of_lines_with_few_runs_equal_numpy(n, runs, seed):
+  # `runs` runs a line (8 is the most read from bit words without a sort), some touching a
+  # neighbour of the other state, across words of 32 tiles: the traced runs equal NumPy's
   from maskc._tiles import runs_from_grid
   rng = np.random.default_rng(seed)
-  n = 64
   grid = np.zeros((3, n), np.int8)
   for line in grid:
     cuts = np.sort(rng.choice(n + 1, 2 * runs, replace=False)).reshape(-1, 2)
