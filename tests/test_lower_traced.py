@@ -462,10 +462,10 @@ def test_reduce_many_is_each_reduction(seed, axis):
     np.testing.assert_array_equal(np.asarray(h), e)
 
 
-# Lines of up to 8 tiles and over 1024 by a sort (16-bit keys up to 16382 tiles), others
-# from bit words (one word, a word and a bit, the most words) with a sort where a line
-# has more than 8 runs
-@pytest.mark.parametrize("n", [1, 7, 9, 33, 1024, 16382, 16383])
+# Lines of under 128 tiles and over 1024 by top_k or a sort (16-bit keys up to 16382
+# tiles), others from bit words (the fewest words, a word and a bit, the most words) with a
+# sort where a line has more than 8 runs
+@pytest.mark.parametrize("n", [1, 7, 128, 161, 1024, 16382, 16383])
 @settings(max_examples=6)
 @given(seed=st.integers(0, 2**32 - 1), density=st.sampled_from([0.0, 0.1, 0.9]))
 def test_traced_runs_of_a_grid_equal_numpy(n, seed, density):
@@ -501,7 +501,7 @@ def _sort_few_jit(width: int, fill: int):
   return jax.jit(lambda k: _lower_dynamic._sort_few(k, fill, 6))
 
 
-@pytest.mark.parametrize("n", [64, 100])
+@pytest.mark.parametrize("n", [64, 200])  # top_k, bit words
 @pytest.mark.parametrize("runs", [0, 1, 8, 9])
 @settings(max_examples=4)
 @given(seed=st.integers(0, 2**32 - 1))
