@@ -161,6 +161,23 @@ class TestSplashLowersForTpu:
       lowered("splash", "tpu", case, self.length)
 
 
+def traced_lowering_text(platform: str) -> str:
+  """StableHLO of a traced lowering (`jit` over the operands) for `platform`: image spans
+  read through run labels counted from bit words, lines of 128 tiles whose runs are read
+  from bit words, the ambiguous tiles' top_k and the sorts behind them."""
+  mask = "causal & chunk(1024) | bidirectional(img)"
+
+  def rows(img):
+    return maskc.compile(mask, 2048, block_q=16, block_kv=16, operands={"img": img}).rows
+
+  spec = jax.ShapeDtypeStruct((2, 2048), jnp.int32)
+  return jax.jit(rows).trace(spec).lower(lowering_platforms=(platform,)).as_text()
+
+
+def test_traced_lowering_lowers_for_tpu():
+  assert "popcnt" in traced_lowering_text("tpu")
+
+
 # ----------------------------------------------------------------------------- cuda
 
 
@@ -187,6 +204,9 @@ class TestFlashLowersForCuda:
     fwd, bwd = lowered("flash", "cuda", case, self.length)
     assert count_triton(fwd) == 1, case_id(case)
     assert count_triton(bwd) == 3, case_id(case)                  # fwd, dq, dkv
+
+  def test_traced_lowering_lowers(self):
+    assert "popcnt" in traced_lowering_text("cuda")
 
   def test_batched_pairwise_and_traced_operands_lower(self):
     rng = np.random.default_rng(1)
