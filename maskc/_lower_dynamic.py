@@ -608,7 +608,8 @@ def _few_runs(g):
     full = ((words[..., 2:, None, :] >> place.astype(jnp.uint32)) & 1).astype(jnp.int32)
     # one sum: 2 (place + 1) + (whether FULL) where the flag is, else 0
     w = jnp.arange(words.shape[-1], dtype=jnp.int32)
-    found = jnp.sum(jnp.where(here, 2 * (w * WORD + place + 1) + full, 0), axis=-1)
+    found = jnp.sum(jnp.where(here, 2 * (w * WORD + place + 1) + full, 0), axis=-1,
+                    dtype=jnp.int32)
     valid = found[..., 0, :] > 0
     rest = jnp.zeros(lead + (n - FEW_RUNS,), jnp.int32)
     return Runs(

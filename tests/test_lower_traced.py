@@ -525,6 +525,20 @@ def test_traced_runs_of_lines_with_few_runs_equal_numpy(n, runs, seed):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.parametrize("block", [16, 64])  # lines of 128 tiles (bit words), of 32 (top_k)
+def test_traced_lowering_with_64_bit_integers_equals_static(block):
+  # Under jax_enable_x64 the traced path computes in int64; the run lists, however they are
+  # read, keep one type in both branches of their `lax.cond` (this raised at trace time)
+  img = np.zeros((2, 2048), np.int32)
+  img[0, 300:700] = img[1, 1000:1900] = img[1, 40:90] = 1
+  text = "causal & chunk(1024) | bidirectional(img)"
+  static = maskc.compile(text, 2048, block_q=block, block_kv=block, operands={"img": img})
+  with jax.enable_x64(True):
+    traced = jax.jit(lambda o: maskc.compile(text, 2048, block_q=block, block_kv=block,
+                                             operands=o).grid)({"img": jnp.asarray(img)})
+  np.testing.assert_array_equal(np.asarray(traced), np.asarray(static.grid))
+
+
 @pytest.mark.parametrize("length", [1, 31, 32, 33, 1024, 1025, 40_000])
 @settings(max_examples=5)
 @given(seed=st.integers(0, 2**32 - 1), density=st.sampled_from([0.0, 0.01, 0.5, 1.0]))
