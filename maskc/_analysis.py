@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from maskc import _ir as ir
+from maskc._bit_words import count_through
 from maskc._operand_runs import RunForm, RunTable, floor_log2, unit_read
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -161,8 +162,8 @@ class Tables:
     """2-D prefix sums of `operand != 0`: `[B, Q+1, K+1]`."""
     if name not in self._prefix:
       xp = self.xp
-      a = (self.arrays[name] != 0).astype(xp.int32)
-      c = xp.cumsum(xp.cumsum(a, axis=-1), axis=-2)
+      # along each row from bit words (`count_through`: cumsum's tree is the costly part)
+      c = xp.cumsum(count_through(xp, self.arrays[name] != 0, xp.int32), axis=-2)
       c = xp.concatenate([xp.zeros(c.shape[:-2] + (1, c.shape[-1]), c.dtype), c], axis=-2)
       c = xp.concatenate([xp.zeros(c.shape[:-1] + (1,), c.dtype), c], axis=-1)
       self._prefix[name] = c

@@ -549,6 +549,18 @@ def test_count_through_bit_words_is_a_prefix_sum(length, seed, density):
   np.testing.assert_array_equal(np.asarray(got), np.cumsum(flags, axis=-1))
 
 
+@settings(max_examples=5)
+@given(seed=st.integers(0, 2**32 - 1), shape=st.sampled_from([(1, 5, 7), (2, 40, 33)]))
+def test_pairwise_prefix_counts_under_jit_equal_numpy(seed, shape):
+  # `Tables.prefix`: 2-D counts of a pairwise operand's nonzeros, `[B, Q + 1, K + 1]`
+  a = np.random.default_rng(seed).integers(0, 3, shape) * (np.arange(shape[-1]) % 4 > 0)
+  want = np.zeros((shape[0], shape[1] + 1, shape[2] + 1), np.int64)
+  want[:, 1:, 1:] = np.cumsum(np.cumsum(a != 0, axis=-1), axis=-2)
+  got = jax.jit(lambda x: Tables(jnp, {"anc": x}).prefix("anc"))(jnp.asarray(a))
+  np.testing.assert_array_equal(np.asarray(got), want)
+  np.testing.assert_array_equal(Tables(np, {"anc": a}).prefix("anc"), want)
+
+
 @functools.cache
 def _count_through(length: int):
   del length  # one compilation per length
