@@ -583,13 +583,10 @@ def _few_runs(g):
   n = g.shape[-1]
   assert FEW_RUNS < n <= 32 * WORD, n
   lead = g.shape[:-1]
-  pad = jnp.zeros(lead + (1,), g.dtype)
-  on = g != EMPTY
-  flags = jnp.stack([on & (g != jnp.concatenate([pad, g[..., :-1]], axis=-1)),
-                     on & (g != jnp.concatenate([g[..., 1:], pad], axis=-1)), g == FULL], -2)
-  words = bit_words(flags)  # [..., starts / ends / FULL tiles, words]
+  words = bit_words(jnp.stack(_run_edges(g) + (g == FULL,), -2))  # [..., 3, words]
   count = jax.lax.population_count(words[..., :2, :]).astype(jnp.int32)
   before = prefix_sums(count) - count  # the set bits in the words before each word
+  # runs a line (from `before`: the inclusive sums' own last slot costs a kernel more)
   total = before[..., 0, -1] + count[..., 0, -1]
   flat = total.reshape(-1)
   fits = flat[jnp.argmax(flat)] <= FEW_RUNS  # argmax: one kernel
@@ -622,6 +619,15 @@ def _few_runs(g):
   return fits, runs
 
 
+def _run_edges(g):
+  """Where a run of `g`'s non-empty states starts, and where one ends (its last tile),
+  along the last axis: a tile whose state differs from its neighbour's, or the line's end."""
+  pad = jnp.zeros(g.shape[:-1] + (1,), g.dtype)
+  on = g != EMPTY
+  return (on & (g != jnp.concatenate([pad, g[..., :-1]], axis=-1)),
+          on & (g != jnp.concatenate([g[..., 1:], pad], axis=-1)))
+
+
 def _sorted_runs(grid, listed=None) -> Runs:
   """`_runs` from one sort per line (`listed`: by default, top_k where no line has more
   than `FEW_RUNS` runs, `_sort_few`): each tile gives a start key
@@ -632,14 +638,12 @@ def _sorted_runs(grid, listed=None) -> Runs:
   """
   n = grid.shape[-1]
   g = grid.astype(jnp.int32)
-  pad = jnp.zeros(g.shape[:-1] + (1,), jnp.int32)
-  prev = jnp.concatenate([pad, g[..., :-1]], axis=-1)
-  nxt = jnp.concatenate([g[..., 1:], pad], axis=-1)
+  starts, ends = _run_edges(g)
   j = jnp.arange(n, dtype=jnp.int32)
   never = 4 * n + 4
   key_type = jnp.uint16 if never <= np.iinfo(np.uint16).max else jnp.int32
-  start = jnp.where((g != prev) & (g != EMPTY), 4 * j + g, never)
-  end = jnp.where((g != nxt) & (g != EMPTY), 4 * j + 3, never)
+  start = jnp.where(starts, 4 * j + g, never)
+  end = jnp.where(ends, 4 * j + 3, never)
   keys = jnp.stack([start, end], axis=-1).reshape(g.shape[:-1] + (2 * n,)).astype(key_type)
   keys = listed(keys) if listed else _sort_few(keys, never, 2 * FEW_RUNS)
   first, last = keys[..., 0::2].astype(jnp.int32), keys[..., 1::2].astype(jnp.int32)
