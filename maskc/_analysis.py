@@ -35,7 +35,7 @@ import numpy as np
 
 from maskc import _ir as ir
 from maskc._bit_words import count_through
-from maskc._operand_runs import RunForm, RunTable, floor_log2, unit_read
+from maskc._operand_runs import RunForm, RunTable, floor_log2, may_index, unit_read
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -67,19 +67,20 @@ class Tables:
     arrays: operands as prepared by `maskc._bind.prepare_operands`.
     forms: static path: per-token operands in run form where already known (else
       built from `arrays` when first needed).
-    index_bytes: static path: at most how many bytes a run table's index of each
-      token's run may take (`maskc._operand_runs.RunTable`); 0 for none.
+    budget: static path: the lowering's memory budget, which holds the run tables
+      (`maskc._operand_runs.RunTable`) and their indices of each token's run, built
+      only where they fit; None for no run-table index.
     same_runs: static path: analyse `runs(x)[a] == runs(x)[b]` beside `x[a]` by the
       ids of x's runs of zeros and nonzeros (`same_runs`), which decides more
       rectangles than the traced path's analysis does.
   """
 
   def __init__(self, xp, arrays: dict[str, Any], forms: dict[str, RunForm] | None = None,
-               index_bytes: int = 0, same_runs: bool = False):
+               budget: Any = None, same_runs: bool = False):
     self.xp = xp
     self.arrays = arrays
     self.forms = forms or {}  # static path: per-token operands' runs, when already known
-    self.index_bytes = index_bytes
+    self.budget = budget
     self.same_runs = same_runs and xp.__name__ == "numpy"
     self._blocked: dict[str, BlockedRange] = {}
     self._whole: dict[str, tuple] = {}
@@ -100,8 +101,20 @@ class Tables:
       form = self.forms.get(base or name) or RunForm.of(self.arrays[base or name])
       if base is not None:
         form = form.truth_run_ids()
-      self._runs[name] = RunTable(form, self._runs.values(), self.index_bytes)
+      self._runs[name] = RunTable(form, self._runs.values(), self._index_bytes(form, name))
     return self._runs[name]
+
+  def _index_bytes(self, form: RunForm, name: str) -> int:
+    """Holds a run table's memory in the budget, and its token index's where one may be built
+    and fits (the index is built later, if at all: held now so that it is never over)."""
+    if self.budget is None:
+      return 0
+    self.budget.hold(RunTable.bytes_for(form), f"the run table of operand `{name}`")
+    index = form.batch * form.length * 4
+    if not may_index(form.starts.size) or self.budget.held + index > self.budget.limit:
+      return 0
+    self.budget.hold(index, f"an index of the runs of operand `{name}`")
+    return index
 
   def blocked(self, name: str) -> BlockedRange:
     """Traced path: operand `name` (`[B, L]`) as a `BlockedRange`, built once."""

@@ -62,10 +62,12 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
     refine_budget: traced path only: at most how many ambiguous tiles to refine by
       evaluation (default: all, so the map equals the static one); tiles beyond
       it stay PARTIAL, which is still sound.
-    memory_budget: bytes the lowering may allocate beyond its operands and result
-      (default `maskc._lower.MEMORY_BUDGET`, 256 MiB). Work is done in chunks that
-      fit; a lowering that cannot fit raises `MaskLimitError` instead of running
-      out of memory.
+    memory_budget: bytes the static lowering may hold at once beyond its operands
+      (default `maskc._lower.MEMORY_BUDGET`, 256 MiB): what it keeps (run tables,
+      decided rectangles of tiles) plus the work of the current step, done in
+      chunks that fit. A lowering that cannot fit raises `MaskLimitError` instead
+      of running out of memory. The traced path checks each step's arrays alone
+      (XLA owns their memory).
     q_positions, kv_positions: the position of each row / column, `[L]` or `[B, L]`
       (NumPy: static path; traced: dynamic path), instead of `q_offset + row` and
       `col`. Lowering is sound for any positions (a tile's positions are bounded by

@@ -53,8 +53,8 @@ from maskc._run_lists import (expand_in_order, expand_leaves, keyed, lines_of, m
                               merge_runs, on_lines, on_lines_mask, pack_runs, stack_runs)
 from maskc._tile_cover import tile_cover
 from maskc._tile_geometry import TileGeometry
-from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK,
-                                 Budget, evaluate_tiles, subdivide)
+from maskc._tile_refine import (EVAL_CHUNK, MEMORY_BUDGET, PIECE_CHUNK,
+                                 Budget, analysis_bytes, evaluate_tiles, subdivide)
 from maskc._tiles import Runs
 
 
@@ -98,17 +98,18 @@ def _decide_by_pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, pi
 
 
 def _decide_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, budget: Budget,
-                  pieces=None, nb: int = 1, evaluate: bool = True):
+                  pieces=None, nb: int = 1, evaluate: bool = True, beside: int = 0):
   """Exact states of ambiguous tiles: by finer analysis where it suffices, else by evaluation.
 
   Finer analysis first cuts tiles at their operands' changes (exact for prelude
   masks), then into 4 x 4 and 16 x 16 sub-rectangles; tiles still undecided are
-  evaluated. Every step works in chunks that fit the memory budget. Without
-  `evaluate`, only the pieces: tiles they leave undecided stay PARTIAL.
+  evaluated. Every step works in chunks that fit the memory budget beside `beside`
+  bytes the caller holds. Without `evaluate`, only the pieces: tiles they leave
+  undecided stay PARTIAL.
   """
   out = np.full(i.shape, PARTIAL, np.int8)
   todo = np.ones(i.shape, bool)
-  chunk_items = min(PIECE_CHUNK, budget.items(ITEM_BYTES))
+  chunk_items = min(PIECE_CHUNK, budget.items(analysis_bytes(m) + PIECE_BYTES, beside))
   if pieces is not None:
     per_tile = max(1, int(pieces[0].count.max()) * int(pieces[1].count.max()))
     step = max(1, chunk_items // per_tile)
@@ -138,6 +139,9 @@ def _decide_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, budget
 
 
 LEAF_CHUNK = 1 << 15  # rectangles analysed at a time: bounds the analysis's work arrays
+RECT_BYTES = 320  # per rectangle of a round beside its analysis: bounds, states, 4 children
+PIECE_BYTES = 96  # per operand piece of a strip beside its analysis: its line and bounds
+EXPANDED_RUN_BYTES = 64  # per run of single lines expanded from the leaves, sorted and merged
 
 
 def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, budget: Budget,
@@ -162,17 +166,21 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
   makes every tile PARTIAL with no further split.
   """
   nb = batch or 1
-  chunk = max(1, min(LEAF_CHUNK, budget.items(ITEM_BYTES * 2)))
+  per_rect = analysis_bytes(m) + RECT_BYTES
+  per_piece = analysis_bytes(m) + PIECE_BYTES
   zeros = np.zeros(nb, np.int64)
   pending = [start or (np.arange(nb, dtype=np.int64), zeros, zeros + geo.nq, zeros, zeros + geo.nk)]
-  done, decided = [], 0
+  done = []
+  held = _nbytes(pending[0])  # what `pending` and `done` hold
   while pending:
     rect = pending.pop()
     if not rect[0].size:
       continue
+    chunk = min(LEAF_CHUNK, budget.items(per_rect, held))
     if rect[0].size > chunk:  # split the work, not the rectangles: bounded memory per step
       pending.append(tuple(x[chunk:] for x in rect))
       rect = tuple(x[:chunk] for x in rect)
+    budget.charge(held + rect[0].size * per_rect, "analysing rectangles of tiles")
     b, i0, i1, j0, j1 = rect
     ql, qh = geo.q_bounds(i0, i1, b)
     kl, kh = geo.k_bounds(j0, j1, b)
@@ -191,8 +199,9 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
                            (line_pieces_.count[b * n_lines + line] > 1))
       if not sel.size:
         continue
+      max_pieces = budget.items(per_piece, held + rect[0].size * RECT_BYTES)
       st, uni, mixed = _strip_pieces(m, geo, tables, batch, along_rows, line_pieces_, b[sel],
-                                     i0[sel], i1[sel], j0[sel], j1[sel])
+                                     i0[sel], i1[sel], j0[sel], j1[sel], max_pieces)
       dense = np.asarray(geo.dense_q(b[sel], i0[sel]) if along_rows else
                          geo.dense_k(b[sel], j0[sel]), bool)
       state[sel] = st
@@ -205,15 +214,20 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
     kept = fin & (state != EMPTY)  # EMPTY leaves hold no runs: only counted
     done.append(tuple(x[kept] for x in (b, i0, i1, j0, j1, state)) +
                 ((state[kept] == PARTIAL) & ~certain[kept] & ~uniform[kept],))
-    decided += int(kept.sum())
-    budget.charge(decided * 64, "the decided rectangles of tiles")
+    held += _nbytes(done[-1])
     split = ~fin
     if split.any():
-      budget.charge(int(split.sum()) * 4 * 48, "splitting rectangles of tiles")
       pending.append(_split(tuple(x[split] for x in rect), hints, geo.nq, geo.nk))
+      held += _nbytes(pending[-1])
+    held -= _nbytes(rect)
   if not done:
     return [np.zeros(0, np.int64)] * 5 + [np.zeros(0, np.int8), np.zeros(0, bool)]
+  budget.charge(2 * held, "the decided rectangles of tiles")  # the parts and their concatenation
   return [np.concatenate(x) for x in zip(*done)]
+
+
+def _nbytes(arrays) -> int:
+  return sum(x.nbytes for x in arrays)
 
 
 STRIP_PARTS = 8  # parts a long strip of tiles without hints is cut into at once
@@ -352,19 +366,30 @@ def _split_hints(m: ir.Mask, geo: TileGeometry, tables: Tables, nb: int, along_r
 
 
 def _strip_pieces(m, geo: TileGeometry, tables: Tables, batch, along_rows: bool, pieces: Pieces,
-                  b, i0, i1, j0, j1):
-  """(state, uniform, mixed) of strips one tile thick, from the pieces of their line."""
+                  b, i0, i1, j0, j1, max_pieces: int):
+  """(state, uniform, mixed) of strips one tile thick, from the pieces of their line, with at
+  most about `max_pieces` pieces analysed at once."""
   n_lines = geo.nq if along_rows else geo.nk
   line = i0 if along_rows else j0
-  item, plo, phi = pieces.expand(b * n_lines + line)
-  if along_rows:
-    kl, kh = geo.k_bounds(j0[item], j1[item], b[item])
-    ql, qh = plo, phi
-  else:
-    ql, qh = geo.q_bounds(i0[item], i1[item], b[item])
-    kl, kh = plo, phi
-  t = Analyzer(np, tables, ql, qh, kl, kh, b[item] if batch else 0).truth(m)
-  return _combine_pieces(item, line.size, t.state, t.certain)
+  flat = b * n_lines + line
+  ends = np.cumsum(pieces.count[flat])
+  out = []
+  s0 = 0
+  while s0 < flat.size:  # strips of at most `max_pieces` pieces (at least one strip)
+    done = ends[s0 - 1] if s0 else 0
+    s1 = max(s0 + 1, int(np.searchsorted(ends, done + max_pieces, "right")))
+    sl = slice(s0, s1)
+    item, plo, phi = pieces.expand(flat[sl])
+    if along_rows:
+      kl, kh = geo.k_bounds(j0[sl][item], j1[sl][item], b[sl][item])
+      ql, qh = plo, phi
+    else:
+      ql, qh = geo.q_bounds(i0[sl][item], i1[sl][item], b[sl][item])
+      kl, kh = plo, phi
+    t = Analyzer(np, tables, ql, qh, kl, kh, b[sl][item] if batch else 0).truth(m)
+    out.append(_combine_pieces(item, s1 - s0, t.state, t.certain))
+    s0 = s1
+  return tuple(np.concatenate(x) for x in zip(*out)) if len(out) > 1 else out[0]
 
 
 class _StaticRuns:
@@ -392,7 +417,9 @@ class _StaticRuns:
   def merged(self, along_rows: bool):
     """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
     _, i0, i1, j0, j1, _ = self.leaves
-    self.budget.charge(int(((i1 - i0) if along_rows else (j1 - j0)).sum()) * 48, "the packed runs")
+    runs = int(((i1 - i0) if along_rows else (j1 - j0)).sum())
+    # the leaves sorted (a copy), their runs, and the runs sorted (a copy and the order)
+    self.budget.charge(_nbytes(self.leaves) + runs * EXPANDED_RUN_BYTES, "the packed runs")
     n_lines = self.geo.nq if along_rows else self.geo.nk
     return merge_runs(*expand_in_order(self.leaves, along_rows, n_lines), in_order=True)
 
@@ -435,14 +462,18 @@ def _decided_leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | 
   """
   if hints is None:
     hints = (NO_HINTS, NO_HINTS)
-  b, i0, i1, j0, j1, state, ambiguous = _leaves(m, geo, tables, batch, budget, pieces, hints,
-                                                start)
+  leaves = _leaves(m, geo, tables, batch, budget, pieces, hints, start)
+  b, i0, i1, j0, j1, state, ambiguous = leaves
+  held = _nbytes(leaves)
   if refine and ambiguous.any():
     idx = np.flatnonzero(ambiguous)  # single tiles
     state[idx] = _decide_tiles(m, geo, tables, b[idx] if batch else 0, i0[idx], j0[idx],
-                               budget, pieces, batch or 1)
+                               budget, pieces, batch or 1, beside=held + idx.nbytes)
   keep = state != EMPTY
-  return tuple(x[keep] for x in (b, i0, i1, j0, j1, state))
+  budget.charge(held + _nbytes(leaves[:6]), "the decided rectangles of tiles")
+  out = tuple(x[keep] for x in (b, i0, i1, j0, j1, state))
+  budget.hold(_nbytes(out), "the decided rectangles of tiles")
+  return out
 
 
 class _AxisRuns:
@@ -1141,6 +1172,6 @@ def compile_static(masks, shape: Shape, operands: dict, batch: int | None, block
   geo = TileGeometry(shape, block_q, block_kv)
   budget = budget or Budget(MEMORY_BUDGET)
   # shared: tables are built for the operands masks read
-  tables = Tables(np, operands, forms, index_bytes=budget.limit, same_runs=True)
+  tables = Tables(np, operands, forms, budget=budget, same_runs=True)
   per_mask = [_runs_of_mask(m, geo, tables, batch, ref, budget) for m, ref in zip(masks, refine)]
   return stack_runs([r.runs(along_rows=True) for r in per_mask]), _Backward(per_mask)

@@ -138,6 +138,11 @@ INDEX_AFTER = 2  # a token index is built after searches cost `tokens / INDEX_AF
 SEARCH_IN_CACHE = 1 << 12  # run starts a binary search finds fast (32 KiB: a core's L1 cache)
 
 
+def may_index(runs: int) -> bool:
+  """Whether a search among `runs` run starts may build an index of each token's run."""
+  return SEARCH_IN_CACHE < runs < 1 << 31
+
+
 class _RunSearch:
   """Which run holds a token, for tables whose runs start at the same tokens.
 
@@ -154,7 +159,7 @@ class _RunSearch:
 
   def __init__(self, starts: np.ndarray, tokens: int, index_bytes: int):
     self.starts, self.tokens = starts, tokens
-    self.may_index = (SEARCH_IN_CACHE < starts.size < 1 << 31 and tokens * 4 <= index_bytes)
+    self.may_index = may_index(starts.size) and tokens * 4 <= index_bytes
     self.probes = 0
     self.index: np.ndarray | None = None
     self.spans: dict = {}  # memo of run spans by the identity of the queried index arrays
@@ -218,6 +223,12 @@ class RunTable:
   @property
   def nbytes(self) -> int:
     return self.mins.nbytes * 2 + self.starts.nbytes * 3
+
+  @staticmethod
+  def bytes_for(form: RunForm) -> int:
+    """At most how many bytes the table of `form` takes (`nbytes`, with 8-byte values)."""
+    runs = form.values.size
+    return runs * 8 * (2 * max(1, runs.bit_length()) + 3)
 
   def clip(self, i):
     return np.minimum(np.maximum(np.asarray(i, np.int64), 0), self.length - 1)

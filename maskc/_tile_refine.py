@@ -20,25 +20,49 @@ EVAL_CHUNK = 1 << 18  # elements evaluated at once when refining tiles
 PIECE_CHUNK = 1 << 16  # rectangles analysed at once when refining tiles
 MEMORY_BUDGET = 256 << 20  # default bytes a lowering may allocate beyond its operands
 ITEM_BYTES = 256  # working memory per rectangle analysed at once (intervals, flags, indices)
+NODE_BYTES = 24  # and per node of the mask analysed (see `analysis_bytes`)
 
 
 class Budget:
-  """The memory a lowering may use; `charge` raises `MaskLimitError` before going over."""
+  """The memory a lowering may use; `charge` raises `MaskLimitError` before going over.
+
+  `held` counts what earlier steps keep alive for later ones (the decided
+  rectangles of tiles, say): every later charge and chunk size is net of it, so
+  the limit bounds the sum of what lives at once, not each step alone.
+  """
 
   def __init__(self, limit: int):
     self.limit = limit
+    self.held = 0
 
   def charge(self, nbytes: int, what: str) -> None:
-    if nbytes > self.limit:
+    """Raises unless `nbytes` more than `held` fit in the limit."""
+    if self.held + nbytes > self.limit:
+      beside = f" beside {self.held / 2**20:,.1f} MiB it holds" if self.held else ""
       raise MaskLimitError(
-          f"lowering needs about {nbytes / 2**20:,.1f} MiB for {what}, over the memory budget "
-          f"of {self.limit / 2**20:,.1f} MiB",
+          f"lowering needs about {nbytes / 2**20:,.1f} MiB for {what}{beside}, over the "
+          f"memory budget of {self.limit / 2**20:,.1f} MiB",
           hint="Use larger tiles (block_q, block_kv), fewer or shorter operand runs, or raise "
                "`memory_budget=` in maskc.compile.")
 
-  def items(self, per_item: int) -> int:
-    """How many items of `per_item` bytes fit in the budget (at least 1)."""
-    return max(1, self.limit // max(1, per_item))
+  def hold(self, nbytes: int, what: str) -> None:
+    """Charges `nbytes` that stay alive until the lowering ends."""
+    self.charge(nbytes, what)
+    self.held += nbytes
+
+  def items(self, per_item: int, beside: int = 0) -> int:
+    """How many items of `per_item` bytes fit beside `held` and `beside` bytes (at least 1)."""
+    return max(1, (self.limit - self.held - beside) // max(1, per_item))
+
+
+def analysis_bytes(m: ir.Mask) -> int:
+  """Working memory per rectangle of one pass of the analysis over `m`, an upper bound.
+
+  The analysis keeps a few arrays per node of the mask (interval ends, flags) until
+  the pass ends: measured by tracemalloc at 100-250 bytes per rectangle for masks of
+  7-24 nodes, under this bound (`tests/test_memory_budget.py` checks the peaks).
+  """
+  return ITEM_BYTES + NODE_BYTES * ir.expanded_size(m, 1 << 12)
 
 
 def part_verdicts(xp, t, real):

@@ -1,0 +1,92 @@
+"""The static lowering's memory budget is a bound on what it allocates, not a hint.
+
+Law: `maskc.compile(..., memory_budget=B)` either returns, having allocated at most
+about B beyond its operands at any moment, or raises `MaskLimitError`, again having
+allocated at most about B before it raised. Peaks are measured by tracemalloc (NumPy
+reports its array buffers to it), independently of the lowering's own estimates. A
+small budget changes how the work is chunked, never the map.
+"""
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import maskc
+from maskc import _lower
+
+N = 1 << 14  # tokens: with 16-tiles, a grid of 1024 x 1024 tiles (1 MiB as int8)
+BLOCK = 16
+SLACK = 1 << 20  # fixed allocations beside the arrays the budget governs (the IR, caches)
+OVER = 1.25  # the estimates' tolerance: per-item costs are bounds calibrated by measuring
+
+
+def _operands():
+  rng = np.random.default_rng(0)
+  img = np.zeros(N, bool)
+  for s in range(0, N, N // 8):
+    img[s + 3:s + N // 20] = True
+  g = np.zeros(N, bool)
+  g[rng.choice(N, 32, replace=False)] = True
+  return {
+      "short": {"seg": np.repeat(np.arange(N // 20 + 1), 20)[:N], "img": img, "g": g},
+      "random": {"seg": rng.integers(0, 50, N), "img": rng.random(N) < 0.5,
+                 "g": rng.random(N) < 0.01},
+  }
+
+
+MASKS = [
+    "causal & document(seg)",
+    "causal & chunk(256) | bidirectional(img)",
+    "local(8, 8) | g[q] | g[k]",
+    "(q - k) % 3 == 0 | seg[q] % 2 == seg[k] % 2",
+    "seg[q] < seg[k]",
+    "seg[q] == seg[k]",
+    "document(seg) & (causal | bidirectional(img))",
+    "q % 2 == 0 | seg[q] == seg[k]",
+    "(q * 7 + k * 3) % 5 == 0",
+]
+
+
+def _lower_cold(text, ops, budget, exact):
+  _lower._CACHE.clear()
+  return maskc.compile(text, N, block_q=BLOCK, block_kv=BLOCK, operands=ops,
+                       memory_budget=budget, exact=exact)
+
+
+def _peak(text, ops, budget, exact):
+  """(the map or None when over budget, peak bytes above the start) of one cold lowering."""
+  tracemalloc.start()
+  base = tracemalloc.get_traced_memory()[0]
+  try:
+    bm = _lower_cold(text, ops, budget, exact)
+  except maskc.MaskLimitError:
+    bm = None
+  finally:
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+  return bm, peak
+
+
+@pytest.mark.parametrize("kind, budget_mib", [("short", 2), ("short", 8), ("short", 32),
+                                              ("random", 2), ("random", 8)])
+@pytest.mark.parametrize("text", MASKS)
+def test_peak_memory_stays_within_the_budget(text, kind, budget_mib):
+  ops = {k: v for k, v in _operands()[kind].items() if k in text or
+         (k == "seg" and "document" in text)}
+  budget = budget_mib << 20
+  exact = kind == "random"
+  bm, peak = _peak(text, ops, budget, exact)
+  outcome = "over budget" if bm is None else "lowered"
+  assert peak <= OVER * budget + SLACK, (
+      f"{outcome} after allocating {peak / 2**20:.1f} MiB, budget {budget_mib} MiB")
+  if bm is not None:
+    full = _lower_cold(text, ops, None, exact)
+    np.testing.assert_array_equal(bm.grid, full.grid)
+
+
+def test_a_generous_budget_lowers_what_a_small_one_refuses():
+  """The law is not met by refusing everything: the same lowering fits a larger budget."""
+  ops = {"seg": _operands()["random"]["seg"]}
+  assert _peak("seg[q] == seg[k]", ops, 2 << 20, False)[0] is None
+  assert _peak("seg[q] == seg[k]", ops, 256 << 20, False)[0] is not None
