@@ -66,8 +66,8 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
       (default `maskc._lower.MEMORY_BUDGET`, 256 MiB): what it keeps (run tables,
       decided rectangles of tiles) plus the work of the current step, done in
       chunks that fit. A lowering that cannot fit raises `MaskLimitError` instead
-      of running out of memory. The traced path checks each step's arrays alone
-      (XLA owns their memory).
+      of running out of memory. Under `jit` (XLA owns the memory) the budget is
+      checked against an upper bound per tile of XLA's need for the whole grid.
     q_positions, kv_positions: the position of each row / column, `[L]` or `[B, L]`
       (NumPy: static path; traced: dynamic path), instead of `q_offset + row` and
       `col`. Lowering is sound for any positions (a tile's positions are bounded by

@@ -430,11 +430,18 @@ def _combine(fixed, state, certain, union: bool):
   return jnp.maximum(fixed, state) if union else jnp.minimum(fixed, state), certain
 
 
+# XLA's memory per tile of a traced lowering, an upper bound: its temporaries (6-19 bytes a
+# tile by XLA's own memory analysis of the compiled lowering on a CPU, the grid's fused
+# analysis and the refinement's rounds) and the runs along both axes (18 bytes);
+# `tests/test_memory_budget.py` checks it against that analysis.
+TILE_BYTES = 64
+
+
 def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
                   budget: int | None, memory: Budget, same: list[SameRun] = ()):
   """The tile grid `[nb, nq, nk]` of one mask; `same`: its places decided from run labels."""
   nb = batch or 1
-  memory.charge(nb * geo.nq * geo.nk * ITEM_BYTES, "the traced analysis of the tile grid")
+  memory.charge(nb * geo.nq * geo.nk * TILE_BYTES, "the traced analysis of the tile grid")
   i = jnp.arange(geo.nq)[None, :, None]
   j = jnp.arange(geo.nk)[None, None, :]
   q_lo = i * geo.bq + geo.shape.q_offset

@@ -9,6 +9,8 @@ small budget changes how the work is chunked, never the map.
 
 import tracemalloc
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -90,3 +92,41 @@ def test_a_generous_budget_lowers_what_a_small_one_refuses():
   ops = {"seg": _operands()["random"]["seg"]}
   assert _peak("seg[q] == seg[k]", ops, 2 << 20, False)[0] is None
   assert _peak("seg[q] == seg[k]", ops, 256 << 20, False)[0] is not None
+
+
+TRACED_MASKS = [
+    "causal & document(seg)",
+    "causal & chunk(256) | bidirectional(img)",
+    "(q - k) % 3 == 0 | seg[q] % 2 == seg[k] % 2",
+    "local(8, 8) | g[q] | g[k]",
+]
+
+
+def _xla_bytes(text, ops, budget):
+  """XLA's own count of the bytes a traced lowering (both axes' runs) needs beyond its
+  operands, or None when the lowering refuses the budget."""
+  fn = jax.jit(lambda o: (lambda bm: (bm.rows, bm.cols))(maskc.compile(
+      text, TRACED_N, block_q=BLOCK, block_kv=BLOCK, operands=o, memory_budget=budget)))
+  try:
+    stats = fn.lower(ops).compile().memory_analysis()
+  except maskc.MaskLimitError:
+    return None
+  return stats.temp_size_in_bytes + stats.output_size_in_bytes
+
+
+TRACED_N = 1 << 13  # with 16-tiles and batch 2, 512K tiles
+
+
+@pytest.mark.parametrize("text", TRACED_MASKS)
+def test_traced_lowering_needs_no_more_than_its_budget_by_xla(text):
+  """Traced law: a budget the lowering accepts covers what XLA allocates for it (its
+  memory analysis of the compiled lowering), and one 4x what XLA needs is accepted."""
+  ops = {k: jnp.asarray(np.stack([v[:TRACED_N], v[-TRACED_N:]]))
+         for k, v in _operands()["short"].items() if k in text or
+         (k == "seg" and "document" in text)}
+  need = _xla_bytes(text, ops, 1 << 40)
+  assert need is not None and need > 0
+  for budget in (need // 2, need - 1):
+    got = _xla_bytes(text, ops, budget)
+    assert got is None or got <= budget, (budget, got)
+  assert _xla_bytes(text, ops, 4 * need) is not None
