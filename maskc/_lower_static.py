@@ -994,8 +994,9 @@ class _CombinedRuns:
   def _combine_lines(self, x, y, along_rows: bool, n_lines: int, n_span: int):
     """`_combine_by_lines` over every line."""
     total = x[0].size + y[0].size
-    chunks = max(1, -(-total // COMBINE_CHUNK))
-    self.budget.charge(min(total, COMBINE_CHUNK) * 16 * 8, "combining runs")
+    per_chunk = min(COMBINE_CHUNK, self.budget.items(COMBINE_RUN_BYTES))
+    chunks = max(1, -(-total // per_chunk))
+    self.budget.charge(min(total, per_chunk) * COMBINE_RUN_BYTES, "combining runs")
     all_lines = (self.batch or 1) * n_lines
     cuts = (np.arange(chunks + 1, dtype=np.int64) * all_lines // chunks) * (n_span + 1)
     out = []
@@ -1160,6 +1161,7 @@ def _meeting_pieces(x, y):
 
 
 COMBINE_CHUNK = 1 << 15  # runs combined at a time
+COMBINE_RUN_BYTES = 128  # working memory per run combined: their cuts, pieces and states
 
 
 def compile_static(masks, shape: Shape, operands: dict, batch: int | None, block_q: int,
