@@ -27,6 +27,7 @@ the traced lowering share it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -35,6 +36,7 @@ import numpy as np
 
 from maskc import _ir as ir
 from maskc._bit_words import count_through
+from maskc._errors import MaskLimitError
 from maskc._operand_runs import RunForm, RunTable, floor_log2, may_index, unit_read
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -173,14 +175,38 @@ class Tables:
     return self._mono[name]
 
   def prefix(self, name: str):
-    """2-D prefix sums of `operand != 0`: `[B, Q+1, K+1]`."""
+    """2-D prefix sums of `operand != 0`: `[B, Q+1, K+1]`.
+
+    int32 counts where a batch row has fewer than 2**31 entries (a count never wraps),
+    else int64 (NumPy) or a `MaskLimitError` (under `jit`, whose integers are int32).
+    NumPy sums in place into the table, held in the budget: the table and the
+    operand's flags are all it allocates.
+    """
     if name not in self._prefix:
       xp = self.xp
-      # along each row from bit words, then down the columns
-      c = count_through(xp, self.arrays[name] != 0, xp.int32)
-      c = np.cumsum(c, axis=-2) if xp is np else _down_columns(c)
-      c = xp.concatenate([xp.zeros(c.shape[:-2] + (1, c.shape[-1]), c.dtype), c], axis=-2)
-      c = xp.concatenate([xp.zeros(c.shape[:-1] + (1,), c.dtype), c], axis=-1)
+      a = self.arrays[name]
+      *lead, rows, cols = a.shape
+      wide = rows * cols >= 1 << 31
+      if xp is np:
+        dtype = np.dtype(np.int64 if wide else np.int32)
+        if self.budget is not None:
+          self.budget.hold(math.prod(lead) * (rows + 1) * (cols + 1) * dtype.itemsize,
+                           f"the 2-D counts of operand `{name}`")
+          self.budget.charge(a.size, f"the nonzeros of operand `{name}`")
+        c = np.zeros((*lead, rows + 1, cols + 1), dtype)
+        inner = c[..., 1:, 1:]
+        np.cumsum(a != 0, axis=-1, dtype=dtype, out=inner)
+        np.cumsum(inner, axis=-2, out=inner)
+      else:
+        if wide:
+          raise MaskLimitError(
+              f"pairwise operand `{name}` has {rows} x {cols} entries per batch row, 2**31 or "
+              "more: under jit its counts would wrap in int32",
+              hint="Lower it with NumPy operands (the static path counts in int64).")
+        # along each row from bit words, then down the columns
+        c = _down_columns(count_through(xp, a != 0, xp.int32))
+        c = xp.concatenate([xp.zeros(c.shape[:-2] + (1, c.shape[-1]), c.dtype), c], axis=-2)
+        c = xp.concatenate([xp.zeros(c.shape[:-1] + (1,), c.dtype), c], axis=-1)
       self._prefix[name] = c
     return self._prefix[name]
 
