@@ -139,7 +139,9 @@ def _decide_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, budget
 
 
 LEAF_CHUNK = 1 << 15  # rectangles analysed at a time: bounds the analysis's work arrays
-RECT_BYTES = 320  # per rectangle of a round beside its analysis: bounds, states, 4 children
+MIN_ROUND = 256  # rectangles a round must have room for (fewer when fewer are left)
+RECT_BYTES = 800  # per rectangle of a round beside its analysis: bounds, states, and up to
+# 16 children (`_split` cuts each side in 4 in a round of few rectangles) of 40 bytes
 PIECE_BYTES = 96  # per operand piece of a strip beside its analysis: its line and bounds
 EXPANDED_RUN_BYTES = 64  # per run of single lines expanded from the leaves, sorted and merged
 
@@ -176,7 +178,9 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
     rect = pending.pop()
     if not rect[0].size:
       continue
-    chunk = min(LEAF_CHUNK, budget.items(per_rect, held))
+    # a round has room for `MIN_ROUND` rectangles, or the budget is over: rounds of a few
+    # would crawl through the rest of the work only to fail later
+    chunk = max(min(LEAF_CHUNK, budget.items(per_rect, held)), MIN_ROUND)
     if rect[0].size > chunk:  # split the work, not the rectangles: bounded memory per step
       pending.append(tuple(x[chunk:] for x in rect))
       rect = tuple(x[:chunk] for x in rect)

@@ -48,6 +48,7 @@ class Axis:
         self._mins.append(np.minimum(lo, np.concatenate([lo[:, span:], lo[:, -span:]], 1)))
         self._maxs.append(np.maximum(hi, np.concatenate([hi[:, span:], hi[:, -span:]], 1)))
         span *= 2
+      self._mins, self._maxs = np.stack(self._mins), np.stack(self._maxs)  # [levels, B', n]
 
   def row(self, b):
     return b if self.many else 0
@@ -61,7 +62,7 @@ class Axis:
     j = np.where((1 << j) > n, j - 1, j)
     j = np.clip(j, 0, len(self._mins) - 1)
     second = z - (1 << j)
-    mins, maxs = np.stack(self._mins), np.stack(self._maxs)
+    mins, maxs = self._mins, self._maxs
     r = self.row(b)
     return (np.minimum(mins[j, r, a], mins[j, r, second]),
             np.maximum(maxs[j, r, a], maxs[j, r, second]))

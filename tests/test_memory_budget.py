@@ -156,3 +156,24 @@ def test_realistic_masks_at_a_million_tokens_fit_a_4_mib_budget():
     full = maskc.compile(text, n, block_q=128, block_kv=128, operands=ops)
     for a, b in zip(jax.tree.leaves(small.rows), jax.tree.leaves(full.rows)):
       np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("budget_mib", [2, 8])
+@pytest.mark.parametrize("text", ["causal", "causal & document(seg)"])
+def test_peak_memory_with_positions_stays_within_the_budget(text, budget_mib):
+  """Tokens stored out of order (a permutation): rectangles are bounded by position hulls."""
+  perm = np.random.default_rng(2).permutation(N)
+  ops = {"seg": _operands()["short"]["seg"]} if "seg" in text else {}
+  budget = budget_mib << 20
+  tracemalloc.start()
+  base = tracemalloc.get_traced_memory()[0]
+  try:
+    _lower._CACHE.clear()
+    maskc.compile(text, N, block_q=BLOCK, block_kv=BLOCK, operands=ops, q_positions=perm,
+                  kv_positions=perm, memory_budget=budget)
+  except maskc.MaskLimitError:
+    pass
+  finally:
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+  assert peak <= OVER * budget + SLACK, peak / 2**20
