@@ -380,8 +380,8 @@ def _strip_pieces(m, geo: TileGeometry, tables: Tables, batch, along_rows: bool,
   out = []
   s0 = 0
   while s0 < flat.size:  # strips of at most `max_pieces` pieces (at least one strip)
-    done = ends[s0 - 1] if s0 else 0
-    s1 = max(s0 + 1, int(np.searchsorted(ends, done + max_pieces, "right")))
+    before = ends[s0 - 1] if s0 else 0  # pieces of the strips before s0
+    s1 = max(s0 + 1, int(np.searchsorted(ends, before + max_pieces, "right")))
     sl = slice(s0, s1)
     item, plo, phi = pieces.expand(flat[sl])
     if along_rows:
