@@ -168,8 +168,8 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
   makes every tile PARTIAL with no further split.
   """
   nb = batch or 1
-  per_rect = analysis_bytes(m) + RECT_BYTES
-  per_piece = analysis_bytes(m) + PIECE_BYTES
+  work = analysis_bytes(m)
+  per_rect, per_piece = work + RECT_BYTES, work + PIECE_BYTES
   zeros = np.zeros(nb, np.int64)
   pending = [start or (np.arange(nb, dtype=np.int64), zeros, zeros + geo.nq, zeros, zeros + geo.nk)]
   done = []
@@ -232,6 +232,12 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
 
 def _nbytes(arrays) -> int:
   return sum(x.nbytes for x in arrays)
+
+
+def _hold_leaves(leaves, budget: Budget):
+  """`leaves`, held in `budget` for as long as the lowering keeps them."""
+  budget.hold(_nbytes(leaves), "the decided rectangles of tiles")
+  return leaves
 
 
 STRIP_PARTS = 8  # parts a long strip of tiles without hints is cut into at once
@@ -415,8 +421,8 @@ class _StaticRuns:
     start = tile_cover(m, geo, tables, nb, self.budget)
     if start is not None:
       start = _small_as_tiles(start)
-    self.leaves = _decided_leaves(m, geo, tables, batch, refine, self.budget, self.pieces, hints,
-                                  start)
+    self.leaves = _hold_leaves(_decided_leaves(m, geo, tables, batch, refine, self.budget,
+                                               self.pieces, hints, start), self.budget)
 
   def merged(self, along_rows: bool):
     """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
@@ -463,6 +469,7 @@ def _decided_leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | 
   """The non-EMPTY leaves `(b, i0, i1, j0, j1, state)` of the grid (or of rectangles `start`).
 
   Ambiguous single tiles are decided exactly when `refine`; otherwise they stay PARTIAL.
+  A caller that keeps the leaves holds them in the budget (`_hold_leaves`).
   """
   if hints is None:
     hints = (NO_HINTS, NO_HINTS)
@@ -475,9 +482,7 @@ def _decided_leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | 
                                budget, pieces, batch or 1, beside=held + idx.nbytes)
   keep = state != EMPTY
   budget.charge(held + _nbytes(leaves[:6]), "the decided rectangles of tiles")
-  out = tuple(x[keep] for x in (b, i0, i1, j0, j1, state))
-  budget.hold(_nbytes(out), "the decided rectangles of tiles")
-  return out
+  return tuple(x[keep] for x in (b, i0, i1, j0, j1, state))
 
 
 class _AxisRuns:
@@ -615,7 +620,7 @@ class _PeriodicRuns:
     self.edges = None
     if edges:
       start = tuple(np.asarray(x, np.int64) for x in zip(*([(0,) + e for e in edges])))
-      self.edges = self._decided(geo, start)
+      self.edges = _hold_leaves(self._decided(geo, start), budget)
 
   @staticmethod
   def worth(geo: TileGeometry, period: int) -> bool:

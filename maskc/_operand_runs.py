@@ -220,13 +220,10 @@ class RunTable:
       maxs[j, n:] = small
     self.mins, self.maxs = mins, maxs
 
-  @property
-  def nbytes(self) -> int:
-    return self.mins.nbytes * 2 + self.starts.nbytes * 3
-
   @staticmethod
   def bytes_for(form: RunForm) -> int:
-    """At most how many bytes the table of `form` takes (`nbytes`, with 8-byte values)."""
+    """At most how many bytes the table of `form` takes: its min and max tables with 8-byte
+    values, and starts, values and rows."""
     runs = form.values.size
     return runs * 8 * (2 * max(1, runs.bit_length()) + 3)
 
