@@ -233,9 +233,7 @@ class _Lines:
     terms = []
     for name, shift in reads:
       a = tables.arrays[name]
-      size = a.shape[-1]
-      rows = jnp.arange(a.shape[0])[:, None, None] if a.shape[0] > 1 else 0
-      v = a[rows, jnp.clip(p + shift, 0, size - 1)]
+      v = _line_tokens(a, p, shift, nb, self._offset)
       info = np.iinfo(a.dtype)
       terms += [(jnp.where(inside, v, info.max), "min"), (jnp.where(inside, v, info.min), "max")]
       change = change | (inside[..., 1:] & (v[..., 1:] != v[..., :-1]))
@@ -319,6 +317,27 @@ class _Lines:
     other.tile = {(n, axis, c): v for (n, _, c), v in self.tile.items()}
     other.piece = {(n, axis, c): f for (n, _, c), f in self.piece.items()}
     return other
+
+
+def _line_tokens(a, p, shift: int, nb: int, offset):
+  """Operand `a` (`[B', size]`) read at every line's positions `p + shift` (`[nb, lines,
+  block]`), clipped to the operand as range queries clip it.
+
+  Where the offset is static, the positions are one contiguous range: a slice of the
+  operand (padded with its end values where it reaches past them), reshaped to the
+  lines, which XLA folds into what reads it, where a gather is a kernel of its own
+  (three of a traced `bidirectional(img)`'s 63, for its three reads).
+  """
+  size = a.shape[-1]
+  total = p.shape[-2] * p.shape[-1]
+  if isinstance(offset, (int, np.integer)):
+    start = int(offset) + shift
+    lo, hi = max(start, 0), min(start + total, size)
+    if lo < hi:
+      v = jnp.pad(a[:, lo:hi], [(0, 0), (lo - start, start + total - hi)], mode="edge")
+      return jnp.broadcast_to(v.reshape(a.shape[0], *p.shape[-2:]), p.shape)
+  rows = jnp.arange(a.shape[0])[:, None, None] if a.shape[0] > 1 else 0
+  return a[rows, jnp.clip(p + shift, 0, size - 1)]
 
 
 def _shared_reads(geo: TileGeometry, q_reads, k_reads) -> list[tuple[str, int]] | None:
