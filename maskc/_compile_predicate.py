@@ -274,25 +274,61 @@ def _band(items: list[ir.Mask]) -> tuple[int | None, int | None]:
     if not isinstance(m, ir.Compare):
       continue
     for op, a, b in zip(m.ops, m.terms, m.terms[1:]):
-      la, lb = _linear(a), _linear(b)
-      if la is None or lb is None:
-        continue
-      cq, ck, c = la[0] - lb[0], la[1] - lb[1], la[2] - lb[2]   # lhs - rhs = s*d + c
-      if cq == 0 or cq != -ck or abs(cq) != 1:
-        continue
-      s = cq
-      # s*d + c (op) 0  →  bounds on d = q - k
-      bounds = {"<": (None, -c - 1), "<=": (None, -c), ">": (-c + 1, None), ">=": (-c, None),
-                "==": (-c, -c)}.get(op)
+      bounds = _pair_bound(op, a, b)
+      if bounds is not None:
+        lo, hi = _tighter((lo, hi), bounds)
+  return lo, hi
+
+
+def exact_band(m: ir.Mask) -> tuple[int | None, int | None] | None:
+  """`(lo, hi)` where `m` is exactly `lo <= q - k <= hi` (either may be None: unbounded),
+  every conjunct a comparison of `q - k` with constants (`causal`, `sliding(w)`,
+  `local(l, r)`); else None.
+
+  >>> import maskc
+  >>> [exact_band(maskc.parse(t)) for t in ["causal", "sliding(8)", "causal & k > q - 4",
+  ...                                       "causal & chunk(4)", "q - k != 2"]]
+  [(0, None), (0, 7), (0, 3), None, None]
+  """
+  band = (None, None)
+  for item in conjuncts(m):
+    if not isinstance(item, ir.Compare):
+      return None
+    for op, a, b in zip(item.ops, item.terms, item.terms[1:]):
+      bounds = _pair_bound(op, a, b)
       if bounds is None:
-        continue
-      b_lo, b_hi = bounds
-      if s < 0:
-        b_lo, b_hi = (None if b_hi is None else -b_hi), (None if b_lo is None else -b_lo)
-      if b_lo is not None:
-        lo = b_lo if lo is None else max(lo, b_lo)
-      if b_hi is not None:
-        hi = b_hi if hi is None else min(hi, b_hi)
+        return None
+      band = _tighter(band, bounds)
+  return band
+
+
+def _pair_bound(op: str, a: ir.Term, b: ir.Term) -> tuple[int | None, int | None] | None:
+  """The bounds `(lo, hi)` on `q - k` that `a op b` states, or None where it is no such
+  bound."""
+  la, lb = _linear(a), _linear(b)
+  if la is None or lb is None:
+    return None
+  cq, ck, c = la[0] - lb[0], la[1] - lb[1], la[2] - lb[2]   # lhs - rhs = s*d + c
+  if cq == 0 or cq != -ck or abs(cq) != 1:
+    return None
+  # s*d + c (op) 0  →  bounds on d = q - k
+  bounds = {"<": (None, -c - 1), "<=": (None, -c), ">": (-c + 1, None), ">=": (-c, None),
+            "==": (-c, -c)}.get(op)
+  if bounds is None:
+    return None
+  b_lo, b_hi = bounds
+  if cq < 0:
+    b_lo, b_hi = (None if b_hi is None else -b_hi), (None if b_lo is None else -b_lo)
+  return b_lo, b_hi
+
+
+def _tighter(band, bounds):
+  """The intersection of two `(lo, hi)` bands (None: unbounded)."""
+  (lo, hi), (b_lo, b_hi) = band, bounds
+  if b_lo is not None:
+    lo = b_lo if lo is None else max(lo, b_lo)
+  if b_hi is not None:
+    hi = b_hi if hi is None else min(hi, b_hi)
   return lo, hi
 
 

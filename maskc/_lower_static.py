@@ -43,7 +43,9 @@ import numpy as np
 
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
+from maskc._band_runs import BandRuns, band_fits, clipped_pieces
 from maskc._bind import Shape
+from maskc._compile_predicate import exact_band
 from maskc._diagonal_period import diagonal_period
 from maskc._evaluate import Env, evaluate_mask
 from maskc._equal_reads import equal_read_runs, equal_reads_where, unique_runs
@@ -759,8 +761,8 @@ def _parts(m: ir.Mask, geo: TileGeometry) -> list[ir.Mask] | None:
   they have a diagonal period worth repeating (else those that have one); each
   other item that is itself lowered in parts (`document(seg) & (causal |
   bidirectional(img))`, `causal | prefix(4096)`); the other items joined. At
-  least one part must be periodic, in parts itself or of one axis: otherwise
-  splitting saves nothing.
+  least one part must be periodic (or a band of an `&`: `maskc._band_runs`), in
+  parts itself or of one axis: otherwise splitting saves nothing.
   """
   while isinstance(m, ir.Call):
     m = ir.expand(m)
@@ -771,7 +773,8 @@ def _parts(m: ir.Mask, geo: TileGeometry) -> list[ir.Mask] | None:
   axis_items = {a: [x for x in free + rest if ir.positions_of(x) == {a}] for a in "qk"}
   free, rest = ([x for x in items if len(ir.positions_of(x)) != 1] for items in (free, rest))
   periodic = []
-  if free and _periodic(joined(free, join), geo) is not None:
+  if free and (_periodic(joined(free, join), geo) is not None or
+               (join is ir.and_ and _clip_band(joined(free, join), geo) is not None)):
     periodic, free = free, []
   elif free:
     some = [x for x in free if _periodic(x, geo) is not None]
@@ -816,12 +819,14 @@ def _parts_pay(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None)
   return changes <= WHOLE_AFTER * nb * geo.nq
 
 
-def _unanalysed(m: ir.Mask, geo: TileGeometry, tables: Tables) -> bool:
-  """Whether `m` is lowered without range analysis over the grid: by its period, along
-  one axis, or as equal reads of runs (`_runs_of_mask`)."""
+def _unanalysed(m: ir.Mask, geo: TileGeometry, tables: Tables, join) -> bool:
+  """Whether `m`, a part of an `&` / `|` (`join`), is lowered without range analysis over
+  the grid: by its period, along one axis, as equal reads of runs (`_runs_of_mask`), or
+  as a band of an `&`."""
   while isinstance(m, ir.Call):
     m = ir.expand(m)
   return (_periodic(m, geo) is not None or _one_axis(m, geo) or
+          (join is ir.and_ and _clip_band(m, geo) is not None) or
           _EqualRuns.of(m, geo, tables, None, Budget(0)) is not None)
 
 
@@ -855,12 +860,31 @@ def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     return equal
   parts = _parts(m, geo)
   if parts is not None and not _parts_pay(m, geo, tables, batch) and not all(
-      _unanalysed(x, geo, tables) for x in parts):
+      _unanalysed(x, geo, tables, ir.and_ if isinstance(m, ir.And) else ir.or_)
+      for x in parts):
     parts = None
   if parts is not None:
-    return _CombinedRuns(m, [_runs_of_mask(x, geo, tables, batch, refine, budget)
+    band = isinstance(m, ir.And)
+    return _CombinedRuns(m, [(band and _band_part(x, geo, batch)) or
+                             _runs_of_mask(x, geo, tables, batch, refine, budget)
                              for x in parts], geo, tables, batch, refine, budget)
   return _StaticRuns(m, geo, tables, batch, refine, budget)
+
+
+def _band_part(m: ir.Mask, geo: TileGeometry, batch: int | None) -> BandRuns | None:
+  """A part of an `&` that is exactly a band of `q - k` (`causal`, `sliding(w)`), in closed
+  form: the other parts' runs are clipped to it (`maskc._band_runs`). None otherwise."""
+  band = _clip_band(m, geo)
+  return None if band is None else BandRuns(geo, band, batch or 1)
+
+
+def _clip_band(m: ir.Mask, geo: TileGeometry) -> tuple[int | None, int | None] | None:
+  """The band `(lo, hi)` of `q - k` that operand-free `m` is exactly, where its closed form
+  holds on `geo` (`maskc._band_runs.band_fits`); else None."""
+  if m.operands:
+    return None
+  band = exact_band(m)
+  return band if band is not None and band_fits(geo, band) else None
 
 
 class _CombinedRuns:
@@ -906,14 +930,21 @@ class _CombinedRuns:
     axis = [p for p in self.parts if isinstance(p, _AxisRuns)]
     patterns = [p for p in axis if p.pattern_along(along_rows)]
     whole = [p for p in axis if not p.pattern_along(along_rows)]  # one run per line
+    # a band (an `&`'s only) clips the runs of the others, unless it is all there is
+    bands = [p for p in self.parts if isinstance(p, BandRuns)]
+    others = [p for p in self.parts if not isinstance(p, (_AxisRuns, BandRuns))]
+    if not (whole or others):
+      others, bands = bands[:1], bands[1:]
     # whole lines first: under `&`, the other parts matter only on their non-EMPTY lines
-    order = whole + [p for p in self.parts if not isinstance(p, _AxisRuns)]
+    order = whole + others
     flat = keyed(order[0].merged(along_rows), n_lines, n_span)
     for part in order[1:]:
       other = keyed(part.merged(along_rows), n_lines, n_span)
       if whole and not self.union:
         other = on_lines(other, lines_of(flat[0], n_span), n_span)
       flat = self._combine_by_lines(flat, other, along_rows, n_lines, n_span)
+    for band in bands:
+      flat = self._clip_lines(flat, band.bounds(along_rows), along_rows, n_lines, n_span)
     for part in patterns:
       flat = self._splice(flat, part.pattern, along_rows, n_lines, n_span)
     key, end, state = merge_keyed(*flat)
@@ -1002,7 +1033,19 @@ class _CombinedRuns:
 
   def _combine_lines(self, x, y, along_rows: bool, n_lines: int, n_span: int):
     """`_combine_by_lines` over every line."""
-    total = x[0].size + y[0].size
+    return self._by_line_chunks([x, y], x[0].size + y[0].size, n_lines, n_span, lambda x, y:
+                                self._combine(x, y, along_rows, n_span))
+
+  def _clip_lines(self, x, bounds, along_rows: bool, n_lines: int, n_span: int):
+    """Flat runs `x` of an `&` with a band whose lines have bounds `bounds`
+    (`maskc._band_runs`): cut at them, PARTIAL with PARTIAL decided tile by tile."""
+    return self._by_line_chunks([x], 3 * x[0].size, n_lines, n_span, lambda x: self._pieces_decided(
+        *clipped_pieces(x, bounds, n_lines, n_span), along_rows, n_span))
+
+  def _by_line_chunks(self, lists, total: int, n_lines: int, n_span: int, combine):
+    """`combine` of flat run lists `lists`, over groups of whole lines of about
+    `COMBINE_CHUNK` runs in all (`total`): runs never cross a line, so the groups are
+    independent, and memory stays bounded."""
     per_chunk = min(COMBINE_CHUNK, self.budget.items(COMBINE_RUN_BYTES))
     chunks = max(1, -(-total // per_chunk))
     self.budget.charge(min(total, per_chunk) * COMBINE_RUN_BYTES, "combining runs")
@@ -1010,21 +1053,21 @@ class _CombinedRuns:
     cuts = (np.arange(chunks + 1, dtype=np.int64) * all_lines // chunks) * (n_span + 1)
     out = []
     for lo, hi in itertools.pairwise(cuts):
-      xs = slice(*np.searchsorted(x[0], [lo, hi]))
-      ys = slice(*np.searchsorted(y[0], [lo, hi]))
-      out.append(self._combine(tuple(v[xs] for v in x), tuple(v[ys] for v in y), along_rows,
-                               n_span))
+      parts = [slice(*np.searchsorted(x[0], [lo, hi])) for x in lists]
+      out.append(combine(*(tuple(v[at] for v in x) for x, at in zip(lists, parts))))
     return tuple(np.concatenate(v) for v in zip(*out))
 
   def _combine(self, x, y, along_rows: bool, n_span: int):
     """Two sorted flat run lists `(start key, stop key, state)` combined; PARTIAL with
     PARTIAL decided tile by tile."""
-    if self.union:
-      lo, hi, sx, sy = _union_pieces(x, y)
-      state = np.maximum(sx, sy)
-    else:
-      lo, hi, sx, sy = _meeting_pieces(x, y)
-      state = np.minimum(sx, sy)
+    pieces = _union_pieces(x, y) if self.union else _meeting_pieces(x, y)
+    return self._pieces_decided(*pieces, along_rows, n_span)
+
+  def _pieces_decided(self, lo, hi, sx, sy, along_rows: bool, n_span: int):
+    """Flat pieces `[lo, hi)` in order, in states `sx` and `sy` of two parts, as the runs
+    of the whole mask: the larger state under `|`, the smaller under `&`, where both
+    are PARTIAL decided tile by tile; EMPTY pieces dropped."""
+    state = np.maximum(sx, sy) if self.union else np.minimum(sx, sy)
     both = (sx == PARTIAL) & (sy == PARTIAL)
     keep = (state != EMPTY) & ~both
     lo_k, hi_k, st_k = lo[keep], hi[keep], state[keep]

@@ -771,7 +771,7 @@ def test_an_intersection_with_dense_operands_is_lowered_whole(lo, hi, ids, in_pa
   assert isinstance(runs, _lower_static._CombinedRuns) == in_parts
   if in_parts:
     kinds = {type(p).__name__ for p in runs.parts}
-    assert kinds == {"_PeriodicRuns", "_EqualRuns" if ids is None else "_StaticRuns"}
+    assert kinds == {"BandRuns", "_EqualRuns" if ids is None else "_StaticRuns"}
   dense = np.asarray(maskc.materialize("causal & document(seg)", 4096, operands={"seg": seg}))
   _lower._CACHE.clear()
   bm = maskc.compile("causal & document(seg)", 4096, block_q=16, block_kv=16,

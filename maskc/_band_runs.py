@@ -1,0 +1,151 @@
+"""Bands of `q - k`: their tiles in closed form, and other runs clipped to them.
+
+`causal` (`0 <= q - k`), `sliding(w)` and `local(l, r)` are exactly a band `lo <=
+q - k <= hi` (`maskc._compile_predicate.exact_band`). On a tile line with
+consecutive positions, `q - k` over a tile takes every value between its
+extremes, so the line's tiles are EMPTY, then PARTIAL, FULL, PARTIAL, EMPTY, in
+that order, at bounds that follow from the line's positions by integer
+division: no analysis, no period to repeat.
+
+In an `&` (`causal & document(seg)`), the other items' runs are then clipped to
+each line's bounds instead of being combined with the band's runs: a pass over
+the other runs alone. Only tiles PARTIAL in both stay to be decided, as in any
+`&` of parts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from maskc._run_lists import merge_runs, pack_runs
+from maskc._tile_geometry import TileGeometry
+from maskc._tiles import FULL, PARTIAL, Runs
+
+# Positions, lengths and offsets beyond this stay off the closed form (sums of three
+# of them must stay in int64).
+_LIMIT = 1 << 60
+
+
+class _Tiles:
+  """The tiles of one axis: tile `t` covers positions `[o + t b, o + min((t + 1) b, n) - 1]`."""
+
+  def __init__(self, offset: int, block: int, length: int):
+    self.o, self.b, self.n = offset, block, length
+    self.count = -(-length // block)
+
+  def starting_by(self, x):
+    """How many tiles start at or before position `x`."""
+    return np.clip((x - self.o) // self.b + 1, 0, self.count)
+
+  def first_starting_from(self, x):
+    """The first tile that starts at or after position `x` (`count`: none)."""
+    return np.clip(-((self.o - x) // self.b), 0, self.count)
+
+  def ending_by(self, x):
+    """How many tiles end at or before position `x` (they come first: ends increase)."""
+    whole = np.clip((x - self.o + 1) // self.b, 0, self.count - 1)
+    return np.where(x >= self.o + self.n - 1, self.count, whole)
+
+  def line(self, t):
+    """Inclusive positions `(first, last)` of tiles `t`."""
+    return self.o + t * self.b, self.o + np.minimum((t + 1) * self.b, self.n) - 1
+
+
+def band_bounds(geo: TileGeometry, lo: int | None, hi: int | None, along_rows: bool):
+  """Per line (a q tile row, or a key tile column), `[4, n_lines]` int64 bounds `s <= f
+  <= g <= e` on the other axis' tiles: `[s, f)` and `[g, e)` PARTIAL, `[f, g)` FULL, the
+  rest EMPTY, for the band `lo <= q - k <= hi` (None: unbounded)."""
+  shape = geo.shape
+  rows = _Tiles(shape.q_offset, geo.bq, shape.q_len)
+  cols = _Tiles(0, geo.bk, shape.kv_len)
+  this, other = (rows, cols) if along_rows else (cols, rows)
+  first, last = this.line(np.arange(this.count, dtype=np.int64))
+  n = other.count
+  none, every = np.zeros_like(first), np.full_like(first, n)
+  if lo is not None and hi is not None and lo > hi:  # no `q - k` at all: every line EMPTY
+    return np.stack([none] * 4)
+  if along_rows:  # k tiles [ka, kb] of row [first, last]: q - k spans [first - kb, last - ka]
+    s = none if hi is None else other.ending_by(first - hi - 1)  # some q - k <= hi: kb >= first - hi
+    e = every if lo is None else other.starting_by(last - lo)  # some q - k >= lo: ka <= last - lo
+    f = none if hi is None else other.first_starting_from(last - hi)  # all <= hi: ka >= last - hi
+    g = every if lo is None else other.ending_by(first - lo)  # all >= lo: kb <= first - lo
+  else:  # q tiles [qa, qb] of column [first, last]: q - k spans [qa - last, qb - first]
+    s = none if lo is None else other.ending_by(first + lo - 1)  # qb >= first + lo
+    e = every if hi is None else other.starting_by(last + hi)  # qa <= last + hi
+    f = none if lo is None else other.first_starting_from(last + lo)  # qa >= last + lo
+    g = every if hi is None else other.ending_by(first + hi)  # qb <= first + hi
+  e = np.maximum(e, s)
+  f = np.clip(f, s, e)
+  g = np.clip(g, f, e)
+  return np.stack([s, f, g, e])
+
+
+def band_fits(geo: TileGeometry, band) -> bool:
+  """Whether the closed form holds for `geo`: consecutive positions (no explicit ones), a
+  static offset, and every sum of positions and bounds inside int64."""
+  shape = geo.shape
+  if geo.positions or not shape.static:
+    return False
+  return all(abs(int(x)) < _LIMIT for x in (shape.q_offset, shape.q_len, shape.kv_len,
+                                            *(b for b in band if b is not None)))
+
+
+class BandRuns:
+  """The runs of a band `lo <= q - k <= hi` on `geo` (`band_fits`), for `nb` batch rows:
+  one of the static lowering's ways (`maskc._lower_static`)."""
+
+  def __init__(self, geo: TileGeometry, band: tuple[int | None, int | None], nb: int):
+    self.geo, self.band, self.nb = geo, band, nb
+    self._bounds = {}
+
+  def bounds(self, along_rows: bool) -> np.ndarray:
+    """`band_bounds` along rows or columns, computed once."""
+    if along_rows not in self._bounds:
+      self._bounds[along_rows] = band_bounds(self.geo, *self.band, along_rows)
+    return self._bounds[along_rows]
+
+  def merged(self, along_rows: bool):
+    """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
+    return _runs_of_bounds(self.bounds(along_rows), self.nb)
+
+  def runs(self, along_rows: bool) -> Runs:
+    return pack_runs(*self.merged(along_rows), self.nb,
+                     self.geo.nq if along_rows else self.geo.nk)
+
+
+def _runs_of_bounds(bounds: np.ndarray, nb: int):
+  """The runs `(b, line, a, z, state)` of lines with band bounds `bounds`, for `nb` batch
+  rows, sorted and merged."""
+  n_lines = bounds.shape[1]
+  s, f, g, e = bounds
+  a = np.stack([s, f, g], axis=1)
+  z = np.stack([f, g, e], axis=1)
+  state = np.broadcast_to(_BAND_STATES, a.shape)
+  line = np.broadcast_to(np.arange(n_lines, dtype=np.int64)[:, None], a.shape)
+  keep = (z > a).reshape(-1)
+  runs = [x.reshape(-1)[keep] for x in (line, a, z, state)]
+  count = runs[0].size
+  b = np.repeat(np.arange(nb, dtype=np.int64), count)
+  # an empty FULL run leaves two PARTIAL ones side by side: merged into one
+  return merge_runs(b, *(np.tile(x, nb) for x in runs), in_order=True)
+
+
+def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):
+  """Flat sorted runs `x = (start key, stop key, state)` (`maskc._run_lists.keyed`) cut at
+  their lines' band bounds (`[4, n_lines]`: s, f, g, e), the parts outside the band
+  dropped: `(lo, hi, x's state, the band's state)`, in order."""
+  key, end, state = x
+  stride = n_span + 1
+  flat_line = key // stride
+  line = flat_line % n_lines if flat_line.size and flat_line[-1] >= n_lines else flat_line
+  base = flat_line * stride
+  # one bound at a time, by 1-D takes: a row gather of [n, 4] or broadcasts over its
+  # columns take several times as long
+  s, f, g, e = (np.take(b, line) + base for b in bounds)
+  lo = np.stack([np.maximum(key, s), np.maximum(key, f), np.maximum(key, g)], 1).reshape(-1)
+  hi = np.stack([np.minimum(end, f), np.minimum(end, g), np.minimum(end, e)], 1).reshape(-1)
+  keep = np.flatnonzero(hi > lo)
+  return lo[keep], hi[keep], state[keep // 3], _BAND_STATES[keep % 3]
+
+
+_BAND_STATES = np.array([PARTIAL, FULL, PARTIAL], np.int8)  # of [s, f), [f, g), [g, e)

@@ -1,0 +1,122 @@
+"""Bands of `q - k` in closed form (`maskc._band_runs`): their tiles, and other parts' runs
+clipped to them, against dense masks."""
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+import maskc
+from maskc import _lower, _lower_static
+from maskc._analysis import Tables
+from maskc._band_runs import BandRuns, band_bounds
+from maskc._bind import Shape
+from maskc._compile_predicate import exact_band
+from maskc._tile_geometry import TileGeometry
+from maskc._tiles import EMPTY, FULL, PARTIAL, grid_from_runs
+from test_lower_scale import _expected_grid
+
+bounds_st = st.one_of(st.none(), st.integers(-40, 40))
+
+
+@given(bounds_st, bounds_st, st.integers(1, 60), st.integers(1, 60), st.integers(-70, 70),
+       st.integers(1, 9), st.integers(1, 9))
+def test_band_bounds_give_the_dense_tiles(lo, hi, q_len, kv_len, offset, bq, bk):
+  """Each line's bounds, along rows and along columns, give the tiles of the dense band,
+  empty bands (`lo > hi`) and lines past either end included."""
+  q = offset + np.arange(q_len)[:, None]
+  k = np.arange(kv_len)[None, :]
+  dense = np.ones((q_len, kv_len), bool)
+  if lo is not None:
+    dense &= q - k >= lo
+  if hi is not None:
+    dense &= q - k <= hi
+  expected = _expected_grid(dense, bq, bk)
+  geo = TileGeometry(Shape.of(q_len, kv_len, offset), bq, bk)
+  for along_rows, want in ((True, expected), (False, expected.T)):
+    s, f, g, e = band_bounds(geo, lo, hi, along_rows)
+    assert np.all((s <= f) & (f <= g) & (g <= e))
+    t = np.arange(want.shape[1])[None, :]
+    got = np.where((t >= f[:, None]) & (t < g[:, None]), FULL,
+                   np.where((t >= s[:, None]) & (t < e[:, None]), PARTIAL, EMPTY))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_exact_bands_are_found_and_nothing_else():
+  found = {t: exact_band(maskc.parse(t)) for t in [
+      "causal", "sliding(8)", "local(3, 5)", "q - k == 3", "q + 1 > k + 1", "k - q >= 2",
+      "causal & k > q - 4", "causal & chunk(4)", "q - k != 2", "2 * q - 2 * k >= 0",
+      "causal | sliding(4)", "q >= 3"]}
+  assert found == {"causal": (0, None), "sliding(8)": (0, 7), "local(3, 5)": (-5, 3),
+                   "q - k == 3": (3, 3), "q + 1 > k + 1": (1, None), "k - q >= 2": (None, -2),
+                   "causal & k > q - 4": (0, 3), "causal & chunk(4)": None,
+                   "q - k != 2": None, "2 * q - 2 * k >= 0": None,
+                   "causal | sliding(4)": None, "q >= 3": None}
+
+
+BAND_MASKS = [
+    "causal & document(seg)",
+    "sliding(W) & document(seg)",
+    "local(L, R) & document(seg)",
+    "causal & bidirectional(img)",
+    "local(L, R) & bidirectional(img) & document(seg)",
+    "q - k >= L & k - q >= R & document(seg)",  # an empty band where L + R > 0
+    "q - k == L & document(seg)",
+    "sliding(W) & document(seg) & img[k]",
+    "causal & seg[q] % 3 == seg[k] % 3",
+]
+
+
+@st.composite
+def band_cases(draw):
+  """A band `&` masks with operands: sorted and unsorted documents, image spans, batches."""
+  n = draw(st.integers(8, 96))
+  batch = draw(st.sampled_from([None, 2]))
+  rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+  rows = []
+  for _ in range(batch or 1):
+    ids = np.repeat(np.arange(n), rng.integers(1, draw(st.sampled_from([3, 9, 40])), n))[:n]
+    if draw(st.booleans()):
+      ids = rng.permutation(n)[ids]
+    rows.append(ids)
+  seg = np.stack(rows) if batch else rows[0]
+  img = rng.random(seg.shape) < 0.5 if draw(st.booleans()) else seg % 2 == 1
+  text = draw(st.sampled_from(BAND_MASKS))
+  text = (text.replace("W", str(draw(st.integers(1, 20))))
+          .replace("L", str(draw(st.integers(0, 12)))).replace("R", str(draw(st.integers(0, 12)))))
+  q_len = draw(st.integers(1, n))
+  offset = draw(st.integers(0, n - q_len))  # `seg[q]` reads every query position
+  return text, n, q_len, offset, draw(st.sampled_from([1, 4, 8, 16])), draw(
+      st.sampled_from([1, 4, 8, 16])), {k: v for k, v in (("seg", seg), ("img", img))
+                                        if k in text}
+
+
+@given(band_cases())
+def test_band_intersections_are_exact(case):
+  """`band & x` lowers to the dense mask's tiles, rows and columns, with the band clipping
+  the other parts' runs wherever the mask is lowered in parts (`exact`: masks beyond the
+  prelude are refined too)."""
+  text, n, q_len, offset, bq, bk, ops = case
+  _lower._CACHE.clear()
+  bm = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops,
+                     exact=True)
+  dense = np.asarray(maskc.materialize(text, q_len, n, q_offset=offset, operands=ops))
+  expected = _expected_grid(dense.reshape((-1,) + dense.shape[-2:]), bq, bk)
+  np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
+  cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
+  np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)
+
+
+def test_the_band_clips_the_documents():
+  """`causal & document(seg)` and `sliding(w) & document(seg)` are lowered in parts with the
+  band in closed form (no analysis, no period repeated), so these tests reach the clip."""
+  seg = np.repeat(np.arange(40), 100)[:4000]
+  for text in ["causal & document(seg)", "sliding(300) & document(seg)",
+               "local(7, 9) & bidirectional(img)"]:
+    ops = {"seg": seg, "img": seg % 3 == 0}
+    bound = _lower.bind_masks(text, 4000, operands={k: v for k, v in ops.items() if k in text})
+    geo = TileGeometry(bound.shape, 16, 16)
+    runs = _lower_static._runs_of_mask(bound.masks[0], geo, Tables(np, bound.operands,
+                                                                   bound.forms), None, True,
+                                       _lower_static.Budget(1 << 28))
+    assert isinstance(runs, _lower_static._CombinedRuns)
+    assert any(isinstance(p, BandRuns) for p in runs.parts)
