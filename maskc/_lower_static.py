@@ -562,6 +562,7 @@ class _EqualRuns:
                geo: TileGeometry, batch: int | None, budget: Budget):
     self.table, self.shifts, self.on, self.geo, self.batch = table, shifts, on, geo, batch
     self.budget = budget
+    self._lines: dict = {}  # the runs each line reads, for both directions
 
   @classmethod
   def of(cls, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
@@ -589,7 +590,7 @@ class _EqualRuns:
     tokens = self.table.length if self.on is None else 2 * self.table.length  # runs read
     self.budget.charge(nb * (geo.nq + geo.nk + min(geo.nq + geo.nk, tokens)) * 6 * 8,
                        "the runs of equal reads")
-    return equal_read_runs(self.table, geo, nb, *self.shifts, along_rows, self.on)
+    return equal_read_runs(self.table, geo, nb, *self.shifts, along_rows, self.on, self._lines)
 
   def runs(self, along_rows: bool) -> Runs:
     return pack_runs(*self.merged(along_rows), self.batch or 1,
