@@ -17,6 +17,7 @@ alike. Operand reads are invariant only at an invariant index.
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -29,6 +30,7 @@ class _NotPeriodic(Exception):
   pass
 
 
+@functools.lru_cache(maxsize=4096)
 def diagonal_period(m: ir.Mask) -> int | None:
   """The smallest diagonal period of `m` in positions, or None when it has none we can prove.
 

@@ -482,8 +482,10 @@ def array_key(r: "Read") -> str:
   return run_ids_key(r.operand.name) if r.runs else r.operand.name
 
 
+@functools.lru_cache(maxsize=4096)
 def positions_of(t: Node) -> frozenset[str]:
-  """The positions (`q`, `k`) a term depends on."""
+  """The positions (`q`, `k`) a term depends on (remembered: lowering asks it of every
+  part and subterm, several times per compile)."""
   if isinstance(t, Pos):
     return frozenset(t.axis)
   out = frozenset()
