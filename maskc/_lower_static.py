@@ -1069,35 +1069,50 @@ class _CombinedRuns:
     of the whole mask: the larger state under `|`, the smaller under `&`, where both
     are PARTIAL decided tile by tile; EMPTY pieces dropped."""
     state = np.maximum(sx, sy) if self.union else np.minimum(sx, sy)
-    both = (sx == PARTIAL) & (sy == PARTIAL)
-    keep = (state != EMPTY) & ~both
-    lo_k, hi_k, st_k = lo[keep], hi[keep], state[keep]
-    if both.any():
-      blo, bhi = lo[both], hi[both]
-      n = bhi - blo
+    both = np.flatnonzero((sx == PARTIAL) & (sy == PARTIAL))
+    if not both.size:
+      keep = state != EMPTY
+      return lo[keep], hi[keep], state[keep].astype(np.int8)
+    blo, bhi = lo[both], hi[both]
+    n = bhi - blo
+    single = bool(np.all(n == 1))  # the usual case: each such piece one tile
+    if single:
+      tile = blo
+    else:
       seg = np.repeat(np.arange(n.size), n)
       tile = blo[seg] + np.arange(seg.size) - np.repeat(np.cumsum(n) - n, n)
-      line, pos = np.divmod(tile, n_span + 1)
-      bb, line = np.divmod(line, self.geo.nq if along_rows else self.geo.nk)
-      i, j = (line, pos) if along_rows else (pos, line)
-      st = np.full(tile.shape, PARTIAL, np.int8)
-      # refined parts are exactly mixed: one sampled pair of the right value proves the rest
-      todo = ~_sampled_mixed(self.m, self.geo, self.tables, bb if self.batch else 0, i, j,
-                             self.union, self.budget) if self.refine else np.ones(tile.shape,
-                                                                                  bool)
-      if todo.any():
-        bt = bb[todo] if self.batch else 0
-        # unrefined, by the pieces alone: as sharp as the analysis of the mask whole
-        st[todo] = _decide_tiles(self.m, self.geo, self.tables, bt, i[todo], j[todo],
-                                 self.budget, self._pieces(bb[todo], i[todo], j[todo]),
-                                 self.batch or 1, evaluate=self.refine)
-      decided = st != EMPTY
-      lo_k = np.concatenate([lo_k, tile[decided]])
-      hi_k = np.concatenate([hi_k, tile[decided] + 1])
-      st_k = np.concatenate([st_k, st[decided]])
-      order = np.argsort(lo_k, kind="stable")
-      lo_k, hi_k, st_k = lo_k[order], hi_k[order], st_k[order]
-    return lo_k, hi_k, st_k.astype(np.int8)
+    st = self._both_partial(tile, along_rows, n_span)
+    if single:  # decided in place: the pieces stay in order, no sort
+      state = state.astype(np.int8)
+      state[both] = st
+      keep = state != EMPTY
+      return lo[keep], hi[keep], state[keep]
+    keep = state != EMPTY
+    keep[both] = False
+    decided = st != EMPTY
+    lo_k = np.concatenate([lo[keep], tile[decided]])
+    hi_k = np.concatenate([hi[keep], tile[decided] + 1])
+    st_k = np.concatenate([state[keep], st[decided]])
+    order = np.argsort(lo_k, kind="stable")
+    return lo_k[order], hi_k[order], st_k[order].astype(np.int8)
+
+  def _both_partial(self, tile, along_rows: bool, n_span: int):
+    """The whole mask's states of flat tiles `tile` (keys), PARTIAL in two parts."""
+    line, pos = np.divmod(tile, n_span + 1)
+    bb, line = np.divmod(line, self.geo.nq if along_rows else self.geo.nk)
+    i, j = (line, pos) if along_rows else (pos, line)
+    st = np.full(tile.shape, PARTIAL, np.int8)
+    # refined parts are exactly mixed: one sampled pair of the right value proves the rest
+    todo = ~_sampled_mixed(self.m, self.geo, self.tables, bb if self.batch else 0, i, j,
+                           self.union, self.budget) if self.refine else np.ones(tile.shape,
+                                                                                bool)
+    if todo.any():
+      bt = bb[todo] if self.batch else 0
+      # unrefined, by the pieces alone: as sharp as the analysis of the mask whole
+      st[todo] = _decide_tiles(self.m, self.geo, self.tables, bt, i[todo], j[todo],
+                               self.budget, self._pieces(bb[todo], i[todo], j[todo]),
+                               self.batch or 1, evaluate=self.refine)
+    return st
 
 
 def _sampled_mixed(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union: bool,
