@@ -55,7 +55,7 @@ from maskc._run_lists import (expand_in_order, expand_leaves, keyed, lines_of, m
                               merge_runs, on_lines, on_lines_mask, pack_runs, stack_runs)
 from maskc._tile_cover import tile_cover
 from maskc._tile_geometry import TileGeometry
-from maskc._tile_refine import (EVAL_CHUNK, MEMORY_BUDGET, PIECE_CHUNK,
+from maskc._tile_refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
                                  Budget, analysis_bytes, evaluate_tiles, subdivide)
 from maskc._tiles import Runs
 
@@ -1122,15 +1122,18 @@ def _sampled_mixed(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union
 
   Both parts mixed put a false pair in the `&` (a true one in the `|`): one sampled
   pair of the other value decides the tile PARTIAL, with no pieces and no analysis
-  of sub-rectangles. Without explicit positions, the first sample is where the
-  tile's rows and columns meet on the diagonal `q == k`, true for `causal &
+  of sub-rectangles. Without explicit positions, the first sample of an `&` is where
+  the tile's rows and columns meet on the diagonal `q == k`, true for `causal &
   document(seg)`'s diagonal tiles, the common case (documents of 50-200 tokens at
-  1M: about 7,000); then the corners of the tiles not decided yet. Pairs are
+  1M: about 7,000); then the corners of the tiles not decided yet. An `|` samples
+  the corners first: a band in it (`causal & chunk(8192) | bidirectional(img)`)
+  holds on the diagonal, its false pairs lie at corners off it. Pairs are
   evaluated with per-token operands read through their runs (`_RunReads`), a bounded
   chunk of tiles at a time.
   """
-  chunk = max(1, min(SAMPLE_CHUNK, budget.items(SAMPLE_BYTES)))
-  budget.charge(min(i.size, chunk) * SAMPLE_BYTES, "sampling pairs of tiles")
+  per_tile = SAMPLE_BYTES + SAMPLE_GROUP * NODE_BYTES * ir.expanded_size(m, 1 << 12)
+  chunk = max(1, min(SAMPLE_CHUNK, budget.items(per_tile)))
+  budget.charge(min(i.size, chunk) * per_tile, "sampling pairs of tiles")
   out = [_sampled_chunk(m, geo, tables, b if np.isscalar(b) else b[s:s + chunk],
                         i[s:s + chunk], j[s:s + chunk], union)
          for s in range(0, i.size, chunk)]
@@ -1139,6 +1142,7 @@ def _sampled_mixed(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union
 
 SAMPLE_CHUNK = 1 << 16  # tiles sampled at a time
 SAMPLE_BYTES = 512  # working memory per tile sampled (five pairs, their positions and reads)
+SAMPLE_GROUP = 4  # pairs a tile evaluates at once, each with a value per node of the mask
 
 
 def _sampled_chunk(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union: bool):
@@ -1152,12 +1156,14 @@ def _sampled_chunk(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union
     off = geo.shape.q_offset
     p = np.maximum(r0 + off, c0)
     on = p <= np.minimum(r1 + off, c1)  # the diagonal crosses the tile
-    samples.insert(0, (np.where(on, p - off, r0), np.where(on, p, c0)))
+    diagonal = (np.where(on, p - off, r0), np.where(on, p, c0))
+    samples = samples + [diagonal] if union else [diagonal] + samples
   reads = _RunReads(tables)
   proved = np.zeros(i.shape, bool)
-  for group in (samples[:1], samples[1:]):
+  split = SAMPLE_GROUP if union else 1
+  for group in (samples[:split], samples[split:]):
     todo = np.flatnonzero(~proved)
-    if not todo.size:
+    if not (todo.size and group):
       break
     rows = np.concatenate([r[todo] for r, _ in group])
     cols = np.concatenate([c[todo] for _, c in group])
