@@ -93,17 +93,25 @@ def _lines_read(table: RunTable, geo: TileGeometry, along_rows: bool, shift: int
   return found
 
 
-def _searchsorted(a: np.ndarray, v: np.ndarray, side: str) -> np.ndarray:
-  """`np.searchsorted(a, v, side)` for nondecreasing integer `a`, by counting where its
-  values span a range no wider than a few times the arrays (run indices of lines):
-  a count per value and their running sum, a quarter of the binary searches' time."""
-  if not a.size or (int(a[-1]) - int(a[0])) > 4 * (a.size + v.size):
-    return np.searchsorted(a, v, side)
-  first = a[0]
-  width = int(a[-1] - first) + 1
-  below = np.zeros(width + 1, np.int64)  # below[x]: the entries of `a` under first + x
-  np.cumsum(np.bincount(a - first, minlength=width), out=below[1:])
-  return below[np.clip(v - first + (side == "right"), 0, width)]
+class _Sorted:
+  """A nondecreasing integer array `a`, searched like `np.searchsorted(a, v, side)`: by
+  counting where its values span a range no wider than a few times its size (run indices
+  of lines), a count per value and their running sum, made once for every search (a
+  quarter of the binary searches' time); by binary search otherwise."""
+
+  def __init__(self, a: np.ndarray):
+    self.a = a
+    self.below = None
+    if a.size and int(a[-1]) - int(a[0]) <= 4 * a.size:
+      self.first = a[0]
+      width = int(a[-1] - a[0]) + 1
+      self.below = np.zeros(width + 1, np.int64)  # below[x]: the entries under first + x
+      np.cumsum(np.bincount(a - a[0], minlength=width), out=self.below[1:])
+
+  def search(self, v: np.ndarray, side: str) -> np.ndarray:
+    if self.below is None:
+      return np.searchsorted(self.a, v, side)
+    return self.below[np.clip(v - self.first + (side == "right"), 0, self.below.size - 1)]
 
 
 def equal_read_runs(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift: int,
@@ -118,7 +126,7 @@ def equal_read_runs(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k
   """
   shifts = (q_shift, k_shift) if along_rows else (k_shift, q_shift)
   r0, r1 = _lines_read(table, geo, along_rows, shifts[0], memo)
-  c0, c1 = _lines_read(table, geo, not along_rows, shifts[1], memo)
+  c0, c1 = (_Sorted(c) for c in _lines_read(table, geo, not along_rows, shifts[1], memo))
   n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
   runs = table.values.size
   if table.batch == 1 and nb > 1:  # one operand row read by every batch row
@@ -128,10 +136,10 @@ def equal_read_runs(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k
   flat = np.arange(nb * n_lines, dtype=np.int64)
   base = flat // n_lines * n_span
   if on is None:  # every line: the span's lines meeting its runs, FULL inside for one run
-    j0 = _searchsorted(c1, r0, "left") - base
-    j1 = _searchsorted(c0, r1, "right") - base
-    f0 = _searchsorted(c0, r0, "left") - base
-    f1 = _searchsorted(c1, r0, "right") - base
+    j0 = c1.search(r0, "left") - base
+    j1 = c0.search(r1, "right") - base
+    f0 = c0.search(r0, "left") - base
+    f1 = c1.search(r0, "right") - base
     full = (r0 == r1) & (f1 > f0)
     f0, f1 = np.where(full, f0, j1), np.where(full, f1, j1)
     a = np.stack([j0, f0, f1], axis=1).reshape(-1)
@@ -144,10 +152,10 @@ def equal_read_runs(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k
   # read it alone
   one = (r0 == r1) & on[r0]
   f, r = flat[one], r0[one]
-  j0 = _searchsorted(c1, r, "left") - base[one]
-  f0 = _searchsorted(c0, r, "left") - base[one]
-  f1 = _searchsorted(c1, r, "right") - base[one]
-  j1 = _searchsorted(c0, r, "right") - base[one]
+  j0 = c1.search(r, "left") - base[one]
+  f0 = c0.search(r, "left") - base[one]
+  f1 = c1.search(r, "right") - base[one]
+  j1 = c0.search(r, "right") - base[one]
   full = f1 > f0
   f0, f1 = np.where(full, f0, j1), np.where(full, f1, j1)
   parts = [(np.repeat(f, 3), np.stack([j0, f0, f1], 1).reshape(-1),
@@ -161,8 +169,8 @@ def equal_read_runs(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k
   r = ranges(r0[many], n)
   kept = on[r]
   f, r = f[kept], r[kept]
-  j0 = _searchsorted(c1, r, "left") - base[f]
-  j1 = _searchsorted(c0, r, "right") - base[f]
+  j0 = c1.search(r, "left") - base[f]
+  j1 = c0.search(r, "right") - base[f]
   if f.size:
     new = np.ones(f.size, bool)
     new[1:] = (f[1:] != f[:-1]) | (j0[1:] > j1[:-1])
