@@ -42,6 +42,8 @@ def floor_log2(xp, n):
 def run_starts(a: np.ndarray) -> np.ndarray:
   """Sorted flat indices (`row * L + i`) where a run of equal values of `a` (`[B, L]`) starts."""
   rows, length = a.shape
+  if not a.size:  # no tokens: no runs (a read of it is refused when bound)
+    return np.zeros(0, np.int64)
   flat = a.reshape(-1)
   changed = np.flatnonzero(flat[1:] != flat[:-1]) + 1  # across row ends too: a superset
   row_starts = np.arange(rows, dtype=np.int64) * length
