@@ -8,7 +8,9 @@ positions it reads them at, so evaluation never indexes out of bounds.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 import hashlib
 import operator
 from typing import Any, Sequence
@@ -385,6 +387,31 @@ def check_requirements(m: ir.Mask, arrays: dict[str, Any], batch: int | None) ->
   Raises:
     MaskValueError: with the requirement's message, the call and the values.
   """
+  for c, requirement, message, req, names in _scalar_requirements(m):
+    if any(n not in arrays or isinstance(arrays[n], jax.core.Tracer) for n in names):
+      continue
+    exact = {n: np.asarray(arrays[n]).astype(object) for n in names}
+    rows = np.arange(batch) if batch is not None else 0
+    ok = np.asarray(evaluate(req, Env(np, 0, 0, exact, rows)), dtype=bool).reshape(-1)
+    if ok.all():
+      continue
+    row = int(np.argmin(ok))
+    values = ", ".join(
+        f"{n} = {exact[n][row if exact[n].shape[0] > 1 else 0]}" for n in names)
+    shown = f"{c.name}({', '.join(ir._arg_text(a) for a in c.args)})"
+    at = f" in batch row {row}" if batch is not None else ""
+    raise MaskValueError(f"{message}, got {shown} with {values}{at}",
+                         hint=f"`{c.definition.name}` requires `{requirement}`; pass "
+                              f"{'values' if batch is not None else 'a value'} that "
+                              f"satisfy it.")
+
+
+@functools.lru_cache(maxsize=1024)
+def _scalar_requirements(m: ir.Mask) -> tuple:
+  """`(call, requirement, message, instantiated requirement, scalar names)` of every `where`
+  requirement in `m` that depends on scalar operands alone: what `check_requirements`
+  evaluates, found once per mask."""
+  found = []
   for c in ir.walk(m):
     if not isinstance(c, ir.Call) or not c.definition.requirements:
       continue
@@ -397,23 +424,34 @@ def check_requirements(m: ir.Mask, arrays: dict[str, Any], batch: int | None) ->
       if any(isinstance(n, (ir.Read, ir.PairRead)) for n in nodes):
         continue
       names = sorted({n.name for n in nodes if isinstance(n, ir.Scalar)})
-      if not names or any(n not in arrays or isinstance(arrays[n], jax.core.Tracer)
-                          for n in names):
-        continue
-      exact = {n: np.asarray(arrays[n]).astype(object) for n in names}
-      rows = np.arange(batch) if batch is not None else 0
-      ok = np.asarray(evaluate(req, Env(np, 0, 0, exact, rows)), dtype=bool).reshape(-1)
-      if ok.all():
-        continue
-      row = int(np.argmin(ok))
-      values = ", ".join(
-          f"{n} = {exact[n][row if exact[n].shape[0] > 1 else 0]}" for n in names)
-      shown = f"{c.name}({', '.join(ir._arg_text(a) for a in c.args)})"
-      at = f" in batch row {row}" if batch is not None else ""
-      raise MaskValueError(f"{message}, got {shown} with {values}{at}",
-                           hint=f"`{c.definition.name}` requires `{requirement}`; pass "
-                                f"{'values' if batch is not None else 'a value'} that "
-                                f"satisfy it.")
+      if names:
+        found.append((c, requirement, message, req, names))
+  return tuple(found)
+
+
+@functools.lru_cache(maxsize=1024)
+def _reads_of(m: ir.Mask) -> tuple[tuple[ir.Node, tuple], ...]:
+  """Each read of `m` with the checks `_check_reads` makes of it: `(index, operand, axis of
+  the operand it indexes, which index for messages)`, found once per mask."""
+  reads = []
+  for n in ir.walk(m):
+    if isinstance(n, ir.Read):
+      reads.append((n, ((n.index, n.operand.name, -1, ""),)))
+    elif isinstance(n, ir.PairRead):
+      reads.append((n, ((n.q_index, n.operand.name, -2, "first "),
+                        (n.k_index, n.operand.name, -1, "second "))))
+  return tuple(reads)
+
+
+@functools.lru_cache(maxsize=1024)
+def _position_indices(m: ir.Mask) -> bool:
+  """Whether every index `m` reads at is arithmetic of positions and literals alone."""
+  return all(not any(isinstance(x, (ir.Read, ir.PairRead, ir.Scalar, ir.Operand))
+                     for x in ir.walk(index))
+             for _, checks in _reads_of(m) for index, _, _, _ in checks)
+
+
+_READS_CHECKED: collections.OrderedDict = collections.OrderedDict()  # shapes that passed
 
 
 def _check_reads(m: ir.Mask, shape: Shape, ops: Operands) -> None:
@@ -428,18 +466,20 @@ def _check_reads(m: ir.Mask, shape: Shape, ops: Operands) -> None:
   scalars = {n: ops.arrays[n] for n in ops.arrays if len(ops.arrays.shape(n)) == 1}
   if any(is_traced(a) for a in scalars.values()):
     return
+  # Indices of positions and literals alone, at consecutive positions: the verdict
+  # follows from the shape and the operands' lengths, so a shape that passed passes.
+  key = None
+  if not shape.has_positions and _position_indices(m):
+    key = (m, shape.q_len, shape.kv_len, int(shape.q_offset), tuple(
+        (name, ops.arrays.shape(name)) for _, checks in _reads_of(m) for _, name, _, _ in checks))
+    if key in _READS_CHECKED:
+      _READS_CHECKED.move_to_end(key)
+      return
   (q0, q1), (k0, k1) = shape.q_hull(), shape.k_hull()
   nb = ops.batch or 1
   batch = np.arange(nb) if ops.batch else 0
   analyzer = Analyzer(np, Tables(np, scalars), q0, q1, k0, k1, batch)
-  for n in ir.walk(m):
-    if isinstance(n, ir.Read):
-      checks = [(n.index, n.operand.name, -1, "")]
-    elif isinstance(n, ir.PairRead):
-      checks = [(n.q_index, n.operand.name, -2, "first "), (n.k_index, n.operand.name, -1,
-                                                          "second ")]
-    else:
-      continue
+  for n, checks in _reads_of(m):
     for index, name, axis, which in checks:
       if any(isinstance(x, ir.Scalar) and is_traced(ops.arrays.get(x.name))
              for x in ir.walk(index)):
@@ -461,6 +501,10 @@ def _check_reads(m: ir.Mask, shape: Shape, ops: Operands) -> None:
             f"`{n}` at indices {lo}..{hi} (for {where})",
             hint=f"Give `{name}` at least {hi + 1} entries on that axis"
                  if lo >= 0 else "Indices below 0 cannot be read; check the offset.")
+  if key is not None:
+    _READS_CHECKED[key] = True
+    if len(_READS_CHECKED) > 256:
+      _READS_CHECKED.popitem(last=False)
 
 
 def _index_bounds(analyzer, index: ir.Term) -> tuple[int, int, bool] | None:

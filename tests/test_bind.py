@@ -373,3 +373,22 @@ def test_unwritten_operands_broadcast_to_the_batch():
                                 np.broadcast_to(_runs_by_loop(img), (2, n)))
   leaves, _ = jax.tree_util.tree_flatten(bm)  # a pytree of plain arrays, every one written
   assert all(isinstance(x, (np.ndarray, jax.Array, int, np.integer)) for x in leaves)
+
+
+@given(st.integers(1, 12), st.integers(1, 12), st.integers(-3, 3), st.integers(-2, 2),
+       st.integers(0, 14))
+def test_a_read_check_remembered_for_a_shape_holds_for_others(q_len, kv_len, shift, offset,
+                                                               length):
+  """Reads checked once per shape (`_check_reads` remembers shapes that passed): each new
+  shape and operand length is checked again, against the positions evaluated in full."""
+  text = f"x[q + {shift}] == x[k]"
+  q_offset = max(0, kv_len - q_len + offset)
+  x = np.arange(length) % 3
+  q = q_offset + np.arange(q_len) + shift
+  fits = length > 0 and q.min() >= 0 and q.max() < length and kv_len <= length
+  for _ in range(2):  # the second time from the remembered shapes
+    if fits:
+      maskc.compile(text, q_len, kv_len, q_offset=q_offset, operands={"x": x})
+    else:
+      with pytest.raises(maskc.OperandError):
+        maskc.compile(text, q_len, kv_len, q_offset=q_offset, operands={"x": x})
