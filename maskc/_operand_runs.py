@@ -45,9 +45,22 @@ def run_starts(a: np.ndarray) -> np.ndarray:
   if not a.size:  # no tokens: no runs (a read of it is refused when bound)
     return np.zeros(0, np.int64)
   flat = a.reshape(-1)
-  changed = np.flatnonzero(flat[1:] != flat[:-1]) + 1  # across row ends too: a superset
+  changed = _set_flags(flat[1:] != flat[:-1]) + 1  # across row ends too: a superset
   row_starts = np.arange(rows, dtype=np.int64) * length
   return np.union1d(changed, row_starts) if rows > 1 else np.concatenate([[0], changed])
+
+
+def _set_flags(flags: np.ndarray) -> np.ndarray:
+  """`np.flatnonzero(flags)` (1-D bool), faster where few are set: the 8-byte words that
+  hold any are found first, then the flags within them (an operand's changes among a
+  million tokens: 40 against 100 microseconds for a few hundred)."""
+  n = flags.size
+  whole = n - n % 8
+  words = np.flatnonzero(flags[:whole].view(np.uint64) != 0)
+  if words.size * 256 > n:  # many: one pass is as fast
+    return np.flatnonzero(flags)
+  row, col = np.nonzero(flags[:whole].reshape(-1, 8)[words])
+  return np.concatenate([words[row] * 8 + col, whole + np.flatnonzero(flags[whole:])])
 
 
 @dataclasses.dataclass(frozen=True)

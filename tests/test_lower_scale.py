@@ -335,6 +335,17 @@ def test_run_form_is_a_lossless_summary(a):
                                 _runs_reference(np.repeat(a[:1], 3, axis=0) != 0))
 
 
+@given(st.integers(0, 5000), st.lists(st.integers(0, 4999), max_size=40))
+def test_few_set_flags_are_found_word_by_word(n, places):
+  """`np.flatnonzero` of a long, sparse bool array (an operand's changes), by the 8-byte
+  words that hold any, any length and places (tail past the last whole word included)."""
+  from maskc._operand_runs import _set_flags
+  flags = np.zeros(n, bool)
+  flags[[p for p in places if p < n]] = True
+  np.testing.assert_array_equal(_set_flags(flags), np.flatnonzero(flags))
+  np.testing.assert_array_equal(_set_flags(flags[1:]), np.flatnonzero(flags[1:]))
+
+
 @given(run_arrays(), st.lists(st.integers(-5, 400), min_size=1, max_size=30))
 def test_run_lookup_by_search_and_by_token_index_agree(a, tokens):
   """Which run holds a token: by binary search over the run starts and by the per-token
