@@ -221,11 +221,14 @@ class Operands:
       per-token ones are written out from their runs when first read.
     batch: the batch size, or None when no operand has a batch axis.
     xp: `numpy` when every operand is static, else `jax.numpy`.
+    int_range: the bounds of every integer sub-term of the mask they were checked
+      against (`maskc._overflow.term_bounds`), or None where one is unknown (traced).
   """
   arrays: OperandArrays
   batch: int | None
   xp: Any
   forms: dict[str, RunForm] = dataclasses.field(default_factory=dict)
+  int_range: tuple[int, int] | None = None
 
   def static_bytes(self) -> tuple:
     """A hashable digest of static operand values, for caches.
@@ -343,10 +346,11 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
       else:
         arrays[key] = runs_of(xp, arrays[n.operand.name])
   arrays = OperandArrays(arrays)
-  result = Operands(arrays, batch, xp, forms)
   check_requirements(m, arrays, batch)
   what = "the NumPy evaluation" if xp is np else "the jax.numpy evaluation"
-  check_fits(m, shape, arrays, bits=bits, what=what, hint=_overflow_hint(xp), forms=forms)
+  int_range = check_fits(m, shape, arrays, bits=bits, what=what, hint=_overflow_hint(xp),
+                         forms=forms)
+  result = Operands(arrays, batch, xp, forms, int_range)
   if has_reads:
     _check_reads(m, shape, result)
   return result

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -210,10 +211,20 @@ def _predicates(bound: Binding, block_q: int, block_kv: int):
     q_pos = k_pos = None
     if pairwise and shape.static and (shape.positions_batch is None):
       q_pos, k_pos = shape.rows(np)[0], shape.cols(np)[0]
+    if q_pos is None:  # a function of the mask and the tiles alone
+      out.append(_predicate(m, bound.kv_len, block_q, block_kv, shape.has_positions))
+      continue
     out.append(compile_predicate(m, q_positions=q_pos, kv_len=bound.kv_len, block_q=block_q,
                                  block_kv=block_kv, kv_positions=k_pos,
                                  positions_read=shape.has_positions))
   return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def _predicate(m: ir.Mask, kv_len: int, block_q: int, block_kv: int, positions_read: bool):
+  """`compile_predicate` without static positions, remembered (a frozen `Predicate`)."""
+  return compile_predicate(m, kv_len=kv_len, block_q=block_q, block_kv=block_kv,
+                           positions_read=positions_read)
 
 
 def _segment_split(bound: Binding, block_q: int, block_kv: int,
@@ -277,6 +288,15 @@ def _line_bounds(bound: Binding, block_q: int, block_kv: int):
   return tuple(out)
 
 
+def _int_range(bound: Binding) -> tuple[int, int] | None:
+  """`term_bounds` of the masks and their operands, from their checks when bound (the
+  same pass over the same values: broadcasting to the batch changes none)."""
+  ranges = [p.int_range for p in bound.prepared]
+  if any(r is None for r in ranges):
+    return term_bounds(bound.masks, bound.shape, bound.operands, forms=bound.forms)
+  return min(r[0] for r in ranges), max(r[1] for r in ranges)
+
+
 def _blockmap(bound: Binding, block_q: int, block_kv: int, *, rows: Runs, col_runs=None,
               backward=None, line_bounds=None) -> BlockMap:
   predicates = _predicates(bound, block_q, block_kv)
@@ -286,8 +306,7 @@ def _blockmap(bound: Binding, block_q: int, block_kv: int, *, rows: Runs, col_ru
                   predicates=predicates, col_runs=col_runs, backward=backward,
                   line_bounds=line_bounds,
                   segment_split=_segment_split(bound, block_q, block_kv, predicates),
-                  int_range=term_bounds(bound.masks, bound.shape, bound.operands,
-                                        forms=bound.forms),
+                  int_range=_int_range(bound),
                   q_positions=bound.shape.q_positions, kv_positions=bound.shape.kv_positions)
 
 

@@ -66,8 +66,11 @@ def term_bounds(masks: Any, shape, arrays: dict[str, Any], batch: Any = None,
 
 def check_fits(masks: Any, shape, arrays: dict[str, Any], *, bits: int, what: str,
                hint: str | None = None, batch: Any = None,
-               forms: dict[str, Any] | None = None) -> None:
+               forms: dict[str, Any] | None = None) -> tuple[int, int] | None:
   """Raises `MaskValueError` when a known integer sub-term can leave the signed `bits`-bit type.
+
+  Returns what `term_bounds` would for the same arguments (from the same pass): the
+  bounds of every integer sub-term, or None where one is unknown.
 
   Terms whose bounds are unknown (they depend on a traced offset or operand)
   are not checked; every other term is, so literals and a static offset are
@@ -85,8 +88,14 @@ def check_fits(masks: Any, shape, arrays: dict[str, Any], *, bits: int, what: st
       values instead of a pass over the tokens.
   """
   lo_type, hi_type = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+  lo = hi = 0
+  known = True
   for node, bounds in _sub_terms(masks, shape, arrays, batch, forms):
-    if bounds is None or (lo_type <= bounds[0] and bounds[1] <= hi_type):
+    if bounds is None:
+      known = False
+      continue
+    lo, hi = min(lo, bounds[0]), max(hi, bounds[1])
+    if lo_type <= bounds[0] and bounds[1] <= hi_type:
       continue
     text = str(node)
     if len(text) > _MAX_QUOTED:
@@ -97,6 +106,7 @@ def check_fits(masks: Any, shape, arrays: dict[str, Any], *, bits: int, what: st
         f"computes in, so it would wrap around",
         hint=hint or "Renumber operand ids to a smaller range (e.g. `np.unique(seg, "
                      "return_inverse=True)[1]`), use smaller literals, or a smaller q_offset.")
+  return (lo, hi) if known else None
 
 
 # ----------------------------------------------------------------------------- intervals

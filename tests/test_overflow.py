@@ -618,3 +618,23 @@ def test_mask_function_checks_int32_for_jax_ids():
   np.testing.assert_array_equal(np.asarray(ok.mask_function(jnp.asarray(q_ids),
                                                             jnp.asarray(kv_ids))),
                                 np.broadcast_to((np.arange(4) + 5 > 6)[:, None], (4, 4)))
+
+
+@given(cases(big=False))
+def test_a_maps_integer_range_is_its_term_bounds(case):
+  """`BlockMap.int_range`, taken from the bounds the operands' check found when bound, is
+  `term_bounds` of the mask and its operands computed afresh."""
+  text, q_len, kv_len, q_offset, ops = case
+  m = _parse_or_none(text)
+  if m is None:
+    return
+  ops = _used(m, ops)
+  try:
+    bm = maskc.compile(m, q_len, kv_len, q_offset=q_offset, operands=ops, block_q=2,
+                       block_kv=2)
+  except maskc.MaskValueError:
+    return
+  from maskc import _lower
+  bound = _lower.bind_masks(m, q_len, kv_len, q_offset=q_offset, operands=ops)
+  assert bm.int_range == term_bounds(bound.masks, bound.shape, bound.operands,
+                                     forms=bound.forms)
