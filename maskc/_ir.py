@@ -928,8 +928,10 @@ def collect_operands(m: Mask) -> tuple[OperandSpec, ...]:
   return tuple(OperandSpec(name, kinds[name], boolean.get(name, False)) for name in sorted(kinds))
 
 
+@functools.lru_cache(maxsize=4096)
 def expanded_size(node: Node, limit: int) -> int:
-  """The node count of `node` with every call expanded, stopping once over `limit`."""
+  """The node count of `node` with every call expanded, stopping once over `limit`
+  (remembered: memory budgets ask it of the same mask in each step)."""
   sizes: dict[int, int] = {}
 
   def size(n: Node) -> int:
