@@ -495,6 +495,30 @@ def test_sort_few_is_a_sort(width, seed, most):
   np.testing.assert_array_equal(np.asarray(got, np.int32), np.sort(keys, axis=-1))
 
 
+@pytest.mark.parametrize("n", [5, 300, 1000])  # few groups: `_sort_few`; many: two steps
+@settings(max_examples=8)
+@given(seed=st.integers(0, 2**32 - 1), count=st.sampled_from([0, 1, 6, 7, 40]),
+       bunched=st.booleans())
+def test_listed_flags_are_their_places_in_order(n, seed, count, bunched):
+  """The set places of `n` flags, ascending and padded with `n`, whether at most 6 are
+  set (two small top_k's over groups of 32, then their flags) or more (the whole sort),
+  set places spread out or bunched into one group."""
+  rng = np.random.default_rng(seed)
+  flags = np.zeros(n, bool)
+  places = (rng.integers(0, max(1, n - 32)) + np.arange(min(count, 32, n)) if bunched
+            else rng.choice(n, min(count, n), replace=False))
+  flags[places] = True
+  got = np.asarray(_listed_jit(n)(jnp.asarray(flags)))
+  want = np.full(n + 3, n)
+  want[:flags.sum()] = np.flatnonzero(flags)
+  np.testing.assert_array_equal(got, want)
+
+
+@functools.cache
+def _listed_jit(n: int):
+  return jax.jit(lambda f: _lower_dynamic._listed(f, n + 3, 6))
+
+
 @functools.cache
 def _sort_few_jit(width: int, fill: int):
   del width  # one compilation per width
