@@ -24,6 +24,7 @@ from maskc._tiles import FULL, PARTIAL, Runs
 # Positions, lengths and offsets beyond this stay off the closed form (sums of three
 # of them must stay in int64).
 _LIMIT = 1 << 60
+_BAND_STATES = np.array([PARTIAL, FULL, PARTIAL], np.int8)  # of [s, f), [f, g), [g, e)
 
 
 class _Tiles:
@@ -65,8 +66,8 @@ def band_bounds(geo: TileGeometry, lo: int | None, hi: int | None, along_rows: b
   if lo is not None and hi is not None and lo > hi:  # no `q - k` at all: every line EMPTY
     return np.stack([none] * 4)
   if along_rows:  # k tiles [ka, kb] of row [first, last]: q - k spans [first - kb, last - ka]
-    s = none if hi is None else other.ending_by(first - hi - 1)  # some q - k <= hi: kb >= first - hi
-    e = every if lo is None else other.starting_by(last - lo)  # some q - k >= lo: ka <= last - lo
+    s = none if hi is None else other.ending_by(first - hi - 1)  # some <= hi: kb >= first - hi
+    e = every if lo is None else other.starting_by(last - lo)  # some >= lo: ka <= last - lo
     f = none if hi is None else other.first_starting_from(last - hi)  # all <= hi: ka >= last - hi
     g = every if lo is None else other.ending_by(first - lo)  # all >= lo: kb <= first - lo
   else:  # q tiles [qa, qb] of column [first, last]: q - k spans [qa - last, qb - first]
@@ -147,5 +148,3 @@ def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):
   keep = np.flatnonzero(hi > lo)
   return lo[keep], hi[keep], state[keep // 3], _BAND_STATES[keep % 3]
 
-
-_BAND_STATES = np.array([PARTIAL, FULL, PARTIAL], np.int8)  # of [s, f), [f, g), [g, e)

@@ -41,10 +41,10 @@ lowering's cost (each kernel goes through its own MLIR and LLVM pipelines), so t
 code keeps the kernel count down:
 - sorts instead of prefix sums (associative scans of log2(N) levels), unstable
   ones where keys are distinct but for a fill value (`_sort`: half the time);
-  where few keys of a line are not the fill (a grid's ambiguous tiles),
-  `lax.top_k` of those few, with the sort kept for inputs that have more
-  (`_sort_few`: a quarter of the sort's time per call, for about 0.1-0.2 s
-  more compile);
+  where few keys of a line are not the fill, `lax.top_k` of those few, with the
+  sort kept for inputs that have more (`_sort_few`: a quarter of the sort's time
+  per call, for about 0.1-0.2 s more compile); a grid's few ambiguous tiles by
+  top_k over groups of tiles, then over the first groups' tiles (`_listed`);
 - counts and places of flags from flags packed into 32-bit words
   (`maskc._bit_words`): the run labels' prefix count, and a tile line's runs
   where it has few (`_few_runs`: a third of top_k's time per call, for about
@@ -54,7 +54,8 @@ code keeps the kernel count down:
   XLA's CPU compiler splits into three kernels (a tree reduction);
 - when q and key tiles coincide, one set of lines serves both axes;
 - arrays built in one expression rather than concatenated after the fact;
-- one gather per round of a tile's packed pieces.
+- one gather per round of a tile's packed pieces, and none of an operand's tokens
+  along the lines where the offset is static (a slice, `_line_tokens`).
 `benchmarks/traced_lowering.py` prints the kernel count with the compile time.
 """
 
@@ -133,9 +134,9 @@ def _listed(flags, size: int, few: int):
   Where at most `few` are set (a grid's ambiguous tiles: a few dozen of hundreds of
   thousands), in two small steps instead of top_k over them all: top_k over the
   groups of `LIST_GROUP` flags that hold any, then over the flags of the first `few`
-  such groups (0.15 against 1.6 ms alone for 51 of 524,288 on this CPU; 0.4-0.5 ms
-  less a call in a traced lowering, for one kernel more). Otherwise all of them
-  sorted (`lax.cond`: one branch executes).
+  such groups (0.15 against 1.6 ms alone for 51 of 524,288 on this CPU; documents
+  at 32K tokens, batch 8: 3.9-4.1 -> 3.0-3.1 ms a call, for one kernel more).
+  Otherwise all of them sorted (`lax.cond`: one branch executes).
   """
   n = flags.shape[0]
   rows = -(-n // LIST_GROUP)

@@ -1034,14 +1034,19 @@ class _CombinedRuns:
 
   def _combine_lines(self, x, y, along_rows: bool, n_lines: int, n_span: int):
     """`_combine_by_lines` over every line."""
-    return self._by_line_chunks([x, y], x[0].size + y[0].size, n_lines, n_span, lambda x, y:
-                                self._combine(x, y, along_rows, n_span))
+    def combine(x, y):
+      return self._combine(x, y, along_rows, n_span)
+
+    return self._by_line_chunks([x, y], x[0].size + y[0].size, n_lines, n_span, combine)
 
   def _clip_lines(self, x, bounds, along_rows: bool, n_lines: int, n_span: int):
     """Flat runs `x` of an `&` with a band whose lines have bounds `bounds`
     (`maskc._band_runs`): cut at them, PARTIAL with PARTIAL decided tile by tile."""
-    return self._by_line_chunks([x], 3 * x[0].size, n_lines, n_span, lambda x: self._pieces_decided(
-        *clipped_pieces(x, bounds, n_lines, n_span), along_rows, n_span))
+    def clip(x):
+      return self._pieces_decided(*clipped_pieces(x, bounds, n_lines, n_span), along_rows,
+                                  n_span)
+
+    return self._by_line_chunks([x], 3 * x[0].size, n_lines, n_span, clip)
 
   def _by_line_chunks(self, lists, total: int, n_lines: int, n_span: int, combine):
     """`combine` of flat run lists `lists`, over groups of whole lines of about
