@@ -47,20 +47,16 @@ class _Tiles:
     whole = np.clip((x - self.o + 1) // self.b, 0, self.count - 1)
     return np.where(x >= self.o + self.n - 1, self.count, whole)
 
-  def line(self, t):
-    """Inclusive positions `(first, last)` of tiles `t`."""
-    return self.o + t * self.b, self.o + np.minimum((t + 1) * self.b, self.n) - 1
-
 
 def band_bounds(geo: TileGeometry, lo: int | None, hi: int | None, along_rows: bool):
   """Per line (a q tile row, or a key tile column), `[4, n_lines]` int64 bounds `s <= f
   <= g <= e` on the other axis' tiles: `[s, f)` and `[g, e)` PARTIAL, `[f, g)` FULL, the
   rest EMPTY, for the band `lo <= q - k <= hi` (None: unbounded)."""
   shape = geo.shape
-  rows = _Tiles(shape.q_offset, geo.bq, shape.q_len)
-  cols = _Tiles(0, geo.bk, shape.kv_len)
-  this, other = (rows, cols) if along_rows else (cols, rows)
-  first, last = this.line(np.arange(this.count, dtype=np.int64))
+  other = (_Tiles(0, geo.bk, shape.kv_len) if along_rows else
+           _Tiles(shape.q_offset, geo.bq, shape.q_len))  # the tiles each line spans
+  t = np.arange(geo.nq if along_rows else geo.nk, dtype=np.int64)
+  first, last = geo.q_bounds(t, t + 1) if along_rows else geo.k_bounds(t, t + 1)
   n = other.count
   none, every = np.zeros_like(first), np.full_like(first, n)
   if lo is not None and hi is not None and lo > hi:  # no `q - k` at all: every line EMPTY

@@ -8,7 +8,6 @@ positions it reads them at, so evaluation never indexes out of bounds.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import hashlib
@@ -455,9 +454,6 @@ def _position_indices(m: ir.Mask) -> bool:
              for _, checks in _reads_of(m) for index, _, _, _ in checks)
 
 
-_READS_CHECKED: collections.OrderedDict = collections.OrderedDict()  # shapes that passed
-
-
 def _check_reads(m: ir.Mask, shape: Shape, ops: Operands) -> None:
   """Raises when a read would index an operand outside its length.
 
@@ -470,45 +466,48 @@ def _check_reads(m: ir.Mask, shape: Shape, ops: Operands) -> None:
   scalars = {n: ops.arrays[n] for n in ops.arrays if len(ops.arrays.shape(n)) == 1}
   if any(is_traced(a) for a in scalars.values()):
     return
-  # Indices of positions and literals alone, at consecutive positions: the verdict
-  # follows from the shape and the operands' lengths, so a shape that passed passes.
-  key = None
+  lengths = tuple(ops.arrays.shape(name)[axis]
+                  for _, checks in _reads_of(m) for _, name, axis, _ in checks)
   if not shape.has_positions and _position_indices(m):
-    key = (m, shape.q_len, shape.kv_len, int(shape.q_offset), tuple(
-        (name, ops.arrays.shape(name)) for _, checks in _reads_of(m) for _, name, _, _ in checks))
-    if key in _READS_CHECKED:
-      _READS_CHECKED.move_to_end(key)
-      return
+    _position_reads_fit(m, shape.q_len, shape.kv_len, int(shape.q_offset), lengths)
+  else:
+    _reads_fit(m, shape, lengths, scalars, np.arange(ops.batch) if ops.batch else 0)
+
+
+@functools.lru_cache(maxsize=256)
+def _position_reads_fit(m: ir.Mask, q_len: int, kv_len: int, q_offset: int,
+                        lengths: tuple[int, ...]) -> bool:
+  """`_reads_fit` where every index is arithmetic of positions and literals at consecutive
+  positions: the verdict follows from the shape and the operands' lengths alone, so it is
+  remembered once it passes (a read outside raises, and raises again next time)."""
+  _reads_fit(m, Shape.of(q_len, kv_len, q_offset), lengths, {}, 0)
+  return True
+
+
+def _reads_fit(m: ir.Mask, shape: Shape, lengths: tuple[int, ...], scalars: dict,
+               batch) -> None:
+  """`_check_reads` of `m`'s reads (`_reads_of`, in order) into operands of `lengths` on the
+  axes they index, with static `scalars` for batch rows `batch`."""
   (q0, q1), (k0, k1) = shape.q_hull(), shape.k_hull()
-  nb = ops.batch or 1
-  batch = np.arange(nb) if ops.batch else 0
   analyzer = Analyzer(np, Tables(np, scalars), q0, q1, k0, k1, batch)
-  for n, checks in _reads_of(m):
-    for index, name, axis, which in checks:
-      if any(isinstance(x, ir.Scalar) and is_traced(ops.arrays.get(x.name))
-             for x in ir.walk(index)):
-        continue
-      axes = ir.positions_of(index)
-      length = ops.arrays.shape(name)[axis]
-      bounds = _index_bounds(analyzer, index)
-      if bounds is not None and bounds[0] >= 0 and bounds[1] < length:
-        continue  # sound bounds inside the operand: every index is
-      if bounds is None or not bounds[2] or shape.has_positions:  # the exact range, in chunks
-        lo, hi = _evaluated_bounds(index, shape, axes, scalars, batch)
-      else:
-        lo, hi = bounds[0], bounds[1]
-      if lo < 0 or hi >= length:
-        where = (f"positions q in [{q0}, {q1}]" if "q" in axes
-                 else f"positions k in [{k0}, {k1}]")
-        raise OperandError(
-            f"operand `{name}` has length {length} on its {which}axis, but the mask reads "
-            f"`{n}` at indices {lo}..{hi} (for {where})",
-            hint=f"Give `{name}` at least {hi + 1} entries on that axis"
-                 if lo >= 0 else "Indices below 0 cannot be read; check the offset.")
-  if key is not None:
-    _READS_CHECKED[key] = True
-    if len(_READS_CHECKED) > 256:
-      _READS_CHECKED.popitem(last=False)
+  checks = [(n,) + c for n, cs in _reads_of(m) for c in cs]
+  for (n, index, name, axis, which), length in zip(checks, lengths):
+    axes = ir.positions_of(index)
+    bounds = _index_bounds(analyzer, index)
+    if bounds is not None and bounds[0] >= 0 and bounds[1] < length:
+      continue  # sound bounds inside the operand: every index is
+    if bounds is None or not bounds[2] or shape.has_positions:  # the exact range, in chunks
+      lo, hi = _evaluated_bounds(index, shape, axes, scalars, batch)
+    else:
+      lo, hi = bounds[0], bounds[1]
+    if lo < 0 or hi >= length:
+      where = (f"positions q in [{q0}, {q1}]" if "q" in axes
+               else f"positions k in [{k0}, {k1}]")
+      raise OperandError(
+          f"operand `{name}` has length {length} on its {which}axis, but the mask reads "
+          f"`{n}` at indices {lo}..{hi} (for {where})",
+          hint=f"Give `{name}` at least {hi + 1} entries on that axis"
+               if lo >= 0 else "Indices below 0 cannot be read; check the offset.")
 
 
 def _index_bounds(analyzer, index: ir.Term) -> tuple[int, int, bool] | None:

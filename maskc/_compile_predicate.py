@@ -9,6 +9,7 @@ user's definition wrapping `document(s)` all give the same segment fact.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -280,10 +281,11 @@ def _band(items: list[ir.Mask]) -> tuple[int | None, int | None]:
   return lo, hi
 
 
+@functools.lru_cache(maxsize=1024)
 def exact_band(m: ir.Mask) -> tuple[int | None, int | None] | None:
   """`(lo, hi)` where `m` is exactly `lo <= q - k <= hi` (either may be None: unbounded),
   every conjunct a comparison of `q - k` with constants (`causal`, `sliding(w)`,
-  `local(l, r)`); else None.
+  `local(l, r)`); else None. Remembered: lowering asks it of each part of a mask.
 
   >>> import maskc
   >>> [exact_band(maskc.parse(t)) for t in ["causal", "sliding(8)", "causal & k > q - 4",

@@ -34,7 +34,6 @@ from maskc._lower_dynamic import compile_dynamic
 from maskc._lower_static import compile_static
 from maskc._operand_arrays import OperandArrays
 from maskc._operand_runs import RunForm
-from maskc._overflow import term_bounds
 from maskc._tile_refine import MEMORY_BUDGET, Budget
 from maskc._tiles import Runs, run_lengths
 
@@ -290,10 +289,11 @@ def _line_bounds(bound: Binding, block_q: int, block_kv: int):
 
 def _int_range(bound: Binding) -> tuple[int, int] | None:
   """`term_bounds` of the masks and their operands, from their checks when bound (the
-  same pass over the same values: broadcasting to the batch changes none)."""
+  same pass over the same values: broadcasting to the batch changes none; a term unknown
+  there, traced, is unknown here)."""
   ranges = [p.int_range for p in bound.prepared]
   if any(r is None for r in ranges):
-    return term_bounds(bound.masks, bound.shape, bound.operands, forms=bound.forms)
+    return None
   return min(r[0] for r in ranges), max(r[1] for r in ranges)
 
 

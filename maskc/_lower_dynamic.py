@@ -140,9 +140,12 @@ def _listed(flags, size: int, few: int):
   """
   n = flags.shape[0]
   rows = -(-n // LIST_GROUP)
+
+  def keys():  # each set flag's place, `n` elsewhere
+    return jnp.where(jnp.pad(flags, (0, size - n)), jnp.arange(size, dtype=jnp.int32), n)
+
   if rows <= few + 1 or size >= 1 << 24:  # few groups, or past float32's exact integers
-    return _sort_few(jnp.where(jnp.pad(flags, (0, size - n)), jnp.arange(size, dtype=jnp.int32),
-                               n), n, few)
+    return _sort_few(keys(), n, few)
   grouped = jnp.pad(flags, (0, rows * LIST_GROUP - n)).reshape(rows, LIST_GROUP)
   group_keys = jnp.where(grouped.any(axis=1), jnp.arange(rows, dtype=jnp.float32), rows)
   neg, _ = jax.lax.top_k(-group_keys, few + 1)
@@ -156,10 +159,7 @@ def _listed(flags, size: int, few: int):
   def padded():
     return jnp.concatenate([smallest[:few], jnp.full((size - few,), n, jnp.int32)])
 
-  def every():
-    return _sort(jnp.where(jnp.pad(flags, (0, size - n)), jnp.arange(size, dtype=jnp.int32), n))
-
-  return jax.lax.cond(fits, padded, every)
+  return jax.lax.cond(fits, padded, lambda: _sort(keys()))
 
 
 def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budget):
@@ -270,7 +270,7 @@ class _Lines:
     terms = []
     for name, shift in reads:
       a = tables.arrays[name]
-      v = _line_tokens(a, p, shift, nb, self._offset)
+      v = _line_tokens(a, p, shift, self._offset)
       info = np.iinfo(a.dtype)
       terms += [(jnp.where(inside, v, info.max), "min"), (jnp.where(inside, v, info.min), "max")]
       change = change | (inside[..., 1:] & (v[..., 1:] != v[..., :-1]))
@@ -356,7 +356,7 @@ class _Lines:
     return other
 
 
-def _line_tokens(a, p, shift: int, nb: int, offset):
+def _line_tokens(a, p, shift: int, offset):
   """Operand `a` (`[B', size]`) read at every line's positions `p + shift` (`[nb, lines,
   block]`), clipped to the operand as range queries clip it.
 
