@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from maskc._run_lists import merge_runs, pack_runs
+from maskc._run_lists import merge_keyed, merge_runs, pack_runs
 from maskc._tile_geometry import TileGeometry
 from maskc._tiles import FULL, PARTIAL, Runs
 
@@ -125,6 +125,18 @@ def _runs_of_bounds(bounds: np.ndarray, nb: int):
   b = np.repeat(np.arange(nb, dtype=np.int64), count)
   # an empty FULL run leaves two PARTIAL ones side by side: merged into one
   return merge_runs(b, *(np.tile(x, nb) for x in runs), in_order=True)
+
+
+def keyed_band_runs(bounds: np.ndarray, lines: np.ndarray, n_lines: int, n_span: int):
+  """The band's runs on sorted distinct flat lines `lines` (`b * n_lines + line`), given
+  its bounds `bounds` (`band_bounds`), as flat runs (`maskc._run_lists.keyed`)."""
+  s, f, g, e = bounds[:, lines % n_lines]
+  base = (lines * (n_span + 1))[:, None]
+  a = np.stack([s, f, g], axis=1) + base
+  z = np.stack([f, g, e], axis=1) + base
+  keep = (z > a).reshape(-1)
+  state = np.broadcast_to(_BAND_STATES, a.shape).reshape(-1)
+  return merge_keyed(a.reshape(-1)[keep], z.reshape(-1)[keep], state[keep])
 
 
 def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):

@@ -43,7 +43,7 @@ import numpy as np
 
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
-from maskc._band_runs import BandRuns, band_fits, clipped_pieces
+from maskc._band_runs import BandRuns, band_fits, clipped_pieces, keyed_band_runs
 from maskc._bind import Shape
 from maskc._compile_predicate import exact_band
 from maskc._diagonal_period import diagonal_period
@@ -51,8 +51,9 @@ from maskc._evaluate import Env, evaluate_mask
 from maskc._equal_reads import equal_read_runs, equal_reads_where, unique_runs
 from maskc._operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
 from maskc._ragged import ranges
-from maskc._run_lists import (expand_in_order, expand_leaves, keyed, lines_of, merge_keyed,
-                              merge_runs, on_lines, on_lines_mask, pack_runs, stack_runs)
+from maskc._run_lists import (expand_in_order, expand_leaves, interleaved, keyed, lines_of,
+                              merge_keyed, merge_runs, on_lines, on_lines_mask, pack_runs,
+                              stack_runs)
 from maskc._tile_cover import tile_cover
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
@@ -931,11 +932,18 @@ class _CombinedRuns:
     axis = [p for p in self.parts if isinstance(p, _AxisRuns)]
     patterns = [p for p in axis if p.pattern_along(along_rows)]
     whole = [p for p in axis if not p.pattern_along(along_rows)]  # one run per line
-    # a band (an `&`'s only) clips the runs of the others, unless it is all there is
+    # a band (an `&`'s only) clips the runs of the others, unless it is all there is;
+    # so does a band in an `|` of an `&`, spread over it (`_spread`)
     bands = [p for p in self.parts if isinstance(p, BandRuns)]
     others = [p for p in self.parts if not isinstance(p, (_AxisRuns, BandRuns))]
+    spread = [(p, self._band_or(p)) for p in others]
+    spread = [(p, x) for p, x in spread if x is not None]
+    others = [p for p in others if not any(p is q for q, _ in spread)]
     if not (whole or others):
-      others, bands = bands[:1], bands[1:]
+      if bands:
+        others, bands = bands[:1], bands[1:]
+      else:
+        others, spread = [spread[0][0]], spread[1:]
     # whole lines first: under `&`, the other parts matter only on their non-EMPTY lines
     order = whole + others
     flat = keyed(order[0].merged(along_rows), n_lines, n_span)
@@ -946,6 +954,8 @@ class _CombinedRuns:
       flat = self._combine_by_lines(flat, other, along_rows, n_lines, n_span)
     for band in bands:
       flat = self._clip_lines(flat, band.bounds(along_rows), along_rows, n_lines, n_span)
+    for _, (band, rest) in spread:
+      flat = self._spread(flat, band, rest, along_rows, n_lines, n_span)
     for part in patterns:
       flat = self._splice(flat, part.pattern, along_rows, n_lines, n_span)
     key, end, state = merge_keyed(*flat)
@@ -959,6 +969,46 @@ class _CombinedRuns:
   def runs(self, along_rows: bool) -> Runs:
     return pack_runs(*self.merged(along_rows), self.batch or 1,
                      self.geo.nq if along_rows else self.geo.nk)
+
+  def _band_or(self, part):
+    """`(band, rest)` where `part` of this `&` is `band | rest` (`causal |
+    bidirectional(img)`), its band in closed form; else None.
+
+    Only where the rest has no parts of one axis: those splice a pattern into every
+    line (`_splice`), which `_spread` would write out.
+    """
+    if self.union or not (isinstance(part, _CombinedRuns) and part.union):
+      return None
+    band = [p for p in part.parts if isinstance(p, _PeriodicRuns) and
+            _clip_band(p.m, self.geo) is not None]
+    rest = [p for p in part.parts if not any(p is q for q in band[:1])]
+    if not band or any(isinstance(p, _AxisRuns) for p in rest):
+      return None
+    if len(rest) > 1:  # their PARTIAL tiles decided for the whole `|`: sound for `_spread`
+      rest = [_CombinedRuns(part.m, rest, self.geo, self.tables, self.batch, self.refine,
+                            self.budget)]
+    return _band_part(band[0].m, self.geo, self.batch), rest[0]
+
+  def _spread(self, x, band: BandRuns, rest, along_rows: bool, n_lines: int, n_span: int):
+    """Flat runs `x` of this `&`'s other parts, `& (band | rest)`: on lines where the rest
+    has no runs, `x` clipped at the band; on the rest's lines (few: an image's rows),
+    `x` met with the band's runs joined with the rest's.
+
+    `document(seg) & (causal | bidirectional(img))`: the documents clipped to the
+    diagonal as in `causal & document(seg)`, `causal`'s own runs written on the
+    image lines only. Tiles PARTIAL in two parts are decided for the whole mask:
+    between the `|` and the whole, the following `&` with `x` is still exact.
+    """
+    y = keyed(rest.merged(along_rows), n_lines, n_span)
+    lines = lines_of(y[0], n_span)
+    on = on_lines_mask(x[0], lines, n_span)
+    bounds = band.bounds(along_rows)
+    off = self._clip_lines(tuple(v[~on] for v in x), bounds, along_rows, n_lines, n_span)
+    joined = self._combine_by_lines(keyed_band_runs(bounds, lines, n_lines, n_span), y,
+                                    along_rows, n_lines, n_span, union=True)
+    met = self._combine_by_lines(tuple(v[on] for v in x), joined, along_rows, n_lines,
+                                 n_span, union=False)
+    return interleaved(off, met)
 
   def _splice(self, x, pattern, along_rows: bool, n_lines: int, n_span: int):
     """Flat runs `x` combined with a pattern `(b, a, z, state)`: runs that every line of
@@ -1011,69 +1061,87 @@ class _CombinedRuns:
     z = np.concatenate([pz, mid[1] - rel])[src]
     return line + a, line + z, np.concatenate([ps, mid[2]])[src]
 
-  def _combine_by_lines(self, x, y, along_rows: bool, n_lines: int, n_span: int):
+  def _combine_by_lines(self, x, y, along_rows: bool, n_lines: int, n_span: int,
+                        union: bool | None = None):
     """`_combine` over groups of whole lines of about `COMBINE_CHUNK` runs: runs never
     cross a line, so the groups are independent, and memory stays bounded.
 
     Where one list has runs on few lines (an image's rows, a pattern's meeting), only
     those lines are combined: elsewhere a union keeps the other list's runs as they
-    are, and an intersection drops them.
+    are, and an intersection drops them. `union`: whether to join as `|` (default: as
+    the mask does).
     """
+    union = self.union if union is None else union
     small, large = (x, y) if x[0].size <= y[0].size else (y, x)
     lines = lines_of(small[0], n_span)
     if lines.size * 4 < lines_of(large[0], n_span).size:
       meets = on_lines_mask(large[0], lines, n_span)
       both = self._combine_lines(tuple(v[meets] for v in large), small, along_rows, n_lines,
-                                 n_span)
-      if not self.union:
+                                 n_span, union)
+      if not union:
         return both
-      rest = tuple(v[~meets] for v in large)
-      order = np.argsort(np.concatenate([both[0], rest[0]]), kind="stable")
-      return tuple(np.concatenate([a, b])[order] for a, b in zip(both, rest))
-    return self._combine_lines(x, y, along_rows, n_lines, n_span)
+      return interleaved(both, tuple(v[~meets] for v in large))
+    return self._combine_lines(x, y, along_rows, n_lines, n_span, union)
 
-  def _combine_lines(self, x, y, along_rows: bool, n_lines: int, n_span: int):
+  def _combine_lines(self, x, y, along_rows: bool, n_lines: int, n_span: int, union: bool):
     """`_combine_by_lines` over every line."""
-    def combine(x, y):
-      return self._combine(x, y, along_rows, n_span)
+    def pieces_of(x, y):
+      return _union_pieces(x, y) if union else _meeting_pieces(x, y)
 
-    return self._by_line_chunks([x, y], x[0].size + y[0].size, n_lines, n_span, combine)
+    def decided(*pieces):
+      return self._pieces_decided(*pieces, along_rows, n_span, union)
+
+    return self._by_line_chunks([x, y], x[0].size + y[0].size, n_lines, n_span, pieces_of,
+                                decided)
 
   def _clip_lines(self, x, bounds, along_rows: bool, n_lines: int, n_span: int):
     """Flat runs `x` of an `&` with a band whose lines have bounds `bounds`
     (`maskc._band_runs`): cut at them, PARTIAL with PARTIAL decided tile by tile."""
-    def clip(x):
-      return self._pieces_decided(*clipped_pieces(x, bounds, n_lines, n_span), along_rows,
-                                  n_span)
+    def pieces_of(x):
+      return clipped_pieces(x, bounds, n_lines, n_span)
 
-    return self._by_line_chunks([x], 3 * x[0].size, n_lines, n_span, clip)
+    def decided(*pieces):
+      return self._pieces_decided(*pieces, along_rows, n_span, False)
 
-  def _by_line_chunks(self, lists, total: int, n_lines: int, n_span: int, combine):
-    """`combine` of flat run lists `lists`, over groups of whole lines of about
-    `COMBINE_CHUNK` runs in all (`total`): runs never cross a line, so the groups are
-    independent, and memory stays bounded."""
-    per_chunk = min(COMBINE_CHUNK, self.budget.items(COMBINE_RUN_BYTES))
+    return self._by_line_chunks([x], 3 * x[0].size, n_lines, n_span, pieces_of, decided)
+
+  def _by_line_chunks(self, lists, total: int, n_lines: int, n_span: int, pieces_of, decided):
+    """The runs of flat run lists `lists` combined: `pieces_of` them (`(lo, hi, sx, sy)`),
+    then `decided`, over groups of whole lines of about `COMBINE_CHUNK` runs in all
+    (`total`): runs never cross a line, so the groups are independent, and the
+    working memory stays bounded. The pieces of small groups wait to be decided
+    together, up to a group's worth: deciding a few tiles at a time costs more than
+    the tiles (`causal & document(seg)` at 1M: three groups)."""
+    per_run = COMBINE_RUN_BYTES + WAITING_PIECE_BYTES
+    per_chunk = min(COMBINE_CHUNK, self.budget.items(per_run))
     chunks = max(1, -(-total // per_chunk))
-    self.budget.charge(min(total, per_chunk) * COMBINE_RUN_BYTES, "combining runs")
+    self.budget.charge(min(total, per_chunk) * per_run, "combining runs")
     all_lines = (self.batch or 1) * n_lines
     cuts = (np.arange(chunks + 1, dtype=np.int64) * all_lines // chunks) * (n_span + 1)
-    out = []
+    out, waiting = [], []
+
+    def decide_waiting():
+      if waiting:
+        out.append(decided(*(waiting[0] if len(waiting) == 1 else
+                             (np.concatenate(v) for v in zip(*waiting)))))
+        waiting.clear()
+
     for lo, hi in itertools.pairwise(cuts):
+      if sum(p[0].size for p in waiting) * 2 >= per_chunk:
+        decide_waiting()
       parts = [slice(*np.searchsorted(x[0], [lo, hi])) for x in lists]
-      out.append(combine(*(tuple(v[at] for v in x) for x, at in zip(lists, parts))))
+      pieces = pieces_of(*(tuple(v[at] for v in x) for x, at in zip(lists, parts)))
+      if sum(p[0].size for p in waiting) + pieces[0].size > per_chunk:
+        decide_waiting()
+      waiting.append(pieces)
+    decide_waiting()
     return tuple(np.concatenate(v) for v in zip(*out))
 
-  def _combine(self, x, y, along_rows: bool, n_span: int):
-    """Two sorted flat run lists `(start key, stop key, state)` combined; PARTIAL with
-    PARTIAL decided tile by tile."""
-    pieces = _union_pieces(x, y) if self.union else _meeting_pieces(x, y)
-    return self._pieces_decided(*pieces, along_rows, n_span)
-
-  def _pieces_decided(self, lo, hi, sx, sy, along_rows: bool, n_span: int):
+  def _pieces_decided(self, lo, hi, sx, sy, along_rows: bool, n_span: int, union: bool):
     """Flat pieces `[lo, hi)` in order, in states `sx` and `sy` of two parts, as the runs
-    of the whole mask: the larger state under `|`, the smaller under `&`, where both
-    are PARTIAL decided tile by tile; EMPTY pieces dropped."""
-    state = np.maximum(sx, sy) if self.union else np.minimum(sx, sy)
+    of the whole mask: the larger state under `|` (`union`), the smaller under `&`,
+    where both are PARTIAL decided tile by tile; EMPTY pieces dropped."""
+    state = np.maximum(sx, sy) if union else np.minimum(sx, sy)
     both = np.flatnonzero((sx == PARTIAL) & (sy == PARTIAL))
     if not both.size:
       keep = state != EMPTY
@@ -1086,7 +1154,7 @@ class _CombinedRuns:
     else:
       seg = np.repeat(np.arange(n.size), n)
       tile = blo[seg] + np.arange(seg.size) - np.repeat(np.cumsum(n) - n, n)
-    st = self._both_partial(tile, along_rows, n_span)
+    st = self._both_partial(tile, along_rows, n_span, union)
     if single:  # decided in place: the pieces stay in order, no sort
       state = state.astype(np.int8)
       state[both] = st
@@ -1101,15 +1169,16 @@ class _CombinedRuns:
     order = np.argsort(lo_k, kind="stable")
     return lo_k[order], hi_k[order], st_k[order].astype(np.int8)
 
-  def _both_partial(self, tile, along_rows: bool, n_span: int):
-    """The whole mask's states of flat tiles `tile` (keys), PARTIAL in two parts."""
+  def _both_partial(self, tile, along_rows: bool, n_span: int, union: bool):
+    """The whole mask's states of flat tiles `tile` (keys), PARTIAL in two parts joined
+    by `|` (`union`) or `&`."""
     line, pos = np.divmod(tile, n_span + 1)
     bb, line = np.divmod(line, self.geo.nq if along_rows else self.geo.nk)
     i, j = (line, pos) if along_rows else (pos, line)
     st = np.full(tile.shape, PARTIAL, np.int8)
     # refined parts are exactly mixed: one sampled pair of the right value proves the rest
     todo = ~_sampled_mixed(self.m, self.geo, self.tables, bb if self.batch else 0, i, j,
-                           self.union, self.budget) if self.refine else np.ones(tile.shape,
+                           union, self.budget) if self.refine else np.ones(tile.shape,
                                                                                 bool)
     if todo.any():
       bt = bb[todo] if self.batch else 0
@@ -1241,6 +1310,7 @@ def _meeting_pieces(x, y):
 
 COMBINE_CHUNK = 1 << 15  # runs combined at a time
 COMBINE_RUN_BYTES = 128  # working memory per run combined: their cuts, pieces and states
+WAITING_PIECE_BYTES = 40  # per piece waiting to be decided with others, and their concatenation
 
 
 def compile_static(masks, shape: Shape, operands: dict, batch: int | None, block_q: int,

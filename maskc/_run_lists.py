@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from maskc._ragged import ranges
 from maskc._tiles import EMPTY, Runs
 
 
@@ -52,18 +53,35 @@ def lines_of(key: np.ndarray, n_span: int) -> np.ndarray:
 
 
 def on_lines_mask(key: np.ndarray, lines: np.ndarray, n_span: int) -> np.ndarray:
-  """Which keys (`keyed`) lie on one of the sorted distinct flat `lines`."""
-  at = key // (n_span + 1)
-  if not lines.size:
-    return np.zeros(at.size, bool)
-  found = np.minimum(np.searchsorted(lines, at), lines.size - 1)
-  return lines[found] == at
+  """Which sorted keys (`keyed`) lie on one of the sorted distinct flat `lines`: each
+  line's keys found by binary search, not each key's line."""
+  start = lines * (n_span + 1)
+  lo, hi = np.searchsorted(key, start), np.searchsorted(key, start + (n_span + 1))
+  out = np.zeros(key.size, bool)
+  out[ranges(lo, hi - lo)] = True
+  return out
 
 
 def on_lines(runs, lines: np.ndarray, n_span: int):
   """Flat runs `(start key, stop key, state)` (`keyed`) of the sorted flat `lines` only."""
   keep = on_lines_mask(runs[0], lines, n_span)
   return tuple(x[keep] for x in runs)
+
+
+def interleaved(x, y):
+  """Flat run lists `x` and `y` (`keyed`), each sorted, on disjoint lines, as one sorted
+  list: the few runs of one placed among the many of the other by binary search, not a
+  sort of both."""
+  if x[0].size < y[0].size:
+    x, y = y, x
+  at = np.searchsorted(x[0], y[0]) + np.arange(y[0].size)
+  from_x = np.ones(x[0].size + y[0].size, bool)
+  from_x[at] = False
+  out = tuple(np.empty(from_x.size, v.dtype) for v in x)
+  for o, u, v in zip(out, x, y):
+    o[at] = v
+    o[from_x] = u
+  return out
 
 
 def merge_runs(b, line, a, z, state, in_order: bool = False):

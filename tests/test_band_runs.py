@@ -106,6 +106,57 @@ def test_band_intersections_are_exact(case):
   np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)
 
 
+SPREAD_MASKS = [
+    "document(seg) & (causal | bidirectional(img))",
+    "document(seg) & (sliding(W) | bidirectional(img))",
+    "img[q] & (local(L, R) | document(seg))",
+    "seg[q] % 3 == seg[k] % 3 & (q - k >= L & k - q >= R | bidirectional(img))",
+    "document(seg) & (causal | bidirectional(img) | seg[q] == seg[k] + 1)",
+]
+
+
+@st.composite
+def spread_cases(draw):
+  """`x & (band | rest)` with few operand changes per tile row, so that it is lowered in
+  parts and the band spread over the `&` (`_CombinedRuns._spread`): documents of 40-400
+  tokens, sorted or not, and up to four image spans, in batches or not."""
+  n = draw(st.integers(64, 1024))
+  batch = draw(st.sampled_from([None, 2]))
+  rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+  segs, imgs = [], []
+  for _ in range(batch or 1):
+    ids = np.repeat(np.arange(n), rng.integers(40, 400, n))[:n]
+    segs.append(rng.permutation(n)[ids] if draw(st.booleans()) else ids)
+    img = np.zeros(n, bool)
+    for start in rng.integers(0, n, draw(st.integers(0, 4))):
+      img[start:start + rng.integers(1, 200)] = True
+    imgs.append(img)
+  seg, img = (np.stack(x) if batch else x[0] for x in (segs, imgs))
+  text = draw(st.sampled_from(SPREAD_MASKS))
+  text = (text.replace("W", str(draw(st.integers(1, 60))))
+          .replace("L", str(draw(st.integers(0, 40)))).replace("R", str(draw(st.integers(0, 40)))))
+  q_len = draw(st.integers(1, n))
+  offset = draw(st.integers(0, n - q_len))
+  return text, n, q_len, offset, draw(st.sampled_from([4, 8, 16])), draw(
+      st.sampled_from([4, 8, 16])), {k: v for k, v in (("seg", seg), ("img", img))
+                                     if k in text}
+
+
+@given(spread_cases(), st.booleans())
+def test_a_band_spread_over_an_and_is_exact(case, exact):
+  """`x & (band | rest)` lowers to the dense mask's tiles, rows and columns, where the band is
+  spread over the `&` as where it is not; prelude masks are exact without `exact=True`."""
+  text, n, q_len, offset, bq, bk, ops = case
+  _lower._CACHE.clear()
+  bm = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops,
+                     exact=exact or "==" in text)
+  dense = np.asarray(maskc.materialize(text, q_len, n, q_offset=offset, operands=ops))
+  expected = _expected_grid(dense.reshape((-1,) + dense.shape[-2:]), bq, bk)
+  np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
+  cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
+  np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)
+
+
 def test_the_band_clips_the_documents():
   """`causal & document(seg)` and `sliding(w) & document(seg)` are lowered in parts with the
   band in closed form (no analysis, no period repeated), so these tests reach the clip."""
@@ -120,3 +171,20 @@ def test_the_band_clips_the_documents():
                                        _lower_static.Budget(1 << 28))
     assert isinstance(runs, _lower_static._CombinedRuns)
     assert any(isinstance(p, BandRuns) for p in runs.parts)
+
+
+def test_a_band_in_an_or_is_spread_over_the_and():
+  """`document(seg) & (causal | bidirectional(img))` clips the documents at the band and
+  meets them with the images on the images' lines (`_CombinedRuns._spread`): these masks of
+  the property test above reach it, with one part or several beside the band."""
+  seg = np.repeat(np.arange(10), 400)
+  for text in ["document(seg) & (causal | bidirectional(img))",
+               "document(seg) & (causal | bidirectional(img) | seg[q] == seg[k] + 1)"]:
+    ops = {"seg": seg, "img": seg % 3 == 0}
+    bound = _lower.bind_masks(text, 4000, operands=ops)
+    geo = TileGeometry(bound.shape, 16, 16)
+    runs = _lower_static._runs_of_mask(bound.masks[0], geo, Tables(np, bound.operands,
+                                                                   bound.forms), None, True,
+                                       _lower_static.Budget(1 << 28))
+    assert isinstance(runs, _lower_static._CombinedRuns)
+    assert sum(runs._band_or(p) is not None for p in runs.parts) == 1

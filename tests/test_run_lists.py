@@ -1,0 +1,69 @@
+"""Helpers over flat run lists (`maskc._run_lists`) against plain NumPy: which keys lie on
+given lines, and two sorted lists on disjoint lines interleaved."""
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from maskc._band_runs import band_bounds, keyed_band_runs
+from maskc._bind import Shape
+from maskc._run_lists import interleaved, on_lines_mask
+from maskc._tile_geometry import TileGeometry
+from maskc._tiles import EMPTY, FULL, PARTIAL
+
+
+@st.composite
+def flat_runs(draw, n_lines: int, n_span: int):
+  """Sorted flat runs `(start key, stop key, state)` on some of `n_lines` lines."""
+  rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+  lines = np.flatnonzero(rng.random(n_lines) < draw(st.sampled_from([0.0, 0.1, 0.5, 1.0])))
+  key, end = [], []
+  for line in lines:
+    cuts = np.unique(rng.integers(0, n_span + 1, 2 * rng.integers(1, 4)))
+    cuts = cuts[:cuts.size // 2 * 2].reshape(-1, 2)
+    key += list(line * (n_span + 1) + cuts[:, 0])
+    end += list(line * (n_span + 1) + cuts[:, 1])
+  key, end = np.asarray(key, np.int64), np.asarray(end, np.int64)
+  return key, end, rng.integers(1, 3, key.size).astype(np.int8)
+
+
+@given(st.data(), st.integers(1, 40), st.integers(1, 30))
+def test_keys_on_lines_are_those_whose_line_is_listed(data, n_lines, n_span):
+  key = data.draw(flat_runs(n_lines, n_span))[0]
+  lines = np.flatnonzero(np.asarray(data.draw(st.lists(st.booleans(), min_size=n_lines,
+                                                         max_size=n_lines)), bool))
+  np.testing.assert_array_equal(on_lines_mask(key, lines, n_span),
+                                np.isin(key // (n_span + 1), lines))
+
+
+@given(st.data(), st.integers(1, 40), st.integers(1, 30))
+def test_lists_on_disjoint_lines_interleave_as_a_sort(data, n_lines, n_span):
+  x = data.draw(flat_runs(n_lines, n_span))
+  mine = on_lines_mask(x[0], np.flatnonzero(np.arange(n_lines) % 3 == 0), n_span)
+  a, b = (tuple(v[keep] for v in x) for keep in (mine, ~mine))
+  order = np.argsort(np.concatenate([a[0], b[0]]), kind="stable")
+  for got, u, v in zip(interleaved(a, b), a, b):
+    np.testing.assert_array_equal(got, np.concatenate([u, v])[order])
+
+
+@given(st.one_of(st.none(), st.integers(-30, 30)), st.one_of(st.none(), st.integers(-30, 30)),
+       st.integers(1, 60), st.integers(1, 60), st.sampled_from([1, 3, 8]), st.data())
+def test_a_bands_runs_on_some_lines_are_its_tiles_there(lo, hi, q_len, kv_len, block, data):
+  """`keyed_band_runs` on chosen lines of two batch rows give the band's tile states there."""
+  geo = TileGeometry(Shape.of(q_len, kv_len, 0), block, block)
+  for along_rows, n_lines, n_span in ((True, geo.nq, geo.nk), (False, geo.nk, geo.nq)):
+    bounds = band_bounds(geo, lo, hi, along_rows)
+    lines = np.flatnonzero(np.asarray(data.draw(st.lists(
+        st.booleans(), min_size=2 * n_lines, max_size=2 * n_lines)), bool))
+    key, end, state = keyed_band_runs(bounds, lines, n_lines, n_span)
+    got = np.zeros((2 * n_lines, n_span), np.int8)
+    for a, z, s in zip(key, end, state):
+      line, pos = divmod(int(a), n_span + 1)
+      got[line, pos:pos + int(z - a)] = s
+    s, f, g, e = bounds
+    t = np.arange(n_span)
+    one = np.where((t >= f[:, None]) & (t < g[:, None]), FULL,
+                   np.where((t >= s[:, None]) & (t < e[:, None]), PARTIAL, EMPTY))
+    want = np.zeros_like(got)
+    want[lines] = np.tile(one, (2, 1))[lines]
+    np.testing.assert_array_equal(got, want)
