@@ -1111,7 +1111,7 @@ class _CombinedRuns:
     (`total`): runs never cross a line, so the groups are independent, and the
     working memory stays bounded. The pieces of small groups wait to be decided
     together, up to a group's worth: deciding a few tiles at a time costs more than
-    the tiles (`causal & document(seg)` at 1M: three groups)."""
+    the tiles (`causal & document(seg)` at 1M: once, where each of three groups was)."""
     per_run = COMBINE_RUN_BYTES + WAITING_PIECE_BYTES
     per_chunk = min(COMBINE_CHUNK, self.budget.items(per_run))
     chunks = max(1, -(-total // per_chunk))
