@@ -95,15 +95,22 @@ def test_band_intersections_are_exact(case):
   """`band & x` lowers to the dense mask's tiles, rows and columns, with the band clipping
   the other parts' runs wherever the mask is lowered in parts (`exact`: masks beyond the
   prelude are refined too)."""
+  grids, expected = _lowered_and_dense(case, exact=True)
+  for got in grids:
+    np.testing.assert_array_equal(got, expected)
+
+
+def _lowered_and_dense(case, exact: bool):
+  """(the map's grid from its rows and from its columns, the dense mask's tiles) of a case."""
   text, n, q_len, offset, bq, bk, ops = case
   _lower._CACHE.clear()
   bm = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops,
-                     exact=True)
+                     exact=exact)
   dense = np.asarray(maskc.materialize(text, q_len, n, q_offset=offset, operands=ops))
   expected = _expected_grid(dense.reshape((-1,) + dense.shape[-2:]), bq, bk)
-  np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
   cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
-  np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)
+  return (np.asarray(bm.grid).reshape(expected.shape),
+          np.swapaxes(cols, -1, -2).reshape(expected.shape)), expected
 
 
 SPREAD_MASKS = [
@@ -147,16 +154,9 @@ def test_a_band_spread_over_an_and_is_exact(case, exact):
   """`x & (band | rest)` lowers to the dense mask's tiles, rows and columns, where the band is
   spread over the `&` as where it is not: exactly for prelude masks and with `exact=True`,
   soundly (FULL and EMPTY right, the rest PARTIAL) for masks beyond the prelude without."""
-  text, n, q_len, offset, bq, bk, ops = case
-  _lower._CACHE.clear()
-  bm = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops,
-                     exact=exact)
-  dense = np.asarray(maskc.materialize(text, q_len, n, q_offset=offset, operands=ops))
-  expected = _expected_grid(dense.reshape((-1,) + dense.shape[-2:]), bq, bk)
-  cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
-  for got in (np.asarray(bm.grid).reshape(expected.shape),
-              np.swapaxes(cols, -1, -2).reshape(expected.shape)):
-    if exact or "==" not in text:  # explicit comparisons: beyond the prelude
+  grids, expected = _lowered_and_dense(case, exact)
+  for got in grids:
+    if exact or "==" not in case[0]:  # explicit comparisons: beyond the prelude
       np.testing.assert_array_equal(got, expected)
     else:
       decided = got != PARTIAL
