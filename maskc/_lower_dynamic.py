@@ -55,7 +55,10 @@ code keeps the kernel count down:
 - when q and key tiles coincide, one set of lines serves both axes;
 - arrays built in one expression rather than concatenated after the fact;
 - one gather per round of a tile's packed pieces, and none of an operand's tokens
-  along the lines where the offset is static (a slice, `_line_tokens`).
+  along the lines where the offset is static (a slice, `_line_tokens`);
+- constants of a loop's body (slot numbers, their parts) made in NumPy at trace time:
+  built by jnp, XLA hoists them out of the loop as kernels of their own (3 of image
+  spans' 61).
 `benchmarks/traced_lowering.py` prints the kernel count with the compile time.
 """
 
@@ -187,7 +190,7 @@ def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budg
   # listed at the padded size, with no concatenation after: one kernel fewer to compile
   todo = _listed(ambiguous, padded + 1, chunk)
   local_size = -(-chunk // eval_chunk) * eval_chunk + 1
-  positions = jnp.arange(local_size, dtype=jnp.int32)
+  positions = np.arange(local_size, dtype=np.int32)  # a constant: jnp's is a loop operand
 
   def body(carry):
     r, flat, used = carry
@@ -310,11 +313,13 @@ class _Lines:
     # Candidates, in one array (one kernel, no concatenation): slot t < w (w = block - 1)
     # the change at lo + 1 + t, then the SUB_PARTS - 1 inner part bounds, then MAX_CUTS
     # unused slots (past the line's end; short lines have fewer changes to fill them).
+    # The slots' constants in NumPy: under jnp, XLA hoists them out of the refinement's
+    # loop as kernels of their own.
     w = change.shape[-1]
-    t = jnp.arange(w + SUB_PARTS - 1 + MAX_CUTS, dtype=jnp.int32)
+    t = np.arange(w + SUB_PARTS - 1 + MAX_CUTS, dtype=np.int32)
     change = jnp.pad(change & cut[..., None], [(0, 0), (0, t.size - w)])
     length = (hi - lo + 1)[..., None]
-    part = lo[..., None] + (jnp.clip(t - w + 1, 0, SUB_PARTS) * length) // SUB_PARTS
+    part = lo[..., None] + (np.clip(t - w + 1, 0, SUB_PARTS) * length) // SUB_PARTS
     is_part = (t >= w) & (t < w + SUB_PARTS - 1)
     c = jnp.where(change, lo[..., None] + 1 + t, jnp.where(is_part, part, hi[..., None] + 1))
     # one sort: the cuts and parts, then the unused slots (values alone: unstable is the same)
