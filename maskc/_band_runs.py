@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from maskc._run_lists import merge_keyed, merge_runs, pack_runs
+from maskc._run_lists import merge_keyed, merge_runs
 from maskc._tile_geometry import TileGeometry
-from maskc._tiles import FULL, PARTIAL, Runs
+from maskc._tiles import FULL, PARTIAL
 
 # Positions, lengths and offsets beyond this stay off the closed form (sums of three
 # of them must stay in int64).
@@ -102,41 +102,30 @@ class BandRuns:
     return self._bounds[along_rows]
 
   def merged(self, along_rows: bool):
-    """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
-    return _runs_of_bounds(self.bounds(along_rows), self.nb)
+    """The runs as sorted, merged `(b, line, a, z, state)` arrays (where the band is all an
+    `&` has: no other runs to clip)."""
+    line, a, z, state = _line_runs(self.bounds(along_rows))
+    b = np.repeat(np.arange(self.nb, dtype=np.int64), line.size)
+    # an empty FULL run leaves two PARTIAL ones side by side: merged into one
+    return merge_runs(b, *(np.tile(x, self.nb) for x in (line, a, z, state)), in_order=True)
 
-  def runs(self, along_rows: bool) -> Runs:
-    return pack_runs(*self.merged(along_rows), self.nb,
-                     self.geo.nq if along_rows else self.geo.nk)
 
-
-def _runs_of_bounds(bounds: np.ndarray, nb: int):
-  """The runs `(b, line, a, z, state)` of lines with band bounds `bounds`, for `nb` batch
-  rows, sorted and merged."""
-  n_lines = bounds.shape[1]
+def _line_runs(bounds: np.ndarray):
+  """The runs of lines with band bounds `bounds` (`[4, n]`: s, f, g, e), empty ones
+  dropped: `(the line's index in bounds, a, z, state)`, in order."""
   s, f, g, e = bounds
-  a = np.stack([s, f, g], axis=1)
-  z = np.stack([f, g, e], axis=1)
-  state = np.broadcast_to(_BAND_STATES, a.shape)
-  line = np.broadcast_to(np.arange(n_lines, dtype=np.int64)[:, None], a.shape)
-  keep = (z > a).reshape(-1)
-  runs = [x.reshape(-1)[keep] for x in (line, a, z, state)]
-  count = runs[0].size
-  b = np.repeat(np.arange(nb, dtype=np.int64), count)
-  # an empty FULL run leaves two PARTIAL ones side by side: merged into one
-  return merge_runs(b, *(np.tile(x, nb) for x in runs), in_order=True)
+  a = np.stack([s, f, g], axis=1).reshape(-1)
+  z = np.stack([f, g, e], axis=1).reshape(-1)
+  keep = np.flatnonzero(z > a)
+  return keep // 3, a[keep], z[keep], _BAND_STATES[keep % 3]
 
 
 def keyed_band_runs(bounds: np.ndarray, lines: np.ndarray, n_lines: int, n_span: int):
   """The band's runs on sorted distinct flat lines `lines` (`b * n_lines + line`), given
   its bounds `bounds` (`band_bounds`), as flat runs (`maskc._run_lists.keyed`)."""
-  s, f, g, e = bounds[:, lines % n_lines]
-  base = (lines * (n_span + 1))[:, None]
-  a = np.stack([s, f, g], axis=1) + base
-  z = np.stack([f, g, e], axis=1) + base
-  keep = (z > a).reshape(-1)
-  state = np.broadcast_to(_BAND_STATES, a.shape).reshape(-1)
-  return merge_keyed(a.reshape(-1)[keep], z.reshape(-1)[keep], state[keep])
+  at, a, z, state = _line_runs(bounds[:, lines % n_lines])
+  base = lines[at] * (n_span + 1)
+  return merge_keyed(a + base, z + base, state)
 
 
 def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):

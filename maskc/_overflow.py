@@ -56,8 +56,13 @@ def term_bounds(masks: Any, shape, arrays: dict[str, Any], batch: Any = None,
     operand, whose values are unknown at trace time. (A `runs(x)` table is
     bounded by its length alone, so it is known even when `x` is traced.)
   """
+  return _hull(bounds for _, bounds in _sub_terms(masks, shape, arrays, batch, forms))
+
+
+def _hull(all_bounds) -> tuple[int, int] | None:
+  """`(lo, hi)` containing 0 and every `(lo, hi)` of `all_bounds`; None if one is None."""
   lo = hi = 0
-  for _, bounds in _sub_terms(masks, shape, arrays, batch, forms):
+  for bounds in all_bounds:
     if bounds is None:
       return None
     lo, hi = min(lo, bounds[0]), max(hi, bounds[1])
@@ -88,14 +93,10 @@ def check_fits(masks: Any, shape, arrays: dict[str, Any], *, bits: int, what: st
       values instead of a pass over the tokens.
   """
   lo_type, hi_type = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-  lo = hi = 0
-  known = True
+  seen = []
   for node, bounds in _sub_terms(masks, shape, arrays, batch, forms):
-    if bounds is None:
-      known = False
-      continue
-    lo, hi = min(lo, bounds[0]), max(hi, bounds[1])
-    if lo_type <= bounds[0] and bounds[1] <= hi_type:
+    seen.append(bounds)
+    if bounds is None or (lo_type <= bounds[0] and bounds[1] <= hi_type):
       continue
     text = str(node)
     if len(text) > _MAX_QUOTED:
@@ -106,7 +107,7 @@ def check_fits(masks: Any, shape, arrays: dict[str, Any], *, bits: int, what: st
         f"computes in, so it would wrap around",
         hint=hint or "Renumber operand ids to a smaller range (e.g. `np.unique(seg, "
                      "return_inverse=True)[1]`), use smaller literals, or a smaller q_offset.")
-  return (lo, hi) if known else None
+  return _hull(seen)
 
 
 # ----------------------------------------------------------------------------- intervals

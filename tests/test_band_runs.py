@@ -119,6 +119,7 @@ SPREAD_MASKS = [
     "img[q] & (local(L, R) | document(seg))",
     "seg[q] % 3 == seg[k] % 3 & (q - k >= L & k - q >= R | bidirectional(img))",
     "document(seg) & (causal | bidirectional(img) | seg[q] == seg[k] + 1)",
+    "causal & (sliding(W) | bidirectional(img))",  # a band all the `&` has beside the spread
 ]
 
 
