@@ -4,7 +4,7 @@ For each mask and length, both build block-sparsity metadata for the same mask
 and tiles in the same run; the table shows both times and their ratio. Where
 splash has a mask class (causal, local windows, chunked causal) it gets that
 class; elsewhere it gets maskc's `ComputableMask`, which splash accepts as a
-lazy `Mask`. Then maskc alone at 1M tokens with 128-tiles (peak memory by
+lazy `Mask`. Then maskc alone at 1M tokens with 128-tiles (`--operand-block`; peak memory by
 tracemalloc), and the traced path under `jax.jit`.
 
 Splash at 128K takes minutes per mask on a 2-core machine, so by default it
@@ -119,6 +119,8 @@ def main() -> None:
   ap.add_argument("--skip-splash", action="store_true")
   ap.add_argument("--only-operands", action="store_true",
                   help="run only the 1M-token table of masks with operands")
+  ap.add_argument("--operand-block", type=int, default=128,
+                  help="tile size of the 1M-token table of masks with operands (issue 11: 128)")
   args = ap.parse_args()
   lengths = [int(x) for x in args.lengths.split(",")]
   maskc.parse("causal")  # load the prelude outside the timings
@@ -157,7 +159,8 @@ def main() -> None:
     print(f"| `{text}` | {fmt(dt)} | {peak / 2**20:.1f} MiB | {grid / 2**20:.0f} MiB (int8) |",
           flush=True)
 
-  print("\n# Masks with operands at 1M tokens, 128x128 tiles: cold (new operands each call)\n")
+  ob = args.operand_block
+  print(f"\n# Masks with operands at 1M tokens, {ob}x{ob} tiles: cold (new operands each call)\n")
   print(f"| mask (operands) | time (best of {OPERAND_REPEATS}) | peak memory (tracemalloc, max) "
         "| vs causal |")
   print("|---|---:|---:|---:|")
@@ -176,7 +179,7 @@ def main() -> None:
       _lower._CACHE.clear()
       t0 = time.perf_counter()
       try:
-        maskc.compile(text, n, block_q=128, block_kv=128, operands=made[c][round_ % 2])
+        maskc.compile(text, n, block_q=ob, block_kv=ob, operands=made[c][round_ % 2])
       except maskc.MaskError as e:
         failed[c] = type(e).__name__
         continue
@@ -190,7 +193,7 @@ def main() -> None:
     for operands in made[c]:
       _lower._CACHE.clear()
       tracemalloc.start()  # separate calls: tracing allocations slows them down
-      maskc.compile(text, n, block_q=128, block_kv=128, operands=operands)
+      maskc.compile(text, n, block_q=ob, block_kv=ob, operands=operands)
       peak = max(peak, tracemalloc.get_traced_memory()[1])
       tracemalloc.stop()
     print(f"| `{text}` ({label}) | {fmt(best[c])} | {peak / 2**20:.1f} MiB | "

@@ -805,13 +805,12 @@ def _parts_pay(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None)
   """Whether lowering `m` in parts (`_parts`) beats lowering it whole, where a part needs
   range analysis (parts that need none always pay: `_unanalysed`).
 
-  An `&` lowered whole prunes its operand items by its periodic ones: with many
-  short documents `causal & document(seg)` analyses half the diagonal squares
-  that `document(seg)` alone would, and combining the parts' runs costs a pass
-  over every square's runs. Measured at 1M tokens, 128-tiles: documents of 50-800
-  tokens (more than one change per four tile rows) lower 1.1-1.5 times faster
-  whole, longer ones 1.1-1.2 times faster in parts. An `|` cannot prune that way:
-  in parts always (images: 2-2.5 times faster).
+  An `&` lowered whole prunes its operand items by its periodic ones, and
+  combining the parts' runs costs a pass over every square's runs. Measured at 1M
+  tokens, 128-tiles, for `causal & seg[q] <= seg[k] + 1 & seg[k] <= seg[q]`:
+  documents of 50-200 tokens (more than one change per four tile rows) lower 1.4
+  times faster whole, documents of 1K-8K 1.5 times faster in parts. An `|` cannot
+  prune that way: in parts always (images: 2-2.5 times faster).
   """
   if not isinstance(m, ir.And):
     return True
@@ -823,13 +822,18 @@ def _parts_pay(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None)
 
 def _unanalysed(m: ir.Mask, geo: TileGeometry, tables: Tables, join) -> bool:
   """Whether `m`, a part of an `&` / `|` (`join`), is lowered without range analysis over
-  the grid: by its period, along one axis, as equal reads of runs (`_runs_of_mask`), or
-  as a band of an `&`."""
+  the grid: by its period, along one axis, as equal reads of runs (`_runs_of_mask`), as
+  a band of an `&`, or in parts that all are (`causal | bidirectional(img)` in
+  `document(seg) & (causal | bidirectional(img))`)."""
   while isinstance(m, ir.Call):
     m = ir.expand(m)
-  return (_periodic(m, geo) is not None or _one_axis(m, geo) or
-          (join is ir.and_ and _clip_band(m, geo) is not None) or
-          _EqualRuns.of(m, geo, tables, None, Budget(0)) is not None)
+  if (_periodic(m, geo) is not None or _one_axis(m, geo) or
+      (join is ir.and_ and _clip_band(m, geo) is not None) or
+      _EqualRuns.of(m, geo, tables, None, Budget(0)) is not None):
+    return True
+  parts = _parts(m, geo)
+  inner = ir.and_ if isinstance(m, ir.And) else ir.or_
+  return parts is not None and all(_unanalysed(x, geo, tables, inner) for x in parts)
 
 
 def operand_free_split(m: ir.Mask):
