@@ -52,8 +52,8 @@ from maskc._equal_reads import equal_read_runs, equal_reads_where, unique_runs
 from maskc._operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
 from maskc._ragged import ranges
 from maskc._run_lists import (expand_in_order, expand_leaves, interleaved, keyed, lines_of,
-                              merge_keyed, merge_runs, on_lines, on_lines_mask, pack_runs,
-                              stack_runs)
+                              meeting_mask, merge_keyed, merge_runs, on_lines, on_lines_mask,
+                              pack_runs, stack_runs)
 from maskc._tile_cover import tile_cover
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
@@ -931,6 +931,18 @@ class _CombinedRuns:
 
   def merged(self, along_rows: bool):
     """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
+    key, end, state = self.flat(along_rows)
+    n_lines, n_span = (self.geo.nq, self.geo.nk) if along_rows else (self.geo.nk, self.geo.nq)
+    line, a = np.divmod(key, n_span + 1)
+    if self.batch:
+      b, line = np.divmod(line, n_lines)
+    else:
+      b = np.zeros_like(line)
+    return b, line, a, a + (end - key), state
+
+  def flat(self, along_rows: bool):
+    """The runs as sorted, merged flat runs `(start key, stop key, state)` (`keyed`): what
+    an `&` / `|` of which this is a part combines, without splitting and joining keys."""
     geo = self.geo
     n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
     axis = [p for p in self.parts if isinstance(p, _AxisRuns)]
@@ -950,9 +962,9 @@ class _CombinedRuns:
         others, spread = [spread[0][0]], spread[1:]
     # whole lines first: under `&`, the other parts matter only on their non-EMPTY lines
     order = whole + others
-    flat = keyed(order[0].merged(along_rows), n_lines, n_span)
+    flat = _flat_runs(order[0], along_rows, n_lines, n_span)
     for part in order[1:]:
-      other = keyed(part.merged(along_rows), n_lines, n_span)
+      other = _flat_runs(part, along_rows, n_lines, n_span)
       if whole and not self.union:
         other = on_lines(other, lines_of(flat[0], n_span), n_span)
       flat = self._combine_by_lines(flat, other, along_rows, n_lines, n_span)
@@ -962,13 +974,7 @@ class _CombinedRuns:
       flat = self._spread(flat, band, rest, along_rows, n_lines, n_span)
     for part in patterns:
       flat = self._splice(flat, part.pattern, along_rows, n_lines, n_span)
-    key, end, state = merge_keyed(*flat)
-    line, a = np.divmod(key, n_span + 1)
-    if self.batch:
-      b, line = np.divmod(line, n_lines)
-    else:
-      b = np.zeros_like(line)
-    return b, line, a, a + (end - key), state
+    return merge_keyed(*flat)
 
   def runs(self, along_rows: bool) -> Runs:
     return pack_runs(*self.merged(along_rows), self.batch or 1,
@@ -1003,7 +1009,7 @@ class _CombinedRuns:
     image lines only. Tiles PARTIAL in two parts are decided for the whole mask:
     between the `|` and the whole, the following `&` with `x` is still exact.
     """
-    y = keyed(rest.merged(along_rows), n_lines, n_span)
+    y = _flat_runs(rest, along_rows, n_lines, n_span)
     lines = lines_of(y[0], n_span)
     on = on_lines_mask(x[0], lines, n_span)
     bounds = band.bounds(along_rows)
@@ -1018,9 +1024,13 @@ class _CombinedRuns:
     """Flat runs `x` combined with a pattern `(b, a, z, state)`: runs that every line of
     batch row `b` has (`_AxisRuns`), never written out for lines where `x` has none.
 
-    Only the pattern's runs that meet the span of a line's runs in `x` are combined
-    with them (`_combine_by_lines`); for `|` the line keeps the pattern's runs before
-    and after that span as they are, and a line without runs in `x` is the pattern.
+    Only the pattern's runs that meet the span of a line's runs in `x` are looked at;
+    for `|` the line keeps the pattern's runs before and after that span as they are,
+    and a line without runs in `x` is the pattern. Of those looked at, only the ones
+    that meet a PARTIAL run of `x` or cross the edge of a FULL one are combined with
+    `x` (`_combine_by_lines`): one inside a FULL run is kept as it is under `&` and
+    covered under `|`, one between the runs is dropped under `&` and kept under `|`
+    (`causal | g[k]` at 1M: the pattern's runs left of the diagonal, not combined).
     """
     key, end, state = x
     pb, pa, pz, ps = pattern
@@ -1041,10 +1051,22 @@ class _CombinedRuns:
                          "right")
     n = hi - lo
     item = np.repeat(np.arange(lines.size), n)
-    p = (lo - (np.cumsum(n) - n))[item] + np.arange(item.size)
-    self.budget.charge((item.size + key.size) * 64, "splicing a pattern of runs")
+    at = np.cumsum(n) - n  # where each line's runs start among those looked at
+    p = (lo - at)[item] + np.arange(item.size)
+    # each looked at: its keys, place and kind, and a copy of the combined or kept ones
+    # with their interleaving; each of x's runs: its range of the pattern (`_splice_kinds`)
+    self.budget.charge(item.size * 100 + key.size * 128, "splicing a pattern of runs")
     met = (base[item] + pa[p], base[item] + pz[p], ps[p])
-    mid = self._combine_by_lines(x, met, along_rows, n_lines, n_span)
+    if item.size > SPLICE_SORTED_AFTER * key.size:  # many per run of x: most inside one
+      shift = (at - lo)[np.repeat(np.arange(lines.size), in_x[lines])]  # per run of x
+      combined, inside = self._splice_kinds(x, flat_line, shift, p_lo, p_hi, pa, pz,
+                                            item.size, n_lines, stride)
+      mid = self._combine_by_lines(x, tuple(v[combined] for v in met), along_rows, n_lines,
+                                   n_span)
+      kept = inside if not self.union else ~(combined | inside)
+      mid = interleaved(mid, tuple(v[kept] for v in met))
+    else:
+      mid = self._combine_by_lines(x, met, along_rows, n_lines, n_span)
     if not self.union:
       return mid
     # `|`: each line is the pattern's runs before `lo`, the combined ones, those from `hi`:
@@ -1061,9 +1083,45 @@ class _CombinedRuns:
     src = ranges(starts.reshape(-1), lengths.reshape(-1))
     line = np.repeat(np.arange(n_all) * stride, lengths.sum(axis=1))
     rel = mid_line * stride
+    # keys in place: four arrays of the output's size live at once, not six
     a = np.concatenate([pa, mid[0] - rel])[src]
+    a += line
     z = np.concatenate([pz, mid[1] - rel])[src]
-    return line + a, line + z, np.concatenate([ps, mid[2]])[src]
+    z += line
+    del line
+    return a, z, np.concatenate([ps, mid[2]])[src]
+
+  @staticmethod
+  def _splice_kinds(x, flat_line, shift, p_lo, p_hi, pa, pz, n_met: int, n_lines: int,
+                    stride: int):
+    """Which of the pattern's runs looked at by `_splice` (`n_met`, each line's in order,
+    the pattern's run `p` of a line at `shift + p` for each of its runs in `x`) must be
+    combined with `x`, and which lie inside one of x's FULL runs.
+
+    Each run of `x` meets a range of the pattern's runs: all to combine where the run is
+    PARTIAL; where it is FULL, the first and last if they cross its edges, the ones
+    between them inside it.
+    """
+    combined, inside = np.zeros(n_met, bool), np.zeros(n_met, bool)
+    if not n_met:
+      return combined, inside
+    key, end, state = x
+    row = flat_line // n_lines * stride
+    a, z = key - flat_line * stride, end - flat_line * stride
+    r_lo = np.searchsorted(p_hi, row + a, "right")  # the first that stops after a
+    r_hi = np.searchsorted(p_lo, row + z, "left")   # past the last that starts before z
+    meets = r_hi > r_lo
+    full = (state == FULL) & meets
+    partial = meets & ~full
+    combined[ranges((shift + r_lo)[partial], (r_hi - r_lo)[partial])] = True
+    left = full & (pa[np.minimum(r_lo, pa.size - 1)] < a)
+    right = full & (pz[np.maximum(r_hi - 1, 0)] > z)
+    combined[(shift + r_lo)[left]] = True
+    combined[(shift + r_hi - 1)[right]] = True
+    i_lo, i_hi = r_lo + left, r_hi - right
+    some = full & (i_hi > i_lo)
+    inside[ranges((shift + i_lo)[some], (i_hi - i_lo)[some])] = True
+    return combined, inside
 
   def _combine_by_lines(self, x, y, along_rows: bool, n_lines: int, n_span: int,
                         union: bool | None = None):
@@ -1071,15 +1129,16 @@ class _CombinedRuns:
     cross a line, so the groups are independent, and memory stays bounded.
 
     Where one list has runs on few lines (an image's rows, a pattern's meeting), only
-    those lines are combined: elsewhere a union keeps the other list's runs as they
-    are, and an intersection drops them. `union`: whether to join as `|` (default: as
-    the mask does).
+    the other's runs that overlap them are combined: elsewhere a union keeps the other
+    list's runs as they are, and an intersection drops them (`causal & ~img[k] |
+    bidirectional(img)` at 1M: 63 of 523K runs, where the images' lines hold 78K).
+    `union`: whether to join as `|` (default: as the mask does).
     """
     union = self.union if union is None else union
     small, large = (x, y) if x[0].size <= y[0].size else (y, x)
     lines = lines_of(small[0], n_span)
     if lines.size * 4 < lines_of(large[0], n_span).size:
-      meets = on_lines_mask(large[0], lines, n_span)
+      meets = meeting_mask(large, small)
       both = self._combine_lines(tuple(v[meets] for v in large), small, along_rows, n_lines,
                                  n_span, union)
       if not union:
@@ -1191,6 +1250,15 @@ class _CombinedRuns:
                                self.budget, self._pieces(bb[todo], i[todo], j[todo]),
                                self.batch or 1, evaluate=self.refine)
     return st
+
+
+def _flat_runs(part, along_rows: bool, n_lines: int, n_span: int):
+  """A part's runs as flat runs (`keyed`): a part that is itself an `&` / `|` hands them
+  over as it combined them (`causal & ~img[k] | bidirectional(img)` at 1M: 523K runs not
+  split into lines and keyed again)."""
+  if isinstance(part, _CombinedRuns):
+    return part.flat(along_rows)
+  return keyed(part.merged(along_rows), n_lines, n_span)
 
 
 def _sampled_mixed(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union: bool,
@@ -1313,6 +1381,8 @@ def _meeting_pieces(x, y):
 
 
 COMBINE_CHUNK = 1 << 15  # runs combined at a time
+SPLICE_SORTED_AFTER = 2  # pattern runs looked at per run of x above which `_splice` sorts
+# out those inside x's FULL runs (fewer: as fast to combine them all)
 COMBINE_RUN_BYTES = 128  # working memory per run combined: their cuts, pieces and states
 WAITING_PIECE_BYTES = 40  # per piece waiting to be decided with others, and their concatenation
 

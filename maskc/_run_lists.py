@@ -62,6 +62,17 @@ def on_lines_mask(key: np.ndarray, lines: np.ndarray, n_span: int) -> np.ndarray
   return out
 
 
+def meeting_mask(x, y) -> np.ndarray:
+  """Which runs of sorted flat run list `x` (`keyed`) overlap a run of sorted flat run list
+  `y`: each of y's runs finds the range of x's it meets by binary search (runs of one list
+  are disjoint, so their starts and their stops are both sorted)."""
+  lo = np.searchsorted(x[1], y[0], "right")  # the first of x's that stops after y's start
+  hi = np.searchsorted(x[0], y[1], "left")   # past the last that starts before y's stop
+  out = np.zeros(x[0].size, bool)
+  out[ranges(lo, np.maximum(hi - lo, 0))] = True
+  return out
+
+
 def on_lines(runs, lines: np.ndarray, n_span: int):
   """Flat runs `(start key, stop key, state)` (`keyed`) of the sorted flat `lines` only."""
   keep = on_lines_mask(runs[0], lines, n_span)
@@ -69,9 +80,9 @@ def on_lines(runs, lines: np.ndarray, n_span: int):
 
 
 def interleaved(x, y):
-  """Flat run lists `x` and `y` (`keyed`), each sorted, on disjoint lines, as one sorted
-  list: the few runs of one placed among the many of the other by binary search, not a
-  sort of both."""
+  """Flat run lists `x` and `y` (`keyed`), each sorted, no run of one overlapping a run of
+  the other, as one sorted list: the few runs of one placed among the many of the other
+  by binary search, not a sort of both."""
   if x[0].size < y[0].size:
     x, y = y, x
   at = np.searchsorted(x[0], y[0]) + np.arange(y[0].size)

@@ -694,6 +694,10 @@ AXIS_MASKS = {  # mask: (the reference by NumPy broadcasting, `_axis_parts`)
     "document(seg) | g[k] & k < n": (lambda q, k, g, s, n: (s(q) == s(k)) | g(k) & (k < n), 1),
     "causal & k < n": (lambda q, k, g, s, n: (k <= q) & (k < n), 1),
     "sliding(5) | sink(3)": (lambda q, k, g, s, n: (q - 5 < k) & (k <= q) | (k < 3), 1),
+    # a pattern with many runs in each FULL run (`_CombinedRuns._splice_kinds`)
+    "causal | g[k]": (lambda q, k, g, s, n: (k <= q) | g(k), 1),
+    "document(seg) & causal & ~g[k] | g[q]": (
+        lambda q, k, g, s, n: (s(q) == s(k)) & (k <= q) & ~g(k) | g(q), 1),
     "sink(3)": (lambda q, k, g, s, n: (k < 3) | (q < q), -1),  # no operands, one axis
     # operand-free parts that are `&` / `|` of parts of one axis (`q < 7 & k < 7`)
     "causal | prefix(7)": (lambda q, k, g, s, n: (k <= q) | (q < 7) & (k < 7), 0),
@@ -719,11 +723,13 @@ def _axis_parts(m, bound, bq, bk):
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(sorted(AXIS_MASKS)), st.integers(8, 160), st.sampled_from([None, 2]),
        st.sampled_from([4, 8, 16]), st.sampled_from([4, 8, 16]),
-       st.sampled_from([0.02, 0.2, 0.7]), st.integers(0, 2**31))
-def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed):
+       st.sampled_from([0.02, 0.2, 0.7]), st.integers(0, 2**31),
+       st.sampled_from([0, float("inf")]))
+def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed, sorted_after):
   """Masks and parts that read one position (`g[k]`, `g[q]`, `k < n`, `sink(3)`) are lowered
   once per tile of their axis and spliced into the other parts' runs: the tiles of the dense mask,
-  forward and backward, for ragged lengths, offsets and batches; sound unrefined."""
+  forward and backward, for ragged lengths, offsets and batches; sound unrefined. The pattern's
+  runs inside FULL runs are sorted out before combining, or all combined (`sorted_after`)."""
   rng = np.random.default_rng(seed)
   q_len = int(rng.integers(1, kv_len + 1))
   offset = int(rng.integers(0, kv_len - q_len + 1))
@@ -743,13 +749,18 @@ def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed)
                     lambda i: ops["seg"][..., i] if "seg" in ops else None, n)
   dense = np.broadcast_to(dense, ((batch or 1), q_len, kv_len))
   expected = _expected_grid(dense, bq, bk)
-  from maskc import _lower
+  from maskc import _lower, _lower_static
   bound = _lower.bind_masks(m, q_len, kv_len, q_offset=offset, operands=ops)
   assert _axis_parts(bound.masks[0], bound, bq, bk) == parts
   for exact in (True, False):
     _lower._CACHE.clear()
-    bm = maskc.compile(m, q_len, kv_len, q_offset=offset, block_q=bq, block_kv=bk,
-                       operands=ops, exact=exact)
+    default, _lower_static.SPLICE_SORTED_AFTER = _lower_static.SPLICE_SORTED_AFTER, sorted_after
+    try:
+      bm = maskc.compile(m, q_len, kv_len, q_offset=offset, block_q=bq, block_kv=bk,
+                         operands=ops, exact=exact)
+      bm.cols
+    finally:
+      _lower_static.SPLICE_SORTED_AFTER = default
     got = np.asarray(bm.grid).reshape(expected.shape)
     cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
     np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), got)

@@ -1,5 +1,6 @@
 """Helpers over flat run lists (`maskc._run_lists`) against plain NumPy: which keys lie on
-given lines, and two sorted lists on disjoint lines interleaved."""
+given lines, which runs of one list overlap the other's, and two sorted lists of disjoint
+runs interleaved."""
 
 import numpy as np
 from hypothesis import given
@@ -7,7 +8,7 @@ from hypothesis import strategies as st
 
 from maskc._band_runs import band_bounds, keyed_band_runs
 from maskc._bind import Shape
-from maskc._run_lists import interleaved, on_lines_mask
+from maskc._run_lists import interleaved, meeting_mask, on_lines_mask
 from maskc._tile_geometry import TileGeometry
 from maskc._tiles import EMPTY, FULL, PARTIAL
 
@@ -44,6 +45,28 @@ def test_lists_on_disjoint_lines_interleave_as_a_sort(data, n_lines, n_span):
   order = np.argsort(np.concatenate([a[0], b[0]]), kind="stable")
   for got, u, v in zip(interleaved(a, b), a, b):
     np.testing.assert_array_equal(got, np.concatenate([u, v])[order])
+
+
+@given(st.data(), st.integers(1, 40), st.integers(1, 30))
+def test_runs_meeting_another_list_are_those_that_share_a_key(data, n_lines, n_span):
+  """`meeting_mask` against a key-by-key overlap, touching runs excluded."""
+  x, y = data.draw(flat_runs(n_lines, n_span)), data.draw(flat_runs(n_lines, n_span))
+  covered = np.zeros(n_lines * (n_span + 1), bool)
+  for a, z in zip(y[0], y[1]):
+    covered[a:z] = True
+  want = [bool(covered[a:z].any()) for a, z in zip(x[0], x[1])]
+  np.testing.assert_array_equal(meeting_mask(x, y), np.asarray(want, bool))
+
+
+@given(st.data(), st.integers(1, 40), st.integers(1, 30))
+def test_disjoint_runs_on_shared_lines_interleave_as_a_sort(data, n_lines, n_span):
+  """Two lists whose runs share lines but not keys (a list split at random) interleave."""
+  x = data.draw(flat_runs(n_lines, n_span))
+  mine = np.asarray(data.draw(st.lists(st.booleans(), min_size=x[0].size,
+                                       max_size=x[0].size)), bool)
+  a, b = (tuple(v[keep] for v in x) for keep in (mine, ~mine))
+  for got, want in zip(interleaved(a, b), x):
+    np.testing.assert_array_equal(got, want)
 
 
 @given(st.one_of(st.none(), st.integers(-30, 30)), st.one_of(st.none(), st.integers(-30, 30)),
