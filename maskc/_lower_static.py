@@ -1211,26 +1211,38 @@ class _CombinedRuns:
       return lo[keep], hi[keep], state[keep].astype(np.int8)
     blo, bhi = lo[both], hi[both]
     n = bhi - blo
-    single = bool(np.all(n == 1))  # the usual case: each such piece one tile
-    if single:
-      tile = blo
-    else:
-      seg = np.repeat(np.arange(n.size), n)
-      tile = blo[seg] + np.arange(seg.size) - np.repeat(np.cumsum(n) - n, n)
-    st = self._both_partial(tile, along_rows, n_span, union)
-    if single:  # decided in place: the pieces stay in order, no sort
+    if np.all(n == 1):  # the usual case, each such piece one tile: decided in place
       state = state.astype(np.int8)
-      state[both] = st
+      state[both] = self._both_partial(blo, along_rows, n_span, union)
       keep = state != EMPTY
       return lo[keep], hi[keep], state[keep]
     keep = state != EMPTY
     keep[both] = False
-    decided = st != EMPTY
-    lo_k = np.concatenate([lo[keep], tile[decided]])
-    hi_k = np.concatenate([hi[keep], tile[decided] + 1])
-    st_k = np.concatenate([state[keep], st[decided]])
+    tiles = self._tiles_decided(blo, n, along_rows, n_span, union)
+    lo_k, hi_k, st_k = (np.concatenate([v[keep], t]) for v, t in zip((lo, hi, state), tiles))
     order = np.argsort(lo_k, kind="stable")
     return lo_k[order], hi_k[order], st_k[order].astype(np.int8)
+
+  def _tiles_decided(self, blo, n, along_rows: bool, n_span: int, union: bool):
+    """The tiles of flat pieces `[blo, blo + n)`, PARTIAL in two parts, decided for the whole
+    mask (`_both_partial`) a group that fits the budget at a time, as flat runs, neighbours
+    of one state merged and EMPTY ones dropped.
+
+    A piece can be a whole line (`g[q] | g[k]` with a global token in every tile: every
+    tile of the grid), so its tiles are never listed at once.
+    """
+    end = np.cumsum(n)
+    total = int(end[-1])
+    group = min(total, self.budget.items(DECIDED_TILE_BYTES))
+    self.budget.charge(group * DECIDED_TILE_BYTES, "deciding tiles PARTIAL in two parts")
+    out = []
+    for t0 in range(0, total, group):
+      t = np.arange(t0, min(t0 + group, total), dtype=np.int64)
+      piece = np.searchsorted(end, t, "right")
+      tile = blo[piece] + t - (end - n)[piece]
+      out.append(merge_keyed(tile, tile + 1, self._both_partial(tile, along_rows, n_span,
+                                                                 union)))
+    return tuple(np.concatenate(v) for v in zip(*out))
 
   def _both_partial(self, tile, along_rows: bool, n_span: int, union: bool):
     """The whole mask's states of flat tiles `tile` (keys), PARTIAL in two parts joined
@@ -1381,6 +1393,7 @@ def _meeting_pieces(x, y):
 
 
 COMBINE_CHUNK = 1 << 15  # runs combined at a time
+DECIDED_TILE_BYTES = 128  # working memory per tile of a piece decided tile by tile
 SPLICE_SORTED_AFTER = 2  # pattern runs looked at per run of x above which `_splice` sorts
 # out those inside x's FULL runs (fewer: as fast to combine them all)
 COMBINE_RUN_BYTES = 128  # working memory per run combined: their cuts, pieces and states
