@@ -217,3 +217,24 @@ def test_an_and_of_parts_needing_no_analysis_stays_in_parts():
   bm = maskc.compile(text, 4000, block_q=16, block_kv=16, operands=ops)
   expected = _expected_grid(np.asarray(maskc.materialize(text, 4000, operands=ops)), 16, 16)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
+
+
+def test_tiles_partial_in_exact_parts_are_sampled_unrefined(monkeypatch):
+  """`document(seg) & causal & ~pad[k]` reads a raw operand, so it is not refined; yet its
+  band and its documents are exact as lowered, so the tiles PARTIAL in both (the diagonal
+  tiles a document's edge crosses) are decided by sampled pairs, none analysed by pieces,
+  and the map is the dense mask's. The padding starts at a tile's edge past the last
+  document's edge: no tile is PARTIAL in it, and none to decide lies in it (where the whole
+  mask has no true pair for the samples to find)."""
+  seg = np.repeat(np.arange(100), 40)
+  ops = {"seg": seg, "pad": np.arange(4000) >= 3984}
+  text = "document(seg) & causal & ~pad[k]"
+  analysed = []
+  decide = _lower_static._decide_tiles
+  monkeypatch.setattr(_lower_static, "_decide_tiles",
+                      lambda *a, **k: analysed.append(np.size(a[4])) or decide(*a, **k))
+  _lower._CACHE.clear()
+  bm = maskc.compile(text, 4000, block_q=16, block_kv=16, operands=ops)
+  assert not analysed
+  expected = _expected_grid(np.asarray(maskc.materialize(text, 4000, operands=ops)), 16, 16)
+  np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
