@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from maskc._run_lists import merge_keyed, merge_runs
+from maskc._run_lists import keyed, merge_keyed, merge_runs
 from maskc._tile_geometry import TileGeometry
 from maskc._tiles import FULL, PARTIAL
 
@@ -124,8 +124,8 @@ def keyed_band_runs(bounds: np.ndarray, lines: np.ndarray, n_lines: int, n_span:
   """The band's runs on sorted distinct flat lines `lines` (`b * n_lines + line`), given
   its bounds `bounds` (`band_bounds`), as flat runs (`maskc._run_lists.keyed`)."""
   at, a, z, state = _line_runs(bounds[:, lines % n_lines])
-  base = lines[at] * (n_span + 1)
-  return merge_keyed(a + base, z + base, state)
+  # flat lines as lines of batch row 0: the same keys
+  return merge_keyed(*keyed((0, lines[at], a, z, state), n_lines, n_span))
 
 
 def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):

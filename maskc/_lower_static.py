@@ -52,8 +52,8 @@ from maskc._equal_reads import equal_read_runs, equal_reads_where, unique_runs
 from maskc._operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
 from maskc._ragged import ranges
 from maskc._run_lists import (expand_in_order, expand_leaves, interleaved, keyed, lines_of,
-                              meeting_mask, merge_keyed, merge_runs, on_lines, on_lines_mask,
-                              pack_runs, stack_runs)
+                              marked, meeting_mask, merge_keyed, merge_runs, on_lines,
+                              on_lines_mask, overlapping, pack_runs, split_keys, stack_runs)
 from maskc._tile_cover import tile_cover
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
@@ -933,11 +933,7 @@ class _CombinedRuns:
     """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
     key, end, state = self.flat(along_rows)
     n_lines, n_span = (self.geo.nq, self.geo.nk) if along_rows else (self.geo.nk, self.geo.nq)
-    line, a = np.divmod(key, n_span + 1)
-    if self.batch:
-      b, line = np.divmod(line, n_lines)
-    else:
-      b = np.zeros_like(line)
+    b, line, a = split_keys(key, n_lines, n_span, bool(self.batch))
     return b, line, a, a + (end - key), state
 
   def flat(self, along_rows: bool):
@@ -1108,26 +1104,24 @@ class _CombinedRuns:
     PARTIAL; where it is FULL, the first and last if they cross its edges, the ones
     between them inside it.
     """
-    combined, inside = np.zeros(n_met, bool), np.zeros(n_met, bool)
+    combined = np.zeros(n_met, bool)
     if not n_met:
-      return combined, inside
+      return combined, np.zeros(n_met, bool)
     key, end, state = x
     row = flat_line // n_lines * stride
     a, z = key - flat_line * stride, end - flat_line * stride
-    r_lo = np.searchsorted(p_hi, row + a, "right")  # the first that stops after a
-    r_hi = np.searchsorted(p_lo, row + z, "left")   # past the last that starts before z
+    r_lo, r_hi = overlapping(row + a, row + z, p_lo, p_hi)
     meets = r_hi > r_lo
     full = (state == FULL) & meets
     partial = meets & ~full
-    combined[ranges((shift + r_lo)[partial], (r_hi - r_lo)[partial])] = True
+    combined |= marked(n_met, (shift + r_lo)[partial], (shift + r_hi)[partial])
     left = full & (pa[np.minimum(r_lo, pa.size - 1)] < a)
     right = full & (pz[np.maximum(r_hi - 1, 0)] > z)
     combined[(shift + r_lo)[left]] = True
     combined[(shift + r_hi - 1)[right]] = True
     i_lo, i_hi = r_lo + left, r_hi - right
     some = full & (i_hi > i_lo)
-    inside[ranges((shift + i_lo)[some], (i_hi - i_lo)[some])] = True
-    return combined, inside
+    return combined, marked(n_met, (shift + i_lo)[some], (shift + i_hi)[some])
 
   def _combine_by_lines(self, x, y, along_rows: bool, n_lines: int, n_span: int,
                         union: bool | None = None, exact_part: bool = False):
@@ -1198,11 +1192,13 @@ class _CombinedRuns:
         waiting.clear()
 
     for lo, hi in itertools.pairwise(cuts):
-      if sum(p[0].size for p in waiting) * 2 >= per_chunk:
+      held = sum(p[0].size for p in waiting)
+      if held * 2 >= per_chunk:  # before the next group's pieces: memory stays bounded
         decide_waiting()
+        held = 0
       parts = [slice(*np.searchsorted(x[0], [lo, hi])) for x in lists]
       pieces = pieces_of(*(tuple(v[at] for v in x) for x, at in zip(lists, parts)))
-      if sum(p[0].size for p in waiting) + pieces[0].size > per_chunk:
+      if held + pieces[0].size > per_chunk:
         decide_waiting()
       waiting.append(pieces)
     decide_waiting()
@@ -1270,8 +1266,8 @@ class _CombinedRuns:
     PARTIAL (`causal & document(seg) & ~pad[k]`, not refined: its diagonal tiles, 7,000
     for documents of 50-200 tokens at 1M, were each analysed by pieces).
     """
-    line, pos = np.divmod(tile, n_span + 1)
-    bb, line = np.divmod(line, self.geo.nq if along_rows else self.geo.nk)
+    bb, line, pos = split_keys(tile, self.geo.nq if along_rows else self.geo.nk, n_span,
+                               True)
     i, j = (line, pos) if along_rows else (pos, line)
     st = np.full(tile.shape, PARTIAL, np.int8)
     todo = ~_sampled_mixed(self.m, self.geo, self.tables, bb if self.batch else 0, i, j,
@@ -1411,10 +1407,8 @@ def _meeting_pieces(x, y):
   order, with both lists' states: the pieces of `_union_pieces` inside both lists' runs,
   found by binary searches instead of a merge of every boundary."""
   (xa, xz, xs), (ya, yz, ys) = x, y
-  # the runs of y that meet x's run: from the first that stops after its start to the
-  # last that starts before its stop (the runs of one list are disjoint, so in order)
-  first = np.searchsorted(yz, xa, "right")
-  count = np.maximum(np.searchsorted(ya, xz, "left") - first, 0)
+  first, stop = overlapping(xa, xz, ya, yz)  # the runs of y that meet each of x's
+  count = stop - first
   i = np.repeat(np.arange(xa.size), count)
   j = ranges(first, count)
   return (np.maximum(xa[i], ya[j]), np.minimum(xz[i], yz[j]), xs[i], ys[j])

@@ -25,6 +25,16 @@ def keyed(merged, n_lines: int, n_span: int):
   return base + a, base + z, np.asarray(state, np.int8)
 
 
+def split_keys(key, n_lines: int, n_span: int, batched: bool):
+  """`(b, line, position)` of flat keys (`keyed`); b is 0 where `batched` is False."""
+  line, pos = np.divmod(key, n_span + 1)
+  if batched:
+    b, line = np.divmod(line, n_lines)
+  else:
+    b = np.zeros_like(line)
+  return b, line, pos
+
+
 def merge_keyed(key, end, state):
   """Sorted flat runs `(start key, stop key, state)` (`keyed`) with EMPTY ones dropped and
   neighbours of one state merged: keys of different lines never touch."""
@@ -56,21 +66,29 @@ def on_lines_mask(key: np.ndarray, lines: np.ndarray, n_span: int) -> np.ndarray
   """Which sorted keys (`keyed`) lie on one of the sorted distinct flat `lines`: each
   line's keys found by binary search, not each key's line."""
   start = lines * (n_span + 1)
-  lo, hi = np.searchsorted(key, start), np.searchsorted(key, start + (n_span + 1))
-  out = np.zeros(key.size, bool)
+  return marked(key.size, np.searchsorted(key, start),
+                np.searchsorted(key, start + (n_span + 1)))
+
+
+def overlapping(a: np.ndarray, z: np.ndarray, starts: np.ndarray, stops: np.ndarray):
+  """For each run `[a, z)`: the range `[lo, hi)` (`hi >= lo`) of the sorted disjoint runs
+  `[starts, stops)` that overlap it, by binary search (the runs of one list are disjoint,
+  so their starts and their stops are both sorted)."""
+  lo = np.searchsorted(stops, a, "right")  # the first that stops after a
+  return lo, np.maximum(np.searchsorted(starts, z, "left"), lo)  # past the last before z
+
+
+def marked(size: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+  """A mask of `size` flags, set in every range `[lo, hi)`."""
+  out = np.zeros(size, bool)
   out[ranges(lo, hi - lo)] = True
   return out
 
 
 def meeting_mask(x, y) -> np.ndarray:
   """Which runs of sorted flat run list `x` (`keyed`) overlap a run of sorted flat run list
-  `y`: each of y's runs finds the range of x's it meets by binary search (runs of one list
-  are disjoint, so their starts and their stops are both sorted)."""
-  lo = np.searchsorted(x[1], y[0], "right")  # the first of x's that stops after y's start
-  hi = np.searchsorted(x[0], y[1], "left")   # past the last that starts before y's stop
-  out = np.zeros(x[0].size, bool)
-  out[ranges(lo, np.maximum(hi - lo, 0))] = True
-  return out
+  `y`: each of y's runs finds the range of x's it meets (`overlapping`)."""
+  return marked(x[0].size, *overlapping(y[0], y[1], x[0], x[1]))
 
 
 def on_lines(runs, lines: np.ndarray, n_span: int):
