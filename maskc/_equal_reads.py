@@ -21,7 +21,7 @@ import numpy as np
 from maskc import _ir as ir
 from maskc._analysis import same_runs
 from maskc._operand_runs import RunTable, unit_shift
-from maskc._ragged import ranges
+from maskc._ragged import group_ends, ranges
 from maskc._tile_geometry import TileGeometry
 from maskc._tiles import FULL, PARTIAL
 
@@ -174,9 +174,8 @@ def equal_read_runs(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k
   if f.size:
     new = np.ones(f.size, bool)
     new[1:] = (f[1:] != f[:-1]) | (j0[1:] > j1[:-1])
-    starts = np.flatnonzero(new)
-    last = np.append(starts[1:], f.size) - 1
-    f, j0, j1 = f[starts], j0[starts], j1[last]
+    first, last = group_ends(new)
+    f, j0, j1 = f[first], j0[first], j1[last]
   parts.append((f, j0, j1, np.full(f.size, PARTIAL, np.int8)))
   f, a, z, state = (np.concatenate(x) for x in zip(*parts))
   keep = z > a

@@ -53,7 +53,8 @@ from maskc._operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
 from maskc._ragged import ranges
 from maskc._run_lists import (expand_in_order, expand_leaves, interleaved, keyed, lines_of,
                               marked, meeting_mask, merge_keyed, merge_runs, on_lines,
-                              on_lines_mask, overlapping, pack_runs, split_keys, stack_runs)
+                              on_lines_mask, overlapping, pack_keyed, pack_runs, split_keys,
+                              stack_runs)
 from maskc._tile_cover import tile_cover
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
@@ -978,8 +979,9 @@ class _CombinedRuns:
     return merge_keyed(*flat)
 
   def runs(self, along_rows: bool) -> Runs:
-    return pack_runs(*self.merged(along_rows), self.batch or 1,
-                     self.geo.nq if along_rows else self.geo.nk)
+    geo = self.geo
+    n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
+    return pack_keyed(*self.flat(along_rows), self.batch or 1, n_lines, n_span)
 
   def _band_or(self, part):
     """`(band, rest)` where `part` of this `&` is `band | rest` (`causal |

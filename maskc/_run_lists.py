@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from maskc._ragged import ranges
+from maskc._ragged import group_ends, ranges
 from maskc._tiles import EMPTY, Runs
 
 
@@ -49,9 +49,8 @@ def merge_keyed(key, end, state):
   new[1:] |= state[1:] != state[:-1]
   if new.all():
     return key, end, state
-  starts = np.flatnonzero(new)
-  last = np.append(starts[1:], key.size) - 1  # runs are disjoint and sorted: the last ends last
-  return key[starts], end[last], state[starts]
+  first, last = group_ends(new)  # runs are disjoint and sorted: the last ends last
+  return key[first], end[last], state[first]
 
 
 def lines_of(key: np.ndarray, n_span: int) -> np.ndarray:
@@ -132,9 +131,8 @@ def merge_runs(b, line, a, z, state, in_order: bool = False):
     new = np.ones(b.size, bool)
     new[1:] = (b[1:] != b[:-1]) | (line[1:] != line[:-1]) | (state[1:] != state[:-1]) | (
         a[1:] != z[:-1])
-    starts = np.flatnonzero(new)
-    b, line, state, a = b[starts], line[starts], state[starts], a[starts]
-    z = z[np.append(starts[1:], z.size) - 1]  # runs are disjoint and sorted: the last ends last
+    first, last = group_ends(new)  # runs are disjoint and sorted: the last ends last
+    b, line, state, a, z = b[first], line[first], state[first], a[first], z[last]
   return b, line, a, z, state
 
 
@@ -175,6 +173,22 @@ def pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
   `[nb, n_lines, R]` arrays."""
   count = np.bincount(b * n_lines + line if nb > 1 else line,
                       minlength=nb * n_lines).astype(np.int32)
+  return _packed(a, z, state, count, nb, n_lines)
+
+
+def pack_keyed(key, end, state, nb: int, n_lines: int, n_span: int) -> Runs:
+  """Sorted, merged flat runs (`keyed`, `merge_keyed`) packed as `pack_runs` does: each
+  line's runs found by binary search for its first key, not each key's line by division
+  (269,000 runs on 8,192 lines: 0.3 against 1.1 ms)."""
+  stride = n_span + 1
+  bounds = np.searchsorted(key, np.arange(nb * n_lines + 1, dtype=np.int64) * stride)
+  count = np.diff(bounds).astype(np.int32)
+  base = np.repeat(np.arange(nb * n_lines, dtype=np.int64) * stride, count)
+  return _packed(key - base, end - base, state, count, nb, n_lines)
+
+
+def _packed(a, z, state, count, nb: int, n_lines: int) -> Runs:
+  """Each line's sorted runs `[a, z)` in `state`, `count` a line, in `[nb, n_lines, R]`."""
   r = max(1, int(count.max()) if count.size else 1)
   shape = (nb, n_lines, r)
   # the runs come sorted by line: in row-major order, the k-th run of a line fills its

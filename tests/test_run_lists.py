@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from maskc._band_runs import band_bounds, keyed_band_runs
 from maskc._bind import Shape
+from maskc._ragged import group_ends, ranges
 from maskc._run_lists import interleaved, meeting_mask, on_lines_mask
 from maskc._tile_geometry import TileGeometry
 from maskc._tiles import EMPTY, FULL, PARTIAL
@@ -90,3 +91,24 @@ def test_a_bands_runs_on_some_lines_are_its_tiles_there(lo, hi, q_len, kv_len, b
     want = np.zeros_like(got)
     want[lines] = np.tile(one, (2, 1))[lines]
     np.testing.assert_array_equal(got, want)
+
+
+@given(st.lists(st.tuples(st.integers(-5, 1000), st.integers(-3, 12)), max_size=30))
+def test_ranges_are_aranges_laid_end_to_end(pairs):
+  starts = np.asarray([s for s, _ in pairs], np.int64)
+  lengths = np.asarray([n for _, n in pairs], np.int64)
+  want = [i for s, n in pairs for i in range(s, s + n)]  # a negative length: none
+  got = ranges(starts, lengths)
+  assert got.dtype == np.int64
+  assert got.tolist() == want
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=40))
+def test_group_ends_select_each_groups_first_and_last(flags):
+  new = np.asarray([True] + flags[1:], bool)
+  first, last = group_ends(new)  # masks or indices: either selects
+  starts = [i for i, f in enumerate(new) if f]
+  ends = [s - 1 for s in starts[1:]] + [len(new) - 1]
+  items = np.arange(new.size)
+  assert items[first].tolist() == starts
+  assert items[last].tolist() == ends
