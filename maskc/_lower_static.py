@@ -475,6 +475,15 @@ def _decided_leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | 
   Ambiguous single tiles are decided exactly when `refine`; otherwise they stay PARTIAL.
   A caller that keeps the leaves holds them in the budget (`_hold_leaves`).
   """
+  return _leaves_and_exactness(m, geo, tables, batch, refine, budget, pieces, hints, start)[0]
+
+
+def _leaves_and_exactness(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
+                          refine: bool, budget: Budget,
+                          pieces: tuple[Pieces, Pieces] | None = None,
+                          hints: tuple[_Hints, _Hints] | None = None, start=None):
+  """`_decided_leaves`, and whether they are exact: every PARTIAL leaf proven mixed in each
+  of its tiles (refined, or no ambiguous one left), as FULL and EMPTY leaves always are."""
   if hints is None:
     hints = (NO_HINTS, NO_HINTS)
   leaves = _leaves(m, geo, tables, batch, budget, pieces, hints, start)
@@ -486,7 +495,8 @@ def _decided_leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | 
                                budget, pieces, batch or 1, beside=held + idx.nbytes)
   keep = state != EMPTY
   budget.charge(held + _nbytes(leaves[:6]), "the decided rectangles of tiles")
-  return tuple(x[keep] for x in (b, i0, i1, j0, j1, state))
+  exact = refine or not ambiguous.any()
+  return tuple(x[keep] for x in (b, i0, i1, j0, j1, state)), exact
 
 
 class _AxisRuns:
@@ -519,8 +529,8 @@ class _AxisRuns:
     t = np.tile(np.arange(n, dtype=np.int64), nb)
     one = np.zeros_like(t)
     start = (b, t, t + 1, one, one + 1) if self.axis == "q" else (b, one, one + 1, t, t + 1)
-    b, i0, i1, j0, j1, state = _decided_leaves(m, line, tables, batch, refine, budget,
-                                               start=start)
+    (b, i0, i1, j0, j1, state), self.exact = _leaves_and_exactness(m, line, tables, batch,
+                                                                    refine, budget, start=start)
     a, z = (i0, i1) if self.axis == "q" else (j0, j1)
     # (b, a, z, state): the pattern of each batch row, sorted and merged
     self.pattern = tuple(x for i, x in enumerate(merge_runs(b, np.zeros_like(b), a, z, state))
@@ -975,7 +985,7 @@ class _CombinedRuns:
       flat = self._spread(flat, band, rest, along_rows, n_lines, n_span, exact)
       exact = False
     for part in patterns:
-      flat = self._splice(flat, part.pattern, along_rows, n_lines, n_span)
+      flat = self._splice(flat, part.pattern, along_rows, n_lines, n_span, part.exact)
     return merge_keyed(*flat)
 
   def runs(self, along_rows: bool) -> Runs:
@@ -1024,7 +1034,8 @@ class _CombinedRuns:
                                  n_span, union=False, exact_part=exact_x)
     return interleaved(off, met)
 
-  def _splice(self, x, pattern, along_rows: bool, n_lines: int, n_span: int):
+  def _splice(self, x, pattern, along_rows: bool, n_lines: int, n_span: int,
+              exact_pattern: bool = False):
     """Flat runs `x` combined with a pattern `(b, a, z, state)`: runs that every line of
     batch row `b` has (`_AxisRuns`), never written out for lines where `x` has none.
 
@@ -1035,6 +1046,7 @@ class _CombinedRuns:
     `x` (`_combine_by_lines`): one inside a FULL run is kept as it is under `&` and
     covered under `|`, one between the runs is dropped under `&` and kept under `|`
     (`causal | g[k]` at 1M: the pattern's runs left of the diagonal, not combined).
+    `exact_pattern`: the pattern's PARTIAL tiles are exactly mixed (`_exact_runs`).
     """
     key, end, state = x
     pb, pa, pz, ps = pattern
@@ -1066,11 +1078,12 @@ class _CombinedRuns:
       combined, inside = self._splice_kinds(x, flat_line, shift, p_lo, p_hi, pa, pz,
                                             item.size, n_lines, stride)
       mid = self._combine_by_lines(x, tuple(v[combined] for v in met), along_rows, n_lines,
-                                   n_span)
+                                   n_span, exact_part=exact_pattern)
       kept = inside if not self.union else ~(combined | inside)
       mid = interleaved(mid, tuple(v[kept] for v in met))
     else:
-      mid = self._combine_by_lines(x, met, along_rows, n_lines, n_span)
+      mid = self._combine_by_lines(x, met, along_rows, n_lines, n_span,
+                                   exact_part=exact_pattern)
     if not self.union:
       return mid
     # `|`: each line is the pattern's runs before `lo`, the combined ones, those from `hi`:
@@ -1286,8 +1299,11 @@ class _CombinedRuns:
 
 def _exact_runs(part) -> bool:
   """Whether a part's runs are exact however the mask is lowered: a band's closed form,
-  equal reads of runs (`_EqualRuns`); analysed parts are exact only when refined."""
-  return isinstance(part, (BandRuns, _EqualRuns))
+  equal reads of runs (`_EqualRuns`), a part of one axis whose analysis left no tile
+  ambiguous (`g[k]`: a tile holding some global keys is PARTIAL in every row); other
+  analysed parts are exact only when refined."""
+  return isinstance(part, (BandRuns, _EqualRuns)) or (isinstance(part, _AxisRuns) and
+                                                      part.exact)
 
 
 def _flat_runs(part, along_rows: bool, n_lines: int, n_span: int):

@@ -177,13 +177,20 @@ def pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
 
 
 def pack_keyed(key, end, state, nb: int, n_lines: int, n_span: int) -> Runs:
-  """Sorted, merged flat runs (`keyed`, `merge_keyed`) packed as `pack_runs` does: each
-  line's runs found by binary search for its first key, not each key's line by division
-  (269,000 runs on 8,192 lines: 0.3 against 1.1 ms)."""
+  """Sorted, merged flat runs (`keyed`, `merge_keyed`) packed as `pack_runs` does. Where
+  lines hold many runs each, each line's runs are found by binary search for its first
+  key, not each key's line by division (269,000 runs on 8,192 lines: 1.5 against 3.1 ms
+  with the packing)."""
   stride = n_span + 1
-  bounds = np.searchsorted(key, np.arange(nb * n_lines + 1, dtype=np.int64) * stride)
-  count = np.diff(bounds).astype(np.int32)
-  base = np.repeat(np.arange(nb * n_lines, dtype=np.int64) * stride, count)
+  n_all = nb * n_lines
+  if key.size <= 4 * n_all:
+    line = key // stride
+    count = np.bincount(line, minlength=n_all).astype(np.int32)
+    base = line * stride
+  else:
+    bounds = np.searchsorted(key, np.arange(n_all + 1, dtype=np.int64) * stride)
+    count = np.diff(bounds).astype(np.int32)
+    base = np.repeat(np.arange(n_all, dtype=np.int64) * stride, count)
   return _packed(key - base, end - base, state, count, nb, n_lines)
 
 

@@ -238,3 +238,38 @@ def test_tiles_partial_in_exact_parts_are_sampled_unrefined(monkeypatch):
   assert not analysed
   expected = _expected_grid(np.asarray(maskc.materialize(text, 4000, operands=ops)), 16, 16)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
+
+
+def test_tiles_partial_in_two_exact_parts_of_one_axis_are_sampled_unrefined(monkeypatch):
+  """`g[q] | g[k]` reads raw operands, so it is not refined; yet each part's analysis proves
+  every PARTIAL tile mixed (a tile column holding some global keys holds them in every
+  row), so the tiles where a global row meets a global column, PARTIAL in both, are
+  decided by sampled pairs, none analysed, and the map is the dense mask's, both ways.
+  A part whose analysis leaves tiles ambiguous (`w[k] == 3`, its value changing at every
+  token) is not exact, and its tiles are analysed."""
+  g = np.zeros(1024, bool)
+  g[[5, 300, 301, 777, 1000]] = True  # inside tiles: no corner pair of a tile reads them
+  ops = {"g": g, "w": np.arange(1024) % 7}
+  analysed, parts = [], []
+  decide, axis_runs = _lower_static._decide_tiles, _lower_static._AxisRuns.__init__
+  monkeypatch.setattr(_lower_static, "_decide_tiles",
+                      lambda *a, **k: analysed.append(np.size(a[4])) or decide(*a, **k))
+  monkeypatch.setattr(_lower_static._AxisRuns, "__init__",
+                      lambda self, *a, **k: axis_runs(self, *a, **k) or parts.append(self))
+  for text, exact, sampled in (("g[q] | g[k]", [True, True], True),
+                               ("w[k] == 3 | g[q]", [False, True], False)):
+    analysed.clear()
+    parts.clear()
+    _lower._CACHE.clear()
+    bm = maskc.compile(text, 1024, block_q=16, block_kv=16, operands=ops)
+    cols = bm.cols
+    assert sorted(p.exact for p in parts) == exact
+    assert (not analysed) == sampled
+    expected = _expected_grid(np.asarray(maskc.materialize(text, 1024, operands=ops)), 16, 16)
+    got = np.asarray(bm.grid).reshape(expected.shape)
+    assert np.all((got == FULL) <= (expected == FULL))
+    assert np.all((got == EMPTY) <= (expected == EMPTY))
+    if sampled:
+      np.testing.assert_array_equal(got, expected)
+    back = np.asarray(grid_from_runs(np, cols, expected.shape[-2]))[:, 0]
+    np.testing.assert_array_equal(np.swapaxes(back, -1, -2).reshape(expected.shape), got)
