@@ -881,16 +881,16 @@ def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
       for x in parts):
     parts = None
   if parts is not None:
-    band = isinstance(m, ir.And)
-    return _CombinedRuns(m, [(band and _band_part(x, geo, batch)) or
+    return _CombinedRuns(m, [_band_part(x, geo, batch) or
                              _runs_of_mask(x, geo, tables, batch, refine, budget)
                              for x in parts], geo, tables, batch, refine, budget)
   return _StaticRuns(m, geo, tables, batch, refine, budget)
 
 
 def _band_part(m: ir.Mask, geo: TileGeometry, batch: int | None) -> BandRuns | None:
-  """A part of an `&` that is exactly a band of `q - k` (`causal`, `sliding(w)`), in closed
-  form: the other parts' runs are clipped to it (`maskc._band_runs`). None otherwise."""
+  """A part of an `&` or `|` that is exactly a band of `q - k` (`causal`, `sliding(w)`,
+  `local(64, 64)`), in closed form (`maskc._band_runs`): an `&` clips the other parts'
+  runs to it, an `|` combines them with its runs, no period analysed. None otherwise."""
   band = _clip_band(m, geo)
   return None if band is None else BandRuns(geo, band, batch or 1)
 
@@ -957,8 +957,9 @@ class _CombinedRuns:
     whole = [p for p in axis if not p.pattern_along(along_rows)]  # one run per line
     # a band (an `&`'s only) clips the runs of the others, unless it is all there is;
     # so does a band in an `|` of an `&`, spread over it (`_spread`)
-    bands = [p for p in self.parts if isinstance(p, BandRuns)]
-    others = [p for p in self.parts if not isinstance(p, (_AxisRuns, BandRuns))]
+    bands = [p for p in self.parts if isinstance(p, BandRuns) and not self.union]
+    others = [p for p in self.parts if not isinstance(p, _AxisRuns) and
+              not any(p is b for b in bands)]
     spread = [(p, self._band_or(p)) for p in others]
     spread = [(p, x) for p, x in spread if x is not None]
     others = [p for p in others if not any(p is q for q, _ in spread)]
@@ -1002,15 +1003,14 @@ class _CombinedRuns:
     """
     if self.union or not (isinstance(part, _CombinedRuns) and part.union):
       return None
-    band = [p for p in part.parts if isinstance(p, _PeriodicRuns) and
-            _clip_band(p.m, self.geo) is not None]
+    band = [p for p in part.parts if isinstance(p, BandRuns)]
     rest = [p for p in part.parts if not any(p is q for q in band[:1])]
     if not band or any(isinstance(p, _AxisRuns) for p in rest):
       return None
     if len(rest) > 1:  # their PARTIAL tiles decided for the whole `|`: sound for `_spread`
       rest = [_CombinedRuns(part.m, rest, self.geo, self.tables, self.batch, self.refine,
                             self.budget)]
-    return _band_part(band[0].m, self.geo, self.batch), rest[0]
+    return band[0], rest[0]
 
   def _spread(self, x, band: BandRuns, rest, along_rows: bool, n_lines: int, n_span: int,
               exact_x: bool = False):
