@@ -53,8 +53,8 @@ from maskc._operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
 from maskc._ragged import ranges
 from maskc._run_lists import (expand_in_order, expand_leaves, interleaved, keyed, lines_of,
                               marked, meeting_mask, merge_keyed, merge_runs, on_lines,
-                              on_lines_mask, overlapping, pack_keyed, pack_runs, split_keys,
-                              stack_runs)
+                              on_lines_mask, overlapping, pack_keyed, pack_runs, packed_lines,
+                              split_keys, stack_runs)
 from maskc._tile_cover import tile_cover
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
@@ -952,6 +952,32 @@ class _CombinedRuns:
     an `&` / `|` of which this is a part combines, without splitting and joining keys."""
     geo = self.geo
     n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
+    flat, patterns = self._unspliced(along_rows)
+    for part in patterns:
+      flat = self._splice(flat, part, along_rows, n_lines, n_span)
+    return merge_keyed(*flat)
+
+  def runs(self, along_rows: bool) -> Runs:
+    """The runs packed (`maskc._run_lists.pack_keyed`); an `|` that ends with a pattern
+    (`local(64, 64) | g[q] | g[k]`) packs its lines as it splices them, not through flat
+    keys of every run: 269,000 runs at 1M."""
+    geo = self.geo
+    n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
+    flat, patterns = self._unspliced(along_rows)
+    if not (self.union and patterns):
+      for part in patterns:
+        flat = self._splice(flat, part, along_rows, n_lines, n_span)
+      return pack_keyed(*merge_keyed(*flat), self.batch or 1, n_lines, n_span)
+    for part in patterns[:-1]:
+      flat = self._splice(flat, part, along_rows, n_lines, n_span)
+    count, a, z, state = self._spliced_lines(flat, patterns[-1], along_rows, n_lines, n_span)
+    return packed_lines(a, z, state, count, self.batch or 1, n_lines)
+
+  def _unspliced(self, along_rows: bool):
+    """The flat runs of every part but those of one axis whose runs along these lines are
+    a pattern (`_AxisRuns`), unmerged, and those parts, to splice in."""
+    geo = self.geo
+    n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
     axis = [p for p in self.parts if isinstance(p, _AxisRuns)]
     patterns = [p for p in axis if p.pattern_along(along_rows)]
     whole = [p for p in axis if not p.pattern_along(along_rows)]  # one run per line
@@ -985,14 +1011,7 @@ class _CombinedRuns:
     for _, (band, rest) in spread:
       flat = self._spread(flat, band, rest, along_rows, n_lines, n_span, exact)
       exact = False
-    for part in patterns:
-      flat = self._splice(flat, part.pattern, along_rows, n_lines, n_span, part.exact)
-    return merge_keyed(*flat)
-
-  def runs(self, along_rows: bool) -> Runs:
-    geo = self.geo
-    n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
-    return pack_keyed(*self.flat(along_rows), self.batch or 1, n_lines, n_span)
+    return flat, patterns
 
   def _band_or(self, part):
     """`(band, rest)` where `part` of this `&` is `band | rest` (`causal |
@@ -1034,26 +1053,43 @@ class _CombinedRuns:
                                  n_span, union=False, exact_part=exact_x)
     return interleaved(off, met)
 
-  def _splice(self, x, pattern, along_rows: bool, n_lines: int, n_span: int,
-              exact_pattern: bool = False):
-    """Flat runs `x` combined with a pattern `(b, a, z, state)`: runs that every line of
-    batch row `b` has (`_AxisRuns`), never written out for lines where `x` has none.
+  def _splice(self, x, part: _AxisRuns, along_rows: bool, n_lines: int, n_span: int):
+    """Flat runs `x` combined with the runs of a part of one axis whose runs along these
+    lines are a pattern (`_AxisRuns.pattern`, `(b, a, z, state)`): runs that every line of
+    batch row `b` has, never written out for lines where `x` has none.
 
-    Only the pattern's runs that meet the span of a line's runs in `x` are looked at;
-    for `|` the line keeps the pattern's runs before and after that span as they are,
-    and a line without runs in `x` is the pattern. Of those looked at, only the ones
-    that meet a PARTIAL run of `x` or cross the edge of a FULL one are combined with
-    `x` (`_combine_by_lines`): one inside a FULL run is kept as it is under `&` and
-    covered under `|`, one between the runs is dropped under `&` and kept under `|`
-    (`causal | g[k]` at 1M: the pattern's runs left of the diagonal, not combined).
-    `exact_pattern`: the pattern's PARTIAL tiles are exactly mixed (`_exact_runs`).
+    Only the pattern's runs that meet the span of a line's runs in `x` are looked at
+    (`_spliced_met`); for `|` the line keeps the pattern's runs before and after that
+    span as they are, and a line without runs in `x` is the pattern
+    (`_spliced_lines`).
+    """
+    if not self.union:
+      return self._spliced_met(x, part, along_rows, n_lines, n_span)[0]
+    count, a, z, state = self._spliced_lines(x, part, along_rows, n_lines, n_span)
+    self.budget.charge(a.size * 40, "splicing a pattern of runs")  # these and their keys
+    line = np.repeat(np.arange(count.size, dtype=np.int64) * (n_span + 1), count)
+    a = a.astype(np.int64)
+    a += line
+    z = z.astype(np.int64)
+    z += line
+    return a, z, state
+
+  def _spliced_met(self, x, part: _AxisRuns, along_rows: bool, n_lines: int, n_span: int):
+    """The flat runs of `x` combined with the pattern's runs that meet the span of each
+    line's runs in `x`, and those lines (flat), with the range `[lo, hi)` of the
+    pattern's runs (indices into it) that each meets.
+
+    Of those looked at, only the ones that meet a PARTIAL run of `x` or cross the edge
+    of a FULL one are combined with `x` (`_combine_by_lines`): one inside a FULL run is
+    kept as it is under `&` and covered under `|`, one between the runs is dropped
+    under `&` and kept under `|` (`causal | g[k]` at 1M: the pattern's runs left of the
+    diagonal, not combined). Tiles PARTIAL in both are sampled where the pattern is
+    exact (`_exact_runs`).
     """
     key, end, state = x
-    pb, pa, pz, ps = pattern
+    pb, pa, pz, ps = part.pattern
     stride = n_span + 1
     n_all = (self.batch or 1) * n_lines
-    count = np.bincount(pb, minlength=self.batch or 1)
-    first = np.cumsum(count) - count
     flat_line = key // stride
     in_x = np.bincount(flat_line, minlength=n_all)
     x_first = np.cumsum(in_x) - in_x
@@ -1078,35 +1114,50 @@ class _CombinedRuns:
       combined, inside = self._splice_kinds(x, flat_line, shift, p_lo, p_hi, pa, pz,
                                             item.size, n_lines, stride)
       mid = self._combine_by_lines(x, tuple(v[combined] for v in met), along_rows, n_lines,
-                                   n_span, exact_part=exact_pattern)
+                                   n_span, exact_part=part.exact)
       kept = inside if not self.union else ~(combined | inside)
       mid = interleaved(mid, tuple(v[kept] for v in met))
     else:
       mid = self._combine_by_lines(x, met, along_rows, n_lines, n_span,
-                                   exact_part=exact_pattern)
-    if not self.union:
-      return mid
-    # `|`: each line is the pattern's runs before `lo`, the combined ones, those from `hi`:
-    # three ranges of indices into the pattern's runs followed by the combined ones
+                                   exact_part=part.exact)
+    return mid, lines, lo, hi
+
+  def _spliced_lines(self, x, part: _AxisRuns, along_rows: bool, n_lines: int, n_span: int):
+    """The runs of `x | part` line after line, merged: each line the pattern's runs
+    before those met (`_spliced_met`), the combined ones, those after; a line without
+    runs in `x`, the pattern. `(runs a line, a, z, state)`, positions within the line.
+
+    The combined runs are merged, and never touch a kept run in its state: a pattern run
+    that touches the span of x is among those met, so a kept one ends before the first
+    combined run starts unless that run begins with the next pattern run, which keeps
+    its own state (the pattern is merged) up to the span; likewise after it.
+    """
+    mid, lines, lo, hi = self._spliced_met(x, part, along_rows, n_lines, n_span)
+    mid = merge_keyed(*mid)
+    pb, pa, pz, ps = part.pattern
+    stride = n_span + 1
+    nb = self.batch or 1
+    n_all = nb * n_lines
+    count = np.bincount(pb, minlength=nb)
+    first = np.cumsum(count) - count
     row = np.arange(n_all) // n_lines
     end_row = (first + count)[row]
     before, after = end_row.copy(), end_row.copy()  # a line without runs in x: the pattern
     before[lines], after[lines] = lo, hi
     mid_line = mid[0] // stride
     n_mid = np.bincount(mid_line, minlength=n_all)
-    starts = np.stack([first[row], pb.size + np.cumsum(n_mid) - n_mid, after], axis=1)
-    lengths = np.stack([before - first[row], n_mid, end_row - after], axis=1)
-    self.budget.charge(int(lengths.sum()) * 48, "splicing a pattern of runs")
-    src = ranges(starts.reshape(-1), lengths.reshape(-1))
-    line = np.repeat(np.arange(n_all) * stride, lengths.sum(axis=1))
+    mid_at = np.cumsum(n_mid) - n_mid
     rel = mid_line * stride
-    # keys in place: four arrays of the output's size live at once, not six
-    a = np.concatenate([pa, mid[0] - rel])[src]
-    a += line
-    z = np.concatenate([pz, mid[1] - rel])[src]
-    z += line
-    del line
-    return a, z, np.concatenate([ps, mid[2]])[src]
+    ma, mz = mid[0] - rel, mid[1] - rel
+    # three ranges of indices into the pattern's runs followed by the combined ones
+    starts = np.stack([first[row], pb.size + mid_at, after], axis=1)
+    lengths = np.stack([before - first[row], n_mid, end_row - after], axis=1)
+    self.budget.charge(int(lengths.sum()) * 24, "splicing a pattern of runs")
+    src = ranges(starts.reshape(-1), lengths.reshape(-1))
+    # positions within a line fit int32 (`Runs`): half the memory of keys
+    a = np.concatenate([pa, ma]).astype(np.int32)[src]
+    z = np.concatenate([pz, mz]).astype(np.int32)[src]
+    return lengths.sum(axis=1), a, z, np.concatenate([ps, mid[2]])[src]
 
   @staticmethod
   def _splice_kinds(x, flat_line, shift, p_lo, p_hi, pa, pz, n_met: int, n_lines: int,

@@ -173,7 +173,7 @@ def pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
   `[nb, n_lines, R]` arrays."""
   count = np.bincount(b * n_lines + line if nb > 1 else line,
                       minlength=nb * n_lines).astype(np.int32)
-  return _packed(a, z, state, count, nb, n_lines)
+  return packed_lines(a, z, state, count, nb, n_lines)
 
 
 def pack_keyed(key, end, state, nb: int, n_lines: int, n_span: int) -> Runs:
@@ -191,11 +191,12 @@ def pack_keyed(key, end, state, nb: int, n_lines: int, n_span: int) -> Runs:
     bounds = np.searchsorted(key, np.arange(n_all + 1, dtype=np.int64) * stride)
     count = np.diff(bounds).astype(np.int32)
     base = np.repeat(np.arange(n_all, dtype=np.int64) * stride, count)
-  return _packed(key - base, end - base, state, count, nb, n_lines)
+  return packed_lines(key - base, end - base, state, count, nb, n_lines)
 
 
-def _packed(a, z, state, count, nb: int, n_lines: int) -> Runs:
-  """Each line's sorted runs `[a, z)` in `state`, `count` a line, in `[nb, n_lines, R]`."""
+def packed_lines(a, z, state, count, nb: int, n_lines: int) -> Runs:
+  """Runs `[a, z)` in `state`, merged, line after line, each line's in order and `count` a
+  line (positions within the line), in `[nb, n_lines, R]` arrays."""
   r = max(1, int(count.max()) if count.size else 1)
   shape = (nb, n_lines, r)
   # the runs come sorted by line: in row-major order, the k-th run of a line fills its

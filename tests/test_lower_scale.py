@@ -706,6 +706,21 @@ AXIS_MASKS = {  # mask: (the reference by NumPy broadcasting, `_axis_parts`)
 }
 
 
+def _assert_maximal_runs(rows, expected):
+  """Each line's runs (`Runs` `[B, 1, n_lines, R]`) are the maximal runs of one state of the
+  tiles `expected` (`[B, n_q, n_kv]`): merged, in order, EMPTY left out."""
+  count = np.asarray(rows.count)[:, 0]
+  for b, i in np.ndindex(*count.shape):
+    line = expected[b, i]
+    edges = np.flatnonzero(np.diff(line)) + 1
+    want = [(int(a), int(z), int(line[a])) for a, z in
+            zip(np.concatenate([[0], edges]), np.concatenate([edges, [line.size]]))
+            if line[a] != EMPTY]
+    got = [(int(rows.start[b, 0, i, r]), int(rows.stop[b, 0, i, r]),
+            int(rows.state[b, 0, i, r])) for r in range(count[b, i])]
+    assert got == want, (b, i)
+
+
 def _axis_parts(m, bound, bq, bk):
   """How many parts of one axis (`_AxisRuns`) the static lowering of `m` combines at its
   top; -1 for a mask lowered as one such part."""
@@ -766,6 +781,7 @@ def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed,
     np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), got)
     if exact:
       np.testing.assert_array_equal(got, expected)
+      _assert_maximal_runs(bm.rows, expected)
     else:
       assert np.all((got == FULL) <= (expected == FULL))
       assert np.all((got == EMPTY) <= (expected == EMPTY))
