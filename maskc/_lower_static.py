@@ -50,11 +50,12 @@ from maskc._diagonal_period import diagonal_period
 from maskc._evaluate import Env, evaluate_mask
 from maskc._equal_reads import equal_read_runs, equal_reads_where, unique_runs
 from maskc._operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
+from maskc._pattern_lines import spliced_pattern
 from maskc._ragged import ranges
 from maskc._run_lists import (expand_in_order, expand_leaves, interleaved, keyed, lines_of,
                               marked, meeting_mask, merge_keyed, merge_runs, on_lines,
-                              on_lines_mask, overlapping, pack_keyed, pack_runs, packed_lines,
-                              split_keys, stack_runs)
+                              on_lines_mask, overlapping, pack_keyed, pack_runs, split_keys,
+                              stack_runs)
 from maskc._tile_cover import tile_cover
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
@@ -970,8 +971,7 @@ class _CombinedRuns:
       return pack_keyed(*merge_keyed(*flat), self.batch or 1, n_lines, n_span)
     for part in patterns[:-1]:
       flat = self._splice(flat, part, along_rows, n_lines, n_span)
-    count, a, z, state = self._spliced_lines(flat, patterns[-1], along_rows, n_lines, n_span)
-    return packed_lines(a, z, state, count, self.batch or 1, n_lines)
+    return self._spliced_lines(flat, patterns[-1], along_rows, n_lines, n_span)
 
   def _unspliced(self, along_rows: bool):
     """The flat runs of every part but those of one axis whose runs along these lines are
@@ -1065,14 +1065,16 @@ class _CombinedRuns:
     """
     if not self.union:
       return self._spliced_met(x, part, along_rows, n_lines, n_span)[0]
-    count, a, z, state = self._spliced_lines(x, part, along_rows, n_lines, n_span)
-    self.budget.charge(a.size * 40, "splicing a pattern of runs")  # these and their keys
+    runs = self._spliced_lines(x, part, along_rows, n_lines, n_span)
+    count = runs.count.reshape(-1)
+    self.budget.charge(int(count.sum()) * 40, "splicing a pattern of runs")  # with keys
+    used = np.arange(runs.start.shape[-1]) < runs.count[..., None]
     line = np.repeat(np.arange(count.size, dtype=np.int64) * (n_span + 1), count)
-    a = a.astype(np.int64)
+    a = runs.start[used].astype(np.int64)
     a += line
-    z = z.astype(np.int64)
+    z = runs.stop[used].astype(np.int64)
     z += line
-    return a, z, state
+    return a, z, runs.state[used]
 
   def _spliced_met(self, x, part: _AxisRuns, along_rows: bool, n_lines: int, n_span: int):
     """The flat runs of `x` combined with the pattern's runs that meet the span of each
@@ -1123,9 +1125,9 @@ class _CombinedRuns:
     return mid, lines, lo, hi
 
   def _spliced_lines(self, x, part: _AxisRuns, along_rows: bool, n_lines: int, n_span: int):
-    """The runs of `x | part` line after line, merged: each line the pattern's runs
-    before those met (`_spliced_met`), the combined ones, those after; a line without
-    runs in `x`, the pattern. `(runs a line, a, z, state)`, positions within the line.
+    """The packed runs of `x | part` (`maskc._pattern_lines.spliced_pattern`): each line
+    the pattern's runs before those met (`_spliced_met`), the combined ones, those after;
+    a line without runs in `x`, the pattern.
 
     The combined runs are merged, and never touch a kept run in its state: a pattern run
     that touches the span of x is among those met, so a kept one ends before the first
@@ -1133,31 +1135,11 @@ class _CombinedRuns:
     its own state (the pattern is merged) up to the span; likewise after it.
     """
     mid, lines, lo, hi = self._spliced_met(x, part, along_rows, n_lines, n_span)
-    mid = merge_keyed(*mid)
-    pb, pa, pz, ps = part.pattern
-    stride = n_span + 1
-    nb = self.batch or 1
-    n_all = nb * n_lines
-    count = np.bincount(pb, minlength=nb)
-    first = np.cumsum(count) - count
-    row = np.arange(n_all) // n_lines
-    end_row = (first + count)[row]
-    before, after = end_row.copy(), end_row.copy()  # a line without runs in x: the pattern
-    before[lines], after[lines] = lo, hi
-    mid_line = mid[0] // stride
-    n_mid = np.bincount(mid_line, minlength=n_all)
-    mid_at = np.cumsum(n_mid) - n_mid
-    rel = mid_line * stride
-    ma, mz = mid[0] - rel, mid[1] - rel
-    # three ranges of indices into the pattern's runs followed by the combined ones
-    starts = np.stack([first[row], pb.size + mid_at, after], axis=1)
-    lengths = np.stack([before - first[row], n_mid, end_row - after], axis=1)
-    self.budget.charge(int(lengths.sum()) * 24, "splicing a pattern of runs")
-    src = ranges(starts.reshape(-1), lengths.reshape(-1))
-    # positions within a line fit int32 (`Runs`): half the memory of keys
-    a = np.concatenate([pa, ma]).astype(np.int32)[src]
-    z = np.concatenate([pz, mz]).astype(np.int32)[src]
-    return lengths.sum(axis=1), a, z, np.concatenate([ps, mid[2]])[src]
+    key, end, state = merge_keyed(*mid)
+    mid_line = key // (n_span + 1)
+    base = mid_line * (n_span + 1)
+    return spliced_pattern(part.pattern, self.batch or 1, n_lines, lines, lo, hi,
+                           (mid_line, key - base, end - base, state), self.budget)
 
   @staticmethod
   def _splice_kinds(x, flat_line, shift, p_lo, p_hi, pa, pz, n_met: int, n_lines: int,

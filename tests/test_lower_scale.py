@@ -698,6 +698,9 @@ AXIS_MASKS = {  # mask: (the reference by NumPy broadcasting, `_axis_parts`)
     "causal | g[k]": (lambda q, k, g, s, n: (k <= q) | g(k), 1),
     "document(seg) & causal & ~g[k] | g[q]": (
         lambda q, k, g, s, n: (s(q) == s(k)) & (k <= q) & ~g(k) | g(q), 1),
+    # an `|` with a pattern nested in an `&`: spliced as flat runs, not packed
+    "document(seg) & (causal | g[k])": (lambda q, k, g, s, n: (s(q) == s(k)) & ((k <= q) | g(k)),
+                                        0),
     "sink(3)": (lambda q, k, g, s, n: (k < 3) | (q < q), -1),  # no operands, one axis
     # operand-free parts that are `&` / `|` of parts of one axis (`q < 7 & k < 7`)
     "causal | prefix(7)": (lambda q, k, g, s, n: (k <= q) | (q < 7) & (k < 7), 0),
