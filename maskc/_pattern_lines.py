@@ -60,12 +60,12 @@ def spliced_pattern(pattern, nb: int, n_lines: int, lines, lo, hi, mid, budget: 
   # the runs after the window: slot s of a line holds the run `after + s - (kept before
   # + combined)` of its row's pattern, empty past the row's last
   start = r + after - kept_before - n_mid + row * width
-  out = [sliding_window_view(table, r)[start] for table in padded]
+  out = [np.take(sliding_window_view(table, r), start, axis=0) for table in padded]
   # the runs kept before the window: slot s holds the row's run s
-  before = np.arange(r)[None, :] < kept_before[:, None]
+  before = np.arange(r, dtype=np.int32)[None, :] < kept_before.astype(np.int32)[:, None]
   head = row * width + r
   for o, table in zip(out, padded):
-    rows = sliding_window_view(table, r)[head if nb > 1 else head[:1]]
+    rows = np.take(sliding_window_view(table, r), head if nb > 1 else head[:1], axis=0)
     np.copyto(o, rows, where=before)
   # the combined runs, each in the slot after its line's kept runs and those before it
   slot = kept_before[mid_line] + np.arange(mid_line.size) - (np.cumsum(n_mid) - n_mid)[mid_line]
