@@ -43,6 +43,7 @@ import numpy as np
 
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
+from maskc._axis_reads import bare_reads_only, read_tile_states
 from maskc._band_runs import BandRuns, band_fits, clipped_pieces, keyed_band_runs
 from maskc._bind import Shape
 from maskc._compile_predicate import exact_band
@@ -522,20 +523,27 @@ class _AxisRuns:
       line = TileGeometry(Shape.of(shape.q_len, 1, shape.q_offset), geo.bq, 1)
     else:
       line = TileGeometry(Shape.of(1, shape.kv_len, shape.q_offset), 1, geo.bk)
-    # every tile of the line at once: one round of the analysis, ambiguous tiles refined
     nb = batch or 1
     n = line.nq if self.axis == "q" else line.nk
     budget.charge(nb * n * 8 * 8, "the tiles of one axis")
     b = np.repeat(np.arange(nb, dtype=np.int64), n)
     t = np.tile(np.arange(n, dtype=np.int64), nb)
-    one = np.zeros_like(t)
-    start = (b, t, t + 1, one, one + 1) if self.axis == "q" else (b, one, one + 1, t, t + 1)
-    (b, i0, i1, j0, j1, state), self.exact = _leaves_and_exactness(m, line, tables, batch,
-                                                                    refine, budget, start=start)
-    a, z = (i0, i1) if self.axis == "q" else (j0, j1)
+    bare = bare_reads_only(m)
+    if bare:  # from the operands' runs: exact, no analysis
+      tokens, block, offset = ((shape.q_len, geo.bq, shape.q_offset) if self.axis == "q" else
+                               (shape.kv_len, geo.bk, 0))
+      state = read_tile_states(m, tokens, block, offset, nb, tables,
+                               _RunReads(tables)).reshape(-1)
+      a, z, self.exact = t, t + 1, True
+    else:  # every tile of the line at once: one round of the analysis, ambiguous ones refined
+      one = np.zeros_like(t)
+      start = (b, t, t + 1, one, one + 1) if self.axis == "q" else (b, one, one + 1, t, t + 1)
+      (b, i0, i1, j0, j1, state), self.exact = _leaves_and_exactness(
+          m, line, tables, batch, refine, budget, start=start)
+      a, z = (i0, i1) if self.axis == "q" else (j0, j1)
     # (b, a, z, state): the pattern of each batch row, sorted and merged
-    self.pattern = tuple(x for i, x in enumerate(merge_runs(b, np.zeros_like(b), a, z, state))
-                         if i != 1)
+    self.pattern = tuple(x for i, x in enumerate(merge_runs(b, np.zeros_like(b), a, z, state,
+                                                            in_order=bare)) if i != 1)
 
   def pattern_along(self, along_rows: bool) -> bool:
     """Whether the runs along these lines are the pattern, the same on every line."""
