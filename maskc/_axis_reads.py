@@ -32,12 +32,16 @@ def bare_reads_only(m: ir.Node) -> bool:
   return all(bare_reads_only(c) for c in m.children() if not isinstance(c, ir.Operand))
 
 
+CUT_BYTES = 64  # per token where a read changes: its keys, position, batch row and value
+
+
 def read_tile_states(m: ir.Mask, n: int, block: int, offset: int, nb: int, tables,
-                     reads) -> np.ndarray:
+                     reads, budget) -> np.ndarray:
   """The states `[nb, ceil(n / block)]` of the tiles of one axis of `m` (`bare_reads_only`,
   reading positions of one axis only): `n` tokens at positions `offset + t`, tiles of
   `block`; `tables` give the operands' runs (`maskc._analysis.Tables.run_table`),
-  `reads` the operands to evaluate with (`maskc._lower_static._RunReads`).
+  `reads` the operands to evaluate with (`maskc._lower_static._RunReads`); the stretches
+  are charged to `budget` (the tiles are the caller's).
   """
   names = sorted({ir.array_key(r) for r in ir.walk(m) if isinstance(r, ir.Read)})
   n_tiles = -(-n // block)
@@ -50,6 +54,7 @@ def read_tile_states(m: ir.Mask, n: int, block: int, offset: int, nb: int, table
     t -= offset
     inside = (t > 0) & (t < n)
     cuts.append(row[inside] * n + t[inside])
+  budget.charge(sum(c.size for c in cuts) * CUT_BYTES, "the reads of one axis")
   cut = np.unique(np.concatenate(cuts))
   b, t = np.divmod(cut, n)
   pos = t + offset

@@ -532,8 +532,8 @@ class _AxisRuns:
     if bare:  # from the operands' runs: exact, no analysis
       tokens, block, offset = ((shape.q_len, geo.bq, shape.q_offset) if self.axis == "q" else
                                (shape.kv_len, geo.bk, 0))
-      state = read_tile_states(m, tokens, block, offset, nb, tables,
-                               _RunReads(tables)).reshape(-1)
+      state = read_tile_states(m, tokens, block, offset, nb, tables, _RunReads(tables),
+                               budget).reshape(-1)
       a, z, self.exact = t, t + 1, True
     else:  # every tile of the line at once: one round of the analysis, ambiguous ones refined
       one = np.zeros_like(t)
