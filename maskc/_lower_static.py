@@ -48,6 +48,7 @@ from maskc._band_runs import BandRuns, band_fits, clipped_pieces, keyed_band_run
 from maskc._bind import Shape
 from maskc._compile_predicate import exact_band
 from maskc._diagonal_period import diagonal_period
+from maskc._diagonal_truth import true_on_diagonal
 from maskc._evaluate import Env, evaluate_mask
 from maskc._equal_reads import equal_read_runs, equal_reads_where, unique_runs
 from maskc._operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
@@ -930,6 +931,12 @@ class _CombinedRuns:
     self.batch, self.refine, self.budget = batch, refine, budget
     self.union = isinstance(m, ir.Or)
 
+  def _true_on_diagonal(self) -> bool:
+    """Whether the mask is true at every pair `q == k` (proved once, from its IR)."""
+    if not hasattr(self, "_diagonal"):
+      self._diagonal = true_on_diagonal(self.m)
+    return self._diagonal
+
   def _pieces(self, b, i, j):
     """Operand pieces of the whole mask's lines (as `_StaticRuns`) for deciding tiles
     `(b, i, j)`: of their rows and columns only, where no part lends them.
@@ -1320,15 +1327,23 @@ class _CombinedRuns:
     always: `exact_part`), the whole `&` lies inside it and is not FULL, the whole `|`
     holds it and is not EMPTY, so one sampled pair of the other value proves the tile
     PARTIAL (`causal & document(seg) & ~pad[k]`, not refined: its diagonal tiles, 7,000
-    for documents of 50-200 tokens at 1M, were each analysed by pieces).
+    for documents of 50-200 tokens at 1M, were each analysed by pieces). An `&` true at
+    every pair `q == k` (`causal & document(seg)`: `maskc._diagonal_truth`) has that pair
+    in every tile the diagonal crosses, with no pair evaluated.
     """
     bb, line, pos = split_keys(tile, self.geo.nq if along_rows else self.geo.nk, n_span,
                                True)
     i, j = (line, pos) if along_rows else (pos, line)
     st = np.full(tile.shape, PARTIAL, np.int8)
-    todo = ~_sampled_mixed(self.m, self.geo, self.tables, bb if self.batch else 0, i, j,
-                           union, self.budget) if self.refine or exact_part else np.ones(
-                               tile.shape, bool)
+    todo = np.ones(tile.shape, bool)
+    if self.refine or exact_part:
+      if not union and self._true_on_diagonal():  # a true pair where the diagonal crosses
+        todo &= ~_crosses_diagonal(self.geo, i, j)
+      sample = np.flatnonzero(todo)
+      if sample.size:
+        todo[sample] = ~_sampled_mixed(self.m, self.geo, self.tables,
+                                       bb[sample] if self.batch else 0, i[sample],
+                                       j[sample], union, self.budget)
     if todo.any():
       bt = bb[todo] if self.batch else 0
       # unrefined, by the pieces alone: as sharp as the analysis of the mask whole
@@ -1336,6 +1351,17 @@ class _CombinedRuns:
                                self.budget, self._pieces(bb[todo], i[todo], j[todo]),
                                self.batch or 1, evaluate=self.refine)
     return st
+
+
+def _crosses_diagonal(geo: TileGeometry, i, j) -> np.ndarray:
+  """Which tiles `(i, j)` hold a pair `q == k`; none with explicit positions."""
+  if geo.positions:
+    return np.zeros(np.shape(i), bool)
+  r0, c0 = i * geo.bq, j * geo.bk
+  r1 = np.minimum(r0 + geo.bq, geo.shape.q_len) - 1
+  c1 = np.minimum(c0 + geo.bk, geo.shape.kv_len) - 1
+  off = geo.shape.q_offset
+  return np.maximum(r0 + off, c0) <= np.minimum(r1 + off, c1)
 
 
 def _exact_runs(part) -> bool:
