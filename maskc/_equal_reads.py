@@ -117,8 +117,8 @@ class _Sorted:
 def equal_read_runs(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift: int,
                     along_rows: bool, on: np.ndarray | None = None, memo: dict | None = None):
   """The runs of `x[q + s] == x[k + t]` along rows (or columns) as sorted, merged
-  `(b, line, a, z, state)` arrays, for an operand whose values are one run each
-  (`unique_runs`) and which has 1 or `nb` batch rows.
+  `(flat line, a, z, state)` arrays (`b * n_lines + line`), for an operand whose values
+  are one run each (`unique_runs`) and which has 1 or `nb` batch rows.
 
   `on`: per run of x, whether a truth read beside it at `q + s` holds there
   (`& w[q + s]`, where w is constant on x's runs): only those runs can be true.
@@ -146,8 +146,7 @@ def equal_read_runs(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k
     z = np.stack([f0, f1, j1], axis=1).reshape(-1)
     keep = z > a
     state = np.tile(np.array([PARTIAL, FULL, PARTIAL], np.int8), flat.size)
-    b, line = np.divmod(np.repeat(flat, 3)[keep], n_lines)
-    return b, line, a[keep], z[keep], state[keep]
+    return np.repeat(flat, 3)[keep], a[keep], z[keep], state[keep]
   # a line reading one run that is `on`: the span's lines meeting it, FULL where they
   # read it alone
   one = (r0 == r1) & on[r0]
@@ -181,6 +180,4 @@ def equal_read_runs(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k
   keep = z > a
   f, a, z, state = f[keep], a[keep], z[keep], state[keep]
   order = np.argsort(f, kind="stable")  # each line's runs are in order already
-  f, a, z, state = f[order], a[order], z[order], state[order]
-  b, line = np.divmod(f, n_lines)
-  return b, line, a, z, state
+  return f[order], a[order], z[order], state[order]

@@ -605,14 +605,27 @@ class _EqualRuns:
       on = w_table.values != 0
     return cls(table, (s, t), on, geo, batch, budget)
 
-  def merged(self, along_rows: bool):
-    """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
+  def _lines_runs(self, along_rows: bool):
+    """The runs as sorted, merged `(flat line, a, z, state)` arrays."""
     nb = self.batch or 1
     geo = self.geo
     tokens = self.table.length if self.on is None else 2 * self.table.length  # runs read
     self.budget.charge(nb * (geo.nq + geo.nk + min(geo.nq + geo.nk, tokens)) * 6 * 8,
                        "the runs of equal reads")
     return equal_read_runs(self.table, geo, nb, *self.shifts, along_rows, self.on, self._lines)
+
+  def merged(self, along_rows: bool):
+    """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
+    f, a, z, state = self._lines_runs(along_rows)
+    n_lines = self.geo.nq if along_rows else self.geo.nk
+    b, line = np.divmod(f, n_lines) if self.batch else (np.zeros_like(f), f)
+    return b, line, a, z, state
+
+  def flat(self, along_rows: bool):
+    """The runs as sorted, merged flat runs (`keyed`), from their flat lines directly."""
+    f, a, z, state = self._lines_runs(along_rows)
+    base = f * ((self.geo.nk if along_rows else self.geo.nq) + 1)
+    return base + a, base + z, state
 
   def runs(self, along_rows: bool) -> Runs:
     return pack_runs(*self.merged(along_rows), self.batch or 1,
@@ -1376,8 +1389,8 @@ def _exact_runs(part) -> bool:
 def _flat_runs(part, along_rows: bool, n_lines: int, n_span: int):
   """A part's runs as flat runs (`keyed`): a part that is itself an `&` / `|` hands them
   over as it combined them (`causal & ~img[k] | bidirectional(img)` at 1M: 523K runs not
-  split into lines and keyed again)."""
-  if isinstance(part, _CombinedRuns):
+  split into lines and keyed again), equal reads as they find them, by flat line."""
+  if isinstance(part, (_CombinedRuns, _EqualRuns)):
     return part.flat(along_rows)
   return keyed(part.merged(along_rows), n_lines, n_span)
 
