@@ -1014,6 +1014,13 @@ class _CombinedRuns:
     bands = [p for p in self.parts if isinstance(p, BandRuns) and not self.union]
     others = [p for p in self.parts if not isinstance(p, _AxisRuns) and
               not any(p is b for b in bands)]
+    # an `|` with a pattern in an `&`: distributed, `x & (rest | pattern)` as
+    # `(x & rest) | (x & pattern)`, so the pattern is spliced into x's runs alone
+    distributed = [(p, self._pattern_or(p, along_rows)) for p in others]
+    distributed = [(p, x) for p, x in distributed if x is not None]
+    others = [p for p in others if not any(p is q for q, _ in distributed)]
+    if distributed and not (whole or others or bands):
+      others.append(distributed.pop(0)[0])
     spread = [(p, self._band_or(p)) for p in others]
     spread = [(p, x) for p, x in spread if x is not None]
     others = [p for p in others if not any(p is q for q, _ in spread)]
@@ -1039,7 +1046,43 @@ class _CombinedRuns:
     for _, (band, rest) in spread:
       flat = self._spread(flat, band, rest, along_rows, n_lines, n_span, exact)
       exact = False
+    for _, (rest, pattern) in distributed:
+      kept = self._met_with(flat, rest, along_rows, n_lines, n_span, exact)
+      met = self._spliced_met(flat, pattern, along_rows, n_lines, n_span)[0]
+      flat = self._combine_by_lines(kept, met, along_rows, n_lines, n_span, union=True)
+      exact = False
     return flat, patterns
+
+  def _pattern_or(self, part, along_rows: bool):
+    """`(rest, pattern)` where `part` of this `&` is `rest | pattern`, the pattern a part
+    of one axis whose runs along these lines repeat on every line (`| g[k]` in
+    `document(seg) & (causal | bidirectional(img) | g[k])`); else None.
+
+    The rest's PARTIAL tiles are decided for the whole `|`, as in `_band_or`: between
+    the `&` with it and the whole, the union with `x & pattern` is still exact.
+    """
+    if self.union or not (isinstance(part, _CombinedRuns) and part.union):
+      return None
+    patterns = [p for p in part.parts if isinstance(p, _AxisRuns) and
+                p.pattern_along(along_rows)]
+    rest = [p for p in part.parts if not any(p is q for q in patterns)]
+    if len(patterns) != 1 or not rest:
+      return None
+    if len(rest) > 1:
+      rest = [_CombinedRuns(part.m, rest, self.geo, self.tables, self.batch, self.refine,
+                            self.budget)]
+    return rest[0], patterns[0]
+
+  def _met_with(self, x, part, along_rows: bool, n_lines: int, n_span: int, exact: bool):
+    """Flat runs `x` of this `&`'s other parts `& part`: clipped at a band, spread over a
+    band in an `|` (`_spread`), else combined line by line."""
+    if isinstance(part, BandRuns):
+      return self._clip_lines(x, part.bounds(along_rows), along_rows, n_lines, n_span)
+    band_or = self._band_or(part)
+    if band_or is not None:
+      return self._spread(x, *band_or, along_rows, n_lines, n_span, exact)
+    return self._combine_by_lines(x, _flat_runs(part, along_rows, n_lines, n_span), along_rows,
+                                  n_lines, n_span, exact_part=exact or _exact_runs(part))
 
   def _band_or(self, part):
     """`(band, rest)` where `part` of this `&` is `band | rest` (`causal |

@@ -698,15 +698,28 @@ AXIS_MASKS = {  # mask: (the reference by NumPy broadcasting, `_axis_parts`)
     "causal | g[k]": (lambda q, k, g, s, n: (k <= q) | g(k), 1),
     "document(seg) & causal & ~g[k] | g[q]": (
         lambda q, k, g, s, n: (s(q) == s(k)) & (k <= q) & ~g(k) | g(q), 1),
-    # an `|` with a pattern nested in an `&`: spliced as flat runs, not packed
+    # an `|` with a pattern in an `&`: distributed, the pattern spliced into the documents
     "document(seg) & (causal | g[k])": (lambda q, k, g, s, n: (s(q) == s(k)) & ((k <= q) | g(k)),
                                         0),
+    "document(seg) & (causal | g[q] | g[k])": (
+        lambda q, k, g, s, n: (s(q) == s(k)) & ((k <= q) | g(q) | g(k)), 0),
+    "document(seg) & (sliding(5) | bidirectional(g) | g[k])": (
+        lambda q, k, g, s, n: (s(q) == s(k)) & (((q - 5 < k) & (k <= q)) | _bidirectional(g, q, k) |
+                                                g(k)), 0),
     "sink(3)": (lambda q, k, g, s, n: (k < 3) | (q < q), -1),  # no operands, one axis
     # operand-free parts that are `&` / `|` of parts of one axis (`q < 7 & k < 7`)
     "causal | prefix(7)": (lambda q, k, g, s, n: (k <= q) | (q < 7) & (k < 7), 0),
     "causal & sliding(5) | global(3)": (
         lambda q, k, g, s, n: (k <= q) & (q - 5 < k) | (q < 3) | (k < 3), 0),
 }
+
+
+def _bidirectional(g, q, k):
+  """`bidirectional(g)` by `_runs_reference`: both positions in one run of true values of g
+  (read through `g(indices)`; every position is below the number of keys)."""
+  runs = _runs_reference(np.asarray(g(np.arange(k.shape[-1]))))
+  at_q, at_k = runs[..., q], runs[..., k]
+  return (at_q == at_k) & (at_q > 0)
 
 
 def _assert_maximal_runs(rows, expected):
