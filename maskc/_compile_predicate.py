@@ -242,23 +242,23 @@ def segment_conjunct(m: ir.Mask) -> tuple[ir.Read, ir.Read] | None:
   return (a, b) if a.index.axis == "q" else (b, a)
 
 
-def _linear(t: ir.Term) -> tuple[int, int, int] | None:
+def linear_form(t: ir.Term) -> tuple[int, int, int] | None:
   """`(cq, ck, c)` with `t = cq*q + ck*k + c`, or None when `t` is not of that form."""
   if isinstance(t, ir.Const):
     return 0, 0, int(t.value)
   if isinstance(t, ir.Pos):
     return (1, 0, 0) if t.axis == "q" else (0, 1, 0)
   if isinstance(t, ir.Neg):
-    a = _linear(t.arg)
+    a = linear_form(t.arg)
     return None if a is None else (-a[0], -a[1], -a[2])
   if isinstance(t, ir.Arith) and t.op in "+-":
-    a, b = _linear(t.lhs), _linear(t.rhs)
+    a, b = linear_form(t.lhs), linear_form(t.rhs)
     if a is None or b is None:
       return None
     s = 1 if t.op == "+" else -1
     return a[0] + s * b[0], a[1] + s * b[1], a[2] + s * b[2]
   if isinstance(t, ir.Arith) and t.op == "*":
-    a, b = _linear(t.lhs), _linear(t.rhs)
+    a, b = linear_form(t.lhs), linear_form(t.rhs)
     if a is None or b is None:
       return None
     if a[:2] == (0, 0):
@@ -307,7 +307,7 @@ def exact_band(m: ir.Mask) -> tuple[int | None, int | None] | None:
 def _pair_bound(op: str, a: ir.Term, b: ir.Term) -> tuple[int | None, int | None] | None:
   """The bounds `(lo, hi)` on `q - k` that `a op b` states, or None where it is no such
   bound."""
-  la, lb = _linear(a), _linear(b)
+  la, lb = linear_form(a), linear_form(b)
   if la is None or lb is None:
     return None
   cq, ck, c = la[0] - lb[0], la[1] - lb[1], la[2] - lb[2]   # lhs - rhs = s*d + c

@@ -6,17 +6,17 @@ the diagonal crosses, which the static lowering would otherwise find by evaluati
 sampled pair per tile (`maskc._lower_static._sampled_mixed`): thousands of tiles where
 short documents' edges cross the diagonal.
 
-With `k` read as `q`, each comparison's sides are sums of the positions, constants
-and opaque terms (operand reads, products, divisions); a comparison whose sides
-differ by a constant is decided. Masks combine three-valued: always true, always
-false, or unknown (`None`), so a mask is proved only where every step is.
+With `k` read as `q`, a comparison of two linear terms of the positions
+(`maskc._compile_predicate.linear_form`) is decided by the constant between them, and
+so is one of two terms that become the same but for a constant (`seg[q] == seg[k]`,
+`q // 8 == k // 8`, `seg[q] <= seg[k] + 1`). Masks combine three-valued: always true, always false, or unknown
+(`None`), so a mask is proved only where every step is.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-
 from maskc import _ir as ir
+from maskc._compile_predicate import linear_form
 
 _CMP = {"<": lambda d: d < 0, "<=": lambda d: d <= 0, "==": lambda d: d == 0,
         "!=": lambda d: d != 0, ">=": lambda d: d >= 0, ">": lambda d: d > 0}
@@ -36,56 +36,43 @@ def _truth(m: ir.Node) -> bool | None:
     v = _truth(m.item)
     return None if v is None else not v
   if isinstance(m, ir.And):
-    vals = [_truth(i) for i in m.items]
-    return False if False in vals else (True if all(v is True for v in vals) else None)
+    return _all([_truth(i) for i in m.items])
   if isinstance(m, ir.Or):
-    vals = [_truth(i) for i in m.items]
-    return True if True in vals else (False if all(v is False for v in vals) else None)
+    return _not(_all([_not(_truth(i)) for i in m.items]))
   if isinstance(m, ir.Compare):
-    vals = []
-    for op, a, b in zip(m.ops, m.terms, m.terms[1:]):
-      d = _linear(a) - _linear(b)
-      vals.append(None if d.atoms else _CMP[op](d.const))
-    return False if False in vals else (True if all(v is True for v in vals) else None)
+    return _all([_link(op, a, b) for op, a, b in zip(m.ops, m.terms, m.terms[1:])])
   return None  # a truth read (`img[q]`), `^`: unknown
 
 
-class _Linear:
-  """`const + sum(coef * atom)` with `k` read as `q`: atoms are `q` and opaque terms."""
-
-  def __init__(self, const: int = 0, atoms: Counter | None = None):
-    self.const = const
-    self.atoms = Counter({a: c for a, c in (atoms or {}).items() if c})
-
-  def __add__(self, other: "_Linear") -> "_Linear":
-    atoms = Counter(self.atoms)
-    atoms.update(other.atoms)
-    return _Linear(self.const + other.const, atoms)
-
-  def __mul__(self, c: int) -> "_Linear":
-    return _Linear(self.const * c, Counter({a: v * c for a, v in self.atoms.items()}))
-
-  def __sub__(self, other: "_Linear") -> "_Linear":
-    return self + other * -1
+def _all(vals: list[bool | None]) -> bool | None:
+  return False if False in vals else (True if all(v is True for v in vals) else None)
 
 
-def _linear(t: ir.Term) -> _Linear:
-  if isinstance(t, ir.Const):
-    return _Linear(t.value)
-  if isinstance(t, ir.Pos):
-    return _Linear(0, Counter({"q": 1}))
-  if isinstance(t, ir.Neg):
-    return _linear(t.arg) * -1
+def _not(v: bool | None) -> bool | None:
+  return None if v is None else not v
+
+
+def _link(op: str, a: ir.Term, b: ir.Term) -> bool | None:
+  """`a op b` with `k` read as `q`: decided, or None."""
+  la, lb = linear_form(a), linear_form(b)
+  if la is not None and lb is not None:
+    if la[0] + la[1] != lb[0] + lb[1]:  # differ by a multiple of the position
+      return None
+    return _CMP[op](la[2] - lb[2])
+  (ta, ca), (tb, cb) = _offset(a), _offset(b)  # `seg[q] <= seg[k] + 1`
+  return _CMP[op](ca - cb) if _key(ta) == _key(tb) else None
+
+
+def _offset(t: ir.Term) -> tuple[ir.Term, int]:
+  """`t` as `base + c`, the constants it adds or subtracts taken off."""
   if isinstance(t, ir.Arith) and t.op in "+-":
-    a, b = _linear(t.lhs), _linear(t.rhs)
-    return a + b if t.op == "+" else a - b
-  if isinstance(t, ir.Arith) and t.op == "*":
-    a, b = _linear(t.lhs), _linear(t.rhs)
-    if not b.atoms:
-      return a * b.const
-    if not a.atoms:
-      return b * a.const
-  return _Linear(0, Counter({_key(t): 1}))
+    if isinstance(t.rhs, ir.Const):
+      base, c = _offset(t.lhs)
+      return base, c + (t.rhs.value if t.op == "+" else -t.rhs.value)
+    if isinstance(t.lhs, ir.Const) and t.op == "+":
+      base, c = _offset(t.rhs)
+      return base, c + t.lhs.value
+  return t, 0
 
 
 def _key(t: ir.Node):

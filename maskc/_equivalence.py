@@ -42,6 +42,7 @@ from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._bind import Shape, _int, as_mask
 from maskc._errors import MaskTypeError, MaskValueError, OperandError
 from maskc._evaluate import Env, evaluate_mask
+from maskc._run_lists import unpacked
 from maskc._tiles import runs_from_grid
 
 _LEAF = 1024  # rectangles of at most this many positions are evaluated, not split further
@@ -402,18 +403,6 @@ def _common_batch(sides) -> int | None:
 # ----------------------------------------------------------------------------- deciding
 
 
-def _flat_runs(runs, nb: int, n_lines: int, n_other: int):
-  """Runs as sorted 1-D arrays of global starts, stops and states (key = batch * lines + line)."""
-  start, stop, state = (np.broadcast_to(x, (nb,) + x.shape[1:]) for x in runs[:3])
-  r = start.shape[-1]
-  count = (state != EMPTY).sum(-1) if r else np.zeros((nb, n_lines), np.int64)
-  valid = np.arange(r) < count[..., None]
-  key = (np.arange(nb)[:, None, None] * n_lines + np.arange(n_lines)[None, :, None])
-  key = np.broadcast_to(key, start.shape)[valid].astype(np.int64)
-  width = n_other + 1
-  return (key * width + start[valid], key * width + stop[valid], state[valid].astype(np.int8))
-
-
 def _lookup(flat, g: np.ndarray) -> np.ndarray:
   """The state at global positions `g` of flattened runs (EMPTY outside every run)."""
   gs, ge, st = flat
@@ -427,7 +416,7 @@ def _lookup(flat, g: np.ndarray) -> np.ndarray:
 
 def _segments(sides, nb: int, nq: int, nk: int):
   """Elementary segments of tiles on which both maps are constant, with both states."""
-  flats = [_flat_runs(s.runs, nb, nq, nk) for s in sides]
+  flats = [unpacked(s.runs, nb, nq, nk) for s in sides]
   points = np.unique(np.concatenate([x for f in flats for x in f[:2]]))
   width = nk + 1
   if points.size < 2:

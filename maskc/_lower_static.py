@@ -57,7 +57,7 @@ from maskc._ragged import ranges
 from maskc._run_lists import (expand_in_order, expand_leaves, interleaved, keyed, lines_of,
                               marked, meeting_mask, merge_keyed, merge_runs, on_lines,
                               on_lines_mask, overlapping, pack_keyed, pack_runs, split_keys,
-                              stack_runs)
+                              stack_runs, unpacked)
 from maskc._tile_cover import tile_cover
 from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
@@ -614,13 +614,6 @@ class _EqualRuns:
                        "the runs of equal reads")
     return equal_read_runs(self.table, geo, nb, *self.shifts, along_rows, self.on, self._lines)
 
-  def merged(self, along_rows: bool):
-    """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
-    f, a, z, state = self._lines_runs(along_rows)
-    n_lines = self.geo.nq if along_rows else self.geo.nk
-    b, line = np.divmod(f, n_lines) if self.batch else (np.zeros_like(f), f)
-    return b, line, a, z, state
-
   def flat(self, along_rows: bool):
     """The runs as sorted, merged flat runs (`keyed`), from their flat lines directly."""
     f, a, z, state = self._lines_runs(along_rows)
@@ -628,8 +621,8 @@ class _EqualRuns:
     return base + a, base + z, state
 
   def runs(self, along_rows: bool) -> Runs:
-    return pack_runs(*self.merged(along_rows), self.batch or 1,
-                     self.geo.nq if along_rows else self.geo.nk)
+    n_lines, n_span = (self.geo.nq, self.geo.nk) if along_rows else (self.geo.nk, self.geo.nq)
+    return pack_keyed(*self.flat(along_rows), self.batch or 1, n_lines, n_span)
 
 
 class _PeriodicRuns:
@@ -969,13 +962,6 @@ class _CombinedRuns:
                          np.unique(b * n + line))
                  for rows, n, line in ((True, geo.nq, i), (False, geo.nk, j)))
 
-  def merged(self, along_rows: bool):
-    """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
-    key, end, state = self.flat(along_rows)
-    n_lines, n_span = (self.geo.nq, self.geo.nk) if along_rows else (self.geo.nk, self.geo.nq)
-    b, line, a = split_keys(key, n_lines, n_span, bool(self.batch))
-    return b, line, a, a + (end - key), state
-
   def flat(self, along_rows: bool):
     """The runs as sorted, merged flat runs `(start key, stop key, state)` (`keyed`): what
     an `&` / `|` of which this is a part combines, without splitting and joining keys."""
@@ -1137,15 +1123,8 @@ class _CombinedRuns:
     if not self.union:
       return self._spliced_met(x, part, along_rows, n_lines, n_span)[0]
     runs = self._spliced_lines(x, part, along_rows, n_lines, n_span)
-    count = runs.count.reshape(-1)
-    self.budget.charge(int(count.sum()) * 40, "splicing a pattern of runs")  # with keys
-    used = np.arange(runs.start.shape[-1]) < runs.count[..., None]
-    line = np.repeat(np.arange(count.size, dtype=np.int64) * (n_span + 1), count)
-    a = runs.start[used].astype(np.int64)
-    a += line
-    z = runs.stop[used].astype(np.int64)
-    z += line
-    return a, z, runs.state[used]
+    self.budget.charge(int(runs.count.sum()) * 40, "splicing a pattern of runs")  # as keys
+    return unpacked(runs, self.batch or 1, n_lines, n_span)
 
   def _spliced_met(self, x, part: _AxisRuns, along_rows: bool, n_lines: int, n_span: int):
     """The flat runs of `x` combined with the pattern's runs that meet the span of each
@@ -1393,8 +1372,8 @@ class _CombinedRuns:
     st = np.full(tile.shape, PARTIAL, np.int8)
     todo = np.ones(tile.shape, bool)
     if self.refine or exact_part:
-      if not union and self._true_on_diagonal():  # a true pair where the diagonal crosses
-        todo &= ~_crosses_diagonal(self.geo, i, j)
+      if not (union or self.geo.positions) and self._true_on_diagonal():
+        todo &= ~_diagonal_pairs(self.geo, i, j)[2]  # a true pair where the diagonal crosses
       sample = np.flatnonzero(todo)
       if sample.size:
         todo[sample] = ~_sampled_mixed(self.m, self.geo, self.tables,
@@ -1409,15 +1388,20 @@ class _CombinedRuns:
     return st
 
 
-def _crosses_diagonal(geo: TileGeometry, i, j) -> np.ndarray:
-  """Which tiles `(i, j)` hold a pair `q == k`; none with explicit positions."""
-  if geo.positions:
-    return np.zeros(np.shape(i), bool)
+def _tile_corners(geo: TileGeometry, i, j):
+  """The first and last row and column `(r0, r1, c0, c1)` of tiles `(i, j)`."""
   r0, c0 = i * geo.bq, j * geo.bk
-  r1 = np.minimum(r0 + geo.bq, geo.shape.q_len) - 1
-  c1 = np.minimum(c0 + geo.bk, geo.shape.kv_len) - 1
+  return (r0, np.minimum(r0 + geo.bq, geo.shape.q_len) - 1, c0,
+          np.minimum(c0 + geo.bk, geo.shape.kv_len) - 1)
+
+
+def _diagonal_pairs(geo: TileGeometry, i, j):
+  """`(row, column, on)`: the first pair `q == k` of each tile `(i, j)` and whether the
+  diagonal crosses it at all (consecutive positions only: `geo.positions` is False)."""
+  r0, r1, c0, c1 = _tile_corners(geo, i, j)
   off = geo.shape.q_offset
-  return np.maximum(r0 + off, c0) <= np.minimum(r1 + off, c1)
+  p = np.maximum(r0 + off, c0)
+  return p - off, p, p <= np.minimum(r1 + off, c1)
 
 
 def _exact_runs(part) -> bool:
@@ -1470,16 +1454,11 @@ SAMPLE_GROUP = 4  # pairs a tile evaluates at once, each with a value per node o
 
 def _sampled_chunk(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union: bool):
   """`_sampled_mixed` of one chunk."""
-  r0 = i * geo.bq
-  r1 = np.minimum(r0 + geo.bq, geo.shape.q_len) - 1
-  c0 = j * geo.bk
-  c1 = np.minimum(c0 + geo.bk, geo.shape.kv_len) - 1
+  r0, r1, c0, c1 = _tile_corners(geo, i, j)
   samples = [(r0, c0), (r0, c1), (r1, c0), (r1, c1)]
   if not geo.positions:
-    off = geo.shape.q_offset
-    p = np.maximum(r0 + off, c0)
-    on = p <= np.minimum(r1 + off, c1)  # the diagonal crosses the tile
-    diagonal = (np.where(on, p - off, r0), np.where(on, p, c0))
+    row, col, on = _diagonal_pairs(geo, i, j)
+    diagonal = (np.where(on, row, r0), np.where(on, col, c0))
     samples = samples + [diagonal] if union else [diagonal] + samples
   reads = _RunReads(tables)
   proved = np.zeros(i.shape, bool)

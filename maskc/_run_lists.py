@@ -194,6 +194,18 @@ def pack_keyed(key, end, state, nb: int, n_lines: int, n_span: int) -> Runs:
   return packed_lines(key - base, end - base, state, count, nb, n_lines)
 
 
+def unpacked(runs, nb: int, n_lines: int, n_span: int):
+  """Packed runs (`[B', n_lines, R]` arrays, `B'` 1 or `nb`) as sorted flat runs `(start
+  key, stop key, state)` (`keyed`): the counterpart of `pack_keyed`."""
+  start, stop, state = (np.broadcast_to(x, (nb,) + x.shape[1:]) for x in runs[:3])
+  r = start.shape[-1]
+  count = (state != EMPTY).sum(-1) if r else np.zeros((nb, n_lines), np.int64)
+  valid = np.arange(r) < count[..., None]
+  line = (np.arange(nb)[:, None, None] * n_lines + np.arange(n_lines)[None, :, None])
+  base = np.broadcast_to(line, start.shape)[valid].astype(np.int64) * (n_span + 1)
+  return base + start[valid], base + stop[valid], state[valid].astype(np.int8)
+
+
 def packed_lines(a, z, state, count, nb: int, n_lines: int) -> Runs:
   """Runs `[a, z)` in `state`, merged, line after line, each line's in order and `count` a
   line (positions within the line), in `[nb, n_lines, R]` arrays."""
