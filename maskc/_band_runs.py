@@ -130,12 +130,15 @@ def keyed_band_runs(bounds: np.ndarray, lines: np.ndarray, n_lines: int, n_span:
 
 def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):
   """Flat sorted runs `x = (start key, stop key, state)` (`maskc._run_lists.keyed`) cut at
-  their lines' band bounds (`[4, n_lines]`: s, f, g, e), the parts outside the band
-  dropped: `(lo, hi, x's state, the band's state)`, in order."""
+  their lines' band bounds (`[4, n_lines]`, the same for every batch row, or `[4, batch *
+  n_lines]` by flat line: s, f, g, e), the parts outside the band dropped: `(lo, hi, x's
+  state, the band's state)`, in order."""
   key, end, state = x
   stride = n_span + 1
   flat_line = key // stride
-  line = flat_line % n_lines if flat_line.size and flat_line[-1] >= n_lines else flat_line
+  line = flat_line
+  if bounds.shape[1] == n_lines and flat_line.size and flat_line[-1] >= n_lines:
+    line = flat_line % n_lines
   base = flat_line * stride
   # one bound at a time, by 1-D takes: a row gather of [n, 4] or broadcasts over its
   # columns take several times as long

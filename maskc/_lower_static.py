@@ -63,6 +63,7 @@ from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
                                  Budget, analysis_bytes, evaluate_tiles, subdivide)
 from maskc._tiles import Runs
+from maskc._widened_band import widened_bounds, widened_runs
 
 
 def _combine_pieces(item, n_items: int, state, certain):
@@ -614,6 +615,14 @@ class _EqualRuns:
                        "the runs of equal reads")
     return equal_read_runs(self.table, geo, nb, *self.shifts, along_rows, self.on, self._lines)
 
+  def widened(self, band: tuple[int | None, int | None], along_rows: bool):
+    """The bounds of `band | self` per line, where they are a band's
+    (`maskc._widened_band`); else None."""
+    geo = self.geo
+    self.budget.charge((self.table.batch * (geo.nq + geo.nk) + self.table.values.size) * 12 * 8,
+                       "a band widened by equal reads")
+    return widened_bounds(geo, band, self.table, self.shifts, self.on, along_rows, self._lines)
+
   def flat(self, along_rows: bool):
     """The runs as sorted, merged flat runs (`keyed`), from their flat lines directly."""
     f, a, z, state = self._lines_runs(along_rows)
@@ -1017,9 +1026,14 @@ class _CombinedRuns:
         others, spread = [spread[0][0]], spread[1:]
     # whole lines first: under `&`, the other parts matter only on their non-EMPTY lines
     order = whole + others
-    flat = _flat_runs(order[0], along_rows, n_lines, n_span)
-    exact = _exact_runs(order[0])  # the runs so far are one exact part's, as lowered
-    for part in order[1:]:
+    widened = self._widened(order, along_rows, n_lines, n_span) if self.union else None
+    if widened is None:
+      flat = _flat_runs(order[0], along_rows, n_lines, n_span)
+      exact = _exact_runs(order[0])  # the runs so far are one exact part's, as lowered
+      order = order[1:]
+    else:
+      (flat, order), exact = widened, True
+    for part in order:
       other = _flat_runs(part, along_rows, n_lines, n_span)
       if whole and not self.union:
         other = on_lines(other, lines_of(flat[0], n_span), n_span)
@@ -1038,6 +1052,21 @@ class _CombinedRuns:
       flat = self._combine_by_lines(kept, met, along_rows, n_lines, n_span, union=True)
       exact = False
     return flat, patterns
+
+  def _widened(self, order: list, along_rows: bool, n_lines: int, n_span: int):
+    """`(flat runs, the other parts)` of this `|` where a band and equal reads among
+    `order` join into one interval per row (`causal | bidirectional(img)`:
+    `maskc._widened_band`), their runs written from bounds with nothing combined;
+    else None."""
+    band = next((p for p in order if isinstance(p, BandRuns)), None)
+    equal = next((p for p in order if isinstance(p, _EqualRuns)), None)
+    if band is None or equal is None:
+      return None
+    bounds = equal.widened(band.band, along_rows)
+    if bounds is None:
+      return None
+    return (widened_runs(bounds, self.batch or 1, n_lines, n_span),
+            [p for p in order if p is not band and p is not equal])
 
   def _pattern_or(self, part, along_rows: bool):
     """`(rest, pattern)` where `part` of this `&` is `rest | pattern`, the pattern a part
@@ -1090,15 +1119,21 @@ class _CombinedRuns:
 
   def _spread(self, x, band: BandRuns, rest, along_rows: bool, n_lines: int, n_span: int,
               exact_x: bool = False):
-    """Flat runs `x` of this `&`'s other parts, `& (band | rest)`: on lines where the rest
-    has no runs, `x` clipped at the band; on the rest's lines (few: an image's rows),
-    `x` met with the band's runs joined with the rest's.
+    """Flat runs `x` of this `&`'s other parts, `& (band | rest)`. Where the rest is equal
+    reads that widen the band to one interval per row (`maskc._widened_band`), `x`
+    clipped at the widened band's bounds; else, on lines where the rest has no runs,
+    `x` clipped at the band, and on the rest's lines (few: an image's rows), `x` met
+    with the band's runs joined with the rest's.
 
-    `document(seg) & (causal | bidirectional(img))`: the documents clipped to the
-    diagonal as in `causal & document(seg)`, `causal`'s own runs written on the
-    image lines only. Tiles PARTIAL in two parts are decided for the whole mask:
-    between the `|` and the whole, the following `&` with `x` is still exact.
+    `document(seg) & (causal | bidirectional(img))`: the documents clipped as in
+    `causal & document(seg)`, at bounds that reach past the diagonal on an image's
+    lines. Tiles PARTIAL in two parts are decided for the whole mask: between the `|`
+    and the whole, the following `&` with `x` is still exact.
     """
+    if isinstance(rest, _EqualRuns):  # one interval per row: the band widened
+      widened = rest.widened(band.band, along_rows)
+      if widened is not None:
+        return self._clip_lines(x, widened, along_rows, n_lines, n_span)
     y = _flat_runs(rest, along_rows, n_lines, n_span)
     lines = lines_of(y[0], n_span)
     on = on_lines_mask(x[0], lines, n_span)

@@ -181,9 +181,10 @@ def test_the_band_clips_the_documents():
 
 
 def test_a_band_in_an_or_is_spread_over_the_and():
-  """`document(seg) & (causal | bidirectional(img))` clips the documents at the band and
-  meets them with the images on the images' lines (`_CombinedRuns._spread`): these masks of
-  the property test above reach it, with one part or several beside the band."""
+  """`document(seg) & (causal | bidirectional(img))` spreads the band over the `&`
+  (`_CombinedRuns._spread`): the documents clipped at the band widened by the images, or,
+  with several parts beside the band, clipped at the band and met with the images on the
+  images' lines. These masks of the property test above reach it."""
   seg = np.repeat(np.arange(10), 400)
   for text in ["document(seg) & (causal | bidirectional(img))",
                "document(seg) & (causal | bidirectional(img) | seg[q] == seg[k] + 1)"]:

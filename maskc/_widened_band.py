@@ -1,0 +1,111 @@
+"""A band widened by blocks of equal reads, in closed form: `causal | bidirectional(img)`.
+
+A band `lo <= q - k <= hi` holds on one interval of each row, `[p - hi, p - lo]`,
+and the intervals of consecutive rows touch. `x[q + s] == x[k + t]` (with `&
+w[q + s]`: `bidirectional(img)`), where each value of x is one run, holds on one
+block of each row too: the columns that read the run the row reads. Where each
+row's block meets or touches its band interval (an image's block holds its own
+diagonal), their union is again one interval per row, and the union over a tile
+line's rows is one interval as well, since each holds its band interval. So a
+line's tiles are EMPTY, PARTIAL, FULL, PARTIAL, EMPTY, like a band's: FULL where
+every row's interval covers the tile, non-EMPTY where the union reaches it,
+exactly, from the least and greatest ends of the rows' intervals. The rows of a
+line split at the runs they read, and on each such stretch both ends grow with
+the row, so the stretch's first and last rows give their extremes.
+
+In `document(seg) & (causal | bidirectional(img))` the documents are then
+clipped at these bounds, one pass over their runs as in `causal &
+document(seg)`, instead of being clipped at the band off the images' lines and
+met with the band joined with the blocks on them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from maskc._band_runs import _line_runs, _Tiles
+from maskc._equal_reads import _lines_read
+from maskc._operand_runs import RunTable
+from maskc._ragged import ranges
+from maskc._run_lists import keyed, merge_keyed
+from maskc._tile_geometry import TileGeometry
+
+_FAR = 1 << 61  # beyond any position (band_fits keeps them under 2**60)
+
+
+def widened_bounds(geo: TileGeometry, band: tuple[int | None, int | None], table: RunTable,
+                   shifts: tuple[int, int], on: np.ndarray | None, along_rows: bool,
+                   memo: dict | None = None) -> np.ndarray | None:
+  """Bounds `[4, table.batch * n_lines]` (`maskc._band_runs.band_bounds`: s, f, g, e per
+  flat line of each operand row) of `band | x[q + s] == x[k + t] [& w[q + s]]`, where
+  `band` fits the closed form (`band_fits`), each value of x is one run of its row
+  (`unique_runs`) and `on` says per run whether w holds there (None: no w).
+
+  None where the band is empty or some row's block neither meets nor touches its band
+  interval: that row's union is two intervals.
+  `memo`: the runs lines read (`maskc._equal_reads._lines_read`).
+  """
+  lo, hi = band
+  if lo is not None and hi is not None and lo > hi:
+    return None
+  shape = geo.shape
+  s_line, s_span = shifts if along_rows else shifts[::-1]
+  if along_rows:  # row p: columns [p - hi, p - lo]
+    other = _Tiles(0, geo.bk, shape.kv_len)
+    low = (None if hi is None else -hi), (None if lo is None else -lo)
+  else:  # column c: rows [c + lo, c + hi]
+    other = _Tiles(shape.q_offset, geo.bq, shape.q_len)
+    low = lo, hi
+  n_lines = geo.nq if along_rows else geo.nk
+  t = np.arange(n_lines, dtype=np.int64)
+  first, last = geo.q_bounds(t, t + 1) if along_rows else geo.k_bounds(t, t + 1)
+  r0, r1 = _lines_read(table, geo, along_rows, s_line, memo)
+  rows = table.batch
+  first, last = np.tile(first, rows), np.tile(last, rows)
+  # the stretches of each line's rows that read one run: (line, run, first row, last row)
+  n = r1 - r0 + 1
+  line = np.repeat(np.arange(r0.size, dtype=np.int64), n)
+  run = ranges(r0, n)
+  length = table.length
+  row_start = table.row[run] * length
+  start = table.starts[run] - row_start
+  end = np.append(table.starts[1:], rows * length)[run] - row_start  # exclusive
+  pa = np.where(run == r0[line], first[line], start - s_line)
+  pb = np.where(run == r1[line], last[line], end - 1 - s_line)
+  # the band's interval at a stretch's first and last rows
+  la, lb = ((np.full(pa.shape, -_FAR), np.full(pb.shape, -_FAR)) if low[0] is None else
+            (pa + low[0], pb + low[0]))
+  ha, hb = ((np.full(pa.shape, _FAR), np.full(pb.shape, _FAR)) if low[1] is None else
+            (pa + low[1], pb + low[1]))
+  # the block: the positions that read the run (the first and last run of a row reach
+  # past the operand's ends, where reads are clipped)
+  blocked = np.ones(run.shape, bool) if on is None else on[run]
+  b0 = np.where(start == 0, -_FAR, start - s_span)[blocked]
+  b1 = np.where(end == length, _FAR, end - 1 - s_span)[blocked]
+  if np.any(b0 > ha[blocked] + 1) or np.any(b1 < lb[blocked] - 1):
+    return None  # a row whose block is apart from its band interval
+  la[blocked] = np.minimum(la[blocked], b0)
+  lb[blocked] = np.minimum(lb[blocked], b0)
+  ha[blocked] = np.maximum(ha[blocked], b1)
+  hb[blocked] = np.maximum(hb[blocked], b1)
+  at = np.flatnonzero(np.diff(line, prepend=-1))  # each line's first stretch
+  least_lo, most_lo = np.minimum.reduceat(la, at), np.maximum.reduceat(lb, at)
+  least_hi, most_hi = np.minimum.reduceat(ha, at), np.maximum.reduceat(hb, at)
+  s = other.ending_by(least_lo - 1)  # some row reaches the tile
+  e = other.starting_by(most_hi)
+  f = other.first_starting_from(most_lo)  # every row covers the tile
+  g = other.ending_by(least_hi)
+  e = np.maximum(e, s)
+  f = np.clip(f, s, e)
+  g = np.clip(g, f, e)
+  return np.stack([s, f, g, e])
+
+
+def widened_runs(bounds: np.ndarray, nb: int, n_lines: int, n_span: int):
+  """The runs of lines with bounds `bounds` (`widened_bounds`: per line of every batch row,
+  or per flat line) as sorted, merged flat runs (`maskc._run_lists.keyed`)."""
+  if bounds.shape[1] != nb * n_lines:
+    bounds = np.tile(bounds, nb)
+  at, a, z, state = _line_runs(bounds)
+  # an empty FULL run leaves two PARTIAL ones side by side: merged into one
+  return merge_keyed(*keyed((0, at, a, z, state), nb * n_lines, n_span))

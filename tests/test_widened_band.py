@@ -1,0 +1,190 @@
+"""A band widened by equal reads (`maskc._widened_band`): `band | bidirectional(img)` as
+bounds per line, against dense masks."""
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import maskc
+from maskc import _lower, _lower_static
+from maskc._analysis import Tables
+from maskc._compile_predicate import exact_band
+from maskc._tile_geometry import TileGeometry
+from maskc._tiles import EMPTY, FULL, PARTIAL, grid_from_runs
+from test_lower_scale import _expected_grid
+
+BANDS = ["causal", "sliding(W)", "local(L, R)", "q - k >= A & q - k <= B", "k - q >= A",
+         "q - k >= A"]
+# `x[q + s] == x[k + t]` where each value is one run, alone or `& w[q + s]`
+EQUALS = ["bidirectional(img)", "document(seg)", "seg[q + S] == seg[k + T]",
+          "runs(img)[q + S] == runs(img)[k + T] & img[q + S]"]
+PAD = 3  # operands reach past the last key by the largest shift
+
+
+@st.composite
+def widened_cases(draw):
+  """`(band, equal reads, kv_len, q_len, q_offset, bq, bk, operands)`: one to five image spans
+  and documents of 1-60 tokens (ids sorted, so one run each), batched or not, shifted
+  reads, bands that hold the diagonal and bands that do not (`q - k >= 5`, `k - q >= 2`),
+  so that some blocks lie apart from their rows' band intervals."""
+  n = draw(st.integers(8, 200))
+  batch = draw(st.sampled_from([None, None, 2]))
+  rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+  segs, imgs = [], []
+  for _ in range(batch or 1):
+    segs.append(np.repeat(np.arange(n + PAD), rng.integers(1, 60, n + PAD))[:n + PAD])
+    img = np.zeros(n + PAD, bool)
+    for start in rng.integers(0, n + PAD, draw(st.integers(1, 5))):
+      img[start:start + rng.integers(1, 80)] = True
+    imgs.append(img)
+  seg, img = (np.stack(x) if batch else x[0] for x in (segs, imgs))
+  band = draw(st.sampled_from(BANDS))
+  band = (band.replace("W", str(draw(st.integers(1, 40))))
+          .replace("L", str(draw(st.integers(0, 30)))).replace("R", str(draw(st.integers(0, 30))))
+          .replace("A", str(draw(st.integers(-10, 30)))).replace("B", str(draw(st.integers(-10, 30)))))
+  equal = draw(st.sampled_from(EQUALS))
+  equal = equal.replace("S", str(draw(st.integers(0, PAD)))).replace(
+      "T", str(draw(st.integers(0, PAD))))
+  q_len = draw(st.integers(1, n))
+  offset = draw(st.integers(0, n - q_len))
+  ops = {k: v for k, v in (("seg", seg), ("img", img)) if k in equal}
+  return band, equal, n, q_len, offset, draw(st.sampled_from([1, 4, 8, 16])), draw(
+      st.sampled_from([1, 4, 8, 16])), ops
+
+
+def _dense_tiles(text, n, q_len, offset, bq, bk, ops):
+  dense = np.asarray(maskc.materialize(text, q_len, n, q_offset=offset, operands=ops))
+  return _expected_grid(dense.reshape((-1,) + dense.shape[-2:]), bq, bk)
+
+
+def _equal_runs(equal, n, q_len, offset, bq, bk, ops):
+  bound = _lower.bind_masks(equal, q_len, n, q_offset=offset, operands=ops)
+  geo = TileGeometry(bound.shape, bq, bk)
+  batch = next(iter(ops.values())).shape[0] if next(iter(ops.values())).ndim == 2 else None
+  tables = Tables(np, bound.operands, bound.forms)
+  runs = _lower_static._runs_of_mask(bound.masks[0], geo, tables, batch, True,
+                                     _lower_static.Budget(1 << 28))
+  return (runs if isinstance(runs, _lower_static._EqualRuns) else None), geo
+
+
+def _grid_of_bounds(bounds, n_span):
+  s, f, g, e = (b[:, None] for b in bounds)
+  t = np.arange(n_span)[None, :]
+  return np.where((t >= f) & (t < g), FULL, np.where((t >= s) & (t < e), PARTIAL, EMPTY))
+
+
+@given(widened_cases())
+def test_widened_bounds_give_the_dense_tiles(case):
+  """Where `widened_bounds` gives bounds, along rows and along columns, they are the tiles
+  of the dense `band | equal reads` on every line of every batch row, bands that hold the
+  diagonal or not, reads shifted or not."""
+  band, equal, n, q_len, offset, bq, bk, ops = case
+  equal_runs, geo = _equal_runs(equal, n, q_len, offset, bq, bk, ops)
+  # sorted ids and image runs are one run per value: None only where binding folded the
+  # reads away (an image over every token)
+  assume(equal_runs is not None)
+  expected = _dense_tiles(f"({band}) | ({equal})", n, q_len, offset, bq, bk, ops)
+  lohi = exact_band(maskc.parse(band))
+  for along_rows in (True, False):
+    bounds = equal_runs.widened(lohi, along_rows)
+    want = expected if along_rows else np.swapaxes(expected, -1, -2)
+    if bounds is None:
+      continue
+    assert np.all((bounds[0] <= bounds[1]) & (bounds[1] <= bounds[2]) &
+                  (bounds[2] <= bounds[3]))
+    got = _grid_of_bounds(bounds, want.shape[-1])  # operands batched as the mask is
+    np.testing.assert_array_equal(got.reshape(want.shape), want)
+
+
+def _two_intervals(dense):
+  """Whether some row of a dense mask `[..., q, k]` is true on two separate intervals."""
+  rises = np.diff(dense.astype(np.int8), axis=-1, prepend=0) == 1
+  return bool(np.any(rises.sum(-1) > 1))
+
+
+@pytest.mark.parametrize("band", ["causal", "sliding(4)", "local(3, 5)", "q - k >= 0"])
+@pytest.mark.parametrize("equal", ["bidirectional(img)", "document(seg)"])
+def test_blocks_holding_the_diagonal_always_widen(band, equal):
+  """A band that holds the diagonal and blocks that hold it too (`bidirectional(img)`,
+  `document(seg)`: a token reads its own run) always join into one interval per row and
+  per column, at any offset: the closed form is taken, not skipped."""
+  n = 97
+  img = (np.arange(n) % 23 > 9) | (np.arange(n) < 3)
+  seg = np.repeat(np.arange(n), 7)[:n]
+  ops = {"img": img} if "img" in equal else {"seg": seg}
+  for q_len, offset, bq, bk in [(97, 0, 8, 8), (40, 57, 16, 4), (13, 30, 1, 16)]:
+    equal_runs, _ = _equal_runs(equal, n, q_len, offset, bq, bk, ops)
+    for along_rows in (True, False):
+      assert equal_runs.widened(exact_band(maskc.parse(band)), along_rows) is not None
+
+
+def test_a_block_apart_from_the_band_is_not_widened():
+  """`q - k >= 20 | document(seg)` with documents of 5 tokens: a row's document lies to the
+  right of its band interval, so its union is two intervals, and no bounds are given."""
+  n = 60
+  seg = np.repeat(np.arange(12), 5)
+  equal_runs, _ = _equal_runs("document(seg)", n, n, 0, 4, 4, {"seg": seg})
+  assert equal_runs.widened((20, None), True) is None
+  dense = np.asarray(maskc.materialize("q - k >= 20 | document(seg)", n, operands={"seg": seg}))
+  assert _two_intervals(dense)
+
+
+@given(widened_cases(), st.booleans(), st.booleans())
+def test_an_or_and_an_and_with_a_widened_band_are_exact(case, inside, exact):
+  """`band | equal reads`, and `document(seg) & (band | equal reads)` (the band widened and
+  the documents clipped to it), lower to the dense mask's tiles along rows and columns:
+  exactly for prelude masks and with `exact=True`, soundly (FULL and EMPTY right) for
+  explicit comparisons without."""
+  band, equal, n, q_len, offset, bq, bk, ops = case
+  text = f"({band}) | ({equal})"
+  if inside:
+    text = f"document(doc) & ({text})"
+    rng = np.random.default_rng(n)
+    lead = next(iter(ops.values())).shape[:-1]
+    ops = dict(ops, doc=np.sort(rng.integers(0, 6, lead + (n + PAD,)), axis=-1))
+  _lower._CACHE.clear()
+  bm = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops,
+                     exact=exact)
+  expected = _dense_tiles(text, n, q_len, offset, bq, bk, ops)
+  cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
+  for got in (np.asarray(bm.grid).reshape(expected.shape),
+              np.swapaxes(cols, -1, -2).reshape(expected.shape)):
+    if exact or "==" not in text:
+      np.testing.assert_array_equal(got, expected)
+    else:
+      decided = got != PARTIAL
+      np.testing.assert_array_equal(got[decided], expected[decided])
+
+
+@pytest.mark.parametrize("text", ["causal | bidirectional(img)",
+                                  "sliding(50) | bidirectional(img) | g[k]",
+                                  "document(seg) & (causal | bidirectional(img))"])
+def test_the_widened_band_is_taken(text, monkeypatch):
+  """These masks are lowered through the widened band, along rows and columns, with no
+  tile analysed, and give the dense tiles."""
+  taken = []
+  widened = _lower_static.widened_bounds
+
+  def counted(*args, **kwargs):
+    bounds = widened(*args, **kwargs)
+    taken.append(bounds is not None)
+    return bounds
+
+  def no_analysis(*args, **kwargs):
+    raise AssertionError("a tile analysed")
+
+  monkeypatch.setattr(_lower_static, "widened_bounds", counted)
+  monkeypatch.setattr(_lower_static, "_decide_tiles", no_analysis)
+  n = 2000
+  img = np.zeros(n, bool)
+  for a, z in [(100, 300), (640, 641), (1000, 1500), (1900, 2000)]:
+    img[a:z] = True
+  ops = {"img": img, "seg": np.repeat(np.arange(20), 100),
+         "g": np.isin(np.arange(n), [5, 700, 1999])}
+  ops = {k: v for k, v in ops.items() if k + ")" in text or k + "[" in text}
+  _lower._CACHE.clear()
+  bm = maskc.compile(text, n, block_q=64, block_kv=64, operands=ops)
+  assert taken and all(taken), taken
+  expected = _dense_tiles(text, n, n, 0, 64, 64, ops)
+  np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
