@@ -63,7 +63,7 @@ from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
                                  Budget, analysis_bytes, evaluate_tiles, subdivide)
 from maskc._tiles import Runs
-from maskc._widened_band import widened_bounds, widened_runs
+from maskc._widened_band import Intervals, widened_bounds, widened_runs
 
 
 def _combine_pieces(item, n_items: int, state, certain):
@@ -615,13 +615,14 @@ class _EqualRuns:
                        "the runs of equal reads")
     return equal_read_runs(self.table, geo, nb, *self.shifts, along_rows, self.on, self._lines)
 
-  def widened(self, band: tuple[int | None, int | None], along_rows: bool):
-    """The bounds of `band | self` per line, where they are a band's
+  def widened(self, intervals: Intervals, along_rows: bool):
+    """The bounds of `intervals | self` per line, where they are a band's
     (`maskc._widened_band`); else None."""
     geo = self.geo
     self.budget.charge((self.table.batch * (geo.nq + geo.nk) + self.table.values.size) * 12 * 8,
                        "a band widened by equal reads")
-    return widened_bounds(geo, band, self.table, self.shifts, self.on, along_rows, self._lines)
+    return widened_bounds(geo, intervals, self.table, self.shifts, self.on, along_rows,
+                          self._lines)
 
   def flat(self, along_rows: bool):
     """The runs as sorted, merged flat runs (`keyed`), from their flat lines directly."""
@@ -1054,15 +1055,18 @@ class _CombinedRuns:
     return flat, patterns
 
   def _widened(self, order: list, along_rows: bool, n_lines: int, n_span: int):
-    """`(flat runs, the other parts)` of this `|` where a band and equal reads among
-    `order` join into one interval per row (`causal | bidirectional(img)`:
-    `maskc._widened_band`), their runs written from bounds with nothing combined;
-    else None."""
-    band = next((p for p in order if isinstance(p, BandRuns)), None)
+    """`(flat runs, the other parts)` of this `|` where a band (or a band inside chunks)
+    and equal reads among `order` join into one interval per row (`causal & chunk(8192)
+    | bidirectional(img)`: `maskc._widened_band`), their runs written from bounds with
+    nothing combined; else None."""
     equal = next((p for p in order if isinstance(p, _EqualRuns)), None)
-    if band is None or equal is None:
+    if equal is None:
       return None
-    bounds = equal.widened(band.band, along_rows)
+    band, intervals = next(((p, x) for p, x in ((p, _intervals(p, self.geo)) for p in order)
+                            if x is not None), (None, None))
+    if band is None:
+      return None
+    bounds = equal.widened(intervals, along_rows)
     if bounds is None:
       return None
     return (widened_runs(bounds, self.batch or 1, n_lines, n_span),
@@ -1131,7 +1135,7 @@ class _CombinedRuns:
     and the whole, the following `&` with `x` is still exact.
     """
     if isinstance(rest, _EqualRuns):  # one interval per row: the band widened
-      widened = rest.widened(band.band, along_rows)
+      widened = rest.widened(Intervals(*band.band), along_rows)
       if widened is not None:
         return self._clip_lines(x, widened, along_rows, n_lines, n_span)
     y = _flat_runs(rest, along_rows, n_lines, n_span)
@@ -1437,6 +1441,20 @@ def _diagonal_pairs(geo: TileGeometry, i, j):
   off = geo.shape.q_offset
   p = np.maximum(r0 + off, c0)
   return p - off, p, p <= np.minimum(r1 + off, c1)
+
+
+def _intervals(part, geo: TileGeometry) -> Intervals | None:
+  """A part's one interval per row (`maskc._widened_band.Intervals`): a band's, or a band's
+  inside chunks (`causal & chunk(8192)`, lowered by its period) in the closed form's
+  range (`band_fits`)."""
+  if isinstance(part, BandRuns):
+    return Intervals(*part.band)
+  if not isinstance(part, _PeriodicRuns):
+    return None
+  found = Intervals.of(part.m)
+  if found is None or not band_fits(geo, (found.lo, found.hi, found.chunk)):
+    return None
+  return found
 
 
 def _exact_runs(part) -> bool:

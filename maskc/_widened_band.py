@@ -1,29 +1,35 @@
 """A band widened by blocks of equal reads, in closed form: `causal | bidirectional(img)`.
 
 A band `lo <= q - k <= hi` holds on one interval of each row, `[p - hi, p - lo]`,
-and the intervals of consecutive rows touch. `x[q + s] == x[k + t]` (with `&
-w[q + s]`: `bidirectional(img)`), where each value of x is one run, holds on one
-block of each row too: the columns that read the run the row reads. Where each
-row's block meets or touches its band interval (an image's block holds its own
+and the intervals of consecutive rows touch; so does a band inside chunks holding
+the diagonal (`causal & chunk(8192)`: `[8192 (p // 8192), p]`), each interval
+holding its row's diagonal. Both ends grow with the row. `x[q + s] == x[k + t]`
+(with `& w[q + s]`: `bidirectional(img)`), where each value of x is one run, holds
+on one block of each row too: the columns that read the run the row reads. Where
+each row's block meets or touches its interval (an image's block holds its own
 diagonal), their union is again one interval per row, and the union over a tile
-line's rows is one interval as well, since each holds its band interval. So a
+line's rows is one interval as well, since each holds its row's interval. So a
 line's tiles are EMPTY, PARTIAL, FULL, PARTIAL, EMPTY, like a band's: FULL where
 every row's interval covers the tile, non-EMPTY where the union reaches it,
 exactly, from the least and greatest ends of the rows' intervals. The rows of a
 line split at the runs they read, and on each such stretch both ends grow with
-the row, so the stretch's first and last rows give their extremes.
+the row, so the stretch's first and last rows give their extremes. The same holds
+along columns.
 
-In `document(seg) & (causal | bidirectional(img))` the documents are then
-clipped at these bounds, one pass over their runs as in `causal &
-document(seg)`, instead of being clipped at the band off the images' lines and
-met with the band joined with the blocks on them.
+`causal & chunk(8192) | bidirectional(img)` is then written from bounds, with no
+runs combined; in `document(seg) & (causal | bidirectional(img))` the documents are
+clipped at these bounds, one pass over their runs as in `causal & document(seg)`,
+instead of being clipped at the band off the images' lines and met with the band
+joined with the blocks on them.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from maskc import _ir as ir
 from maskc._band_runs import _line_runs, _Tiles
+from maskc._compile_predicate import conjuncts, exact_band
 from maskc._equal_reads import _lines_read
 from maskc._operand_runs import RunTable
 from maskc._ragged import ranges
@@ -33,29 +39,82 @@ from maskc._tile_geometry import TileGeometry
 _FAR = 1 << 61  # beyond any position (band_fits keeps them under 2**60)
 
 
-def widened_bounds(geo: TileGeometry, band: tuple[int | None, int | None], table: RunTable,
+class Intervals:
+  """A mask true on one interval of each row and of each column, whose ends grow with
+  the position and whose consecutive intervals touch: a band `lo <= q - k <= hi`
+  (`chunk` None), or such a band inside chunks `q // chunk == k // chunk` where the band
+  holds the diagonal."""
+
+  def __init__(self, lo: int | None, hi: int | None, chunk: int | None = None):
+    self.lo, self.hi, self.chunk = lo, hi, chunk
+
+  @classmethod
+  def of(cls, m: ir.Mask) -> Intervals | None:
+    """The intervals of `m`: a band (`exact_band`), or one `chunk(c)` beside band
+    comparisons that hold the diagonal (`causal & chunk(8192)`); else None."""
+    band = exact_band(m)
+    if band is not None:
+      return cls(*band)
+    items = conjuncts(m)
+    chunks = [c for c in map(_chunk, items) if c is not None]
+    if len(chunks) != 1:
+      return None
+    rest = [x for x in items if _chunk(x) is None]
+    lo, hi = exact_band(ir.and_(rest)) if rest else (None, None)  # type: ignore[misc]
+    if (lo is not None and lo > 0) or (hi is not None and hi < 0):
+      return None  # a row's interval could miss its diagonal, and end before the next
+    return cls(lo, hi, chunks[0])
+
+  def ends(self, p: np.ndarray, along_rows: bool):
+    """The first and last position `(L, H)` of the interval of each line at positions `p`
+    (query positions along rows, key positions along columns), `-_FAR` / `_FAR` where
+    unbounded."""
+    lo, hi = self.lo, self.hi
+    if along_rows:  # row p: columns [p - hi, p - lo]
+      lo, hi = (None if hi is None else -hi), (None if lo is None else -lo)
+    first = np.full(p.shape, -_FAR) if lo is None else p + lo
+    last = np.full(p.shape, _FAR) if hi is None else p + hi
+    if self.chunk is not None:
+      c = self.chunk
+      start = p // c * c
+      first, last = np.maximum(first, start), np.minimum(last, start + c - 1)
+    return first, last
+
+
+def _chunk(m: ir.Mask) -> int | None:
+  """`c` where `m` is `q // c == k // c` (`chunk(c)`), c >= 1."""
+  if not (isinstance(m, ir.Compare) and m.ops == ("==",)):
+    return None
+  found = {}
+  for t in m.terms:
+    if not (isinstance(t, ir.Arith) and t.op == "//" and isinstance(t.lhs, ir.Pos) and
+            isinstance(t.rhs, ir.Const)):
+      return None
+    found[t.lhs.axis] = t.rhs.value
+  c = found.get("q")
+  return c if len(found) == 2 and c == found.get("k") and c >= 1 else None
+
+
+def widened_bounds(geo: TileGeometry, intervals: Intervals, table: RunTable,
                    shifts: tuple[int, int], on: np.ndarray | None, along_rows: bool,
                    memo: dict | None = None) -> np.ndarray | None:
   """Bounds `[4, table.batch * n_lines]` (`maskc._band_runs.band_bounds`: s, f, g, e per
-  flat line of each operand row) of `band | x[q + s] == x[k + t] [& w[q + s]]`, where
-  `band` fits the closed form (`band_fits`), each value of x is one run of its row
-  (`unique_runs`) and `on` says per run whether w holds there (None: no w).
+  flat line of each operand row) of `intervals | x[q + s] == x[k + t] [& w[q + s]]`, on
+  consecutive positions with a static offset (`band_fits`), where each value of x is
+  one run of its row (`unique_runs`) and `on` says per run whether w holds there (None:
+  no w).
 
-  None where the band is empty or some row's block neither meets nor touches its band
+  None where the band is empty or some row's block neither meets nor touches its
   interval: that row's union is two intervals.
   `memo`: the runs lines read (`maskc._equal_reads._lines_read`).
   """
-  lo, hi = band
+  lo, hi = intervals.lo, intervals.hi
   if lo is not None and hi is not None and lo > hi:
     return None
   shape = geo.shape
   s_line, s_span = shifts if along_rows else shifts[::-1]
-  if along_rows:  # row p: columns [p - hi, p - lo]
-    other = _Tiles(0, geo.bk, shape.kv_len)
-    low = (None if hi is None else -hi), (None if lo is None else -lo)
-  else:  # column c: rows [c + lo, c + hi]
-    other = _Tiles(shape.q_offset, geo.bq, shape.q_len)
-    low = lo, hi
+  other = (_Tiles(0, geo.bk, shape.kv_len) if along_rows else
+           _Tiles(shape.q_offset, geo.bq, shape.q_len))  # the tiles each line spans
   n_lines = geo.nq if along_rows else geo.nk
   t = np.arange(n_lines, dtype=np.int64)
   first, last = geo.q_bounds(t, t + 1) if along_rows else geo.k_bounds(t, t + 1)
@@ -72,11 +131,9 @@ def widened_bounds(geo: TileGeometry, band: tuple[int | None, int | None], table
   end = np.append(table.starts[1:], rows * length)[run] - row_start  # exclusive
   pa = np.where(run == r0[line], first[line], start - s_line)
   pb = np.where(run == r1[line], last[line], end - 1 - s_line)
-  # the band's interval at a stretch's first and last rows
-  la, lb = ((np.full(pa.shape, -_FAR), np.full(pb.shape, -_FAR)) if low[0] is None else
-            (pa + low[0], pb + low[0]))
-  ha, hb = ((np.full(pa.shape, _FAR), np.full(pb.shape, _FAR)) if low[1] is None else
-            (pa + low[1], pb + low[1]))
+  # the intervals of a stretch's first and last rows
+  la, ha = intervals.ends(pa, along_rows)
+  lb, hb = intervals.ends(pb, along_rows)
   # the block: the positions that read the run (the first and last run of a row reach
   # past the operand's ends, where reads are clipped)
   blocked = np.ones(run.shape, bool) if on is None else on[run]

@@ -9,13 +9,14 @@ from hypothesis import strategies as st
 import maskc
 from maskc import _lower, _lower_static
 from maskc._analysis import Tables
-from maskc._compile_predicate import exact_band
 from maskc._tile_geometry import TileGeometry
 from maskc._tiles import EMPTY, FULL, PARTIAL, grid_from_runs
+from maskc._widened_band import Intervals
 from test_lower_scale import _expected_grid
 
 BANDS = ["causal", "sliding(W)", "local(L, R)", "q - k >= A & q - k <= B", "k - q >= A",
-         "q - k >= A"]
+         "q - k >= A", "causal & chunk(C)", "chunk(C)", "local(L, R) & chunk(C)",
+         "q - k >= A & chunk(C)"]
 # `x[q + s] == x[k + t]` where each value is one run, alone or `& w[q + s]`
 EQUALS = ["bidirectional(img)", "document(seg)", "seg[q + S] == seg[k + T]",
           "runs(img)[q + S] == runs(img)[k + T] & img[q + S]"]
@@ -42,7 +43,8 @@ def widened_cases(draw):
   band = draw(st.sampled_from(BANDS))
   band = (band.replace("W", str(draw(st.integers(1, 40))))
           .replace("L", str(draw(st.integers(0, 30)))).replace("R", str(draw(st.integers(0, 30))))
-          .replace("A", str(draw(st.integers(-10, 30)))).replace("B", str(draw(st.integers(-10, 30)))))
+          .replace("A", str(draw(st.integers(-10, 30)))).replace("B", str(draw(st.integers(-10, 30))))
+          .replace("C", str(draw(st.integers(1, 70)))))
   equal = draw(st.sampled_from(EQUALS))
   equal = equal.replace("S", str(draw(st.integers(0, PAD)))).replace(
       "T", str(draw(st.integers(0, PAD))))
@@ -85,9 +87,10 @@ def test_widened_bounds_give_the_dense_tiles(case):
   # reads away (an image over every token)
   assume(equal_runs is not None)
   expected = _dense_tiles(f"({band}) | ({equal})", n, q_len, offset, bq, bk, ops)
-  lohi = exact_band(maskc.parse(band))
+  intervals = Intervals.of(maskc.parse(band))
+  assume(intervals is not None)  # a band inside chunks that misses the diagonal
   for along_rows in (True, False):
-    bounds = equal_runs.widened(lohi, along_rows)
+    bounds = equal_runs.widened(intervals, along_rows)
     want = expected if along_rows else np.swapaxes(expected, -1, -2)
     if bounds is None:
       continue
@@ -103,7 +106,23 @@ def _two_intervals(dense):
   return bool(np.any(rises.sum(-1) > 1))
 
 
-@pytest.mark.parametrize("band", ["causal", "sliding(4)", "local(3, 5)", "q - k >= 0"])
+def test_intervals_are_found_and_nothing_else():
+  """Bands, and bands inside chunks that hold the diagonal; not a chunk beside a band that
+  misses it (a row's interval can be empty), two chunks, or other masks."""
+  found = {t: Intervals.of(maskc.parse(t)) for t in [
+      "causal", "sliding(8)", "causal & chunk(4)", "chunk(4)", "local(2, 3) & chunk(5)",
+      "q - k >= 1 & chunk(4)", "k - q >= 1 & chunk(4)", "chunk(4) & chunk(6)",
+      "causal & (q // 4 == k // 8)", "q // 4 != k // 4", "causal | chunk(4)"]}
+  assert {t: x and (x.lo, x.hi, x.chunk) for t, x in found.items()} == {
+      "causal": (0, None, None), "sliding(8)": (0, 7, None), "causal & chunk(4)": (0, None, 4),
+      "chunk(4)": (None, None, 4), "local(2, 3) & chunk(5)": (-3, 2, 5),
+      "q - k >= 1 & chunk(4)": None, "k - q >= 1 & chunk(4)": None,
+      "chunk(4) & chunk(6)": None, "causal & (q // 4 == k // 8)": None,
+      "q // 4 != k // 4": None, "causal | chunk(4)": None}
+
+
+@pytest.mark.parametrize("band", ["causal", "sliding(4)", "local(3, 5)", "q - k >= 0",
+                                  "causal & chunk(10)", "chunk(16)"])
 @pytest.mark.parametrize("equal", ["bidirectional(img)", "document(seg)"])
 def test_blocks_holding_the_diagonal_always_widen(band, equal):
   """A band that holds the diagonal and blocks that hold it too (`bidirectional(img)`,
@@ -116,7 +135,7 @@ def test_blocks_holding_the_diagonal_always_widen(band, equal):
   for q_len, offset, bq, bk in [(97, 0, 8, 8), (40, 57, 16, 4), (13, 30, 1, 16)]:
     equal_runs, _ = _equal_runs(equal, n, q_len, offset, bq, bk, ops)
     for along_rows in (True, False):
-      assert equal_runs.widened(exact_band(maskc.parse(band)), along_rows) is not None
+      assert equal_runs.widened(Intervals.of(maskc.parse(band)), along_rows) is not None
 
 
 def test_a_block_apart_from_the_band_is_not_widened():
@@ -125,7 +144,7 @@ def test_a_block_apart_from_the_band_is_not_widened():
   n = 60
   seg = np.repeat(np.arange(12), 5)
   equal_runs, _ = _equal_runs("document(seg)", n, n, 0, 4, 4, {"seg": seg})
-  assert equal_runs.widened((20, None), True) is None
+  assert equal_runs.widened(Intervals(20, None), True) is None
   dense = np.asarray(maskc.materialize("q - k >= 20 | document(seg)", n, operands={"seg": seg}))
   assert _two_intervals(dense)
 
@@ -150,7 +169,7 @@ def test_an_or_and_an_and_with_a_widened_band_are_exact(case, inside, exact):
   cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
   for got in (np.asarray(bm.grid).reshape(expected.shape),
               np.swapaxes(cols, -1, -2).reshape(expected.shape)):
-    if exact or "==" not in text:
+    if exact or not any(op in text for op in "=<>"):  # prelude masks alone: exact
       np.testing.assert_array_equal(got, expected)
     else:
       decided = got != PARTIAL
@@ -158,11 +177,13 @@ def test_an_or_and_an_and_with_a_widened_band_are_exact(case, inside, exact):
 
 
 @pytest.mark.parametrize("text", ["causal | bidirectional(img)",
+                                  "causal & chunk(256) | bidirectional(img)",
                                   "sliding(50) | bidirectional(img) | g[k]",
                                   "document(seg) & (causal | bidirectional(img))"])
 def test_the_widened_band_is_taken(text, monkeypatch):
   """These masks are lowered through the widened band, along rows and columns, with no
-  tile analysed, and give the dense tiles."""
+  tile analysed (but one period of the chunks, which is then not used), and give the
+  dense tiles."""
   taken = []
   widened = _lower_static.widened_bounds
 
@@ -175,7 +196,8 @@ def test_the_widened_band_is_taken(text, monkeypatch):
     raise AssertionError("a tile analysed")
 
   monkeypatch.setattr(_lower_static, "widened_bounds", counted)
-  monkeypatch.setattr(_lower_static, "_decide_tiles", no_analysis)
+  if "chunk" not in text:
+    monkeypatch.setattr(_lower_static, "_decide_tiles", no_analysis)
   n = 2000
   img = np.zeros(n, bool)
   for a, z in [(100, 300), (640, 641), (1000, 1500), (1900, 2000)]:
