@@ -25,6 +25,7 @@ from maskc._tiles import FULL, PARTIAL
 # of them must stay in int64).
 _LIMIT = 1 << 60
 _BAND_STATES = np.array([PARTIAL, FULL, PARTIAL], np.int8)  # of [s, f), [f, g), [g, e)
+_X_STATES, _Y_STATES = np.repeat(_BAND_STATES, 3), np.tile(_BAND_STATES, 3)  # of 9 pieces
 
 
 class _Tiles:
@@ -104,13 +105,13 @@ class BandRuns:
   def merged(self, along_rows: bool):
     """The runs as sorted, merged `(b, line, a, z, state)` arrays (where the band is all an
     `&` has: no other runs to clip)."""
-    line, a, z, state = _line_runs(self.bounds(along_rows))
+    line, a, z, state = line_runs(self.bounds(along_rows))
     b = np.repeat(np.arange(self.nb, dtype=np.int64), line.size)
     # an empty FULL run leaves two PARTIAL ones side by side: merged into one
     return merge_runs(b, *(np.tile(x, self.nb) for x in (line, a, z, state)), in_order=True)
 
 
-def _line_runs(bounds: np.ndarray):
+def line_runs(bounds: np.ndarray):
   """The runs of lines with band bounds `bounds` (`[4, n]`: s, f, g, e), empty ones
   dropped: `(the line's index in bounds, a, z, state)`, in order."""
   s, f, g, e = bounds
@@ -123,7 +124,7 @@ def _line_runs(bounds: np.ndarray):
 def keyed_band_runs(bounds: np.ndarray, lines: np.ndarray, n_lines: int, n_span: int):
   """The band's runs on sorted distinct flat lines `lines` (`b * n_lines + line`), given
   its bounds `bounds` (`band_bounds`), as flat runs (`maskc._run_lists.keyed`)."""
-  at, a, z, state = _line_runs(bounds[:, lines % n_lines])
+  at, a, z, state = line_runs(bounds[:, lines % n_lines])
   # flat lines as lines of batch row 0: the same keys
   return merge_keyed(*keyed((0, lines[at], a, z, state), n_lines, n_span))
 
@@ -148,3 +149,25 @@ def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):
   keep = np.flatnonzero(hi > lo)
   return lo[keep], hi[keep], state[keep // 3], _BAND_STATES[keep % 3]
 
+
+
+def met_bounds_pieces(x_bounds: np.ndarray, first: int, bounds: np.ndarray, n_lines: int,
+                      n_span: int):
+  """The pieces of flat lines `first, first + 1, ...` whose tiles are both band-shaped
+  bounds, `x_bounds` (`[4, n]`, of those lines: equal reads of runs,
+  `maskc._equal_reads.equal_read_bounds`) and `bounds` (`[4, n_lines]` for every batch
+  row, or by flat line): each of x's three runs cut at the other's, as `clipped_pieces`
+  gives them, with no runs written first: `(lo, hi, x's state, the other's state)`, flat
+  keys in order, the parts outside either dropped."""
+  n = x_bounds.shape[1]
+  flat = np.arange(first, first + n, dtype=np.int64)
+  line = flat % n_lines if bounds.shape[1] == n_lines else flat
+  base = flat * (n_span + 1)
+  x, y = x_bounds + base, np.take(bounds, line, axis=1) + base
+  # [x's run, the other's run, line], then each line's nine pieces in order: broadcasts
+  # over the long axis, not over the short ones (four times as fast)
+  lo = np.maximum(x[:3, None, :], y[None, :3, :]).reshape(9, n).T.reshape(-1)
+  hi = np.minimum(x[1:, None, :], y[None, 1:, :]).reshape(9, n).T.reshape(-1)
+  keep = np.flatnonzero(hi > lo)
+  # states by tiling, not by `keep % 9` (int64 division is slow)
+  return (lo[keep], hi[keep], np.tile(_X_STATES, n)[keep], np.tile(_Y_STATES, n)[keep])

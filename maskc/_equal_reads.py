@@ -20,6 +20,7 @@ import numpy as np
 
 from maskc import _ir as ir
 from maskc._analysis import same_runs
+from maskc._band_runs import line_runs
 from maskc._operand_runs import RunTable, unit_shift
 from maskc._ragged import group_ends, ranges
 from maskc._tile_geometry import TileGeometry
@@ -114,6 +115,41 @@ class _Sorted:
     return self.below[np.clip(v - self.first + (side == "right"), 0, self.below.size - 1)]
 
 
+def _searches(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift: int,
+              along_rows: bool, on: np.ndarray | None, memo: dict | None):
+  """The runs each line reads, first and last (`_lines_read`), over `nb` batch rows, those
+  its span's lines read, ready to search (`_Sorted`), and `on` over them."""
+  shifts = (q_shift, k_shift) if along_rows else (k_shift, q_shift)
+  r0, r1 = _lines_read(table, geo, along_rows, shifts[0], memo)
+  c0, c1 = (_Sorted(c) for c in _lines_read(table, geo, not along_rows, shifts[1], memo))
+  n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
+  runs = table.values.size
+  if table.batch == 1 and nb > 1:  # one operand row read by every batch row
+    r0, r1, c0, c1 = (np.tile(x, nb) + np.repeat(np.arange(nb) * runs, x.size)
+                      for x in (r0, r1, c0, c1))
+    on = None if on is None else np.tile(on, nb)
+  return r0, r1, c0, c1, on
+
+
+def equal_read_bounds(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift: int,
+                      along_rows: bool, memo: dict | None = None) -> np.ndarray:
+  """The tiles of `x[q + s] == x[k + t]` as bounds `[4, nb * n_lines]` per flat line (`b *
+  n_lines + line`), a band's (`maskc._band_runs.band_bounds`: `[j0, f0)` and `[f1, j1)`
+  PARTIAL, `[f0, f1)` FULL): the span's lines meeting the runs a line reads, FULL inside
+  where it reads one run. For an operand whose values are one run each (`unique_runs`),
+  with 1 or `nb` batch rows; `memo` as in `equal_read_runs`."""
+  r0, r1, c0, c1, _ = _searches(table, geo, nb, q_shift, k_shift, along_rows, None, memo)
+  n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
+  base = np.arange(nb * n_lines, dtype=np.int64) // n_lines * n_span
+  j0 = c1.search(r0, "left") - base
+  j1 = c0.search(r1, "right") - base
+  f0 = c0.search(r0, "left") - base
+  f1 = c1.search(r0, "right") - base
+  full = (r0 == r1) & (f1 > f0)
+  f0, f1 = np.where(full, f0, j1), np.where(full, f1, j1)
+  return np.stack([j0, f0, f1, j1])
+
+
 def equal_read_runs(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift: int,
                     along_rows: bool, on: np.ndarray | None = None, memo: dict | None = None):
   """The runs of `x[q + s] == x[k + t]` along rows (or columns) as sorted, merged
@@ -124,29 +160,12 @@ def equal_read_runs(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k
   (`& w[q + s]`, where w is constant on x's runs): only those runs can be true.
   `memo`: the runs lines read, kept between calls (`_lines_read`).
   """
-  shifts = (q_shift, k_shift) if along_rows else (k_shift, q_shift)
-  r0, r1 = _lines_read(table, geo, along_rows, shifts[0], memo)
-  c0, c1 = (_Sorted(c) for c in _lines_read(table, geo, not along_rows, shifts[1], memo))
+  if on is None:  # every line: the span's lines meeting its runs, FULL inside for one run
+    return line_runs(equal_read_bounds(table, geo, nb, q_shift, k_shift, along_rows, memo))
+  r0, r1, c0, c1, on = _searches(table, geo, nb, q_shift, k_shift, along_rows, on, memo)
   n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
-  runs = table.values.size
-  if table.batch == 1 and nb > 1:  # one operand row read by every batch row
-    r0, r1, c0, c1 = (np.tile(x, nb) + np.repeat(np.arange(nb) * runs, x.size)
-                      for x in (r0, r1, c0, c1))
-    on = None if on is None else np.tile(on, nb)
   flat = np.arange(nb * n_lines, dtype=np.int64)
   base = flat // n_lines * n_span
-  if on is None:  # every line: the span's lines meeting its runs, FULL inside for one run
-    j0 = c1.search(r0, "left") - base
-    j1 = c0.search(r1, "right") - base
-    f0 = c0.search(r0, "left") - base
-    f1 = c1.search(r0, "right") - base
-    full = (r0 == r1) & (f1 > f0)
-    f0, f1 = np.where(full, f0, j1), np.where(full, f1, j1)
-    a = np.stack([j0, f0, f1], axis=1).reshape(-1)
-    z = np.stack([f0, f1, j1], axis=1).reshape(-1)
-    keep = z > a
-    state = np.tile(np.array([PARTIAL, FULL, PARTIAL], np.int8), flat.size)
-    return np.repeat(flat, 3)[keep], a[keep], z[keep], state[keep]
   # a line reading one run that is `on`: the span's lines meeting it, FULL where they
   # read it alone
   one = (r0 == r1) & on[r0]

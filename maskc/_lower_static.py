@@ -44,13 +44,15 @@ import numpy as np
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._axis_reads import bare_reads_only, read_tile_states
-from maskc._band_runs import BandRuns, band_fits, clipped_pieces, keyed_band_runs
+from maskc._band_runs import (BandRuns, band_fits, clipped_pieces, keyed_band_runs,
+                              met_bounds_pieces)
 from maskc._bind import Shape
 from maskc._compile_predicate import exact_band
 from maskc._diagonal_period import diagonal_period
 from maskc._diagonal_truth import true_on_diagonal
 from maskc._evaluate import Env, evaluate_mask
-from maskc._equal_reads import equal_read_runs, equal_reads_where, unique_runs
+from maskc._equal_reads import (equal_read_bounds, equal_read_runs, equal_reads_where,
+                                unique_runs)
 from maskc._operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
 from maskc._pattern_lines import spliced_pattern
 from maskc._ragged import ranges
@@ -615,6 +617,15 @@ class _EqualRuns:
                        "the runs of equal reads")
     return equal_read_runs(self.table, geo, nb, *self.shifts, along_rows, self.on, self._lines)
 
+  def bounds(self, along_rows: bool) -> np.ndarray | None:
+    """The tiles as a band's bounds per flat line (`maskc._equal_reads.equal_read_bounds`),
+    where no truth read stands beside the equal reads; else None."""
+    if self.on is not None:
+      return None
+    nb, geo = self.batch or 1, self.geo
+    self.budget.charge(nb * (geo.nq + geo.nk) * 6 * 8, "the runs of equal reads")
+    return equal_read_bounds(self.table, geo, nb, *self.shifts, along_rows, self._lines)
+
   def widened(self, intervals: Intervals, along_rows: bool):
     """The bounds of `intervals | self` per line, where they are a band's
     (`maskc._widened_band`); else None."""
@@ -1028,12 +1039,17 @@ class _CombinedRuns:
     # whole lines first: under `&`, the other parts matter only on their non-EMPTY lines
     order = whole + others
     widened = self._widened(order, along_rows, n_lines, n_span) if self.union else None
-    if widened is None:
+    met = None
+    if not self.union and len(order) == 1 and (bands or spread):
+      met = self._met_in_closed_form(order[0], bands, spread, along_rows, n_lines, n_span)
+    if widened is not None:
+      (flat, order), exact = widened, True
+    elif met is not None:  # `causal & document(seg)`: pieces from both parts' bounds
+      (flat, bands, spread, exact), order = met, []
+    else:
       flat = _flat_runs(order[0], along_rows, n_lines, n_span)
       exact = _exact_runs(order[0])  # the runs so far are one exact part's, as lowered
       order = order[1:]
-    else:
-      (flat, order), exact = widened, True
     for part in order:
       other = _flat_runs(part, along_rows, n_lines, n_span)
       if whole and not self.union:
@@ -1053,6 +1069,33 @@ class _CombinedRuns:
       flat = self._combine_by_lines(kept, met, along_rows, n_lines, n_span, union=True)
       exact = False
     return flat, patterns
+
+  def _met_in_closed_form(self, part, bands: list, spread: list, along_rows: bool,
+                          n_lines: int, n_span: int):
+    """`(flat runs, bands left, spreads left, False)` of `part & band` where the part's
+    tiles are a band's bounds per line (`document(seg)`: `_EqualRuns.bounds`) and so are
+    the first band's, or the first spread's widened (`causal | bidirectional(img)`): the
+    pieces of both bounds (`met_bounds_pieces`), no runs written and clipped; else None."""
+    x_bounds = part.bounds(along_rows) if isinstance(part, _EqualRuns) else None
+    if x_bounds is None:
+      return None
+    if bands:
+      bounds, bands = bands[0].bounds(along_rows), bands[1:]
+    else:
+      band, rest = spread[0][1]
+      bounds = (rest.widened(Intervals(*band.band), along_rows)
+                if isinstance(rest, _EqualRuns) else None)
+      if bounds is None:
+        return None
+      spread = spread[1:]
+    lines = x_bounds.shape[1]
+    chunk = max(1, min(lines, self.budget.items(MET_LINE_BYTES), COMBINE_CHUNK // 3))
+    self.budget.charge(min(lines, chunk) * MET_LINE_BYTES, "meeting bounds")
+    out = [self._pieces_decided(*met_bounds_pieces(x_bounds[:, a:a + chunk], a, bounds,
+                                                   n_lines, n_span),
+                                along_rows, n_span, False, exact_part=True)
+           for a in range(0, lines, chunk)]
+    return tuple(np.concatenate(v) for v in zip(*out)), bands, spread, False
 
   def _widened(self, order: list, along_rows: bool, n_lines: int, n_span: int):
     """`(flat runs, the other parts)` of this `|` where a band (or a band inside chunks)
@@ -1592,6 +1635,7 @@ DECIDED_TILE_BYTES = 128  # working memory per tile of a piece decided tile by t
 SPLICE_SORTED_AFTER = 2  # pattern runs looked at per run of x above which `_splice` sorts
 # out those inside x's FULL runs (fewer: as fast to combine them all)
 COMBINE_RUN_BYTES = 128  # working memory per run combined: their cuts, pieces and states
+MET_LINE_BYTES = 9 * 64  # per line of bounds met: nine pieces, their keys, states, cuts
 WAITING_PIECE_BYTES = 40  # per piece waiting to be decided with others, and their concatenation
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from maskc import _ir as ir
-from maskc._band_runs import _line_runs, _Tiles
+from maskc._band_runs import line_runs, _Tiles
 from maskc._compile_predicate import conjuncts, exact_band
 from maskc._equal_reads import _lines_read
 from maskc._operand_runs import RunTable
@@ -163,6 +163,6 @@ def widened_runs(bounds: np.ndarray, nb: int, n_lines: int, n_span: int):
   or per flat line) as sorted, merged flat runs (`maskc._run_lists.keyed`)."""
   if bounds.shape[1] != nb * n_lines:
     bounds = np.tile(bounds, nb)
-  at, a, z, state = _line_runs(bounds)
+  at, a, z, state = line_runs(bounds)
   # an empty FULL run leaves two PARTIAL ones side by side: merged into one
   return merge_keyed(*keyed((0, at, a, z, state), nb * n_lines, n_span))

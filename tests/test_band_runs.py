@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 import maskc
 from maskc import _lower, _lower_static
 from maskc._analysis import Tables
-from maskc._band_runs import BandRuns, band_bounds
+from maskc._band_runs import (BandRuns, band_bounds, clipped_pieces, line_runs,
+                              met_bounds_pieces)
 from maskc._bind import Shape
 from maskc._compile_predicate import exact_band
 from maskc._tile_geometry import TileGeometry
@@ -274,3 +275,46 @@ def test_tiles_partial_in_two_exact_parts_of_one_axis_are_sampled_unrefined(monk
       np.testing.assert_array_equal(got, expected)
     back = np.asarray(grid_from_runs(np, cols, expected.shape[-2]))[:, 0]
     np.testing.assert_array_equal(np.swapaxes(back, -1, -2).reshape(expected.shape), got)
+
+
+@st.composite
+def _band_shaped(draw, lines: int, span: int):
+  """Bounds `[4, lines]`, `s <= f <= g <= e` on `[0, span]`, some runs empty."""
+  cuts = np.sort(np.asarray(draw(st.lists(st.lists(st.integers(0, span), min_size=4,
+                                                     max_size=4), min_size=lines,
+                                            max_size=lines))), axis=1)
+  return cuts.T.copy()
+
+
+@given(st.data(), st.integers(1, 6), st.integers(1, 12), st.integers(0, 3), st.booleans())
+def test_met_bounds_pieces_are_the_clipped_runs(data, n_lines, n_span, rows, per_flat_line):
+  """Two band-shaped bounds met in closed form give the pieces of the first's runs clipped
+  at the second's (`clipped_pieces`), for lines of any batch row, the second's bounds per
+  line or per flat line."""
+  first = rows * n_lines + data.draw(st.integers(0, n_lines - 1))
+  count = data.draw(st.integers(1, 3 * n_lines))
+  x_bounds = data.draw(_band_shaped(count, n_span))
+  total = first + count
+  bounds = data.draw(_band_shaped(total if per_flat_line else n_lines, n_span))
+  got = met_bounds_pieces(x_bounds, first, bounds, n_lines, n_span)
+  at, a, z, state = line_runs(x_bounds)
+  base = (first + at) * (n_span + 1)
+  expected = clipped_pieces((base + a, base + z, state), bounds, n_lines, n_span)
+  for g, e in zip(got, expected):
+    np.testing.assert_array_equal(g, e)
+
+
+def test_bounds_met_in_small_groups_of_lines(monkeypatch):
+  """`causal & document(seg)` and `document(seg) & (causal | bidirectional(img))`, batched,
+  lowered with the documents' bounds met a few lines at a time, give the dense tiles."""
+  monkeypatch.setattr(_lower_static, "COMBINE_CHUNK", 12)  # 4 lines at a time
+  rng = np.random.default_rng(5)
+  seg = np.sort(rng.integers(0, 9, (2, 300)), axis=1)
+  img = np.zeros((2, 300), bool)
+  img[0, 40:90] = img[1, 200:260] = True
+  for text in ["causal & document(seg)", "document(seg) & (causal | bidirectional(img))"]:
+    ops = {"seg": seg, "img": img} if "img" in text else {"seg": seg}
+    for exact in (False, True):
+      grids, expected = _lowered_and_dense((text, 300, 300, 0, 8, 8, ops), exact)
+      for got in grids:
+        np.testing.assert_array_equal(got, expected)
