@@ -14,6 +14,10 @@ the costliest kernel of a traced lowering, has less to do. The static grid's
 PARTIAL tiles are exact, so they need no refinement where the other items leave
 them so (as causal's diagonal tiles inside a document).
 
+`intervals | bidirectional(x)` (`causal & chunk(8192) | bidirectional(img)`) takes none
+of this: its runs follow from a few reductions per tile line, exactly
+(`maskc._widened_traced`), in 23 kernels where the analysis took 58.
+
 `bidirectional(x)`'s body, `runs(x)[q] == runs(x)[k] & x[q]`, is decided exactly
 from the run labels the tile lines read (`maskc._same_run`), seeded into the
 analysis: its tiles across a span's edge are never ambiguous.
@@ -82,6 +86,7 @@ from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget,
                                  decide_parts, evaluate_tiles, subdivide)
 from maskc._tiles import Runs, expand_runs
+from maskc._widened_traced import bounds_runs, widened_bounds_traced, widened_parts
 
 MAX_CUTS = 4  # operand changes a tile line may be cut at
 SUB_PARTS = 4  # and equal parts it is cut into
@@ -496,6 +501,9 @@ def _combine(fixed, state, certain, union: bool):
 # analysis and the refinement's rounds) and the runs along both axes (18 bytes);
 # `tests/test_memory_budget.py` checks it against that analysis.
 TILE_BYTES = 64
+# Of the widened band (`maskc._widened_traced`): both axes' runs, 18 bytes a tile, and their
+# slots padded once (5 by XLA's memory analysis); its lines' reductions need 32 bytes a token.
+WIDENED_TILE_BYTES = 32
 
 
 def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
@@ -609,6 +617,15 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
       derived[label_key(n)] = lab = labels(jnp, operands[n], operands[ids].dtype)
       derived[ids] = run_ids(jnp, lab)
     arrays = ChainMap(derived, operands)
+  widened = [widened_parts(m, geo, same) for m, same in expanded]
+  if all(w is not None for w in widened):  # `causal & chunk(8192) | bidirectional(img)`
+    nb = batch or 1
+    memory.charge(nb * len(masks) * geo.nq * geo.nk * WIDENED_TILE_BYTES + sum(
+        operands[name].size * 32 for _, name in widened), "the widened band's runs")
+    return tuple(_stacked([bounds_runs(widened_bounds_traced(operands[name], intervals, geo,
+                                                             along_rows), nb, n)
+                           for intervals, name in widened])
+                 for along_rows, n in ((True, geo.nk), (False, geo.nq)))
   tables = Tables(jnp, arrays)
   for name, a in arrays.items():
     if a.ndim == 2:  # per-token: its lines' tokens, parts and pieces, or blocked range tables
@@ -616,6 +633,11 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
   grid = jnp.stack([_dynamic_grid(m, geo, tables, batch, ref, budget, memory, same)
                     for (m, same), ref in zip(expanded, refine)], axis=1)
   return _runs(grid), _runs(jnp.swapaxes(grid, -1, -2))
+
+
+def _stacked(runs: list[Runs]) -> Runs:
+  """Runs of each mask (`[B', n_lines, R]`) as one `Runs` `[B', U, n_lines, R]`."""
+  return Runs(*(jnp.stack(x, axis=1) for x in zip(*runs)))
 
 
 def _runs(grid) -> Runs:

@@ -161,11 +161,11 @@ class TestSplashLowersForTpu:
       lowered("splash", "tpu", case, self.length)
 
 
-def traced_lowering_text(platform: str) -> str:
-  """StableHLO of a traced lowering (`jit` over the operands) for `platform`: image spans
-  read through run labels counted from bit words, lines of 128 tiles whose runs are read
-  from bit words, the ambiguous tiles' top_k and the sorts behind them."""
-  mask = "causal & chunk(1024) | bidirectional(img)"
+def traced_lowering_text(platform: str, mask: str = "(q - k) % 2 == 0 | bidirectional(img)"
+                         ) -> str:
+  """StableHLO of a traced lowering (`jit` over the operands) for `platform`: by default
+  image spans read through run labels counted from bit words, lines of 128 tiles whose
+  runs are read from bit words, the ambiguous tiles' top_k and the sorts behind them."""
 
   def rows(img):
     return maskc.compile(mask, 2048, block_q=16, block_kv=16, operands={"img": img}).rows
@@ -176,6 +176,13 @@ def traced_lowering_text(platform: str) -> str:
 
 def test_traced_lowering_lowers_for_tpu():
   assert "popcnt" in traced_lowering_text("tpu")
+
+
+def test_traced_widened_band_lowers_for_tpu():
+  """`causal & chunk(1024) | bidirectional(img)` under `jit` takes the widened band
+  (`maskc._widened_traced`): its reductions and scans over the lines lower too."""
+  text = traced_lowering_text("tpu", "causal & chunk(1024) | bidirectional(img)")
+  assert "stablehlo.reduce" in text and "popcnt" not in text
 
 
 # ----------------------------------------------------------------------------- cuda

@@ -1,13 +1,14 @@
 """A band widened by equal reads (`maskc._widened_band`): `band | bidirectional(img)` as
 bounds per line, against dense masks."""
 
+import jax
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import maskc
-from maskc import _lower, _lower_static
+from maskc import _lower, _lower_dynamic, _lower_static
 from maskc._analysis import Tables
 from maskc._tile_geometry import TileGeometry
 from maskc._tiles import EMPTY, FULL, PARTIAL, grid_from_runs
@@ -210,3 +211,77 @@ def test_the_widened_band_is_taken(text, monkeypatch):
   assert taken and all(taken), taken
   expected = _dense_tiles(text, n, n, 0, 64, 64, ops)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
+
+
+@st.composite
+def traced_cases(draw):
+  """`intervals | bidirectional(img)` under `jit`: the bands and chunks above, query
+  rows at an offset into longer keys or not, one to five image spans that may cross the
+  rows' first and last positions or lie beyond them, batched or not."""
+  n = draw(st.integers(8, 160))
+  q_len = draw(st.integers(1, n))
+  offset = draw(st.integers(0, n - q_len))
+  batch = draw(st.sampled_from([None, 2]))
+  rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+  imgs = []
+  for _ in range(batch or 1):
+    img = np.zeros(n, bool)
+    for start in rng.integers(0, n, draw(st.integers(1, 5))):
+      img[start:start + rng.integers(1, 60)] = True
+    imgs.append(img)
+  band = draw(st.sampled_from(BANDS))
+  band = (band.replace("W", str(draw(st.integers(1, 40))))
+          .replace("L", str(draw(st.integers(0, 30)))).replace("R", str(draw(st.integers(0, 30))))
+          .replace("A", str(draw(st.integers(-10, 30)))).replace("B", str(draw(st.integers(-10, 30))))
+          .replace("C", str(draw(st.integers(1, 70)))))
+  return (f"({band}) | bidirectional(img)", n, q_len, offset, draw(st.sampled_from([1, 4, 8, 16])),
+          draw(st.sampled_from([1, 4, 8, 16])), {"img": np.stack(imgs) if batch else imgs[0]})
+
+
+@settings(max_examples=25, deadline=None)
+@given(traced_cases())
+def test_the_traced_widened_band_is_the_dense_mask(case):
+  """Under `jit` (`maskc._widened_traced`), `intervals | bidirectional(img)` lowers to the
+  dense mask's tiles, rows and columns, as the static path does; bands that miss the
+  diagonal take the analysis instead, and give the same."""
+  text, n, q_len, offset, bq, bk, ops = case
+
+  def lower(o):
+    bm = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=o)
+    return bm.grid, bm.cols
+
+  grid, cols = jax.jit(lower)(ops)
+  expected = _dense_tiles(text, n, q_len, offset, bq, bk, ops)
+  cols = np.asarray(grid_from_runs(np, jax.tree.map(np.asarray, cols), expected.shape[-2]))[:, 0]
+  exact = not any(op in text for op in "=<>")
+  for got in (np.asarray(grid).reshape(expected.shape),
+              np.swapaxes(cols, -1, -2).reshape(expected.shape)):
+    if exact:
+      np.testing.assert_array_equal(got, expected)
+    else:
+      decided = got != PARTIAL
+      np.testing.assert_array_equal(got[decided], expected[decided])
+
+
+def test_the_traced_widened_band_is_taken(monkeypatch):
+  """`causal & chunk(64) | bidirectional(img)` under `jit` is lowered from its lines'
+  reductions (`widened_bounds_traced`), rows and columns, with no analysis of the grid,
+  exactly."""
+  taken = []
+  bounds_of = _lower_dynamic.widened_bounds_traced
+
+  def counted(*args):
+    taken.append(True)
+    return bounds_of(*args)
+
+  monkeypatch.setattr(_lower_dynamic, "widened_bounds_traced", counted)
+  monkeypatch.setattr(_lower_dynamic, "Analyzer", None)  # any analysis fails
+  n = 1000
+  img = np.zeros((2, n), bool)
+  img[0, 100:300] = img[0, 640:641] = img[1, 0:130] = img[1, 900:1000] = True
+  text = "causal & chunk(64) | bidirectional(img)"
+  grid = jax.jit(lambda o: maskc.compile(text, n, block_q=32, block_kv=16, operands=o).grid)(
+      {"img": img})
+  assert len(taken) == 2  # rows and columns
+  expected = _dense_tiles(text, n, n, 0, 32, 16, {"img": img})
+  np.testing.assert_array_equal(np.asarray(grid).reshape(expected.shape), expected)
