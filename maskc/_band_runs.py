@@ -11,12 +11,20 @@ In an `&` (`causal & document(seg)`), the other items' runs are then clipped to
 each line's bounds instead of being combined with the band's runs: a pass over
 the other runs alone. Only tiles PARTIAL in both stay to be decided, as in any
 `&` of parts.
+
+The bounds follow from the least and greatest ends of the rows' intervals
+(`line_bounds`), for any mask that holds on one interval per row whose union over
+a line is one interval too (`Intervals`: a band, or a band inside chunks that
+holds the diagonal); `maskc._widened_band` and `maskc._widened_traced` widen them
+by equal reads.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from maskc import _ir as ir
+from maskc._compile_predicate import conjuncts, exact_band
 from maskc._run_lists import keyed, merge_keyed, merge_runs
 from maskc._tile_geometry import TileGeometry
 from maskc._tiles import FULL, PARTIAL
@@ -24,58 +32,126 @@ from maskc._tiles import FULL, PARTIAL
 # Positions, lengths and offsets beyond this stay off the closed form (sums of three
 # of them must stay in int64).
 _LIMIT = 1 << 60
+FAR = 1 << 61  # beyond any position (`band_fits`): an unbounded end
 _BAND_STATES = np.array([PARTIAL, FULL, PARTIAL], np.int8)  # of [s, f), [f, g), [g, e)
 _X_STATES, _Y_STATES = np.repeat(_BAND_STATES, 3), np.tile(_BAND_STATES, 3)  # of 9 pieces
 
 
 class _Tiles:
-  """The tiles of one axis: tile `t` covers positions `[o + t b, o + min((t + 1) b, n) - 1]`."""
+  """The tiles of one axis: tile `t` covers positions `[o + t b, o + min((t + 1) b, n) - 1]`
+  (`xp`: NumPy, or jax.numpy under `jit`)."""
 
-  def __init__(self, offset: int, block: int, length: int):
-    self.o, self.b, self.n = offset, block, length
+  def __init__(self, offset: int, block: int, length: int, xp=np):
+    self.o, self.b, self.n, self.xp = offset, block, length, xp
     self.count = -(-length // block)
 
   def starting_by(self, x):
     """How many tiles start at or before position `x`."""
-    return np.clip((x - self.o) // self.b + 1, 0, self.count)
+    return self.xp.clip((x - self.o) // self.b + 1, 0, self.count)
 
   def first_starting_from(self, x):
     """The first tile that starts at or after position `x` (`count`: none)."""
-    return np.clip(-((self.o - x) // self.b), 0, self.count)
+    return self.xp.clip(-((self.o - x) // self.b), 0, self.count)
 
   def ending_by(self, x):
     """How many tiles end at or before position `x` (they come first: ends increase)."""
-    whole = np.clip((x - self.o + 1) // self.b, 0, self.count - 1)
-    return np.where(x >= self.o + self.n - 1, self.count, whole)
+    whole = self.xp.clip((x - self.o + 1) // self.b, 0, self.count - 1)
+    return self.xp.where(x >= self.o + self.n - 1, self.count, whole)
+
+
+def span_tiles(geo: TileGeometry, along_rows: bool, xp=np) -> _Tiles:
+  """The tiles each line spans: key tiles along rows, query tiles along columns."""
+  shape = geo.shape
+  return (_Tiles(0, geo.bk, shape.kv_len, xp) if along_rows else
+          _Tiles(shape.q_offset, geo.bq, shape.q_len, xp))
+
+
+def line_bounds(tiles: _Tiles, least_lo, most_lo, least_hi, most_hi):
+  """Bounds `(s, f, g, e)` of lines whose rows hold on one interval `[L, H]` each, the
+  union of which is one interval too, given the least and greatest of their `L` and `H`:
+  a tile is non-EMPTY where the union reaches it, FULL where every row covers it."""
+  xp = tiles.xp
+  s = tiles.ending_by(least_lo - 1)
+  e = xp.maximum(tiles.starting_by(most_hi), s)
+  f = xp.clip(tiles.first_starting_from(most_lo), s, e)
+  g = xp.clip(tiles.ending_by(least_hi), f, e)
+  return s, f, g, e
 
 
 def band_bounds(geo: TileGeometry, lo: int | None, hi: int | None, along_rows: bool):
   """Per line (a q tile row, or a key tile column), `[4, n_lines]` int64 bounds `s <= f
   <= g <= e` on the other axis' tiles: `[s, f)` and `[g, e)` PARTIAL, `[f, g)` FULL, the
-  rest EMPTY, for the band `lo <= q - k <= hi` (None: unbounded)."""
-  shape = geo.shape
-  other = (_Tiles(0, geo.bk, shape.kv_len) if along_rows else
-           _Tiles(shape.q_offset, geo.bq, shape.q_len))  # the tiles each line spans
+  rest EMPTY, for the band `lo <= q - k <= hi` (None: unbounded). The ends of a band's
+  rows grow with the row, so a line's extremes are its first and last row's."""
   t = np.arange(geo.nq if along_rows else geo.nk, dtype=np.int64)
-  first, last = geo.q_bounds(t, t + 1) if along_rows else geo.k_bounds(t, t + 1)
-  n = other.count
-  none, every = np.zeros_like(first), np.full_like(first, n)
   if lo is not None and hi is not None and lo > hi:  # no `q - k` at all: every line EMPTY
-    return np.stack([none] * 4)
-  if along_rows:  # k tiles [ka, kb] of row [first, last]: q - k spans [first - kb, last - ka]
-    s = none if hi is None else other.ending_by(first - hi - 1)  # some <= hi: kb >= first - hi
-    e = every if lo is None else other.starting_by(last - lo)  # some >= lo: ka <= last - lo
-    f = none if hi is None else other.first_starting_from(last - hi)  # all <= hi: ka >= last - hi
-    g = every if lo is None else other.ending_by(first - lo)  # all >= lo: kb <= first - lo
-  else:  # q tiles [qa, qb] of column [first, last]: q - k spans [qa - last, qb - first]
-    s = none if lo is None else other.ending_by(first + lo - 1)  # qb >= first + lo
-    e = every if hi is None else other.starting_by(last + hi)  # qa <= last + hi
-    f = none if lo is None else other.first_starting_from(last + lo)  # qa >= last + lo
-    g = every if hi is None else other.ending_by(first + hi)  # qb <= first + hi
-  e = np.maximum(e, s)
-  f = np.clip(f, s, e)
-  g = np.clip(g, f, e)
-  return np.stack([s, f, g, e])
+    return np.zeros((4, t.size), np.int64)
+  first, last = geo.q_bounds(t, t + 1) if along_rows else geo.k_bounds(t, t + 1)
+  band = Intervals(lo, hi)
+  (least_lo, least_hi), (most_lo, most_hi) = (band.ends(p, along_rows) for p in (first, last))
+  return np.stack(line_bounds(span_tiles(geo, along_rows), least_lo, most_lo, least_hi,
+                              most_hi))
+
+
+class Intervals:
+  """A mask true on one interval of each row and of each column, whose ends grow with
+  the position and whose consecutive intervals touch: a band `lo <= q - k <= hi`
+  (`chunk` None), or such a band inside chunks `q // chunk == k // chunk` where the band
+  holds the diagonal."""
+
+  def __init__(self, lo: int | None, hi: int | None, chunk: int | None = None):
+    self.lo, self.hi, self.chunk = lo, hi, chunk
+
+  @classmethod
+  def of(cls, m: ir.Mask) -> Intervals | None:
+    """The intervals of `m`: a band (`exact_band`), or one `chunk(c)` beside band
+    comparisons that hold the diagonal (`causal & chunk(8192)`); else None."""
+    band = exact_band(m)
+    if band is not None:
+      return cls(*band)
+    items = conjuncts(m)
+    chunks = [c for c in map(_chunk, items) if c is not None]
+    if len(chunks) != 1:
+      return None
+    rest = [x for x in items if _chunk(x) is None]
+    lo, hi = exact_band(ir.and_(rest)) if rest else (None, None)  # type: ignore[misc]
+    found = cls(lo, hi, chunks[0])
+    # a row's interval could miss its diagonal, and end before the next one starts
+    return found if found.holds_diagonal else None
+
+  @property
+  def holds_diagonal(self) -> bool:
+    """Whether each row's interval holds the row's own position (`lo <= 0 <= hi`)."""
+    return (self.lo is None or self.lo <= 0) and (self.hi is None or self.hi >= 0)
+
+  def ends(self, p, along_rows: bool, xp=np, far: int = FAR):
+    """The first and last position `(L, H)` of the interval of each line at positions `p`
+    (query positions along rows, key positions along columns), `-far` / `far` where
+    unbounded (`xp`: NumPy, or jax.numpy under `jit`, with a `far` that fits int32)."""
+    lo, hi = self.lo, self.hi
+    if along_rows:  # row p: columns [p - hi, p - lo]
+      lo, hi = (None if hi is None else -hi), (None if lo is None else -lo)
+    first = xp.full(p.shape, -far, p.dtype) if lo is None else p + lo
+    last = xp.full(p.shape, far, p.dtype) if hi is None else p + hi
+    if self.chunk is not None:
+      c = self.chunk
+      start = p // c * c
+      first, last = xp.maximum(first, start), xp.minimum(last, start + c - 1)
+    return first, last
+
+
+def _chunk(m: ir.Mask) -> int | None:
+  """`c` where `m` is `q // c == k // c` (`chunk(c)`), c >= 1."""
+  if not (isinstance(m, ir.Compare) and m.ops == ("==",)):
+    return None
+  found = {}
+  for t in m.terms:
+    if not (isinstance(t, ir.Arith) and t.op == "//" and isinstance(t.lhs, ir.Pos) and
+            isinstance(t.rhs, ir.Const)):
+      return None
+    found[t.lhs.axis] = t.rhs.value
+  c = found.get("q")
+  return c if len(found) == 2 and c == found.get("k") and c >= 1 else None
 
 
 def band_fits(geo: TileGeometry, band) -> bool:
@@ -121,12 +197,22 @@ def line_runs(bounds: np.ndarray):
   return keep // 3, a[keep], z[keep], _BAND_STATES[keep % 3]
 
 
-def keyed_band_runs(bounds: np.ndarray, lines: np.ndarray, n_lines: int, n_span: int):
-  """The band's runs on sorted distinct flat lines `lines` (`b * n_lines + line`), given
-  its bounds `bounds` (`band_bounds`), as flat runs (`maskc._run_lists.keyed`)."""
-  at, a, z, state = line_runs(bounds[:, lines % n_lines])
-  # flat lines as lines of batch row 0: the same keys
-  return merge_keyed(*keyed((0, lines[at], a, z, state), n_lines, n_span))
+def keyed_band_runs(bounds: np.ndarray, lines: np.ndarray | None, n_lines: int, n_span: int,
+                    nb: int = 1):
+  """The band's runs on sorted distinct flat lines `lines` (`b * n_lines + line`; None:
+  every line of `nb` batch rows, with no lines picked), given its bounds `bounds`
+  (`band_bounds`: per line of every batch row, or per flat line, as a widened band's), as
+  flat runs (`maskc._run_lists.keyed`)."""
+  if lines is None:
+    at, a, z, state = line_runs(bounds if bounds.shape[1] == nb * n_lines else
+                                np.tile(bounds, nb))
+    flat = at
+  else:
+    at, a, z, state = line_runs(bounds[:, lines % bounds.shape[1]])
+    flat = lines[at]
+  # flat lines as lines of batch row 0: the same keys; an empty FULL run leaves two
+  # PARTIAL ones side by side, merged into one
+  return merge_keyed(*keyed((0, flat, a, z, state), n_lines, n_span))
 
 
 def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):

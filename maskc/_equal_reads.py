@@ -121,14 +121,13 @@ def _searches(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift
   its span's lines read, ready to search (`_Sorted`), and `on` over them."""
   shifts = (q_shift, k_shift) if along_rows else (k_shift, q_shift)
   r0, r1 = _lines_read(table, geo, along_rows, shifts[0], memo)
-  c0, c1 = (_Sorted(c) for c in _lines_read(table, geo, not along_rows, shifts[1], memo))
-  n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
+  c0, c1 = _lines_read(table, geo, not along_rows, shifts[1], memo)
   runs = table.values.size
   if table.batch == 1 and nb > 1:  # one operand row read by every batch row
     r0, r1, c0, c1 = (np.tile(x, nb) + np.repeat(np.arange(nb) * runs, x.size)
                       for x in (r0, r1, c0, c1))
     on = None if on is None else np.tile(on, nb)
-  return r0, r1, c0, c1, on
+  return r0, r1, _Sorted(c0), _Sorted(c1), on
 
 
 def equal_read_bounds(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift: int,

@@ -608,15 +608,6 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
   geo = TileGeometry(shape, block_q, block_kv, xp=jnp)
   memory = memory or Budget(MEMORY_BUDGET)
   expanded = [same_runs(m) for m in masks]  # bidirectional's body, decided from run labels
-  labelled = {p.operand for _, found in expanded for p in found}
-  arrays = operands
-  if labelled:  # the labels, and run ids from them: one prefix sum (kernels) for both
-    derived = {}
-    for n in labelled:
-      ids = ir.run_ids_key(n)
-      derived[label_key(n)] = lab = labels(jnp, operands[n], operands[ids].dtype)
-      derived[ids] = run_ids(jnp, lab)
-    arrays = ChainMap(derived, operands)
   widened = [widened_parts(m, geo, same) for m, same in expanded]
   if all(w is not None for w in widened):  # `causal & chunk(8192) | bidirectional(img)`
     nb = batch or 1
@@ -626,6 +617,15 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
                                                              along_rows), nb, n)
                            for intervals, name in widened])
                  for along_rows, n in ((True, geo.nk), (False, geo.nq)))
+  labelled = {p.operand for _, found in expanded for p in found}
+  arrays = operands
+  if labelled:  # the labels, and run ids from them: one prefix sum (kernels) for both
+    derived = {}
+    for n in labelled:
+      ids = ir.run_ids_key(n)
+      derived[label_key(n)] = lab = labels(jnp, operands[n], operands[ids].dtype)
+      derived[ids] = run_ids(jnp, lab)
+    arrays = ChainMap(derived, operands)
   tables = Tables(jnp, arrays)
   for name, a in arrays.items():
     if a.ndim == 2:  # per-token: its lines' tokens, parts and pieces, or blocked range tables

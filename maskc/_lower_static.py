@@ -44,7 +44,7 @@ import numpy as np
 from maskc import _ir as ir
 from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc._axis_reads import bare_reads_only, read_tile_states
-from maskc._band_runs import (BandRuns, band_fits, clipped_pieces, keyed_band_runs,
+from maskc._band_runs import (BandRuns, Intervals, band_fits, clipped_pieces, keyed_band_runs,
                               met_bounds_pieces)
 from maskc._bind import Shape
 from maskc._compile_predicate import exact_band
@@ -65,7 +65,7 @@ from maskc._tile_geometry import TileGeometry
 from maskc._tile_refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
                                  Budget, analysis_bytes, evaluate_tiles, subdivide)
 from maskc._tiles import Runs
-from maskc._widened_band import Intervals, widened_bounds, widened_runs
+from maskc._widened_band import widened_bounds
 
 
 def _combine_pieces(item, n_items: int, state, certain):
@@ -588,6 +588,7 @@ class _EqualRuns:
     self.table, self.shifts, self.on, self.geo, self.batch = table, shifts, on, geo, batch
     self.budget = budget
     self._lines: dict = {}  # the runs each line reads, for both directions
+    self._widened: dict = {}  # bounds of a band widened by these reads (`widened`)
 
   @classmethod
   def of(cls, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
@@ -628,12 +629,16 @@ class _EqualRuns:
 
   def widened(self, intervals: Intervals, along_rows: bool):
     """The bounds of `intervals | self` per line, where they are a band's
-    (`maskc._widened_band`); else None."""
-    geo = self.geo
-    self.budget.charge((self.table.batch * (geo.nq + geo.nk) + self.table.values.size) * 12 * 8,
-                       "a band widened by equal reads")
-    return widened_bounds(geo, intervals, self.table, self.shifts, self.on, along_rows,
-                          self._lines)
+    (`maskc._widened_band`); else None. Remembered: a spread that cannot use them in
+    closed form asks again."""
+    key = (intervals.lo, intervals.hi, intervals.chunk, along_rows)
+    if key not in self._widened:
+      geo = self.geo
+      self.budget.charge((self.table.batch * (geo.nq + geo.nk) + self.table.values.size) *
+                         12 * 8, "a band widened by equal reads")
+      self._widened[key] = widened_bounds(geo, intervals, self.table, self.shifts, self.on,
+                                          along_rows, self._lines)
+    return self._widened[key]
 
   def flat(self, along_rows: bool):
     """The runs as sorted, merged flat runs (`keyed`), from their flat lines directly."""
@@ -1076,8 +1081,7 @@ class _CombinedRuns:
     tiles are a band's bounds per line (`document(seg)`: `_EqualRuns.bounds`) and so are
     the first band's, or the first spread's widened (`causal | bidirectional(img)`): the
     pieces of both bounds (`met_bounds_pieces`), no runs written and clipped; else None."""
-    x_bounds = part.bounds(along_rows) if isinstance(part, _EqualRuns) else None
-    if x_bounds is None:
+    if not (isinstance(part, _EqualRuns) and part.on is None):
       return None
     if bands:
       bounds, bands = bands[0].bounds(along_rows), bands[1:]
@@ -1088,6 +1092,7 @@ class _CombinedRuns:
       if bounds is None:
         return None
       spread = spread[1:]
+    x_bounds = part.bounds(along_rows)
     lines = x_bounds.shape[1]
     chunk = max(1, min(lines, self.budget.items(MET_LINE_BYTES), COMBINE_CHUNK // 3))
     self.budget.charge(min(lines, chunk) * MET_LINE_BYTES, "meeting bounds")
@@ -1112,7 +1117,7 @@ class _CombinedRuns:
     bounds = equal.widened(intervals, along_rows)
     if bounds is None:
       return None
-    return (widened_runs(bounds, self.batch or 1, n_lines, n_span),
+    return (keyed_band_runs(bounds, None, n_lines, n_span, self.batch or 1),
             [p for p in order if p is not band and p is not equal])
 
   def _pattern_or(self, part, along_rows: bool):
@@ -1487,7 +1492,7 @@ def _diagonal_pairs(geo: TileGeometry, i, j):
 
 
 def _intervals(part, geo: TileGeometry) -> Intervals | None:
-  """A part's one interval per row (`maskc._widened_band.Intervals`): a band's, or a band's
+  """A part's one interval per row (`maskc._band_runs.Intervals`): a band's, or a band's
   inside chunks (`causal & chunk(8192)`, lowered by its period) in the closed form's
   range (`band_fits`)."""
   if isinstance(part, BandRuns):

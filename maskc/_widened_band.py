@@ -27,73 +27,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from maskc import _ir as ir
-from maskc._band_runs import line_runs, _Tiles
-from maskc._compile_predicate import conjuncts, exact_band
+from maskc._band_runs import FAR, Intervals, line_bounds, span_tiles
 from maskc._equal_reads import _lines_read
 from maskc._operand_runs import RunTable
 from maskc._ragged import ranges
-from maskc._run_lists import keyed, merge_keyed
 from maskc._tile_geometry import TileGeometry
-
-_FAR = 1 << 61  # beyond any position (band_fits keeps them under 2**60)
-
-
-class Intervals:
-  """A mask true on one interval of each row and of each column, whose ends grow with
-  the position and whose consecutive intervals touch: a band `lo <= q - k <= hi`
-  (`chunk` None), or such a band inside chunks `q // chunk == k // chunk` where the band
-  holds the diagonal."""
-
-  def __init__(self, lo: int | None, hi: int | None, chunk: int | None = None):
-    self.lo, self.hi, self.chunk = lo, hi, chunk
-
-  @classmethod
-  def of(cls, m: ir.Mask) -> Intervals | None:
-    """The intervals of `m`: a band (`exact_band`), or one `chunk(c)` beside band
-    comparisons that hold the diagonal (`causal & chunk(8192)`); else None."""
-    band = exact_band(m)
-    if band is not None:
-      return cls(*band)
-    items = conjuncts(m)
-    chunks = [c for c in map(_chunk, items) if c is not None]
-    if len(chunks) != 1:
-      return None
-    rest = [x for x in items if _chunk(x) is None]
-    lo, hi = exact_band(ir.and_(rest)) if rest else (None, None)  # type: ignore[misc]
-    if (lo is not None and lo > 0) or (hi is not None and hi < 0):
-      return None  # a row's interval could miss its diagonal, and end before the next
-    return cls(lo, hi, chunks[0])
-
-  def ends(self, p: np.ndarray, along_rows: bool):
-    """The first and last position `(L, H)` of the interval of each line at positions `p`
-    (query positions along rows, key positions along columns), `-_FAR` / `_FAR` where
-    unbounded."""
-    lo, hi = self.lo, self.hi
-    if along_rows:  # row p: columns [p - hi, p - lo]
-      lo, hi = (None if hi is None else -hi), (None if lo is None else -lo)
-    first = np.full(p.shape, -_FAR) if lo is None else p + lo
-    last = np.full(p.shape, _FAR) if hi is None else p + hi
-    if self.chunk is not None:
-      c = self.chunk
-      start = p // c * c
-      first, last = np.maximum(first, start), np.minimum(last, start + c - 1)
-    return first, last
-
-
-def _chunk(m: ir.Mask) -> int | None:
-  """`c` where `m` is `q // c == k // c` (`chunk(c)`), c >= 1."""
-  if not (isinstance(m, ir.Compare) and m.ops == ("==",)):
-    return None
-  found = {}
-  for t in m.terms:
-    if not (isinstance(t, ir.Arith) and t.op == "//" and isinstance(t.lhs, ir.Pos) and
-            isinstance(t.rhs, ir.Const)):
-      return None
-    found[t.lhs.axis] = t.rhs.value
-  c = found.get("q")
-  return c if len(found) == 2 and c == found.get("k") and c >= 1 else None
-
 
 def widened_bounds(geo: TileGeometry, intervals: Intervals, table: RunTable,
                    shifts: tuple[int, int], on: np.ndarray | None, along_rows: bool,
@@ -111,10 +49,7 @@ def widened_bounds(geo: TileGeometry, intervals: Intervals, table: RunTable,
   lo, hi = intervals.lo, intervals.hi
   if lo is not None and hi is not None and lo > hi:
     return None
-  shape = geo.shape
   s_line, s_span = shifts if along_rows else shifts[::-1]
-  other = (_Tiles(0, geo.bk, shape.kv_len) if along_rows else
-           _Tiles(shape.q_offset, geo.bq, shape.q_len))  # the tiles each line spans
   n_lines = geo.nq if along_rows else geo.nk
   t = np.arange(n_lines, dtype=np.int64)
   first, last = geo.q_bounds(t, t + 1) if along_rows else geo.k_bounds(t, t + 1)
@@ -137,8 +72,8 @@ def widened_bounds(geo: TileGeometry, intervals: Intervals, table: RunTable,
   # the block: the positions that read the run (the first and last run of a row reach
   # past the operand's ends, where reads are clipped)
   blocked = np.ones(run.shape, bool) if on is None else on[run]
-  b0 = np.where(start == 0, -_FAR, start - s_span)[blocked]
-  b1 = np.where(end == length, _FAR, end - 1 - s_span)[blocked]
+  b0 = np.where(start == 0, -FAR, start - s_span)[blocked]
+  b1 = np.where(end == length, FAR, end - 1 - s_span)[blocked]
   if np.any(b0 > ha[blocked] + 1) or np.any(b1 < lb[blocked] - 1):
     return None  # a row whose block is apart from its band interval
   la[blocked] = np.minimum(la[blocked], b0)
@@ -148,21 +83,5 @@ def widened_bounds(geo: TileGeometry, intervals: Intervals, table: RunTable,
   at = np.flatnonzero(np.diff(line, prepend=-1))  # each line's first stretch
   least_lo, most_lo = np.minimum.reduceat(la, at), np.maximum.reduceat(lb, at)
   least_hi, most_hi = np.minimum.reduceat(ha, at), np.maximum.reduceat(hb, at)
-  s = other.ending_by(least_lo - 1)  # some row reaches the tile
-  e = other.starting_by(most_hi)
-  f = other.first_starting_from(most_lo)  # every row covers the tile
-  g = other.ending_by(least_hi)
-  e = np.maximum(e, s)
-  f = np.clip(f, s, e)
-  g = np.clip(g, f, e)
-  return np.stack([s, f, g, e])
-
-
-def widened_runs(bounds: np.ndarray, nb: int, n_lines: int, n_span: int):
-  """The runs of lines with bounds `bounds` (`widened_bounds`: per line of every batch row,
-  or per flat line) as sorted, merged flat runs (`maskc._run_lists.keyed`)."""
-  if bounds.shape[1] != nb * n_lines:
-    bounds = np.tile(bounds, nb)
-  at, a, z, state = line_runs(bounds)
-  # an empty FULL run leaves two PARTIAL ones side by side: merged into one
-  return merge_keyed(*keyed((0, at, a, z, state), nb * n_lines, n_span))
+  return np.stack(line_bounds(span_tiles(geo, along_rows), least_lo, most_lo, least_hi,
+                              most_hi))

@@ -2,7 +2,7 @@
 from a few reductions per tile line, with no tile grid, range analysis or refinement.
 
 Along rows, `intervals | bidirectional(x)` holds on one interval of each row where
-the intervals (`maskc._widened_band.Intervals`) hold the diagonal: an image row's
+the intervals (`maskc._band_runs.Intervals`) hold the diagonal: an image row's
 block, the positions of its own run, holds it too (`maskc._widened_band`). A
 line's tiles are then a band's, from the least and greatest ends of its rows'
 intervals. Both ends grow with the row over text rows (the band's) and over image
@@ -28,11 +28,11 @@ import jax.numpy as jnp
 
 from maskc import _ir as ir
 from maskc._analysis import FULL, PARTIAL, reduce_many
+from maskc._band_runs import Intervals, line_bounds, span_tiles
 from maskc._lower_static import joined, operand_free_split
 from maskc._same_run import SameRun
 from maskc._tile_geometry import TileGeometry
 from maskc._tiles import Runs
-from maskc._widened_band import Intervals
 
 _FAR = 1 << 29  # beyond any position on this path (int32 under jit)
 
@@ -53,9 +53,9 @@ def widened_parts(m: ir.Mask, geo: TileGeometry, same: list[SameRun]):
   intervals = Intervals.of(joined(free, join))
   if not found or intervals is None:
     return None
-  lo, hi = intervals.lo, intervals.hi
-  if (lo is not None and lo > 0) or (hi is not None and hi < 0):
+  if not intervals.holds_diagonal:
     return None  # an interval that misses its row's diagonal: blocks could lie apart
+  lo, hi = intervals.lo, intervals.hi
   reach = abs(int(shape.q_offset)) + shape.q_len + shape.kv_len + sum(
       abs(x) for x in (lo, hi, intervals.chunk) if x is not None)
   if reach >= _FAR // 4:
@@ -68,12 +68,10 @@ def widened_bounds_traced(x, intervals: Intervals, geo: TileGeometry, along_rows
   `intervals | bidirectional(x)` along rows or columns, for operand `x` (`[B', size]`),
   exact (`widened_parts` holds)."""
   shape = geo.shape
-  if along_rows:  # q tiles: positions from the offset; their spans are key tiles
+  if along_rows:  # q tiles: positions from the offset
     offset, count, block, n_lines = int(shape.q_offset), shape.q_len, geo.bq, geo.nq
-    o, b, length, n = 0, geo.bk, shape.kv_len, geo.nk
   else:
     offset, count, block, n_lines = 0, shape.kv_len, geo.bk, geo.nk
-    o, b, length, n = int(shape.q_offset), geo.bq, shape.q_len, geo.nq
   rows = x.shape[0]
   total = n_lines * block
   # x != 0 at the lines' positions and one on each side, zeros past the operand's ends
@@ -118,10 +116,9 @@ def widened_bounds_traced(x, intervals: Intervals, geo: TileGeometry, along_rows
   end_first = jnp.where(first_end < _FAR, first_end, after)
   end_last = jnp.where(last_end == last_img, last_img, after)
   has_text, has_img = first_text < _FAR, first_img < _FAR
-  lt, ht = _ends(intervals, first_text, along_rows)
-  lt2, ht2 = _ends(intervals, last_text, along_rows)
-  li, hi_ = _ends(intervals, first_img, along_rows)
-  li2, hi2 = _ends(intervals, last_img, along_rows)
+  lt, ht, lt2, ht2, li, hi_, li2, hi2 = (
+      end for p in (first_text, last_text, first_img, last_img)
+      for end in intervals.ends(p, along_rows, jnp, _FAR))
   least_lo = jnp.minimum(jnp.where(has_text, lt, _FAR),
                          jnp.where(has_img, jnp.minimum(li, start_first), _FAR))
   most_lo = jnp.maximum(jnp.where(has_text, lt2, -_FAR),
@@ -131,20 +128,7 @@ def widened_bounds_traced(x, intervals: Intervals, geo: TileGeometry, along_rows
   most_hi = jnp.maximum(jnp.where(has_text, ht2, -_FAR),
                         jnp.where(has_img, jnp.maximum(hi2, end_last), -_FAR))
 
-  def ending_by(v):  # tiles of the span ending at or before position v
-    return jnp.where(v >= o + length - 1, n, jnp.clip((v - o + 1) // b, 0, n - 1))
-
-  def starting_by(v):  # tiles starting at or before v
-    return jnp.clip((v - o) // b + 1, 0, n)
-
-  def first_starting_from(v):  # the first tile starting at or after v
-    return jnp.clip(-((o - v) // b), 0, n)
-
-  s = ending_by(least_lo - 1)  # some row reaches the tile
-  e = jnp.maximum(starting_by(most_hi), s)
-  f = jnp.clip(first_starting_from(most_lo), s, e)  # every row covers the tile
-  g = jnp.clip(ending_by(least_hi), f, e)
-  return s, f, g, e
+  return line_bounds(span_tiles(geo, along_rows, jnp), least_lo, most_lo, least_hi, most_hi)
 
 
 def bounds_runs(bounds, nb: int, n: int) -> Runs:
@@ -175,18 +159,3 @@ def bounds_runs(bounds, nb: int, n: int) -> Runs:
 
   return Runs(slots(starts), slots(stops), slots(states).astype(jnp.int8),
               jnp.broadcast_to(count, lead))
-
-
-def _ends(intervals: Intervals, p, along_rows: bool):
-  """The first and last position of the lines' intervals at positions `p` (int32): key
-  positions of rows, query positions of columns."""
-  lo, hi = intervals.lo, intervals.hi
-  if along_rows:  # row p: columns [p - hi, p - lo]
-    lo, hi = (None if hi is None else -hi), (None if lo is None else -lo)
-  first = jnp.full(p.shape, -_FAR, jnp.int32) if lo is None else p + lo
-  last = jnp.full(p.shape, _FAR, jnp.int32) if hi is None else p + hi
-  if intervals.chunk is not None:
-    c = intervals.chunk
-    start = p // c * c
-    first, last = jnp.maximum(first, start), jnp.minimum(last, start + c - 1)
-  return first, last

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 import maskc
 from maskc import _lower, _lower_dynamic, _lower_static
 from maskc._analysis import Tables
+from maskc._band_runs import Intervals
 from maskc._tile_geometry import TileGeometry
 from maskc._tiles import EMPTY, FULL, PARTIAL, grid_from_runs
-from maskc._widened_band import Intervals
 from test_lower_scale import _expected_grid
 
 BANDS = ["causal", "sliding(W)", "local(L, R)", "q - k >= A & q - k <= B", "k - q >= A",
@@ -22,6 +22,16 @@ BANDS = ["causal", "sliding(W)", "local(L, R)", "q - k >= A & q - k <= B", "k - 
 EQUALS = ["bidirectional(img)", "document(seg)", "seg[q + S] == seg[k + T]",
           "runs(img)[q + S] == runs(img)[k + T] & img[q + S]"]
 PAD = 3  # operands reach past the last key by the largest shift
+
+
+@st.composite
+def band_texts(draw):
+  """One of `BANDS` with its parameters drawn."""
+  band = draw(st.sampled_from(BANDS))
+  for name, lo, hi in (("W", 1, 40), ("L", 0, 30), ("R", 0, 30), ("A", -10, 30),
+                       ("B", -10, 30), ("C", 1, 70)):
+    band = band.replace(name, str(draw(st.integers(lo, hi))))
+  return band
 
 
 @st.composite
@@ -41,11 +51,7 @@ def widened_cases(draw):
       img[start:start + rng.integers(1, 80)] = True
     imgs.append(img)
   seg, img = (np.stack(x) if batch else x[0] for x in (segs, imgs))
-  band = draw(st.sampled_from(BANDS))
-  band = (band.replace("W", str(draw(st.integers(1, 40))))
-          .replace("L", str(draw(st.integers(0, 30)))).replace("R", str(draw(st.integers(0, 30))))
-          .replace("A", str(draw(st.integers(-10, 30)))).replace("B", str(draw(st.integers(-10, 30))))
-          .replace("C", str(draw(st.integers(1, 70)))))
+  band = draw(band_texts())
   equal = draw(st.sampled_from(EQUALS))
   equal = equal.replace("S", str(draw(st.integers(0, PAD)))).replace(
       "T", str(draw(st.integers(0, PAD))))
@@ -229,11 +235,7 @@ def traced_cases(draw):
     for start in rng.integers(0, n, draw(st.integers(1, 5))):
       img[start:start + rng.integers(1, 60)] = True
     imgs.append(img)
-  band = draw(st.sampled_from(BANDS))
-  band = (band.replace("W", str(draw(st.integers(1, 40))))
-          .replace("L", str(draw(st.integers(0, 30)))).replace("R", str(draw(st.integers(0, 30))))
-          .replace("A", str(draw(st.integers(-10, 30)))).replace("B", str(draw(st.integers(-10, 30))))
-          .replace("C", str(draw(st.integers(1, 70)))))
+  band = draw(band_texts())
   return (f"({band}) | bidirectional(img)", n, q_len, offset, draw(st.sampled_from([1, 4, 8, 16])),
           draw(st.sampled_from([1, 4, 8, 16])), {"img": np.stack(imgs) if batch else imgs[0]})
 
