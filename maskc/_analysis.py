@@ -383,22 +383,21 @@ class Analyzer:
     self.spans = spans or {}
     self.known = known or {}
     self.info = np.iinfo(xp.asarray(0).dtype)  # int64, or int32 under jit without x64
-    self.memo: dict[int, Any] = {}
+    # verdicts by node; callers may seed exact ones (`maskc._same_run` under `jit`)
+    self.memo = ir.NodeMemo()
 
   def truth(self, m: ir.Mask) -> Truth3:
-    key = id(m)
-    if key not in self.memo:
+    if m not in self.memo:
       # Bounds that leave the integer type are detected and made unknown below; the
       # wrapped values computed on the way are never used, so NumPy need not warn.
       with np.errstate(over="ignore", invalid="ignore"):
-        self.memo[key] = self._truth(m)
-    return self.memo[key]
+        self.memo[m] = self._truth(m)
+    return self.memo[m]
 
   def term(self, t: ir.Term) -> Interval:
-    key = id(t)
-    if key not in self.memo:
-      self.memo[key] = self._term(t)
-    return self.memo[key]
+    if t not in self.memo:
+      self.memo[t] = self._term(t)
+    return self.memo[t]
 
   # ------------------------------------------------------------------ terms
   #

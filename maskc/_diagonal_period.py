@@ -41,7 +41,7 @@ def diagonal_period(m: ir.Mask) -> int | None:
   """
   need: list[int] = []
   try:
-    _mask(m, need, {})
+    _mask(m, need, ir.NodeMemo())
   except _NotPeriodic:
     return None
   period = 1
@@ -52,7 +52,7 @@ def diagonal_period(m: ir.Mask) -> int | None:
   return period
 
 
-def _mask(m: ir.Mask, need: list[int], memo: dict[int, Fraction]) -> None:
+def _mask(m: ir.Mask, need: list[int], memo: ir.NodeMemo) -> None:
   if isinstance(m, ir.BoolConst):
     return
   if isinstance(m, ir.Call):
@@ -83,15 +83,14 @@ def _require(alpha: Fraction, n: int, need: list[int]) -> None:
   need.append(n * b // math.gcd(a, n * b))
 
 
-def _term(t: ir.Term, need: list[int], memo: dict[int, Fraction]) -> Fraction:
+def _term(t: ir.Term, need: list[int], memo: ir.NodeMemo) -> Fraction:
   """`alpha`: the term moves by `alpha * P` when both positions move by `P`."""
-  key = id(t)
-  if key not in memo:
-    memo[key] = _shift(t, need, memo)
-  return memo[key]
+  if t not in memo:
+    memo[t] = _shift(t, need, memo)
+  return memo[t]
 
 
-def _shift(t: ir.Term, need: list[int], memo: dict[int, Fraction]) -> Fraction:
+def _shift(t: ir.Term, need: list[int], memo: ir.NodeMemo) -> Fraction:
   if isinstance(t, (ir.Const, ir.Scalar)):
     return Fraction(0)
   if isinstance(t, ir.Pos):

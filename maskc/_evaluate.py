@@ -31,16 +31,15 @@ class Env:
 
   def __init__(self, xp, q, k, operands: dict[str, Any], batch: Any = 0):
     self.xp, self.q, self.k, self.operands, self.batch = xp, q, k, operands, batch
-    self.memo: dict[int, Any] = {}
+    self.memo = ir.NodeMemo()
 
 
 def evaluate(m: ir.Node, env: Env):
   """The value of a mask (bool array) or term (int array) at the positions of `env`."""
-  key = id(m)
-  if key in env.memo:
-    return env.memo[key]
+  if m in env.memo:
+    return env.memo[m]
   out = _eval(m, env)
-  env.memo[key] = out
+  env.memo[m] = out
   return out
 
 

@@ -770,24 +770,52 @@ def _over_budget(budget: _Budget, span: Span | None) -> MaskLimitError:
            "times multiply; use each fewer times or simplify them.")
 
 
+class NodeMemo:
+  """Values remembered by node identity, each node kept alive while it is a key.
+
+  Python reuses an object's `id` once the object is gone. A memo keyed by `id(node)`
+  that lets its nodes die (a call's expansion, an item rewritten for one analysis)
+  can meet a new node at the same address and hand it the value of the dead one: a
+  verdict about `bidirectional(img)` answered for `bidirectional(g)`. Holding the
+  node beside its value makes that impossible. Identity, not equality, is the key on
+  purpose: equal nodes need no second visit, but hashing a deep tree costs a walk.
+  """
+
+  __slots__ = ("_items",)
+
+  def __init__(self) -> None:
+    self._items: dict[int, tuple[Any, Any]] = {}
+
+  def __contains__(self, node: object) -> bool:
+    return id(node) in self._items
+
+  def __getitem__(self, node: object) -> Any:
+    return self._items[id(node)][1]
+
+  def __setitem__(self, node: object, value: Any) -> None:
+    self._items[id(node)] = (node, value)
+
+  def __len__(self) -> int:
+    return len(self._items)
+
+
 def instantiate(node: Node, env: dict[str, Node], span: Span | None = None) -> Node:
   """`node` with each `Param` replaced by its value in `env`, rebuilt and re-checked.
 
   Each node built counts against the current `build_budget`, if any.
   """
-  memo: dict[int, Node] = {}
+  memo = NodeMemo()
   budget = _BUDGET.get()
 
   def go(n: Node) -> Node:
-    key = id(n)
-    if key in memo:
-      return memo[key]
+    if n in memo:
+      return memo[n]
     if budget is not None:
       budget.left -= 1
       if budget.left < 0:
         raise _over_budget(budget, span)
     out = _rebuild(n, go, env, span)
-    memo[key] = out
+    memo[n] = out
     return out
 
   return go(node)
@@ -836,13 +864,13 @@ def expand(c: Call) -> Mask:
 
 def walk(node: Node, *, into_calls: bool = True):
   """Yields every node below `node` once (by identity), expanding calls if asked."""
-  seen: set[int] = set()
+  seen = NodeMemo()  # holds expansions alive: a dead one's id could come back
   stack = [node]
   while stack:
     n = stack.pop()
-    if id(n) in seen:
+    if n in seen:
       continue
-    seen.add(id(n))
+    seen[n] = True
     yield n
     if isinstance(n, Call) and into_calls:
       stack.append(expand(n))
@@ -932,12 +960,11 @@ def collect_operands(m: Mask) -> tuple[OperandSpec, ...]:
 def expanded_size(node: Node, limit: int) -> int:
   """The node count of `node` with every call expanded, stopping once over `limit`
   (remembered: memory budgets ask it of the same mask in each step)."""
-  sizes: dict[int, int] = {}
+  sizes = NodeMemo()
 
   def size(n: Node) -> int:
-    k = id(n)
-    if k in sizes:
-      return sizes[k]
+    if n in sizes:
+      return sizes[n]
     if isinstance(n, Call):
       s = 1 + size(expand(n))
     elif isinstance(n, Definition):
@@ -949,7 +976,7 @@ def expanded_size(node: Node, limit: int) -> int:
         if s > limit:
           break
     s = min(s, limit + 1)
-    sizes[k] = s
+    sizes[n] = s
     return s
 
   return size(node)

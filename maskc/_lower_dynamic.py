@@ -547,7 +547,7 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   for p in same:  # exact verdicts from the labels the lines read (`maskc._same_run`)
     on_q, on_k = (p.key, "q", p.s), (p.key, "k", p.t)
     if geo.pos_ok is True and on_q in known and on_k in known:
-      analyzer.memo[id(p.node)] = same_run_truth(jnp, *known[on_q], *known[on_k])
+      analyzer.memo[p.node] = same_run_truth(jnp, *known[on_q], *known[on_k])
   t = analyzer.truth(m if split is None else split[0])
   full_shape = (nb, geo.nq, geo.nk)
   state = jnp.broadcast_to(jnp.asarray(t.state, jnp.int8), full_shape)

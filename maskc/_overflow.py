@@ -152,28 +152,24 @@ class _Context:
       if pos is not None:
         bounds = None if isinstance(pos, jax.core.Tracer) else getattr(shape, hull)()
         setattr(self, side, None if bounds is None else (int(bounds[0]), int(bounds[1])))
-    self.memo: dict[int, Interval | None] = {}
+    self.memo = ir.NodeMemo()  # node -> Interval | None
     self.extremes: dict[tuple, Interval | None] = {}  # (operand, reachable slices) -> bounds
-    self.keep: list[ir.Node] = []  # expansions stay alive while their ids are memo keys
 
   def visit(self, n: ir.Node, out: list) -> Interval | None:
-    key = id(n)
-    if key in self.memo:
-      return self.memo[key]
+    if n in self.memo:
+      return self.memo[n]
     if isinstance(n, ir.Call):
-      body = ir.expand(n)
-      self.keep.append(body)
-      self.visit(body, out)
-      self.memo[key] = None
+      self.visit(ir.expand(n), out)
+      self.memo[n] = None
       return None
     if isinstance(n, ir.Mask) and not isinstance(n, ir.Param):
       for c in n.children():
         self.visit(c, out)
-      self.memo[key] = None
+      self.memo[n] = None
       return None
     children = {id(c): self.visit(c, out) for c in n.children() if not isinstance(c, ir.Operand)}
     bounds = self._term(n, children)
-    self.memo[key] = bounds
+    self.memo[n] = bounds
     out.append((n, bounds))
     return bounds
 
