@@ -54,7 +54,7 @@ from maskc._evaluate import Env, evaluate
 
 __all__ = ["assert_masks_equal", "comparisons", "mask_trees", "masks", "operand_values",
            "prefill_shapes", "prelude_combinations", "prelude_masks", "seeded_operand_values",
-           "shapes", "terms", "truths", "OPERAND_KINDS", "STANDARD_OPERANDS"]
+           "shapes", "terms", "truths", "MASK_OPERANDS", "OPERAND_KINDS", "STANDARD_OPERANDS"]
 
 OPERAND_KINDS = {
     "segments": "integer ids per token: `document(x)`, `x[q] == x[k]`, `x[q] < x[k]`",
@@ -63,7 +63,7 @@ OPERAND_KINDS = {
     "pairwise": "a boolean [Lq, Lk] matrix: `x[q, k]`",
 }
 _DEFAULT_KINDS = {"seg": "segments", "segment_ids": "segments", "doc": "segments",
-                  "img": "image", "image": "image", "n": "scalar", "plen": "scalar",
+                  "img": "image", "image": "image", "pfx": "image", "g": "image", "n": "scalar", "plen": "scalar",
                   "prompt_len": "scalar", "allowed": "pairwise"}
 
 
@@ -151,46 +151,109 @@ def _combined(st, children):
       st.builds(lambda a: ~a, children))
 
 
-def _leaves(st, kinds: dict[str, str], allow_comparisons: bool):
+def _named_or_expanded(st, strategy):
+  """Draws from `strategy`, and a named call drawn is given as written or as its body.
+
+  The two spellings mean the same mask, but the lowering meets them in different
+  shapes (a call it expands itself, or the `&` of reads the simplifier may
+  rewrite), so a property should hold for both.
+  """
+  return strategy.flatmap(
+      lambda m: st.sampled_from([m, ir.expand(m)]) if isinstance(m, ir.Call) else st.just(m))
+
+
+def _reads(st, kind: str, name: str) -> list:
+  """The masks that read operand `name` of `kind`, named and raw."""
   q, k = ir.Pos("q"), ir.Pos("k")
-  options = [st.sampled_from([mb.full(), mb.empty(), mb.causal()]), *_prelude_leaves(st, 8)]
-  for name, kind in kinds.items():
-    if kind == "segments":
-      options.append(st.sampled_from([
-          mb.document(name), ir.read(name, q) < ir.read(name, k),
-          ir.compare((ir.read(name, k), ir.read(name, q)), ("<=",)),
-          ir.compare((ir.read(name, q), ir.read(name, k)), ("!=",))]))
-    elif kind == "image":
-      options.append(st.sampled_from([
-          mb.bidirectional(name), ir.truth(ir.read(name, q)), ir.truth(ir.read(name, k)),
-          ir.compare((ir.read(name, q, runs=True), ir.read(name, k, runs=True)), ("==",))]))
-    elif kind == "scalar":
-      options.append(st.sampled_from([
-          mb.prefix(name), mb.sink(name), mb.global_(name), k < ir.Scalar(name),
-          ir.compare((q, ir.Scalar(name)), (">=",))]))
-    else:
-      options.append(st.just(ir.truth(ir.pair_read(name, q, k))))
+  if kind == "segments":
+    return [mb.document(name), ir.read(name, q) < ir.read(name, k),
+            ir.compare((ir.read(name, k), ir.read(name, q)), ("<=",)),
+            ir.compare((ir.read(name, q), ir.read(name, k)), ("!=",))]
+  if kind == "image":
+    return [mb.bidirectional(name), ir.truth(ir.read(name, q)), ir.truth(ir.read(name, k)),
+            ir.compare((ir.read(name, q, runs=True), ir.read(name, k, runs=True)), ("==",))]
+  if kind == "scalar":
+    return [mb.prefix(name), mb.sink(name), mb.global_(name), k < ir.Scalar(name),
+            ir.compare((q, ir.Scalar(name)), (">=",))]
+  return [ir.truth(ir.pair_read(name, q, k))]
+
+
+def _leaves(st, kinds: dict[str, str], allow_comparisons: bool):
+  """Leaf masks of three families: operand-free prelude masks (and comparisons), one
+  read of an operand, and, as often as those two together, two operands of one kind
+  combined."""
+  free = [st.sampled_from([mb.full(), mb.empty(), mb.causal()]), *_prelude_leaves(st, 8)]
   if allow_comparisons:
-    options.append(_comparisons(st))
+    free.append(_comparisons(st))
+  options = [_named_or_expanded(st, st.one_of(free))]
+  reads = [r for name, kind in kinds.items() for r in _reads(st, kind, name)]
+  if reads:
+    options.append(_named_or_expanded(st, st.sampled_from(reads)))
+  pairs = _same_kind_pairs(st, kinds)
+  if pairs is not None:
+    options += [pairs, pairs]  # as often as the other two families together
   return st.one_of(options)
 
 
-def masks(max_depth: int = 3, operands: Sequence[str] | Mapping[str, str] = ("seg", "img"),
+def _same_kind_pairs(st, kinds: dict[str, str]):
+  """One mask read of two operands of one kind, combined: `bidirectional(img) &
+  ~bidirectional(g)`, `document(seg) ^ document(doc)`; None without two of a kind.
+
+  Lowerings that take a mask of one operand apart (its runs, its equal reads) meet
+  a second operand of the same shape here, the case a draw of independent leaves
+  reaches too rarely to test.
+  """
+  by_kind: dict[str, list[str]] = {}
+  for name, kind in kinds.items():
+    by_kind.setdefault(kind, []).append(name)
+  groups = [names for names in by_kind.values() if len(names) > 1]
+  if not groups:
+    return None
+
+  @st.composite
+  def pair(draw):
+    names = draw(st.sampled_from(groups))
+    a, b = draw(st.permutations(names))[:2]
+    # the named prelude mask of the kind (`document`, `bidirectional`, `prefix`) half the time
+    n_forms = len(_reads(st, kinds[a], a))
+    form = draw(st.one_of(st.just(0), st.integers(0, n_forms - 1)))
+    x = draw(_named_or_expanded(st, st.just(_reads(st, kinds[a], a)[form])))
+    y = draw(_named_or_expanded(st, st.just(_reads(st, kinds[b], b)[form])))
+    op = draw(st.sampled_from(["&", "|", "^", "&~", "~^"]))
+    return {"&": lambda: x & y, "|": lambda: x | y, "^": lambda: x ^ y,
+            "&~": lambda: x & ~y, "~^": lambda: ~x ^ y}[op]()
+
+  return pair()
+
+
+MASK_OPERANDS = {"seg": "segments", "doc": "segments", "img": "image", "pfx": "image",
+                 "g": "image", "n": "scalar"}
+"""The operands `masks()` reads by default: two segment-id, three image-span and one
+scalar operand, so that its masks combine operands of one kind."""
+
+
+def masks(max_depth: int = 3,
+          operands: Sequence[str] | Mapping[str, str] = tuple(MASK_OPERANDS),
           allow_comparisons: bool = True, as_text: bool = False):
   """A hypothesis strategy for random valid masks.
 
   Leaves are the prelude masks (`full empty causal sliding local chunk prefix
   sink global document bidirectional`) with small arguments, reads of the given
   operands, and (with `allow_comparisons`) comparisons of terms of `q` and `k`
-  (`q - k + 3 < k // 2`, chained ones too); they combine with `& | ^ ~` up to
-  `max_depth` levels. Every mask drawn parses from its text, prints and compiles.
+  (`q - k + 3 < k // 2`, chained ones too). A named leaf is drawn as written or as
+  its body (`bidirectional(img)` or `runs(img)[q] == runs(img)[k] & img[q]`).
+  Leaves combine with `& | ^ ~` up to `max_depth` levels, so `~` and `^` reach
+  every leaf, raw reads included. Every mask drawn parses from its text, prints
+  and compiles.
 
   Args:
     max_depth: levels of `& | ^ ~` above the leaves (0 draws leaves only).
     operands: operand names the masks may read: a sequence of known names
-      (`seg`, `doc` → segment ids; `img` → image flags; `n`, `plen` → scalars;
-      `allowed` → a pairwise matrix) or a mapping name → kind, kinds being
-      the keys of `OPERAND_KINDS`. Pass `()` for masks without operands.
+      (`seg`, `doc` → segment ids; `img`, `pfx`, `g` → image flags; `n`, `plen`
+      → scalars; `allowed` → a pairwise matrix) or a mapping name → kind, kinds
+      being the keys of `OPERAND_KINDS`. The default, `MASK_OPERANDS`, holds
+      several operands of each kind but pairwise. Pass `()` for masks without
+      operands.
     allow_comparisons: include comparisons of integer terms.
     as_text: draw the masks' canonical text instead of `Mask` objects.
 

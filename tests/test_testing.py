@@ -57,8 +57,33 @@ def test_text_masks_are_canonical_text(text):
 
 
 @given(testing.masks(max_depth=0, operands=(), allow_comparisons=False))
-def test_depth_zero_without_comparisons_draws_prelude_masks(m):
-  assert isinstance(m, maskc.Call) and m.name in PRELUDE and not m.operands
+def test_depth_zero_without_comparisons_draws_prelude_masks_or_their_bodies(m):
+  assert not m.operands
+  if isinstance(m, maskc.Call):
+    assert m.name in PRELUDE
+  else:  # a body: comparisons of q and k (`k <= q`), `&` / `|` of them, or true / false
+    assert isinstance(m, (maskc.Compare, maskc.BoolConst, maskc.And, maskc.Or)), m
+
+
+def test_named_masks_are_drawn_as_written_and_as_their_bodies():
+  strategy = testing.masks(max_depth=0, operands=OPERANDS)
+  body = maskc.parse("runs(img)[q] == runs(img)[k] & img[q]")
+  find(strategy, lambda m: m == maskc.bidirectional("img"))
+  find(strategy, lambda m: m == body)
+  find(strategy, lambda m: m == maskc.parse("k <= q"))  # causal's body
+
+
+def test_two_operands_of_one_kind_are_combined_under_not_and_xor():
+  strategy = testing.masks(max_depth=0)
+  images = {"img", "pfx", "g"}
+
+  def two_images(m, cls):
+    names = {s.name for s in m.operands}
+    return isinstance(m, cls) and len(names & images) == 2 and "bidirectional" in str(m)
+
+  find(strategy, lambda m: two_images(m, maskc.Xor))
+  find(strategy, lambda m: two_images(m, maskc.And) and "~" in str(m))
+  find(strategy, lambda m: {s.name for s in m.operands} == {"seg", "doc"})
 
 
 @given(testing.masks(max_depth=2, operands=()))
