@@ -59,6 +59,17 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
   return b, lq, h, lkv, hkv, d
 
 
+def qkv_arrays(q, k, v) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """q, k and v as jax arrays, after `check_qkv`.
+
+  NumPy inputs are common (notebooks, data pipelines). The kernels index them
+  with traced tile ids inside scans and Pallas calls, which a NumPy array cannot
+  take, so every backend receives jax arrays; tracers and jax arrays pass through.
+  """
+  check_qkv(q, k, v)
+  return tuple(x if isinstance(x, jax.Array) else jnp.asarray(x) for x in (q, k, v))
+
+
 def read_values(bm: BlockMap, u: int, *, rest: bool = False) -> _predicate.ReadValues:
   """Mask `u`'s read values as int32 jax arrays (batch axis first; see `maskc._predicate`)."""
   values = bm.read_values(u, dtype=np.int32, rest=rest)

@@ -145,7 +145,7 @@ def attention(q, k, v, bm: BlockMap, *, backend: str = "auto", scale: float | No
   >>> attention(x, x, x, maskc.compile("sliding(64)", 256), backend="xla").shape
   (1, 256, 2, 16)
   """
-  common.check_qkv(q, k, v)
+  q, k, v = common.qkv_arrays(q, k, v)
   check_backend(backend)
   if not isinstance(bm, BlockMap):
     raise MaskValueError(

@@ -220,6 +220,27 @@ class KernelTests:
     for name, g, r in zip("qkv", grads, grads_ref):
       assert_close(g, r, F32_TOL, f"d{name}, {mask}")
 
+  # NumPy inputs reach every backend outside jit (notebooks, data pipelines): the kernels
+  # index q, k and v with traced tile ids, which a NumPy array cannot take.
+  @pytest.mark.parametrize("inputs", ["numpy", "mixed", "mixed dtypes"])
+  def test_numpy_and_mixed_inputs(self, inputs):
+    lq, lkv = self.lengths(64, 64)
+    t = self.blocks[0]
+    q, k, v, _ = qkv(7, 3, lq, lkv, 4, 2, 16)
+    seg = np.repeat(np.arange(3), lkv // 3 + 1)[:lkv].astype(np.int32)
+    mask, ops = "causal & document(seg) | sink(2)", {"seg": seg}
+    if inputs == "numpy":
+      args = tuple(np.asarray(x) for x in (q, k, v))
+    elif inputs == "mixed":
+      args = (np.asarray(q), k, np.asarray(v))
+    else:  # float32 NumPy queries, bfloat16 keys and values: the output takes q's dtype
+      args = (np.asarray(q), k.astype(jnp.bfloat16), np.asarray(v.astype(jnp.bfloat16)))
+    out = self.run(*args, mask, operands=ops, block_q=t, block_kv=t, sinks=np.ones(4))
+    assert out.dtype == jnp.float32
+    ref = dense_attention(*(jnp.asarray(x, jnp.float32) for x in args), mask, operands=ops,
+                          sinks=np.ones(4))
+    assert_close(out, ref, BF16_TOL if inputs == "mixed dtypes" else F32_TOL, inputs)
+
   def test_gqa_soft_cap_and_sinks(self):
     lq, lkv = self.lengths(64, 64)
     t = self.blocks[0]
