@@ -312,10 +312,44 @@ def run(q, k, v, plan, *, mesh, batch_axis=None, head_axis=None, seq_axis=None,
     branches = [functools.partial(head_shard, m) for m in range(n_heads)]
     return jax.lax.switch(_index(head_axis), branches, q, k, v, sink, ops)
 
-  f = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec, P(head_axis), *op_specs),
-                    out_specs=spec, check_vma=False)
+  in_specs = (spec, spec, spec, P(head_axis), *op_specs)
+  f = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=spec, check_vma=False)
+
+  def placed(*args):
+    return f(*(_placed(x, mesh, p) for x, p in zip(args, in_specs)))
+
   # Compiled as one program (eager shard_map would dispatch the kernel op by op).
-  return jax.jit(f)(q, k, v, sink_arr, *op_vals)
+  return jax.jit(placed)(q, k, v, sink_arr, *op_vals)
+
+
+def whole_sequence(x, mesh, batch_axis=None, head_axis=None):
+  """`[B, L, H, D]` `x` with its sequence axis whole, for the layout's permutations.
+
+  On an `Explicit` mesh an array's sharding travels in its type, and a gather
+  along a sharded axis (the layout's permutation) is refused as ambiguous; there
+  `x` is resharded to keep batch and heads split and the sequence whole. On an
+  `Auto` mesh XLA places the gather itself: `x` is returned as it is.
+  """
+  if not _explicit(mesh):
+    return x
+  return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, P(batch_axis, None, head_axis,
+                                                                     None)))
+
+
+def _explicit(mesh) -> bool:
+  return any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
+
+
+def _placed(x, mesh, spec: P):
+  """`x` laid out as `spec` on `mesh`, whatever it came as (NumPy, replicated, sharded).
+
+  shard_map takes its inputs as they lie on an `Explicit` mesh (`jax.make_mesh`'s
+  default): there they are resharded; on an `Auto` mesh a constraint suffices.
+  """
+  sharding = jax.sharding.NamedSharding(mesh, spec)
+  if _explicit(mesh):
+    return jax.sharding.reshard(x, sharding)
+  return jax.lax.with_sharding_constraint(x, sharding)
 
 
 def _zeros(q, v):

@@ -279,9 +279,12 @@ def sharded_attention(q, k, v, mask, *, mesh, batch_axis: str | None = None,
                         data_shards=sizes["batch_axis"] if batched else 1, heads=h,
                         head_shards=sizes["head_axis"])
   if not inputs_permuted:
-    q, k, v = (layout.permute(x, axis=1) for x in (q, k, v))
+    q, k, v = (layout.permute(sharded.whole_sequence(x, mesh, batch_axis, head_axis), axis=1)
+               for x in (q, k, v))
   out = sharded.run(q, k, v, plan, mesh=mesh, batch_axis=batch_axis, head_axis=head_axis,
                     seq_axis=seq_axis, backend=name, sinks=sinks, scale=scale,
                     logits_soft_cap=logits_soft_cap, interpret=interpret,
                     operands=operands if traced else None, operand_kinds=kinds)
-  return out if inputs_permuted else layout.unpermute(out, axis=1)
+  if inputs_permuted:
+    return out
+  return layout.unpermute(sharded.whole_sequence(out, mesh, batch_axis, head_axis), axis=1)

@@ -271,3 +271,16 @@ def test_traced_operands_with_the_balanced_layout_raise_with_a_hint():
                                                   operands={"seg": seg}, backend="xla"))
   with pytest.raises(maskc.MaskValueError, match="Balance once outside jit"):
     f(np.zeros(16, np.int32))
+
+
+@pytest.fixture(scope="module")
+def input_results(tmp_path_factory):
+  out = tmp_path_factory.mktemp("sharding_inputs") / "results.json"
+  return fake_devices.run_worker("sharding_inputs_worker.py", out, timeout=600)
+
+
+@pytest.mark.slow  # a subprocess on fake devices, about 40 s
+def test_numpy_jax_and_traced_inputs_on_auto_and_explicit_meshes(input_results):
+  assert len(input_results) == 12
+  for case, err in input_results.items():
+    assert err < TOL, (case, err)
