@@ -37,6 +37,7 @@ import numpy as np
 from maskc import _ir as ir
 from maskc._bit_words import count_through
 from maskc._errors import MaskLimitError
+from maskc._lowering_rules import took
 from maskc._operand_runs import RunForm, RunTable, floor_log2, may_index, unit_read
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -579,7 +580,11 @@ class Analyzer:
       t = self.truth(m.item)
       return Truth3(FULL - t.state, t.certain)
     if isinstance(m, ir.And):
-      items = same_runs(m.items) if self.tables.same_runs else m.items
+      items = m.items
+      if self.tables.same_runs:
+        items = same_runs(m.items)
+        if any(a is not b for a, b in zip(items, m.items)):
+          took("same_run_ids")
       return _conjoin(xp, [self.truth(i) for i in items])
     if isinstance(m, ir.Or):
       parts = [self.truth(i) for i in m.items]

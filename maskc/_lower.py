@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maskc import _ir as ir
+from maskc import _lowering_rules as lowering_rules
 from maskc._bind import Operands, Shape, _int, as_mask, prepare_operands
 from maskc._blockmap import BlockMap
 from maskc._compile_predicate import compile_predicate, conjuncts, segment_conjunct
@@ -37,7 +38,8 @@ from maskc._operand_runs import RunForm
 from maskc._tile_refine import MEMORY_BUDGET, Budget
 from maskc._tiles import Runs, run_lengths
 
-_CACHE: collections.OrderedDict[Any, BlockMap] = collections.OrderedDict()
+# compiled static maps, with the lowering rules that made them (`maskc._lowering_rules.taken`)
+_CACHE: collections.OrderedDict[Any, tuple[BlockMap, frozenset[str]]] = collections.OrderedDict()
 _CACHE_SIZE = 32
 
 
@@ -47,6 +49,11 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
             refine_budget: int | None = None, memory_budget: int | None = None,
             q_positions: Any = None, kv_positions: Any = None) -> BlockMap:
   """Lowers a mask to block-sparsity metadata.
+
+  The tiles are always sound: a FULL tile holds only allowed pairs, an EMPTY tile
+  none. For masks built from prelude masks with `& | ^ ~` and static operands they
+  are exact too: no tile is PARTIAL that is all allowed or all disallowed (with
+  `exact=True`, for any mask with static operands).
 
   Args:
     mask: a Mask, mask text, or a sequence of them (one per head; identical heads
@@ -94,18 +101,23 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
     return _blockmap(bound, block_q, block_kv, rows=rows, col_runs=cols,
                      line_bounds=_line_bounds(bound, block_q, block_kv))
   key = (bound.masks, bound.head_index, bound.q_len, bound.kv_len, bound.q_offset, block_q,
-         block_kv, tuple(refine), tuple(p.static_bytes() for p in bound.prepared),
+         block_kv, tuple(refine), lowering_rules.disabled_now(),
+         tuple(p.static_bytes() for p in bound.prepared),
          tuple(None if p is None else p.tobytes()
                for p in (bound.shape.q_positions, bound.shape.kv_positions)))
   if key in _CACHE:
     _CACHE.move_to_end(key)
-    return _CACHE[key]
-  rows, backward = compile_static(bound.masks, bound.shape, bound.operands, bound.batch,
-                                  block_q, block_kv, refine, budget, forms=bound.forms)
-  bm = _blockmap(bound, block_q, block_kv, rows=rows, backward=backward)
-  _CACHE[key] = bm
-  if len(_CACHE) > _CACHE_SIZE:
-    _CACHE.popitem(last=False)
+    bm, rules = _CACHE[key]
+  else:
+    with lowering_rules.taken() as rules:
+      rows, backward = compile_static(bound.masks, bound.shape, bound.operands, bound.batch,
+                                      block_q, block_kv, refine, budget, forms=bound.forms)
+    bm = _blockmap(bound, block_q, block_kv, rows=rows, backward=backward)
+    _CACHE[key] = bm, frozenset(rules)
+    if len(_CACHE) > _CACHE_SIZE:
+      _CACHE.popitem(last=False)
+  for rule in rules:  # a cached map reports the rules that lowered it
+    lowering_rules.took(rule)
   return bm
 
 

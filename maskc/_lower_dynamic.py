@@ -80,6 +80,7 @@ from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
 from maskc._bind import Shape
 from maskc._bit_words import WORD, bit_words, prefix_sums
 from maskc._lower_static import compile_static, joined, operand_free_split
+from maskc._lowering_rules import enabled, took
 from maskc._operand_runs import reads_at, unit_read
 from maskc._same_run import SameRun, label_key, labels, run_ids, same_run_truth, same_runs
 from maskc._tile_geometry import TileGeometry
@@ -468,8 +469,9 @@ def _static_part(m: ir.Mask, geo: TileGeometry, refine: bool, memory: Budget):
   """
   split = operand_free_split(m)
   if (split is None or not split[0] or not split[1] or geo.positions or
-      not geo.shape.static or geo.nq * geo.nk > STATIC_PART_TILES):
+      not geo.shape.static or geo.nq * geo.nk > STATIC_PART_TILES or not enabled("parts")):
     return None
+  took("parts")
   free, rest, join = split
   rows, _ = compile_static([joined(free, join)], geo.shape, {}, None, geo.bq, geo.bk, [refine],
                            memory)
@@ -607,9 +609,12 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
   """Per-q-tile and per-key-tile runs `[B, U, n, R]` of the masks, traced."""
   geo = TileGeometry(shape, block_q, block_kv, xp=jnp)
   memory = memory or Budget(MEMORY_BUDGET)
-  expanded = [same_runs(m) for m in masks]  # bidirectional's body, decided from run labels
-  widened = [widened_parts(m, geo, same) for m, same in expanded]
+  # bidirectional's body, decided from run labels
+  expanded = [same_runs(m) if enabled("same_run_ids") else (m, []) for m in masks]
+  widened = [widened_parts(m, geo, same) if enabled("widened_band") else None
+             for m, same in expanded]
   if all(w is not None for w in widened):  # `causal & chunk(8192) | bidirectional(img)`
+    took("widened_band")
     nb = batch or 1
     memory.charge(nb * len(masks) * geo.nq * geo.nk * WIDENED_TILE_BYTES + sum(
         operands[name].size * 32 for _, name in widened), "the widened band's runs")
@@ -618,6 +623,8 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
                            for intervals, name in widened])
                  for along_rows, n in ((True, geo.nk), (False, geo.nq)))
   labelled = {p.operand for _, found in expanded for p in found}
+  if labelled:
+    took("same_run_ids")
   arrays = operands
   if labelled:  # the labels, and run ids from them: one prefix sum (kernels) for both
     derived = {}

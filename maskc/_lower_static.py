@@ -55,6 +55,7 @@ from maskc._equal_reads import (equal_read_bounds, equal_read_runs, equal_reads_
                                 unique_runs)
 from maskc._operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
 from maskc._pattern_lines import spliced_pattern
+from maskc._lowering_rules import enabled, took
 from maskc._ragged import ranges
 from maskc._run_lists import (expand_in_order, expand_leaves, interleaved, keyed, lines_of,
                               marked, meeting_mask, merge_keyed, merge_runs, on_lines,
@@ -428,8 +429,9 @@ class _StaticRuns:
     hints = (_split_hints(m, geo, tables, nb, True, self.budget),
              _split_hints(m, geo, tables, nb, False, self.budget))
     # the analysis starts from the rectangles where the operands allow true positions
-    start = tile_cover(m, geo, tables, nb, self.budget)
+    start = tile_cover(m, geo, tables, nb, self.budget) if enabled("tile_cover") else None
     if start is not None:
+      took("tile_cover")
       start = _small_as_tiles(start)
     self.leaves = _hold_leaves(_decided_leaves(m, geo, tables, batch, refine, self.budget,
                                                self.pieces, hints, start), self.budget)
@@ -594,7 +596,7 @@ class _EqualRuns:
   def of(cls, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
          budget: Budget) -> _EqualRuns | None:
     """The equal reads of `m` (`maskc._equal_reads.equal_reads_where`), where they apply."""
-    found = None if geo.positions else equal_reads_where(m)
+    found = None if geo.positions or not enabled("equal_reads") else equal_reads_where(m)
     if found is None:
       return None
     name, s, t, w = found
@@ -631,6 +633,8 @@ class _EqualRuns:
     """The bounds of `intervals | self` per line, where they are a band's
     (`maskc._widened_band`); else None. Remembered: a spread that cannot use them in
     closed form asks again."""
+    if not enabled("widened_band"):
+      return None
     key = (intervals.lo, intervals.hi, intervals.chunk, along_rows)
     if key not in self._widened:
       geo = self.geo
@@ -638,6 +642,8 @@ class _EqualRuns:
                          12 * 8, "a band widened by equal reads")
       self._widened[key] = widened_bounds(geo, intervals, self.table, self.shifts, self.on,
                                           along_rows, self._lines)
+    if self._widened[key] is not None:
+      took("widened_band")
     return self._widened[key]
 
   def flat(self, along_rows: bool):
@@ -802,7 +808,7 @@ class _Backward:
 
 def _periodic(m: ir.Mask, geo: TileGeometry) -> int | None:
   """The diagonal period of an operand-free mask, where repeating it pays; else None."""
-  if m.operands or geo.positions:
+  if m.operands or geo.positions or not enabled("periodic"):
     return None
   period = diagonal_period(m)
   return period if period is not None and _PeriodicRuns.worth(geo, period) else None
@@ -822,7 +828,7 @@ def _parts(m: ir.Mask, geo: TileGeometry) -> list[ir.Mask] | None:
   while isinstance(m, ir.Call):
     m = ir.expand(m)
   split = operand_free_split(m)
-  if split is None or geo.positions:
+  if split is None or geo.positions or not enabled("parts"):
     return None
   free, rest, join = split
   axis_items = {a: [x for x in free + rest if ir.positions_of(x) == {a}] for a in "qk"}
@@ -848,7 +854,7 @@ def _parts(m: ir.Mask, geo: TileGeometry) -> list[ir.Mask] | None:
 def _one_axis(m: ir.Mask, geo: TileGeometry) -> bool:
   """Whether `m` reads one position only (`g[k]`, `valid[k] & k < n`, `sink(4)`): lowered as
   `_AxisRuns`."""
-  return not geo.positions and len(ir.positions_of(m)) == 1
+  return not geo.positions and len(ir.positions_of(m)) == 1 and enabled("one_axis")
 
 
 WHOLE_AFTER = 0.25  # operand changes per tile row above which an `&` is lowered whole
@@ -909,13 +915,16 @@ def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   (`_parts`); else by leaves."""
   period = _periodic(m, geo)
   if period is not None:
+    took("periodic")
     return _PeriodicRuns(m, geo, tables, batch, refine, budget, period)
   if _one_axis(m, geo):
+    took("one_axis")
     return _AxisRuns(m, geo, tables, batch, refine, budget)
   while isinstance(m, ir.Call):  # `document(seg)`, `streaming(w, s)`: the parts of its body
     m = ir.expand(m)
   equal = _EqualRuns.of(m, geo, tables, batch, budget)
   if equal is not None:
+    took("equal_reads")
     return equal
   parts = _parts(m, geo)
   if parts is not None and not _parts_pay(m, geo, tables, batch) and not all(
@@ -923,6 +932,7 @@ def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
       for x in parts):
     parts = None
   if parts is not None:
+    took("parts")
     return _CombinedRuns(m, [_band_part(x, geo, batch) or
                              _runs_of_mask(x, geo, tables, batch, refine, budget)
                              for x in parts], geo, tables, batch, refine, budget)
@@ -934,13 +944,16 @@ def _band_part(m: ir.Mask, geo: TileGeometry, batch: int | None) -> BandRuns | N
   `local(64, 64)`), in closed form (`maskc._band_runs`): an `&` clips the other parts'
   runs to it, an `|` combines them with its runs, no period analysed. None otherwise."""
   band = _clip_band(m, geo)
-  return None if band is None else BandRuns(geo, band, batch or 1)
+  if band is None:
+    return None
+  took("band")
+  return BandRuns(geo, band, batch or 1)
 
 
 def _clip_band(m: ir.Mask, geo: TileGeometry) -> tuple[int | None, int | None] | None:
   """The band `(lo, hi)` of `q - k` that operand-free `m` is exactly, where its closed form
   holds on `geo` (`maskc._band_runs.band_fits`); else None."""
-  if m.operands:
+  if m.operands or not enabled("band"):
     return None
   band = exact_band(m)
   return band if band is not None and band_fits(geo, band) else None
@@ -965,8 +978,12 @@ class _CombinedRuns:
 
   def _true_on_diagonal(self) -> bool:
     """Whether the mask is true at every pair `q == k` (proved once, from its IR)."""
+    if not enabled("diagonal_truth"):
+      return False
     if not hasattr(self, "_diagonal"):
       self._diagonal = true_on_diagonal(self.m)
+    if self._diagonal:
+      took("diagonal_truth")
     return self._diagonal
 
   def _pieces(self, b, i, j):
@@ -1081,7 +1098,7 @@ class _CombinedRuns:
     tiles are a band's bounds per line (`document(seg)`: `_EqualRuns.bounds`) and so are
     the first band's, or the first spread's widened (`causal | bidirectional(img)`): the
     pieces of both bounds (`met_bounds_pieces`), no runs written and clipped; else None."""
-    if not (isinstance(part, _EqualRuns) and part.on is None):
+    if not (isinstance(part, _EqualRuns) and part.on is None and enabled("met_bounds")):
       return None
     if bands:
       bounds, bands = bands[0].bounds(along_rows), bands[1:]
@@ -1092,6 +1109,7 @@ class _CombinedRuns:
       if bounds is None:
         return None
       spread = spread[1:]
+    took("met_bounds")
     x_bounds = part.bounds(along_rows)
     lines = x_bounds.shape[1]
     chunk = max(1, min(lines, self.budget.items(MET_LINE_BYTES), COMBINE_CHUNK // 3))
@@ -1128,13 +1146,15 @@ class _CombinedRuns:
     The rest's PARTIAL tiles are decided for the whole `|`, as in `_band_or`: between
     the `&` with it and the whole, the union with `x & pattern` is still exact.
     """
-    if self.union or not (isinstance(part, _CombinedRuns) and part.union):
+    if self.union or not (isinstance(part, _CombinedRuns) and part.union and
+                          enabled("distribute")):
       return None
     patterns = [p for p in part.parts if isinstance(p, _AxisRuns) and
                 p.pattern_along(along_rows)]
     rest = [p for p in part.parts if not any(p is q for q in patterns)]
     if len(patterns) != 1 or not rest:
       return None
+    took("distribute")
     if len(rest) > 1:
       rest = [_CombinedRuns(part.m, rest, self.geo, self.tables, self.batch, self.refine,
                             self.budget)]
@@ -1158,12 +1178,14 @@ class _CombinedRuns:
     Only where the rest has no parts of one axis: those splice a pattern into every
     line (`_splice`), which `_spread` would write out.
     """
-    if self.union or not (isinstance(part, _CombinedRuns) and part.union):
+    if self.union or not (isinstance(part, _CombinedRuns) and part.union and
+                          enabled("spread")):
       return None
     band = [p for p in part.parts if isinstance(p, BandRuns)]
     rest = [p for p in part.parts if not any(p is q for q in band[:1])]
     if not band or any(isinstance(p, _AxisRuns) for p in rest):
       return None
+    took("spread")
     if len(rest) > 1:  # their PARTIAL tiles decided for the whole `|`: sound for `_spread`
       rest = [_CombinedRuns(part.m, rest, self.geo, self.tables, self.batch, self.refine,
                             self.budget)]
@@ -1654,6 +1676,6 @@ def compile_static(masks, shape: Shape, operands: dict, batch: int | None, block
   geo = TileGeometry(shape, block_q, block_kv)
   budget = budget or Budget(MEMORY_BUDGET)
   # shared: tables are built for the operands masks read
-  tables = Tables(np, operands, forms, budget=budget, same_runs=True)
+  tables = Tables(np, operands, forms, budget=budget, same_runs=enabled("same_run_ids"))
   per_mask = [_runs_of_mask(m, geo, tables, batch, ref, budget) for m, ref in zip(masks, refine)]
   return stack_runs([r.runs(along_rows=True) for r in per_mask]), _Backward(per_mask)

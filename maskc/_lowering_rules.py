@@ -1,0 +1,112 @@
+"""The lowering's closed forms by name: a switch to turn one off, and a record of those taken.
+
+The static and traced lowerings reach most masks by closed forms, each a faster
+way to the same tiles as the generic range analysis (`maskc._lower_static.
+_StaticRuns`), taken where its precondition holds. A closed form that is wrong
+for some mask is wrong silently: the tiles still look plausible. So each can be
+turned off, and the tiles compared with the ones the lowering gives without it:
+
+    from maskc._lowering_rules import disabled, taken
+
+    with taken() as fired:
+      fast = maskc.compile(mask, n, operands=ops)
+    assert "widened_band" in fired
+    with disabled("widened_band"):
+      slow = maskc.compile(mask, n, operands=ops)  # a separate cache entry
+
+`disabled()` with no names turns off every rule: the generic analysis alone.
+Both are context managers over context variables, so they hold for the thread
+or task that entered them, and compiled maps are cached per set of disabled
+rules. `tests/test_lowering_rules.py` runs each rule against the lowering
+without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import types
+from typing import Iterator, Mapping
+
+from maskc._errors import MaskValueError
+
+RULES: Mapping[str, str] = types.MappingProxyType({
+    "periodic": "an operand-free mask with a diagonal period (`causal`, `chunk(c)`): one "
+                "period of tiles classified and repeated (maskc._diagonal_period)",
+    "one_axis": "a mask that reads one position only (`g[k]`, `sink(4)`): one line of tiles "
+                "decides each axis (maskc._axis_reads)",
+    "equal_reads": "`x[q + s] == x[k + t]` where each value of x is one run (`document(seg)`, "
+                   "`bidirectional(img)`): binary searches per line (maskc._equal_reads)",
+    "parts": "an `&` / `|` whose parts lower apart, their runs combined (static), or whose "
+             "operand-free items lower at trace time (traced)",
+    "band": "a band of `q - k` (`causal`, `sliding(w)`, `local(l, r)`) in an `&` / `|`, in "
+            "closed form (maskc._band_runs)",
+    "widened_band": "a band joined with equal reads into one interval per row (`causal | "
+                    "bidirectional(img)`), static and traced (maskc._widened_band, "
+                    "maskc._widened_traced)",
+    "met_bounds": "equal reads `&` a band (or a widened band), met as bounds per line "
+                  "(`causal & document(seg)`)",
+    "distribute": "`x & (rest | pattern)` lowered as `(x & rest) | (x & pattern)`, the "
+                  "pattern of one axis spliced into x's runs",
+    "spread": "`x & (band | rest)`: x clipped at the band off the rest's lines",
+    "tile_cover": "the analysis starts from the rectangles where the operands' runs allow "
+                  "a true pair (maskc._tile_cover)",
+    "same_run_ids": "`runs(x)[a] == runs(x)[b]` beside `x[a]` analysed by ids of x's runs of "
+                    "zeros and nonzeros (static) or by run labels (traced, maskc._same_run)",
+    "diagonal_truth": "tiles PARTIAL in two parts of an `&` that the diagonal crosses, in a "
+                      "mask true at every q == k, mixed with no pair evaluated "
+                      "(maskc._diagonal_truth)",
+})
+
+_DISABLED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "maskc_disabled_rules", default=frozenset())
+_TAKEN: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar(
+    "maskc_taken_rules", default=None)
+
+
+def _check(names) -> frozenset[str]:
+  unknown = sorted(set(names) - set(RULES))
+  if unknown:
+    raise MaskValueError(f"unknown lowering rule(s) {', '.join(map(repr, unknown))}",
+                         hint=f"The rules are: {', '.join(RULES)}.")
+  return frozenset(names)
+
+
+@contextlib.contextmanager
+def disabled(*names: str) -> Iterator[frozenset[str]]:
+  """Turns off the named rules (every rule when none is named) inside the block."""
+  off = _check(names) if names else frozenset(RULES)
+  token = _DISABLED.set(_DISABLED.get() | off)
+  try:
+    yield _DISABLED.get()
+  finally:
+    _DISABLED.reset(token)
+
+
+@contextlib.contextmanager
+def taken() -> Iterator[set[str]]:
+  """Collects the names of the rules the lowerings inside the block took (a static map
+  from `maskc.compile`'s cache reports the rules that lowered it)."""
+  fired: set[str] = set()
+  token = _TAKEN.set(fired)
+  try:
+    yield fired
+  finally:
+    _TAKEN.reset(token)
+
+
+def enabled(name: str) -> bool:
+  """Whether rule `name` may be taken now."""
+  return name not in _DISABLED.get()
+
+
+def took(name: str) -> None:
+  """Records that rule `name` was taken (where a `taken()` block listens)."""
+  fired = _TAKEN.get()
+  if fired is not None:
+    fired.add(name)
+
+
+def disabled_now() -> frozenset[str]:
+  """The rules turned off here: part of the compiled-map cache's key."""
+  return _DISABLED.get()

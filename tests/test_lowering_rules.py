@@ -1,0 +1,183 @@
+"""Each closed form of the lowering against the lowering without it (`maskc._lowering_rules`).
+
+For every drawn mask, the rules its lowering took are turned off one at a time, and
+all of them at once (the generic range analysis alone): each map must be sound
+against the dense mask, and where the mask is built from prelude masks with
+`& | ^ ~` (exact tiles promised), equal to the others tile for tile. Masks come
+from `maskc.testing.masks()` (several operands of each kind, named calls and their
+bodies, `~` and `^`) and from shapes that reach each rule, wrapped in `~` or `^`
+with another drawn mask.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+import maskc
+from maskc import _ir as ir
+from maskc import testing
+from maskc._lowering_rules import RULES, disabled, taken
+from helpers import assert_sound
+from sampling import PARTS, count
+
+# Masks whose lowering takes each rule (at the shapes of `_shaped`), named or spelled out.
+REACHES = {
+    "periodic": ["causal & chunk(6)", "k <= q & q // 6 == k // 6", "sliding(5) ^ local(2, 3)"],
+    "one_axis": ["img[k]", "~pfx[q] & k < n", "sink(n)"],
+    "equal_reads": ["document(seg)", "bidirectional(img)", "runs(g)[q] == runs(g)[k] & g[q]"],
+    "parts": ["causal & chunk(6) | bidirectional(img)", "local(4, 4) | g[q] | g[k]"],
+    "band": ["causal & document(seg)", "sliding(5) | bidirectional(pfx)"],
+    "widened_band": ["causal | bidirectional(img)", "causal & chunk(8) | bidirectional(g)",
+                     "k <= q | runs(img)[q] == runs(img)[k] & img[q]"],
+    "met_bounds": ["causal & document(seg)", "document(doc) & (causal | bidirectional(img))"],
+    "distribute": ["document(seg) & (causal | img[k])",
+                   "document(doc) & (sliding(4) | bidirectional(pfx) | g[k])"],
+    "spread": ["document(seg) & (causal | bidirectional(img))",
+               "document(seg) & (causal | document(doc))"],
+    "tile_cover": ["bidirectional(img) & ~bidirectional(g)", "document(seg) & seg[q] < seg[k] + 1 & (q - k) % 3 == 0"],
+    "same_run_ids": ["bidirectional(img) & ~bidirectional(g)",
+                     "bidirectional(pfx) ^ bidirectional(g)"],
+    "diagonal_truth": ["causal & (document(seg) | bidirectional(img))",
+                       "k <= q & (doc[q] == doc[k] | bidirectional(g))"],
+}
+OPERANDS = testing.MASK_OPERANDS
+
+
+def _values(rng: np.random.Generator, n: int) -> dict:
+  """Sorted segment ids (documents) and image flags in runs, as models pass them."""
+  def spans():
+    out = np.zeros(n, bool)
+    for _ in range(rng.integers(1, 4)):
+      a = int(rng.integers(0, n))
+      out[a:a + int(rng.integers(1, max(2, n // 3)))] = True
+    return out
+  return {"seg": np.sort(rng.integers(0, 5, n)).astype(np.int32),
+          "doc": np.sort(rng.integers(0, 3, n)).astype(np.int32),
+          "img": spans(), "pfx": spans(), "g": spans(), "n": int(rng.integers(0, n))}
+
+
+def test_every_rule_is_reached_by_its_masks():
+  rng = np.random.default_rng(0)
+  for rule, texts in REACHES.items():
+    for text in texts:
+      m = maskc.parse(text)
+      ops = {s.name: v for s_name, v in _values(rng, 96).items() for s in m.operands
+             if s.name == s_name}
+      with taken() as fired:
+        maskc.compile(m, 96, block_q=8, block_kv=8, operands=ops)
+      assert rule in fired, f"{text} did not take {rule}: {sorted(fired)}"
+  assert set(REACHES) == set(RULES)
+
+
+def test_unknown_rules_are_refused_with_the_known_ones():
+  with pytest.raises(maskc.MaskValueError, match="unknown lowering rule") as e:
+    with disabled("widened"):
+      pass
+  assert "widened_band" in e.value.hint
+
+
+def test_disabling_a_rule_keeps_a_separate_cache_entry():
+  img = np.zeros(64, bool)
+  img[10:30] = True
+  with taken() as fired:
+    a = maskc.compile("causal | bidirectional(img)", 64, block_q=8, block_kv=8,
+                      operands={"img": img})
+  with disabled("widened_band"), taken() as without:
+    b = maskc.compile("causal | bidirectional(img)", 64, block_q=8, block_kv=8,
+                      operands={"img": img})
+  assert "widened_band" in fired and "widened_band" not in without
+  np.testing.assert_array_equal(a.grid, b.grid)
+
+
+@st.composite
+def setups(draw):
+  """(mask, q_len, kv_len, q_offset, block_q, block_kv, operands)."""
+  reach = st.sampled_from(sorted(REACHES)).flatmap(
+      lambda rule: st.sampled_from(REACHES[rule])).map(maskc.parse)
+  other = testing.masks(max_depth=1)
+  wrapped = st.one_of(
+      reach, st.builds(lambda m: ~m, reach), st.builds(lambda a, b: a ^ b, reach, other),
+      st.builds(lambda a, b: a & ~b, reach, other), st.builds(lambda a, b: a | b, reach, other))
+  mask = draw(st.one_of(reach, reach, wrapped, testing.masks()), label="mask")
+  q_len, kv_len, q_offset = draw(testing.shapes(max_len=72), label="shape")
+  if draw(st.sampled_from([True, True, True, False]), label="run-structured operands"):
+    span = max(kv_len, q_len + (q_offset if q_offset is not None else max(kv_len - q_len, 0)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16), label="seed"))
+    values = _values(rng, span + 1)
+    ops = {s.name: values[s.name] for s in mask.operands if s.name in values}
+    if set(ops) != {s.name for s in mask.operands}:
+      ops = draw(testing.operand_values(mask, (q_len, kv_len, q_offset)))
+  else:
+    ops = draw(testing.operand_values(mask, (q_len, kv_len, q_offset)), label="operands")
+  bq = draw(st.sampled_from([1, 2, 4, 8, 16]), label="block_q")
+  bk = draw(st.sampled_from([1, 3, 4, 8, 16]), label="block_kv")
+  return mask, q_len, kv_len, q_offset, bq, bk, ops
+
+
+def check_rules(s, traced: bool = False) -> set[str]:
+  """The maps with each rule taken turned off, and with all off, against the dense mask and
+  each other; returns the rules taken."""
+  mask, q_len, kv_len, q_offset, bq, bk, ops = s
+
+  def grid():
+    if traced:
+      f = jax.jit(lambda ops: maskc.compile(mask, q_len, kv_len, block_q=bq, block_kv=bk,
+                                            q_offset=q_offset, operands=ops).grid)
+      return np.asarray(f(ops))
+    return np.asarray(maskc.compile(mask, q_len, kv_len, block_q=bq, block_kv=bk,
+                                    q_offset=q_offset, operands=ops).grid)
+
+  dense = np.asarray(maskc.materialize(mask, q_len, kv_len, q_offset=q_offset, operands=ops))
+  with taken() as fired:
+    full = grid()
+  assert_sound(full, dense, bq, bk, f"{mask}, every rule")
+  exact = ir.is_prelude_only(mask) and not traced
+  for off in sorted(fired) + [None]:
+    with disabled(*([off] if off else [])):
+      g = grid()
+    what = f"{mask}, without {off or 'any rule'}"
+    assert_sound(g, dense, bq, bk, what)
+    if exact:
+      np.testing.assert_array_equal(g, full, err_msg=what)
+  return fired
+
+
+_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                       HealthCheck.filter_too_much])
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_each_rule_agrees_with_the_lowering_without_it(part):
+  @settings(max_examples=count(600, part), **_SETTINGS)
+  @given(setups())
+  def check(s):
+    for rule in check_rules(s):
+      event(f"took {rule}")
+  check()
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_each_traced_rule_agrees_with_the_lowering_without_it(part):
+  @settings(max_examples=count(30, part), **_SETTINGS)
+  @given(setups())
+  def check(s):
+    for rule in check_rules(s, traced=True):
+      event(f"took {rule}")
+  check()
+
+
+@pytest.mark.parametrize("rule", ["widened_band", "same_run_ids", "parts"])
+def test_traced_rules_agree_with_the_traced_lowering_without_them(rule):
+  rng = np.random.default_rng(1)
+  texts = REACHES[rule] if rule != "parts" else ["causal & ~bidirectional(img)",
+                                                 "sliding(9) & document(seg)"]
+  for text in texts:
+    m = maskc.parse(text)
+    values = _values(rng, 80)
+    ops = {s.name: values[s.name] for s in m.operands}
+    fired = check_rules((m, 80, 80, None, 8, 8, ops), traced=True)
+    assert rule in fired, f"{text} under jit did not take {rule}: {sorted(fired)}"
