@@ -26,7 +26,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as smi
 
 import maskc
-from maskc import _lower
+from maskc.lowering import compile as _lower
 
 OPERAND_REPEATS = 7  # calls per mask at 1M tokens: the best is what this machine can do
 

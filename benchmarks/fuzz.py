@@ -168,7 +168,7 @@ def _eval(m, q, k, op):
   if isinstance(m, ir.Not):
     return ~np.asarray(_eval(m.item, q, k, op), bool)
   if isinstance(m, ir.Call):
-    return _eval(maskc._ir.expand(m), q, k, op)
+    return _eval(maskc.language.ir.expand(m), q, k, op)
   raise TypeError(type(m))
 
 

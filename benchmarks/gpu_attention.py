@@ -33,8 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import maskc
-from maskc import _predicate
-from maskc.kernels import _common, attention, flash
+from maskc.compiled import predicate as _predicate
+from maskc.kernels import attention, flash
+from maskc.kernels import common as _common
 
 IMPLS = ("flash", "cudnn", "xla")
 

@@ -3,7 +3,7 @@
 For each tile shape `(block_q, block_kv)` it times the forward kernel under each
 `(num_warps, num_stages)`, keeps the best, then times forward+backward under each
 setting of the two backward kernels. The last lines compare the best settings,
-and the defaults in `kernels/flash.py` (`BLOCK_SIZES`, `launch_params`), with
+and the defaults in `maskc/kernels/flash.py` (`BLOCK_SIZES`, `launch_params`), with
 `jax.nn.dot_product_attention(implementation="cudnn")` on the same inputs.
 
     python benchmarks/gpu_tuning.py --length 16384 --mask causal

@@ -31,7 +31,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 import maskc  # noqa: E402
-from maskc import _layout, _lower  # noqa: E402
+from maskc.lowering import compile as _lower  # noqa: E402
+from maskc.parallel import layout as _layout  # noqa: E402
 
 
 def packed_segments(n: int, seed: int = 0) -> np.ndarray:

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compile_speed import image_spans, packed_segments
 
 import maskc
-from maskc import _lower
+from maskc.lowering import compile as _lower
 
 
 def cases(n: int, batch: int):

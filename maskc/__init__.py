@@ -1,290 +1,86 @@
 """maskc: an attention-mask compiler for JAX.
 
-Write a mask as text, `causal & chunk(8192) | bidirectional(img)`, or with
-Python builders; maskc parses it into an IR, simplifies it, evaluates it
-densely, and lowers it to block-sparsity metadata for attention kernels.
+Write a mask as text, `causal & chunk(8192) | bidirectional(img)`, or with the
+Python builders; maskc parses it into an IR, simplifies it, evaluates it densely,
+and lowers it to block-sparsity metadata for attention kernels.
 
 >>> import maskc
 >>> m = maskc.parse("causal & chunk(8192)")
 >>> m == maskc.causal() & maskc.chunk(8192)
 True
+
+This module only re-exports. The verbs, the prelude builders, the errors and the
+types public functions return live here; the IR node classes and the position
+atoms `q`, `k` in `maskc.ir`; test helpers in `maskc.testing`; the kernels in
+`maskc.kernels`, imported on first use (by `maskc.attention`, or on access to
+`maskc.kernels`), so `import maskc` loads no Pallas.
 """
 
-from __future__ import annotations
+from typing import Any as _Any
 
-import math as _math
+from maskc import _deprecated
+from maskc import ir as ir
+from maskc.language.errors import (BackendError as BackendError, MaskError as MaskError,
+                                   MaskLimitError as MaskLimitError,
+                                   MaskNameError as MaskNameError,
+                                   MaskRecursionError as MaskRecursionError,
+                                   MaskSyntaxError as MaskSyntaxError,
+                                   MaskTypeError as MaskTypeError,
+                                   MaskValueError as MaskValueError, OperandError as OperandError,
+                                   Span as Span)
+from maskc.language.ir import Mask as Mask
+from maskc.language import printer as _printer, simplify as _simplify  # noqa: F401  (install)
+from maskc.language.parse import parse as parse
+from maskc.language.builders import (bidirectional as bidirectional, causal as causal,
+                                     chunk as chunk, compare as compare, document as document,
+                                     empty as empty, full as full, global_ as global_,
+                                     local as local, maximum as maximum, minimum as minimum,
+                                     operand as operand, prefix as prefix, runs as runs,
+                                     scalar as scalar, sink as sink, sliding as sliding,
+                                     truth as truth)
+from maskc.semantics.bind import (ComputableMask as ComputableMask, additive_bias as additive_bias,
+                                  materialize as materialize)
+from maskc.compiled.blockmap import BlockMap as BlockMap
+from maskc.lowering.compile import compile as compile
+from maskc.config.model import (ConfigError as ConfigError, ConfigWarning as ConfigWarning,
+                                MaskConfig as MaskConfig, OperandDecl as OperandDecl,
+                                load_config as load_config)
+from maskc.config.mask_spec import MaskSpec as MaskSpec, mask_field as mask_field
+from maskc.tools.show import MaskView as MaskView, show as show
+from maskc.tools.equivalence import Equivalence as Equivalence, equivalent as equivalent
+from maskc.parallel.layout import Layout as Layout, balance as balance
+from maskc.attention import (MaskLike as MaskLike, attention as attention,
+                             sharded_attention as sharded_attention)
 
-from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any
+__version__ = "0.2.0"
 
-from maskc._errors import (BackendError as BackendError, MaskError as MaskError,
-                           MaskLimitError as MaskLimitError, MaskNameError as MaskNameError,
-                           MaskRecursionError as MaskRecursionError,
-                           MaskSyntaxError as MaskSyntaxError, MaskTypeError as MaskTypeError,
-                           MaskValueError as MaskValueError, OperandError as OperandError,
-                           Span as Span)
-from maskc._ir import (And as And, Arith as Arith, BoolConst as BoolConst, Call as Call,
-                       Compare as Compare, Const as Const, Definition as Definition, Fn as Fn,
-                       Mask as Mask, Neg as Neg, Node as Node, Not as Not, Operand as Operand,
-                       OperandSpec as OperandSpec, Or as Or, PairRead as PairRead, Pos as Pos,
-                       Read as Read, Scalar as Scalar, Term as Term, Truth as Truth, Xor as Xor)
-from maskc import _ir, _printer, _simplify  # noqa: F401  (the last two attach to the IR)
-from maskc._parse import known_mask_names as _known_mask_names, parse as parse
-from maskc._builders import (bidirectional as bidirectional, causal as causal, chunk as chunk,
-                             compare as compare, document as document, empty as empty,
-                             full as full, global_ as global_, k as k, local as local,
-                             maximum as maximum, minimum as minimum, operand as operand,
-                             prefix as prefix, q as q, runs as runs, scalar as scalar,
-                             sink as sink, sliding as sliding, truth as truth)
-from maskc._bind import (ComputableMask as ComputableMask, additive_bias as additive_bias,
-                         materialize as materialize)
+__all__ = [
+    # verbs
+    "parse", "compile", "materialize", "additive_bias", "attention", "sharded_attention",
+    "balance", "equivalent", "load_config", "show", "mask_field",
+    # the prelude and term builders
+    "bidirectional", "causal", "chunk", "compare", "document", "empty", "full", "global_",
+    "local", "maximum", "minimum", "operand", "prefix", "runs", "scalar", "sink", "sliding",
+    "truth",
+    # errors and warnings
+    "MaskError", "MaskSyntaxError", "MaskNameError", "MaskTypeError", "MaskValueError",
+    "MaskLimitError", "MaskRecursionError", "OperandError", "BackendError", "ConfigError",
+    "ConfigWarning", "Span",
+    # types public functions take and return
+    "Mask", "MaskLike", "ComputableMask", "BlockMap", "MaskConfig", "OperandDecl", "MaskSpec",
+    "MaskView", "Equivalence", "Layout",
+    # modules
+    "ir", "kernels",
+]
 
-if _TYPE_CHECKING:
-  import numpy as np
-
-
-def _mask_bind(self: Mask, q_len: int, kv_len: int | None = None, *,
-               q_offset: int | None = None, operands: dict[str, _Any] | None = None,
-               q_positions=None, kv_positions=None) -> ComputableMask:
-  """This mask at a shape with static operands (and positions): a lazy `ComputableMask`.
-
-  >>> import maskc
-  >>> maskc.parse("causal").bind(3)[1:, :].astype(int)
-  array([[1, 1, 0],
-         [1, 1, 1]])
-  """
-  return ComputableMask(self, q_len, kv_len, q_offset=q_offset, operands=operands,
-                        q_positions=q_positions, kv_positions=kv_positions)
-
-
-def _mask_to_dense(self: Mask, q_len: int, kv_len: int | None = None, *,
-                   q_offset: int | None = None, operands: dict[str, _Any] | None = None,
-                   q_positions=None, kv_positions=None) -> np.ndarray:
-  """The mask as a NumPy bool array `[..., q_len, kv_len]`.
-
-  >>> import maskc
-  >>> maskc.parse("causal").to_dense(2, 3).astype(int)
-  array([[1, 1, 0],
-         [1, 1, 1]])
-  """
-  return self.bind(q_len, kv_len, q_offset=q_offset, operands=operands, q_positions=q_positions,
-                   kv_positions=kv_positions)[:, :]
-
-
-# The IR imports nothing above it: the methods that need the binding and the parser are
-# attached here, by the public face (see `maskc._ir`'s docstring), before the modules below
-# are imported.
-Mask.bind = _mask_bind
-Mask.to_dense = _mask_to_dense
-_ir.install_parser(parse, _known_mask_names)
-
-from maskc._blockmap import BlockMap as BlockMap
-from maskc._lower import bind_map as _bind_map, compile as compile
-
-__version__ = "0.1.0"
-from maskc._config import (ConfigError as ConfigError, ConfigWarning as ConfigWarning,
-                           MaskConfig as MaskConfig, OperandDecl as OperandDecl,
-                           load_config as load_config)
-from maskc._mask_spec import MaskSpec as MaskSpec, mask_field as mask_field
-from maskc._show import MaskView as MaskView, show as show
-from maskc._equivalence import equivalent as equivalent
-from maskc._layout import Layout as Layout, balance as balance
-from maskc import _layout, _sharding
+_deprecated.install()
 
 
-def attention(q, k, v, mask, *, operands: dict | None = None, backend: str = "auto",
-              block_q: int | None = None, block_kv: int | None = None,
-              scale: float | None = None, logits_soft_cap: float | None = None, sinks=None,
-              q_offset: int | None = None, interpret: bool | None = None,
-              q_positions=None, kv_positions=None):
-  """Masked multi-head attention: compiles `mask` and runs it on an attention backend.
-
-  Works under `jit`, `grad` and `vmap`. Static masks compile once (`maskc.compile`
-  caches them); masks with traced operands compile inside the trace. The kernel
-  code (`maskc.kernels`) is imported on first call, so `import maskc` loads none.
-
-  Args:
-    q: `[B, Lq, H, D]`. k, v: `[B, Lkv, Hkv, D]` / `[B, Lkv, Hkv, Dv]` with
-      `H % Hkv == 0` (GQA; `Hkv = 1` is MQA).
-    mask: mask text, a `Mask`, a sequence of them (one per query head), or a
-      compiled `BlockMap` (whose tiles, offset and operands are then used).
-    operands: values of the runtime operands the mask reads (NumPy or jax arrays).
-    backend: `"auto"` (see `maskc.kernels.api.choose_backend`: splash on TPU, flash
-      on GPU, xla on CPU, dense when the mask is tiny or nearly full), or one of
-      `maskc.kernels.BACKENDS`: `dense`, `xla`, `flash`, `splash`.
-    block_q, block_kv: tile sizes (default: the backend's).
-    scale: logit scale (default `1 / sqrt(D)`).
-    logits_soft_cap: if set, logits become `cap * tanh(logits / cap)`.
-    sinks: optional float `[H]` learned sink logits joining each softmax denominator.
-    q_offset: position of query row 0 (default `Lkv - Lq`, bottom-right aligned).
-    interpret: run Pallas kernels in interpret mode (default: when not on their
-      native platform).
-    q_positions, kv_positions: the mask position of each query row / key column,
-      `[L]` or `[B, L]` (NumPy or traced), instead of `q_offset + i` and `j`: for
-      sequences stored out of order (zigzag or striped context-parallel layouts).
-
-  Returns:
-    `[B, Lq, H, Dv]` in q's dtype. Rows with no allowed key are zero, with zero
-    gradients.
-
-  Raises:
-    BackendError: the backend cannot run this mask; the message names one that can.
-    MaskValueError: shapes, lengths, operands or block sizes do not fit.
-
-  >>> import jax.numpy as jnp
-  >>> x = jnp.ones((1, 256, 2, 16))
-  >>> attention(x, x, x, "sliding(64)", backend="xla").shape
-  (1, 256, 2, 16)
-  """
-  from maskc.kernels import api, _common
-
-  kw = dict(scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks, interpret=interpret)
-  if isinstance(mask, BlockMap):
-    if operands:
-      raise MaskValueError("operands were given with a compiled BlockMap, which holds its own",
-                           hint="Pass the operands to maskc.compile instead.")
-    if q_positions is not None or kv_positions is not None:
-      raise MaskValueError("positions were given with a compiled BlockMap, which holds its own",
-                           hint="Pass q_positions/kv_positions to maskc.compile instead.")
-    if q_offset is not None and mask.is_static and int(q_offset) != int(mask.q_offset):
-      raise MaskValueError(f"q_offset={q_offset} differs from the BlockMap's "
-                           f"q_offset={mask.q_offset}")
-    for arg, value, have in (("block_q", block_q, mask.block_q),
-                             ("block_kv", block_kv, mask.block_kv)):
-      if value is not None and value != have:
-        raise MaskValueError(f"{arg}={value} differs from the BlockMap's {arg}={have}",
-                             hint="Compile the mask with the tile sizes you want.")
-    return api.attention(q, k, v, mask, backend=backend, **kw)
-  _, lq, _, lkv, _, _ = _common.check_qkv(q, k, v)
-  name = api.choose_backend(backend, lq, lkv)
-  if name == "dense":
-    bm = _bind_map(mask, lq, lkv, q_offset=q_offset, operands=operands,
-                   q_positions=q_positions, kv_positions=kv_positions)
-    return api.attention(q, k, v, bm, backend="dense", **kw)
-  bq, bk = api.default_blocks(name, lq, lkv)
-  bm = compile(mask, lq, lkv, block_q=block_q or bq, block_kv=block_kv or bk,
-               q_offset=q_offset, operands=operands, q_positions=q_positions,
-               kv_positions=kv_positions)
-  return api.attention(q, k, v, bm, backend=backend, **kw)
-
-
-def sharded_attention(q, k, v, mask, *, mesh, batch_axis: str | None = None,
-                      head_axis: str | None = None, seq_axis: str | None = None,
-                      strategy: str = "all_gather", layout="contiguous",
-                      operands: dict | None = None, backend: str = "auto",
-                      inputs_permuted: bool = False, block_q: int | None = None,
-                      block_kv: int | None = None, scale: float | None = None,
-                      logits_soft_cap: float | None = None, sinks=None,
-                      interpret: bool | None = None):
-  """Masked attention sharded over a `jax.sharding.Mesh` with `jax.shard_map`.
-
-  Batch goes over `batch_axis`, heads and KV heads over `head_axis`, the sequence
-  over `seq_axis` (context parallelism), each None to leave that dimension whole.
-  The sequence is laid out by `layout` (`maskc.balance`): each shard's queries
-  attend with the block map compiled for its own rows (at the layout's positions),
-  so the mask can be any mask. Static (NumPy) operands are read once, outside the
-  devices; traced ones (a call inside `jax.jit` with operands as arguments) are
-  handed to the devices, each compiling its shard's map from the values it holds.
-
-  Args:
-    q, k, v: global `[B, L, H, D]` / `[B, L, Hkv, D]` arrays (self-attention: q and
-      k have the same length), in natural token order unless `inputs_permuted`.
-    mask: mask text or a Mask (one for every head), or a sequence of them, one per
-      query head; with `head_axis`, each head shard attends with its heads' masks.
-    mesh: the device mesh; the named axes must divide B, H and Hkv, and L into
-      whole tiles per shard.
-    strategy: `"all_gather"` (K/V gathered over `seq_axis`) or `"ring"` (K/V passed
-      around the ring with `ppermute`, one block map per (q shard, kv shard) step,
-      empty steps skipped, partial softmaxes combined exactly by their log-sum-exp
-      from the backend's `run_with_lse`).
-    layout: `"contiguous"`, `"zigzag"`, `"balanced"` or a `maskc.Layout` for `L`
-      tokens over the `seq_axis` shards. `"balanced"` reads the operands: with traced
-      ones, balance outside jit on representative values and pass the Layout.
-    operands: operand values at natural positions (NumPy or traced); batched ones
-      are split over `batch_axis`, per-token ones travel with K/V.
-    backend: the per-shard attention backend: `"auto"` (as in `maskc.attention`;
-      ring steps never run dense, which has no log-sum-exp), `"xla"`, `"flash"`,
-      `"splash"` (interpret mode off their platforms), or `"dense"` (all_gather).
-    inputs_permuted: q, k, v are already in the layout's stored order (permuted once
-      in the input pipeline, as MaxText does); the output is then in that order too.
-    block_q, block_kv: tile sizes (default: the backend's, cut to divide the chunks).
-    scale, logits_soft_cap, sinks, interpret: as in `maskc.attention`.
-
-  Returns:
-    `[B, L, H, Dv]` in the order of the inputs.
-
-  Raises:
-    MaskValueError: axes that do not divide the arrays, or a layout that does not fit.
-    BackendError: a backend the strategy cannot run on.
-  """
-  from maskc.kernels import _common, api, sharded  # kernels stay lazy: `import maskc` needs none
-
-  b, lq, h, lkv, hkv, _ = _common.check_qkv(q, k, v)
-  if lq != lkv:
-    raise MaskValueError(f"sharded attention is self-attention: q has {lq} tokens, k {lkv}",
-                         hint="Give q, k and v the same sequence length.")
-  sizes = {}
-  for name, axis, dims in (("batch_axis", batch_axis, [("batch", b)]),
-                           ("head_axis", head_axis, [("heads", h), ("kv heads", hkv)]),
-                           ("seq_axis", seq_axis, [])):
-    if axis is None:
-      sizes[name] = 1
-      continue
-    if axis not in mesh.shape:
-      raise MaskValueError(f"{name}={axis!r} is not an axis of the mesh {dict(mesh.shape)}")
-    sizes[name] = int(mesh.shape[axis])
-    for what, n in dims:
-      if n % sizes[name]:
-        raise MaskValueError(f"{what} = {n} does not divide over {sizes[name]} devices of "
-                             f"mesh axis {axis!r}")
-  shards = sizes["seq_axis"]
-  name = api.choose_backend(backend, lq // shards, lkv)
-  if strategy == "ring" and name == "dense":
-    if backend == "dense":
-      raise BackendError("the ring strategy combines its steps by their log-sum-exp, which "
-                         "the dense backend does not return",
-                         hint="Use backend='xla', 'flash' or 'splash', or "
-                              "strategy='all_gather'.")
-    name = "xla"
-  groups = _sharding.head_groups(mask, h, sizes["head_axis"])
-  masks = [m for gs in groups for m, _ in gs]
-  if isinstance(layout, Layout):
-    if layout.seq_len != lq or layout.shards != shards:
-      raise MaskValueError(f"the layout is for {layout.seq_len} tokens over {layout.shards} "
-                           f"shards; the call has {lq} tokens over {shards}")
-    chunk = layout.chunk
-  else:
-    chunk = lq // (2 * shards) if layout == "zigzag" else lq // shards
-  if name == "dense":
-    bq = bk = chunk
-  else:
-    dq, dk = api.default_blocks(name, max(1, lq // shards), lkv)
-    bq, bk = block_q or _math.gcd(dq, chunk), block_kv or _math.gcd(dk, chunk)
-    if name == "splash" and bk % 128:
-      raise MaskValueError(
-          f"splash needs key tiles of 128 tokens, but the layout's chunks of {chunk} tokens "
-          f"allow tiles of {bk}",
-          hint=f"Use a sequence length whose per-shard chunks are multiples of 128 (here L a "
-               f"multiple of {128 * lq // chunk}), or backend='xla' or 'flash'.")
-  traced = _sharding.is_traced(operands)
-  if not isinstance(layout, Layout):
-    if traced:
-      layout = _layout.fixed_layout(lq, shards, block=_math.lcm(bq, bk), method=layout)
-    else:
-      layout = balance(mask, lq, shards, block=_math.lcm(bq, bk), operands=operands,
-                       method=layout)
-  kinds = _sharding.operand_kinds(masks)
-  batched = any(_sharding.is_batched(kinds, n, x) for n, x in (operands or {}).items())
-  plan = _sharding.plan(mask, layout, strategy=strategy, block_q=bq, block_kv=bk,
-                        operands=operands, batch=b,
-                        data_shards=sizes["batch_axis"] if batched else 1, heads=h,
-                        head_shards=sizes["head_axis"])
-  if not inputs_permuted:
-    q, k, v = (layout.permute(sharded.whole_sequence(x, mesh, batch_axis, head_axis), axis=1)
-               for x in (q, k, v))
-  out = sharded.run(q, k, v, plan, mesh=mesh, batch_axis=batch_axis, head_axis=head_axis,
-                    seq_axis=seq_axis, backend=name, sinks=sinks, scale=scale,
-                    logits_soft_cap=logits_soft_cap, interpret=interpret,
-                    operands=operands if traced else None, operand_kinds=kinds)
-  if inputs_permuted:
-    return out
-  return layout.unpermute(sharded.whole_sequence(out, mesh, batch_axis, head_axis), axis=1)
+def __getattr__(name: str) -> _Any:
+  """`maskc.kernels`, imported on first access; and the names that moved to `maskc.ir`."""
+  if name == "kernels":
+    import importlib
+    return importlib.import_module("maskc.kernels")
+  if name in _deprecated.IR_NAMES:
+    return _deprecated.ir_name(name)
+  raise AttributeError(f"module 'maskc' has no attribute {name!r}")

@@ -45,12 +45,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from maskc import _builders as mb
-from maskc import _ir as ir
-from maskc._bind import Shape, as_mask
-from maskc._equivalence import Equivalence, equivalent
-from maskc._errors import MaskValueError, short_repr
-from maskc._evaluate import Env, evaluate
+from maskc.language import builders as mb
+from maskc.language import ir
+from maskc.semantics.bind import Shape, as_mask
+from maskc.tools.equivalence import Equivalence, equivalent
+from maskc.language.errors import MaskValueError, short_repr
+from maskc.semantics.evaluate import Env, evaluate
 
 __all__ = ["assert_masks_equal", "comparisons", "mask_trees", "masks", "operand_values",
            "prefill_shapes", "prelude_combinations", "prelude_masks", "seeded_operand_values",

@@ -1,4 +1,4 @@
-"""Masks of one axis that read operands at the bare position (`maskc._axis_reads`): their tiles
+"""Masks of one axis that read operands at the bare position (`maskc.lowering.closed_forms.axis_reads`): their tiles
 from the operands' runs are the dense mask's, exactly, even where the mask is not refined;
 checked against a NumPy reference written here."""
 
@@ -7,10 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import maskc
-from maskc import _ir as ir
-from maskc import _lower
-from maskc._axis_reads import bare_reads_only
-from maskc._tiles import grid_from_runs
+from maskc.language import ir
+from maskc.lowering import compile as _lower
+from maskc.lowering.closed_forms.axis_reads import bare_reads_only
+from maskc.compiled.tiles import grid_from_runs
 from test_lower_scale import FULL, EMPTY, _assert_maximal_runs, _expected_grid
 
 READ_MASKS = {  # mask: reference over operands read at positions p (q or k), batch row axis first

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import maskc
-from maskc._layout import PARTIAL_COST, _balanced_order
+from maskc.parallel.layout import PARTIAL_COST, _balanced_order
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -155,7 +155,7 @@ def test_balanced_reaches_the_bound_of_equal_sized_shards(mask):
   # chunks, so no layout of equal shards beats `heaviest + the cheapest others`, or the mean.
   n, shards, block = 4096, 4, 16
   bal = maskc.balance(mask, n, shards, block=block)
-  cost = maskc._layout.tile_costs(mask, n, block=block)
+  cost = maskc.parallel.layout.tile_costs(mask, n, block=block)
   per = n // block // shards
   rest = np.sort(np.delete(cost, np.argmax(cost)))[:per - 1].sum()
   bound = max(cost.max() + rest, cost.sum() / shards)

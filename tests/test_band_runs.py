@@ -1,4 +1,4 @@
-"""Bands of `q - k` in closed form (`maskc._band_runs`): their tiles, and other parts' runs
+"""Bands of `q - k` in closed form (`maskc.lowering.closed_forms.band_runs`): their tiles, and other parts' runs
 clipped to them, against dense masks."""
 
 import numpy as np
@@ -6,14 +6,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import maskc
-from maskc import _lower, _lower_static
-from maskc._analysis import Tables
-from maskc._band_runs import (BandRuns, band_bounds, clipped_pieces, line_runs,
+from maskc.lowering import compile as _lower
+from maskc.lowering import static as _lower_static
+from maskc.semantics.ranges import Tables
+from maskc.lowering.closed_forms.band_runs import (BandRuns, band_bounds, clipped_pieces, line_runs,
                               met_bounds_pieces)
-from maskc._bind import Shape
-from maskc._compile_predicate import exact_band
-from maskc._tile_geometry import TileGeometry
-from maskc._tiles import EMPTY, FULL, PARTIAL, grid_from_runs
+from maskc.semantics.bind import Shape
+from maskc.analysis.linear import exact_band
+from maskc.lowering.geometry import TileGeometry
+from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
 from test_lower_scale import _expected_grid
 
 bounds_st = st.one_of(st.none(), st.integers(-40, 40))

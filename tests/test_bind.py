@@ -85,7 +85,7 @@ def test_batched_bind_has_a_leading_batch_axis():
 
 def test_tiles_in_row_bands_equal_one_shot_tiles(monkeypatch):
   """Big slices are evaluated a band of rows at a time (int64 temporaries stay small)."""
-  from maskc import _bind
+  from maskc.semantics import bind as _bind
   seg = np.array([[0, 0, 1, 1, 1, 2, 2, 3, 3], [0, 1, 1, 1, 2, 2, 2, 2, 3]])
   text = "causal & document(seg) | q - k == 4"
   cm = maskc.parse(text).bind(7, 9, operands={"seg": seg})

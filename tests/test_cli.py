@@ -5,7 +5,7 @@ import pytest
 
 import maskc
 from maskc import cli
-from maskc._cli_operands import MAX_OPERAND_ITEMS, parse_operand_value
+from maskc.cli.operands import MAX_OPERAND_ITEMS, parse_operand_value
 
 
 def run(capsys, *argv):

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 
 import maskc
-from maskc import _ir as ir
+from maskc.language import ir
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -558,7 +558,7 @@ def load_text(tmp_path, fmt: str, text: str):
 @pytest.mark.parametrize("fmt", ["json", "yaml", "toml"])
 @pytest.mark.parametrize("depth", [1_000, 100_000])
 def test_deeply_nested_files_are_config_errors(tmp_path, fmt, depth):
-  from maskc._config_files import MAX_CONFIG_DEPTH
+  from maskc.config.files import MAX_CONFIG_DEPTH
   if fmt == "yaml":
     pytest.importorskip("yaml")
   with pytest.raises(maskc.ConfigError) as info:
@@ -597,7 +597,7 @@ def test_deep_toml_keys_and_tables_are_config_errors(tmp_path, text):
 def test_depth_law(fmt, depth):
   """Law: a config with `depth + 1` nested containers is refused for its depth iff that
   exceeds MAX_CONFIG_DEPTH, the same in every format; otherwise a shallower check answers."""
-  from maskc._config_files import MAX_CONFIG_DEPTH
+  from maskc.config.files import MAX_CONFIG_DEPTH
   if fmt == "yaml":
     pytest.importorskip("yaml")
   import tempfile
@@ -617,7 +617,7 @@ def test_depth_law(fmt, depth):
 
 def test_oversized_file_is_refused_before_parsing(tmp_path):
   pytest.importorskip("yaml")
-  from maskc._config_files import MAX_CONFIG_BYTES
+  from maskc.config.files import MAX_CONFIG_BYTES
   text = "num_layers: 1\ndefault: causal\n" + "# padding\n" * (MAX_CONFIG_BYTES // 10)
   err = error_of(write(tmp_path, "big.yaml", text), exc=maskc.ConfigError)
   assert f"larger than {MAX_CONFIG_BYTES} bytes" in err.message and len(str(err)) < SHORT_ERROR
@@ -627,7 +627,7 @@ def test_oversized_file_is_refused_before_parsing(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["json", "yaml"])
 def test_too_many_values_is_a_config_error(tmp_path, fmt):
-  from maskc._config_files import MAX_CONFIG_NODES
+  from maskc.config.files import MAX_CONFIG_NODES
   if fmt == "yaml":
     pytest.importorskip("yaml")
   text = '{"layers": [' + ", ".join(["1"] * (MAX_CONFIG_NODES + 10)) + "]}"
@@ -651,7 +651,7 @@ layers: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h]
 
 def test_billion_laughs_yaml_is_refused_with_a_short_message(tmp_path):
   pytest.importorskip("yaml")
-  from maskc._config_files import MAX_CONFIG_NODES
+  from maskc.config.files import MAX_CONFIG_NODES
   err = error_of(write(tmp_path, "laughs.yaml", BILLION_LAUGHS), exc=maskc.ConfigError)
   assert f"more than {MAX_CONFIG_NODES} values" in err.message and "alias" in err.message
   assert err.line is not None and len(str(err)) < SHORT_ERROR
@@ -662,7 +662,7 @@ def test_billion_laughs_yaml_is_refused_with_a_short_message(tmp_path):
 
 
 def test_shared_and_cyclic_dicts_are_bounded():
-  from maskc._config_files import MAX_CONFIG_NODES
+  from maskc.config.files import MAX_CONFIG_NODES
   laughs: object = ["causal"] * 9
   for _ in range(8):
     laughs = [laughs] * 9
@@ -916,7 +916,7 @@ def test_example_model_block_sparse_matches_dense_reference():
 
 def test_schema_example_in_the_docstring_loads():
   yaml = pytest.importorskip("yaml")
-  import maskc._config as module
+  import maskc.config.model as module
   text = module.__doc__.split("```yaml\n")[1].split("```")[0]
   cfg = maskc.load_config(yaml.safe_load(text))  # warnings are errors in the test suite
   assert str(cfg.mask(3)) == "causal | prefix(prompt_len)"

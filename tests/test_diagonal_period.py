@@ -14,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import maskc
-from maskc import _lower, _lower_static
+from maskc.lowering import compile as _lower
+from maskc.lowering import static as _lower_static
 from maskc import testing as mt
-from maskc._diagonal_period import diagonal_period
-from maskc._tiles import grid_from_runs
+from maskc.analysis.diagonal_period import diagonal_period
+from maskc.compiled.tiles import grid_from_runs
 
 
 def _tile_states(dense: np.ndarray, bq: int, bk: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""`maskc._diagonal_truth`: a mask proved true at every pair `q == k` is true there for any
+"""`maskc.analysis.diagonal_truth`: a mask proved true at every pair `q == k` is true there for any
 operands (checked on the dense mask), the prelude's reflexive masks are proved, and the
 static lowering then takes no sampled pair for the tiles the diagonal crosses."""
 
@@ -7,8 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import maskc
-from maskc import _lower, _lower_static, testing
-from maskc._diagonal_truth import true_on_diagonal
+from maskc import testing
+from maskc.lowering import compile as _lower
+from maskc.lowering import static as _lower_static
+from maskc.analysis.diagonal_truth import true_on_diagonal
 from test_lower_scale import _expected_grid
 
 PROVED = ["causal", "sliding(5)", "local(3, 2)", "chunk(8)", "causal & document(seg)",

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import maskc
 from maskc import testing
-from maskc._equivalence import Equivalence, UnsoundBlockMapWarning, equivalent
+from maskc.tools.equivalence import Equivalence, UnsoundBlockMapWarning, equivalent
 
 # Shapes `(q_len, kv_len, q_offset)`: square, ragged (chunked prefill), decode, more
 # queries than keys, explicit offsets, and lengths that are not multiples of the tiles.
@@ -288,7 +288,7 @@ def test_result_text():
 
 
 def test_unsound_block_map_is_caught_and_decided_again(monkeypatch):
-  import maskc._lower as lower
+  import maskc.lowering.compile as lower
   real = lower.compile
 
   def lying_compile(mask, *args, **kwargs):  # claims `empty` is FULL everywhere

@@ -1,6 +1,6 @@
 """The import graph of maskc, read from the source with `ast` (nothing is imported).
 
-The layers are grammar -> IR -> compiler -> kernels: `maskc/_ir.py` is the ground floor
+The layers are grammar -> IR -> compiler -> kernels: `maskc/language/ir.py` is the ground floor
 (it imports only the error hierarchy), no module of the package takes part in an import
 circle, the compiler never imports a kernel, and kernels read only the compiled contract.
 Imports inside functions count like top-level ones (a function-level import is how a circle
@@ -26,13 +26,13 @@ PACKAGES = {"maskc": "maskc", "kernels": "maskc.kernels", "grammar": "maskc.gram
 
 # The public face may import the kernels lazily inside a function (`maskc.attention`).
 PUBLIC_FACE = "maskc"
-IR = "maskc._ir"
-IR_MAY_IMPORT = {"maskc._errors"}
+IR = "maskc.language.ir"
+IR_MAY_IMPORT = {"maskc.language.errors"}
 KERNELS = "maskc.kernels"
 # What a kernel may import of maskc: the compiled contract (the BlockMap, its predicate
-# and tile vocabulary, and the errors). `maskc._splash_info` is the BlockMap's splash format,
+# and tile vocabulary, and the errors). `maskc.compiled.splash_info` is the BlockMap's splash format,
 # reached through `BlockMap.splash()`, never imported by a kernel.
-KERNEL_CONTRACT = {"maskc._blockmap", "maskc._predicate", "maskc._tiles", "maskc._errors"}
+KERNEL_CONTRACT = {"maskc.compiled.blockmap", "maskc.compiled.predicate", "maskc.compiled.tiles", "maskc.language.errors"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +40,8 @@ class Edge:
   """One import of a maskc module by a maskc module.
 
   Attributes:
-    source: the importing module, e.g. `maskc._parse`.
-    target: the imported module, e.g. `maskc._ir` (for `from maskc import _ir`).
+    source: the importing module, e.g. `maskc.language.parse`.
+    target: the imported module, e.g. `maskc.language.ir` (for `from maskc import _ir`).
     line: the line of the import statement in the source file.
     in_function: whether the import runs inside a function (or method) body.
   """
@@ -242,9 +242,9 @@ def test_the_graph_is_read_from_every_layer():
   edges = import_graph()
   sources = {e.source for e in edges}
   # One module from each source folder, and both kinds of import, so the rules below see them.
-  assert {"maskc._parse", "maskc.cli"} <= sources
+  assert {"maskc.language.parse", "maskc.cli"} <= sources
   assert any(_under(source, KERNELS) and source != KERNELS for source in sources)
-  assert ("maskc._parse", "maskc._ir") in {(e.source, e.target) for e in edges}
+  assert ("maskc.language.parse", "maskc.language.ir") in {(e.source, e.target) for e in edges}
   assert any(e.source == PUBLIC_FACE and e.in_function and _under(e.target, KERNELS)
              for e in edges)
 
@@ -256,12 +256,12 @@ def test_no_import_circles():
 
 def test_the_ir_imports_only_the_errors():
   bad = ir_violations(import_graph())
-  assert not bad, "maskc/_ir.py must import no maskc module but _errors:\n" + _show(bad)
+  assert not bad, "maskc/language/ir.py must import no maskc module but _errors:\n" + _show(bad)
 
 
 def test_the_errors_module_is_a_leaf():
-  bad = [e for e in import_graph() if e.source == "maskc._errors"]
-  assert not bad, "maskc/_errors.py must import no maskc module:\n" + _show(bad)
+  bad = [e for e in import_graph() if e.source == "maskc.language.errors"]
+  assert not bad, "maskc/language/errors.py must import no maskc module:\n" + _show(bad)
 
 
 def test_the_compiler_imports_no_kernel():
@@ -294,35 +294,35 @@ def test_the_reader_resolves_every_import_form(tmp_path):
                      "if TYPE_CHECKING:\n  from maskc import _d\nelse:\n  import maskc._e\n"
                      "if typing.TYPE_CHECKING:\n  import maskc._d\n",
       "maskc/_b.py": "import numpy\n", "maskc/_c.py": "", "maskc/_d.py": "", "maskc/_e.py": "",
-      "kernels/__init__.py": "from . import api\n",
-      "kernels/api.py": "from ._common import x\nfrom .. import _b\n"
-                        "class K:\n  def m(self):\n    import maskc._lower\n",
-      "kernels/_common.py": "", "grammar/__init__.py": ""})
+      "maskc/kernels/__init__.py": "from . import api\n",
+      "maskc/kernels/api.py": "from ._common import x\nfrom .. import _b\n"
+                        "class K:\n  def m(self):\n    import maskc.lowering.compile\n",
+      "maskc/kernels/common.py": "", "maskc/grammar/__init__.py": ""})
   got = {(e.source, e.target, e.in_function) for e in import_graph(root)}
   assert got == {
       ("maskc", "maskc._a", False), ("maskc", "maskc.kernels.api", True),
       ("maskc._a", "maskc._b", False), ("maskc._a", "maskc._c", False),
       ("maskc._a", "maskc", False), ("maskc._a", "maskc._e", False),
       ("maskc.kernels", "maskc.kernels.api", False),
-      ("maskc.kernels.api", "maskc.kernels._common", False),
-      ("maskc.kernels.api", "maskc._b", False), ("maskc.kernels.api", "maskc._lower", True)}
+      ("maskc.kernels.api", "maskc.kernels.common", False),
+      ("maskc.kernels.api", "maskc._b", False), ("maskc.kernels.api", "maskc.lowering.compile", True)}
 
 
 def test_the_rules_catch_each_kind_of_violation(tmp_path):
   root = _write(tmp_path, {
       "maskc/__init__.py": "def attention():\n  from maskc.kernels import api\n",
-      "maskc/_errors.py": "",
-      "maskc/_ir.py": "from maskc._errors import E\ndef f():\n  from maskc import _printer\n",
-      "maskc/_printer.py": "from maskc import _ir\n",
-      "maskc/_splash.py": "def f():\n  from maskc.kernels._common import x\n",
-      "kernels/__init__.py": "", "kernels/_common.py": "from maskc._blockmap import B\n",
-      "kernels/api.py": "import maskc\nfrom maskc._errors import E\n",
-      "maskc/_blockmap.py": "", "grammar/__init__.py": ""})
+      "maskc/language/errors.py": "",
+      "maskc/language/ir.py": "from maskc.language.errors import E\ndef f():\n  from maskc import _printer\n",
+      "maskc/language/printer.py": "from maskc import _ir\n",
+      "maskc/_splash.py": "def f():\n  from maskc.kernels.common import x\n",
+      "maskc/kernels/__init__.py": "", "maskc/kernels/common.py": "from maskc.compiled.blockmap import B\n",
+      "maskc/kernels/api.py": "import maskc\nfrom maskc.language.errors import E\n",
+      "maskc/compiled/blockmap.py": "", "maskc/grammar/__init__.py": ""})
   edges = import_graph(root)
-  assert cycles(_cycle_edges(edges)) == [["maskc._ir", "maskc._printer"]]
-  assert [(e.source, e.target) for e in ir_violations(edges)] == [("maskc._ir", "maskc._printer")]
+  assert cycles(_cycle_edges(edges)) == [["maskc.language.ir", "maskc.language.printer"]]
+  assert [(e.source, e.target) for e in ir_violations(edges)] == [("maskc.language.ir", "maskc.language.printer")]
   assert [(e.source, e.target) for e in compiler_to_kernel_violations(edges)] == [
-      ("maskc._splash", "maskc.kernels._common")]
+      ("maskc._splash", "maskc.kernels.common")]
   assert [(e.source, e.target) for e in kernel_violations(edges)] == [
       ("maskc.kernels.api", "maskc")]
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import assume, given
 
 import maskc
-from maskc import k, q
+from maskc.ir import k, q
 from maskc.testing import (mask_trees, prefill_shapes, prelude_combinations, seeded_operand_values,
                            terms)
 
@@ -187,7 +187,7 @@ def test_operands(text, expected):
     return
   specs = maskc.parse(text).operands
   assert tuple((s.name, s.kind, s.boolean) for s in specs) == expected
-  assert all(isinstance(s, maskc.OperandSpec) for s in specs)
+  assert all(isinstance(s, maskc.ir.OperandSpec) for s in specs)
 
 
 def test_operands_are_sorted_by_name():
@@ -224,7 +224,7 @@ def test_masks_compare_unequal_to_other_types():
 
 def test_terms_compare_structurally_with_eq():
   assert q == q and (q + 1) == (q + 1) and (q + 1) != (q + 2)
-  assert isinstance(q.eq(k), maskc.Compare)
+  assert isinstance(q.eq(k), maskc.ir.Compare)
 
 
 @given(mask_trees())
@@ -335,7 +335,7 @@ def test_double_complement(m):
 
 @given(mask_trees(5), mask_trees(5))
 def test_absorption(a, b):
-  assume(not isinstance(a.simplify(), (maskc.And, maskc.Or)))
+  assume(not isinstance(a.simplify(), (maskc.ir.And, maskc.ir.Or)))
   assert (a | (a & b)).simplify() == a.simplify()
   assert (a & (a | b)).simplify() == a.simplify()
 
@@ -360,8 +360,8 @@ def test_excluded_middle(m):
   # See the compound case below: a chained comparison's complement is a union, and one
   # such as `q < q >= q` is empty without the simplifier knowing it.
   for s in (m.simplify(), (~m).simplify()):
-    assume(not isinstance(s, (maskc.And, maskc.Or)))
-    assume(not (isinstance(s, maskc.Compare) and len(s.ops) > 1))
+    assume(not isinstance(s, (maskc.ir.And, maskc.ir.Or)))
+    assume(not (isinstance(s, maskc.ir.Compare) and len(s.ops) > 1))
   assert (m & ~m).simplify() == maskc.empty()
   assert (m | ~m).simplify() == maskc.full()
 
@@ -402,16 +402,16 @@ def test_prelude_combinations_simplify(m):
 
 
 def test_methods_from_above_the_ir_work_from_a_bare_import_of_the_ir():
-  # `maskc._ir` imports nothing above it; importing it alone still loads the public face,
+  # `maskc.language.ir` imports nothing above it; importing it alone still loads the public face,
   # which attaches text, simplification, binding and the parser before anything runs.
-  code = ("import maskc._ir as ir\n"
+  code = ("import maskc.language.ir as ir\n"
           "m = ir.compare((ir.Pos('q'), ir.Pos('k')), ('>=',))\n"
           "print(m & 'causal', repr(~m), (m & ~m).simplify(), m.to_dense(2, 3).sum(),\n"
           "      m.bind(3)[:, :].sum(), ir.nearest('casual', ['causal', 'chunk']), sep='|')\n")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   # q >= k at q_len 2, kv_len 3 (q_offset 1): rows q = 1, 2 allow 2 and 3 keys.
   assert out.stdout.strip().split("|") == [
-      "q >= k & causal", "~(maskc.q >= maskc.k)", "empty", "5", "6", "causal"]
+      "q >= k & causal", "~(maskc.ir.q >= maskc.ir.k)", "empty", "5", "6", "causal"]
 
 
 def test_unknown_mask_passed_as_a_mask_argument_names_the_nearest_prelude_mask():
@@ -458,17 +458,17 @@ def discarded_copies(n: int) -> str:
 def built(monkeypatch):
   """Counts the nodes `instantiate` builds."""
   count = [0]
-  rebuild = maskc._ir._rebuild
+  rebuild = maskc.language.ir._rebuild
 
   def counting(*args):
     count[0] += 1
     return rebuild(*args)
 
-  monkeypatch.setattr(maskc._ir, "_rebuild", counting)
+  monkeypatch.setattr(maskc.language.ir, "_rebuild", counting)
   return count
 
 
-BUILD_BOUND = maskc._parse.MAX_BUILT_NODES + 1
+BUILD_BOUND = maskc.language.parse.MAX_BUILT_NODES + 1
 
 
 @pytest.mark.parametrize("family", [doubling, min_chain, parametric, parametric_same_argument])
@@ -497,7 +497,7 @@ def test_the_largest_doubling_within_the_limit_is_accepted_and_exact(built):
   # d14 is q added to itself 2**14 times: 16384 * q < k, checked against NumPy.
   m = maskc.parse(doubling(15))
   assert built[0] <= BUILD_BOUND
-  assert maskc._ir.expanded_size(m, 10**6) == 2**15 + 1
+  assert maskc.language.ir.expanded_size(m, 10**6) == 2**15 + 1
   qs, ks = np.meshgrid(np.arange(3), np.arange(40000, 40004), indexing="ij")
   np.testing.assert_array_equal(m.to_dense(3, 40004, q_offset=0)[:, 40000:], 16384 * qs < ks)
 
@@ -505,14 +505,14 @@ def test_the_largest_doubling_within_the_limit_is_accepted_and_exact(built):
 def test_the_budget_counts_every_expansion_in_a_block():
   twice = maskc.parse("twice(x) = x + x\ntwice(q) < k").terms[0]
   assert str(twice) == "q + q"
-  x = maskc._ir.Param("x")
-  definition = maskc._ir.Definition("twice", ("x",), x + x)
-  with maskc._ir.build_budget(5):
-    maskc._ir.call(definition, [q])  # 2 nodes: the sum and its shared parameter
-    maskc._ir.call(definition, [k])  # 4
+  x = maskc.language.ir.Param("x")
+  definition = maskc.language.ir.Definition("twice", ("x",), x + x)
+  with maskc.language.ir.build_budget(5):
+    maskc.language.ir.call(definition, [q])  # 2 nodes: the sum and its shared parameter
+    maskc.language.ir.call(definition, [k])  # 4
     with pytest.raises(maskc.MaskLimitError):
-      maskc._ir.call(definition, [q + 1])
-  maskc._ir.call(definition, [q + 1])  # no budget outside the block
+      maskc.language.ir.call(definition, [q + 1])
+  maskc.language.ir.call(definition, [q + 1])  # no budget outside the block
 
 
 def nested(n: int) -> str:
@@ -538,13 +538,13 @@ def test_printing_a_huge_term_raises_instead_of_hanging():
   for _ in range(60):
     t = t + t
   m = t < k
-  assert maskc._ir.printed_size(m, 1000) == 1001
+  assert maskc.language.ir.printed_size(m, 1000) == 1001
   for show in (str, repr):
     with pytest.raises(maskc.MaskLimitError, match="too large to print"):
       show(m)
   small = q + q < k
-  assert maskc._ir.printed_size(small, 1000) == 5
-  assert str(small) == "q + q < k" and maskc._ir.quote(small) == "`q + q < k`"
-  assert maskc._ir.quote(m) == "a mask of more than 200 nodes"
-  assert maskc._ir.quote(list(range(10**5))).endswith("99998, 99999]")
-  assert len(maskc._ir.quote(list(range(10**5)))) < 200
+  assert maskc.language.ir.printed_size(small, 1000) == 5
+  assert str(small) == "q + q < k" and maskc.language.ir.quote(small) == "`q + q < k`"
+  assert maskc.language.ir.quote(m) == "a mask of more than 200 nodes"
+  assert maskc.language.ir.quote(list(range(10**5))).endswith("99998, 99999]")
+  assert len(maskc.language.ir.quote(list(range(10**5)))) < 200

@@ -400,7 +400,8 @@ class TestXla(KernelTests):
 
   def test_work_tracks_density(self):
     # Scan steps × lanes cover the non-empty tiles, not the grid nor n_q × the longest row.
-    from maskc.kernels import _common, xla
+    from maskc.kernels import xla
+    from maskc.kernels import common as _common
     for text, most in (("sliding(64)", 4), ("causal", 32)):
       bm = maskc.compile(text, 1024, block_q=32, block_kv=32)
       steps = 0
@@ -413,7 +414,7 @@ class TestXla(KernelTests):
       assert steps <= nonempty / bm.n_q_tiles + 2 and steps <= most
 
   def test_traced_lists_are_bounded_by_the_static_part(self):
-    from maskc.kernels import _common
+    from maskc.kernels import common as _common
     seen = {}
 
     @jax.jit
@@ -481,7 +482,8 @@ def fake_platform(monkeypatch, name: str, real=()):
   for real (with its own errors, so `auto`'s fallback shows); any other raises
   `_Picked` once recorded, so no kernel is run.
   """
-  from maskc.kernels import _platform, flash
+  from maskc.kernels import flash
+  from maskc.kernels import platform as _platform
   for mod in (_platform, api, flash, splash):
     monkeypatch.setattr(mod, "platform", lambda: name)
   calls: list[str] = []
@@ -537,7 +539,7 @@ def test_auto_dispatch_per_platform(monkeypatch, platform, q_len, mask, want):
 
 
 def test_auto_choose_backend_per_platform(monkeypatch):
-  from maskc.kernels import _platform
+  from maskc.kernels import platform as _platform
   for name, want_big, want_tiny in (("tpu", "splash", "splash"), ("gpu", "flash", "flash"),
                                     ("cpu", "xla", "dense")):
     monkeypatch.setattr(api, "platform", lambda n=name: n)
@@ -565,7 +567,8 @@ def test_auto_falls_back_to_xla_where_the_native_kernel_cannot_run(monkeypatch):
 
 def test_auto_on_a_faked_tpu_runs_ragged_lengths_on_splash(monkeypatch):
   """End to end: `auto` on TPU takes a length off the tiles and matches dense."""
-  from maskc.kernels import _platform, flash, splash as splash_mod
+  from maskc.kernels import flash, splash as splash_mod
+  from maskc.kernels import platform as _platform
   for mod in (_platform, api, flash, splash_mod):
     monkeypatch.setattr(mod, "platform", lambda: "tpu")
   calls = []

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import maskc
-from maskc._blockmap import grid_from_runs
+from maskc.compiled.blockmap import grid_from_runs
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import maskc
-from maskc._tiles import grid_from_runs
+from maskc.compiled.tiles import grid_from_runs
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -153,14 +153,15 @@ def test_traced_pieces_in_many_small_rounds_equal_static(case):
   text, n, q_len, offset, bq, bk, ops = case
   ops = _ops_for(text, ops)
   static = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops)
-  with mock.patch("maskc._lower_dynamic.PIECE_ROUND", 3):
+  with mock.patch("maskc.lowering.traced.PIECE_ROUND", 3):
     traced = jax.jit(lambda o: maskc.compile(text, q_len, n, q_offset=offset, block_q=bq,
                                              block_kv=bk, operands=o).grid)(ops)
   np.testing.assert_array_equal(np.asarray(traced), np.asarray(static.grid))
 
 
 def test_bidirectional_is_decided_by_analysis_without_evaluation(monkeypatch):
-  from maskc import _lower, _lower_static
+  from maskc.lowering import compile as _lower
+  from maskc.lowering import static as _lower_static
 
   def no_evaluation(*args, **kwargs):
     raise AssertionError("a tile was evaluated")
@@ -319,7 +320,7 @@ def run_arrays(draw):
 def test_run_form_is_a_lossless_summary(a):
   """The run form rebuilds the operand, its digest tells operands apart, and run ids agree
   with a plain loop, on one row and broadcast over rows."""
-  from maskc._operand_runs import RunForm
+  from maskc.semantics.operand_runs import RunForm
   form = RunForm.of(a)
   np.testing.assert_array_equal(form.to_array(np.int64), a)
   assert form.starts[0] == 0 and (np.diff(form.starts) > 0).all()
@@ -339,7 +340,7 @@ def test_run_form_is_a_lossless_summary(a):
 def test_few_set_flags_are_found_word_by_word(n, places):
   """`np.flatnonzero` of a long, sparse bool array (an operand's changes), by the 8-byte
   words that hold any, any length and places (tail past the last whole word included)."""
-  from maskc._operand_runs import _set_flags
+  from maskc.semantics.operand_runs import _set_flags
   flags = np.zeros(n, bool)
   flags[[p for p in places if p < n]] = True
   np.testing.assert_array_equal(_set_flags(flags), np.flatnonzero(flags))
@@ -351,8 +352,8 @@ def test_run_lookup_by_search_and_by_token_index_agree(a, tokens):
   """Which run holds a token: by binary search over the run starts and by the per-token
   index built once searches have cost enough, both equal to a plain scan; and no index
   where it would not fit the budget, or for runs few enough to search in cache."""
-  from maskc import _operand_runs
-  from maskc._operand_runs import RunForm, RunTable
+  from maskc.semantics import operand_runs as _operand_runs
+  from maskc.semantics.operand_runs import RunForm, RunTable
   form = RunForm.of(a)
   assert RunTable(form, index_bytes=1 << 20)._search.may_index is (
       form.starts.size > _operand_runs.SEARCH_IN_CACHE)
@@ -365,7 +366,7 @@ def test_run_lookup_by_search_and_by_token_index_agree(a, tokens):
 
 def _check_run_lookups(form, a, tokens):
   """Lookups of `tokens` (one batch row each, in turn) by search and by index, to a scan."""
-  from maskc._operand_runs import RunTable
+  from maskc.semantics.operand_runs import RunTable
   rows, length = a.shape
   b = np.arange(len(tokens)) % rows
   i = np.asarray(tokens)
@@ -393,7 +394,8 @@ def _check_run_lookups(form, a, tokens):
 def test_many_short_runs_looked_up_by_token_index_are_exact(text):
   """Thousands of 1-12-token documents (and image spans), with the per-token run index
   forced on: the map equals the dense mask, forward and backward."""
-  from maskc import _lower, _operand_runs
+  from maskc.lowering import compile as _lower
+  from maskc.semantics import operand_runs as _operand_runs
   rng = np.random.default_rng(7)
   n = 3000
   seg = np.repeat(np.arange(n), rng.integers(1, 13, n))[:n]
@@ -427,7 +429,7 @@ def test_same_run_equalities_stay_exact(text, n, seed, block, batch):
   """`runs(x)[a] == runs(x)[b]` beside `x[a]` is analysed by the ids of x's runs of zeros and
   nonzeros (and left alone without the `x[a]` beside it): on operands of several nonzero
   values and zero gaps, every tile equals the dense mask's, forward and backward."""
-  from maskc import _lower
+  from maskc.lowering import compile as _lower
   rng = np.random.default_rng(seed)
   shape = (batch, n + 1) if batch else (n + 1,)
   x = rng.choice([0, 0, 1, 2, 5], shape) * (rng.random(shape) < 0.8)
@@ -453,8 +455,8 @@ def test_same_run_ids_decide_rectangles_over_several_runs():
   """Off the diagonal, a rectangle over several image spans and the gaps between them is
   EMPTY by `bidirectional(img)`; the plain analysis of `runs(img)` (0 at every gap token on
   both sides) can only say PARTIAL, the static path's same-run ids decide it."""
-  from maskc import _lower
-  from maskc._analysis import EMPTY as A_EMPTY, PARTIAL as A_PARTIAL, Analyzer, Tables
+  from maskc.lowering import compile as _lower
+  from maskc.semantics.ranges import EMPTY as A_EMPTY, PARTIAL as A_PARTIAL, Analyzer, Tables
   img = np.zeros(64, bool)
   for s in (2, 12, 34, 50):
     img[s:s + 6] = True
@@ -473,7 +475,7 @@ def test_same_run_ids_decide_rectangles_over_several_runs():
 def test_median_operand_change_by_counts_equals_binary_search(nb, n, data):
   """Rectangles are cut at the median operand change inside them: found from cumulative
   marks (`_Hints`), the same cut and count as binary searches over the sorted changes."""
-  from maskc._lower_static import _Hints, _median_hint
+  from maskc.lowering.static import _Hints, _median_hint
   size = nb * (n + 1)
   bounds = np.array(data.draw(st.lists(st.integers(0, size - 1), max_size=60)), np.int64)
   hints = _Hints.of(bounds, size)
@@ -507,7 +509,7 @@ def flat_run_list(draw, size: int = 60):
 def test_meeting_pieces_are_the_keys_in_both_lists(x, y):
   """`&` of run lists: the pieces found by binary searches are disjoint, in order, and
   cover exactly the keys inside a run of both lists, each with both lists' states."""
-  from maskc._lower_static import _meeting_pieces
+  from maskc.lowering.static import _meeting_pieces
 
   def states(lst, size=60):
     out = np.zeros(size, np.int8)
@@ -530,7 +532,7 @@ def test_meeting_pieces_are_the_keys_in_both_lists(x, y):
 def test_split_children_tile_their_rectangle(sides, few, data):
   """A rectangle's children (halves, 4 x 4 parts in a round of few, cuts at a hint) are
   non-empty and cover it exactly once."""
-  from maskc._lower_static import NO_HINTS, _Hints, _split
+  from maskc.lowering.static import NO_HINTS, _Hints, _split
   nq = nk = 70
   i0 = np.array([data.draw(st.integers(0, nq - h)) for h, _ in sides], np.int64)
   j0 = np.array([data.draw(st.integers(0, nk - w)) for _, w in sides], np.int64)
@@ -540,7 +542,7 @@ def test_split_children_tile_their_rectangle(sides, few, data):
   size = b.size * (nq + 1)
   q_hints = _Hints.of(np.array(data.draw(st.lists(st.integers(0, size - 1), max_size=9)),
                                np.int64), size)
-  with mock.patch("maskc._lower_static.FEW_RECTS", len(sides) if few else 0):
+  with mock.patch("maskc.lowering.static.FEW_RECTS", len(sides) if few else 0):
     cb, ci0, ci1, cj0, cj1 = _split((b, i0, i1, j0, j1), (q_hints, NO_HINTS), nq, nk)
   assert np.all((ci1 > ci0) & (cj1 > cj0))
   for r in range(len(sides)):
@@ -559,11 +561,12 @@ def test_split_children_tile_their_rectangle(sides, few, data):
 def test_a_sampled_pair_proves_a_tile_holds_that_value(case, text):
   """`_sampled_mixed` reads every operand through its runs: a tile it proves holds a true
   pair (of an `&`; a false one of an `|`) in the dense reference."""
-  from maskc import _ir, _lower
-  from maskc._analysis import Tables
-  from maskc._lower_static import _sampled_mixed
-  from maskc._tile_geometry import TileGeometry
-  from maskc._tile_refine import Budget
+  from maskc.language import ir as _ir
+  from maskc.lowering import compile as _lower
+  from maskc.semantics.ranges import Tables
+  from maskc.lowering.static import _sampled_mixed
+  from maskc.lowering.geometry import TileGeometry
+  from maskc.lowering.refine import Budget
   _, n, q_len, offset, bq, bk, ops = case
   ops = _ops_for(text, ops)
   bound = _lower.bind_masks(text, q_len, n, q_offset=offset, operands=ops)
@@ -573,7 +576,7 @@ def test_a_sampled_pair_proves_a_tile_holds_that_value(case, text):
   b, i, j = (x.reshape(-1) for x in np.meshgrid(np.arange(nb), np.arange(geo.nq),
                                                  np.arange(geo.nk), indexing="ij"))
   union = isinstance(m, _ir.Or)
-  with mock.patch("maskc._lower_static.SAMPLE_CHUNK", 7):  # several chunks
+  with mock.patch("maskc.lowering.static.SAMPLE_CHUNK", 7):  # several chunks
     proved = _sampled_mixed(m, geo, tables, b if bound.batch else 0, i, j, union,
                             Budget(1 << 20))
   assert not any(bound.operands.written(x) for x in bound.operands), "operands written out"
@@ -591,7 +594,7 @@ def test_a_sampled_pair_proves_a_tile_holds_that_value(case, text):
 def test_floor_log2_is_exact_for_counts(ns):
   """The sparse tables' level, `floor(log2(n))`, equals Python's exact integer answer,
   at and around every power of two a count can reach, in NumPy and under jit."""
-  from maskc._operand_runs import floor_log2
+  from maskc.semantics.operand_runs import floor_log2
   got = floor_log2(np, np.array(ns, np.int64))
   assert got.dtype == np.int64
   assert got.tolist() == [n.bit_length() - 1 for n in ns]
@@ -604,7 +607,7 @@ def test_floor_log2_is_exact_for_counts(ns):
 
 @jax.jit
 def _floor_log2_jit(x):
-  from maskc._operand_runs import floor_log2
+  from maskc.semantics.operand_runs import floor_log2
   return floor_log2(jnp, x)
 
 
@@ -641,8 +644,9 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
   """`periodic part | operand part` (and `&`) lowered apart and combined: the same tiles as
   the dense mask, forward and backward, and as lowering the mask whole (`exact=True`, so
   masks beyond the prelude are refined too)."""
-  from maskc import _lower, _lower_static
-  from maskc._tile_geometry import TileGeometry
+  from maskc.lowering import compile as _lower
+  from maskc.lowering import static as _lower_static
+  from maskc.lowering.geometry import TileGeometry
   _, n, _, _, _, _, ops = case
   n = max(n, 8)
   reps = -(-256 // n)                      # 256 tokens: a period spans at most a quarter
@@ -740,9 +744,9 @@ def _assert_maximal_runs(rows, expected):
 def _axis_parts(m, bound, bq, bk):
   """How many parts of one axis (`_AxisRuns`) the static lowering of `m` combines at its
   top; -1 for a mask lowered as one such part."""
-  from maskc import _lower_static
-  from maskc._analysis import Tables
-  from maskc._tile_geometry import TileGeometry
+  from maskc.lowering import static as _lower_static
+  from maskc.semantics.ranges import Tables
+  from maskc.lowering.geometry import TileGeometry
   runs = _lower_static._runs_of_mask(m, TileGeometry(bound.shape, bq, bk),
                                      Tables(np, bound.operands, bound.forms), bound.batch, True,
                                      _lower_static.Budget(1 << 28))
@@ -780,7 +784,8 @@ def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed,
                     lambda i: ops["seg"][..., i] if "seg" in ops else None, n)
   dense = np.broadcast_to(dense, ((batch or 1), q_len, kv_len))
   expected = _expected_grid(dense, bq, bk)
-  from maskc import _lower, _lower_static
+  from maskc.lowering import compile as _lower
+  from maskc.lowering import static as _lower_static
   bound = _lower.bind_masks(m, q_len, kv_len, q_offset=offset, operands=ops)
   assert _axis_parts(bound.masks[0], bound, bq, bk) == parts
   for exact in (True, False):
@@ -810,9 +815,10 @@ def test_an_intersection_with_dense_operands_is_lowered_whole(lo, hi, ids, in_pa
   for long documents and whole for short ones (more than one document per four tile rows);
   with one run per id (sorted documents) its documents need no analysis, and it is lowered in
   parts however short; the same runs every way."""
-  from maskc import _lower, _lower_static
-  from maskc._analysis import Tables
-  from maskc._tile_geometry import TileGeometry
+  from maskc.lowering import compile as _lower
+  from maskc.lowering import static as _lower_static
+  from maskc.semantics.ranges import Tables
+  from maskc.lowering.geometry import TileGeometry
   rng = np.random.default_rng(lo)
   doc = np.arange(512) % ids if ids else np.arange(512)
   seg = np.repeat(doc, rng.integers(lo, hi, 512))[:4096]
@@ -839,7 +845,7 @@ def test_an_intersection_with_dense_operands_is_lowered_whole(lo, hi, ids, in_pa
 def test_leaves_expand_in_line_order(nb, n_lines, n_span, seed):
   """Leaves (disjoint rectangles) expanded in `(b, line, a)` order by the radix sorts (and by
   one key when the lines are too many for 16 bits): the order of a plain sort of the runs."""
-  from maskc import _run_lists
+  from maskc.lowering import run_lists as _run_lists
   rng = np.random.default_rng(seed)
   rects = []  # random disjoint rectangles: a grid cut into random row bands and column cuts
   for b in range(nb):
@@ -873,10 +879,10 @@ COVER_MASKS = PRELUDE_WITH_OPERANDS + [
 @settings(max_examples=60, deadline=None)
 @given(run_operands(), st.sampled_from(COVER_MASKS))
 def test_the_operands_tile_cover_holds_every_true_position(case, text):
-  """Every part's cover (`maskc._tile_cover`) holds each tile where that part is true, in
+  """Every part's cover (`maskc.lowering.closed_forms.tile_cover`) holds each tile where that part is true, in
   disjoint rectangles; the lowering stays exact (`exact`: masks beyond the prelude, such as
   `seg[k] == seg[q] & img[q + 1]`, are refined only on request)."""
-  from maskc import _lower_static
+  from maskc.lowering import static as _lower_static
   _, n, q_len, offset, bq, bk, ops = case
   kv_len = n
   if "+" in text:  # shifted reads stay inside the operands
@@ -912,12 +918,12 @@ def test_the_operands_tile_cover_holds_every_true_position(case, text):
 def test_documents_and_image_spans_cover_their_diagonal_squares():
   """Sorted documents cover their squares; `bidirectional(img)` the image spans' squares only
   (its repeated run id 0 between spans is cut away by `img[q]`)."""
-  from maskc import _tile_cover
-  from maskc._analysis import Tables
-  from maskc._tile_refine import MEMORY_BUDGET, Budget
+  from maskc.lowering.closed_forms import tile_cover as _tile_cover
+  from maskc.semantics.ranges import Tables
+  from maskc.lowering.refine import MEMORY_BUDGET, Budget
   budget = Budget(MEMORY_BUDGET)
-  from maskc._bind import Shape
-  from maskc._tile_geometry import TileGeometry
+  from maskc.semantics.bind import Shape
+  from maskc.lowering.geometry import TileGeometry
   geo = TileGeometry(Shape.of(64), 8, 8)
   seg = np.repeat(np.arange(4), [16, 20, 4, 24])[None]
   b, i0, i1, j0, j1 = _tile_cover.tile_cover(maskc.parse("document(seg)"), geo,
@@ -958,7 +964,7 @@ def test_documents_and_image_spans_cover_their_diagonal_squares():
 def test_strips_are_cut_into_equal_parts_that_tile_them(strips, parts):
   """`_cut_strips`: each strip (one tile thick, at least `parts` long, as `_split` gives
   it) into `parts` equal parts, together exactly the strip."""
-  from maskc._lower_static import _cut_strips
+  from maskc.lowering.static import _cut_strips
   b = np.array([s[0] for s in strips])
   start = np.array([s[1] for s in strips])
   length = np.array([s[2] for s in strips])
@@ -987,9 +993,9 @@ def test_certain_comparisons_of_reads_are_mixed(seed, text):
   """`==` / `!=` between reads on independent axes is certainly mixed where an attained end
   of one side equals one of the other (`Analyzer._link`): checked on random rectangles of
   unsorted values against the dense mask."""
-  from maskc import _lower
-  from maskc._analysis import EMPTY as A_EMPTY, FULL as A_FULL, PARTIAL as A_PARTIAL
-  from maskc._analysis import Analyzer, Tables
+  from maskc.lowering import compile as _lower
+  from maskc.semantics.ranges import EMPTY as A_EMPTY, FULL as A_FULL, PARTIAL as A_PARTIAL
+  from maskc.semantics.ranges import Analyzer, Tables
   n = 48
   rng = np.random.default_rng(seed)
   x = np.repeat(rng.integers(0, 4, n), rng.integers(1, 5, n))[:n].astype(np.int32)

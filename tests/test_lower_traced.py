@@ -19,13 +19,14 @@ import pytest
 from hypothesis import given, settings
 
 import maskc
-from maskc import _lower, _lower_dynamic
-from maskc._analysis import Tables, reduce_many
-from maskc._bit_words import count_through
-from maskc._lower_dynamic import MAX_CUTS
-from maskc._same_run import same_runs
-from maskc._tile_geometry import TileGeometry
-from maskc._tile_refine import MEMORY_BUDGET, Budget, evaluate_tiles, subdivide
+from maskc.lowering import compile as _lower
+from maskc.lowering import traced as _lower_dynamic
+from maskc.semantics.ranges import Tables, reduce_many
+from maskc.arrays.bit_words import count_through
+from maskc.lowering.traced import MAX_CUTS
+from maskc.lowering.closed_forms.same_run import same_runs
+from maskc.lowering.geometry import TileGeometry
+from maskc.lowering.refine import MEMORY_BUDGET, Budget, evaluate_tiles, subdivide
 
 N = 200            # keys (and queries, unless offset): not a multiple of the tiles
 BQ, BK = 32, 16    # tiles: 7 x 13, the last ones partial
@@ -396,7 +397,7 @@ def _unrefined_lowering(text: str, q_len: int, offset: int):
 @settings(max_examples=10)
 @given(ops=operands(("img",), 3))
 def test_same_run_verdicts_are_exact_without_refinement(text, q_len, offset, shift, ops):
-  # The tiles come from the run labels the lines read (`maskc._same_run`): exact, with
+  # The tiles come from the run labels the lines read (`maskc.lowering.closed_forms.same_run`): exact, with
   # no refinement at all, for any flags, also across the lines' run boundaries.
   ops0 = {"img": np.zeros(N, bool)}
   assert len(same_runs(_lower.bind_masks(text, q_len, N, q_offset=offset,
@@ -416,7 +417,7 @@ def test_same_run_verdicts_are_exact_without_refinement(text, q_len, offset, shi
 @settings(max_examples=8)
 @given(data=st.data())
 def test_shared_refinement_agrees_in_numpy_and_jax_and_with_reference(text, offset, q_len, data):
-  # `maskc._tile_refine` serves both paths: the same function in NumPy and in
+  # `maskc.lowering.refine` serves both paths: the same function in NumPy and in
   # jax.numpy gives the same states, evaluation is exact, and every state that
   # sub-rectangles decide (or prove mixed) is the dense reference's. (One jitted
   # function per shape; half the masks with an offset: q tiles off the key tiles' edges.)
@@ -469,7 +470,7 @@ def test_reduce_many_is_each_reduction(seed, axis):
 @settings(max_examples=6)
 @given(seed=st.integers(0, 2**32 - 1), density=st.sampled_from([0.0, 0.1, 0.9]))
 def test_traced_runs_of_a_grid_equal_numpy(n, seed, density):
-  from maskc._tiles import runs_from_grid
+  from maskc.compiled.tiles import runs_from_grid
   rng = np.random.default_rng(seed)
   grid = rng.integers(1, 3, (2, n)) * (rng.random((2, n)) < density)
   grid[:, rng.integers(0, n, 3)] = rng.integers(0, 3, 3)  # runs of one tile
@@ -532,7 +533,7 @@ def _sort_few_jit(width: int, fill: int):
 def test_traced_runs_of_lines_with_few_runs_equal_numpy(n, runs, seed):
   # `runs` runs a line (8 is the most read from bit words without a sort), some touching a
   # neighbour of the other state, across words of 32 tiles: the traced runs equal NumPy's
-  from maskc._tiles import runs_from_grid
+  from maskc.compiled.tiles import runs_from_grid
   rng = np.random.default_rng(seed)
   grid = np.zeros((3, n), np.int8)
   for line in grid:

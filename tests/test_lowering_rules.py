@@ -1,4 +1,4 @@
-"""Each closed form of the lowering against the lowering without it (`maskc._lowering_rules`).
+"""Each closed form of the lowering against the lowering without it (`maskc.lowering.rules`).
 
 For every drawn mask, the rules its lowering took are turned off one at a time, and
 all of them at once (the generic range analysis alone): each map must be sound
@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import maskc
-from maskc import _ir as ir
+from maskc.language import ir
 from maskc import testing
-from maskc._lowering_rules import RULES, disabled, taken
+from maskc.lowering.rules import RULES, disabled, taken
 from helpers import assert_sound
 from sampling import PARTS, count
 

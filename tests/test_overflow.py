@@ -5,7 +5,7 @@ are evaluated by `materialize`, `to_dense` (NumPy, int64), by `materialize` on
 the jax.numpy path with static values (int32) and under `jit` with traced
 operands or a traced offset, and compared with a reference written here: a
 per-position evaluator over Python ints (never wrapping) that also records the
-range of every integer sub-term. `maskc._overflow.term_bounds` must contain
+range of every integer sub-term. `maskc.semantics.overflow.term_bounds` must contain
 that range, and results must equal the reference unless maskc refuses the mask
 with a `MaskValueError`. Small magnitudes must never be refused.
 """
@@ -20,9 +20,9 @@ import pytest
 from hypothesis import given, settings
 
 import maskc
-from maskc import _ir as ir
-from maskc._bind import Shape, prepare_operands
-from maskc._overflow import _sub_terms, check_fits, term_bounds
+from maskc.language import ir
+from maskc.semantics.bind import Shape, prepare_operands
+from maskc.semantics.overflow import _sub_terms, check_fits, term_bounds
 from sampling import PARTS, count
 
 I32 = (-2**31, 2**31 - 1)
@@ -496,7 +496,7 @@ def test_runs_tables_are_int64_on_the_numpy_path():
 
 
 def test_banded_numpy_evaluation_equals_one_shot(monkeypatch):
-  from maskc import _bind
+  from maskc.semantics import bind as _bind
   seg = np.repeat(np.arange(5), 7)[:33]
   text = "causal & document(seg) | q - k < 3"
   whole = maskc.materialize(text, 33, operands={"seg": seg})
@@ -634,7 +634,7 @@ def test_a_maps_integer_range_is_its_term_bounds(case):
                        block_kv=2)
   except maskc.MaskValueError:
     return
-  from maskc import _lower
+  from maskc.lowering import compile as _lower
   bound = _lower.bind_masks(m, q_len, kv_len, q_offset=q_offset, operands=ops)
   assert bm.int_range == term_bounds(bound.masks, bound.shape, bound.operands,
                                      forms=bound.forms)

@@ -374,7 +374,7 @@ SHORT_ERROR = 1500
 
 def forbid_lark(monkeypatch):
   """Makes any use of the lark parser fail: a limit must answer before lark runs."""
-  from maskc import _parse
+  from maskc.language import parse as _parse
 
   def refuse():
     raise AssertionError("lark ran on a text the pre-scan should have refused")
@@ -437,7 +437,7 @@ def test_where_clause_on_literal_arguments_still_errors():
     "(\n" * 30_000, "causal & # (((\n" + "((" * 30_000 + "q",
 ])
 def test_deep_brackets_are_refused_before_lark(text, monkeypatch):
-  from maskc._parse import MAX_BRACKET_DEPTH
+  from maskc.language.parse import MAX_BRACKET_DEPTH
   forbid_lark(monkeypatch)
   err = error_of(text)
   assert isinstance(err, maskc.MaskLimitError)
@@ -462,7 +462,7 @@ def test_long_prefix_operator_runs_are_refused_before_lark(text, monkeypatch):
 def test_bracket_depth_law(depth, opens):
   """Law: brackets nested `depth` deep are refused iff depth > MAX_BRACKET_DEPTH, with the
   caret under the first bracket too deep."""
-  from maskc._parse import MAX_BRACKET_DEPTH
+  from maskc.language.parse import MAX_BRACKET_DEPTH
   left = (opens * depth)[:depth]
   right = "".join(")" if c == "(" else "]" for c in reversed(left))
   text = "x" + left + "q" + right if "[" in opens else left + "causal" + right

@@ -37,7 +37,7 @@ def tile_states(dense: np.ndarray, bq: int, bk: int) -> np.ndarray:
 
 def col_grid(bm) -> np.ndarray:
   """The backward (per key tile) runs as a `[..., n_q_tiles, n_kv_tiles]` grid."""
-  g = maskc._tiles.grid_from_runs(np, bm.cols, bm.n_q_tiles)
+  g = maskc.compiled.tiles.grid_from_runs(np, bm.cols, bm.n_q_tiles)
   return np.swapaxes(bm._public(g), -1, -2)
 
 
@@ -174,7 +174,7 @@ def test_zigzag_runs_are_exact_without_refinement():
   # over dense tiles (each tile's positions are consecutive) alone.
   n, block = 64, 8
   p = zigzag(n, 4)
-  m = maskc.q >= maskc.k
+  m = maskc.ir.q >= maskc.ir.k
   truth = tile_states(maskc.materialize("causal", n)[p][:, p], block, block)
   bm = maskc.compile(m, n, block_q=block, block_kv=block, q_positions=p, kv_positions=p)
   assert np.array_equal(bm.grid, truth)

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 
 import maskc
-from maskc import _predicate
-from maskc._compile_predicate import compile_predicate
+from maskc.compiled import predicate as _predicate
+from maskc.compiled.predicate_compiler import compile_predicate
 from maskc.testing import mask_trees as masks, seeded_operand_values as operand_values
 from sampling import PARTS, count
 
@@ -199,7 +199,7 @@ def test_flattening_does_not_compile_the_backward_runs():
   np.testing.assert_array_equal(again.cols.count, bm.cols.count)
   assert len(calls) == 2                          # asked for twice, never stored on the map
   grid = np.asarray(bm.grid)
-  cols = maskc._tiles.grid_from_runs(np, bm.cols, bm.n_q_tiles)[0, 0]
+  cols = maskc.compiled.tiles.grid_from_runs(np, bm.cols, bm.n_q_tiles)[0, 0]
   np.testing.assert_array_equal(cols, grid.T)
 
 

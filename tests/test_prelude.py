@@ -73,7 +73,7 @@ def test_prelude_mask(text, predicate, shape):
 def test_every_prelude_name_is_covered():
   covered = {"full", "empty", "causal", "sliding", "local", "chunk", "prefix", "sink", "global",
              "document", "bidirectional"}
-  from maskc._parse import known_mask_names
+  from maskc.language.parse import known_mask_names
   assert set(known_mask_names()) == covered
 
 

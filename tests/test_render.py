@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import maskc
-from maskc import _render as render
+from maskc.compiled import render
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -168,7 +168,8 @@ def test_row_labels_use_positions_with_offset():
 
 
 def test_huge_map_renders_small_without_building_the_grid(monkeypatch):
-  from maskc import _blockmap, _tiles
+  from maskc.compiled import blockmap as _blockmap
+  from maskc.compiled import tiles as _tiles
 
   def no_grid(*args, **kwargs):
     raise AssertionError("the 64 MB tile grid was built")
@@ -460,7 +461,7 @@ def test_cli_show_usage_errors_exit_2(capsys):
 
 
 def test_range_operands():
-  from maskc._cli_operands import parse_operand_value, parse_ranges
+  from maskc.cli.operands import parse_operand_value, parse_ranges
   np.testing.assert_array_equal(parse_operand_value("8:0,1:2-5,7:7"), [0, 0, 1, 1, 1, 0, 0, 7])
   np.testing.assert_array_equal(parse_ranges("6:-1, 2:0-6, 3:1-3"), [2, 3, 3, 2, 2, 2])
   img = parse_operand_value("32768:0,1:1000-2000")

@@ -15,7 +15,7 @@ import pytest
 import fake_devices
 import maskc
 import sharding_worker
-from maskc import _sharding
+from maskc.parallel import sharding as _sharding
 
 TOL = 1e-5
 
@@ -251,7 +251,7 @@ def jax_jit(f):
 
 
 def test_layouts_without_operands_match_balance_and_balanced_needs_them():
-  from maskc import _layout
+  from maskc.parallel import layout as _layout
   for method in ("contiguous", "zigzag"):
     fixed = _layout.fixed_layout(64, 4, block=4, method=method)
     lay = maskc.balance("causal", 64, 4, block=4, method=method)

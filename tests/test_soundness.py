@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import maskc
-from maskc import _ir as ir
+from maskc.language import ir
 from maskc import testing
 from helpers import assert_exact, assert_sound
 from sampling import PARTS, count

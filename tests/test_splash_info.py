@@ -15,7 +15,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as smi
 
 import maskc
-from maskc._splash_info import splash_mask_info
+from maskc.compiled.splash_info import splash_mask_info
 
 
 def theirs(masks, block_q: int, block_kv: int):
@@ -161,7 +161,7 @@ def test_mask_function_is_hashable_by_value():
 
 
 def test_only_partial_tiles_are_evaluated(monkeypatch):
-  from maskc import _splash_info
+  from maskc.compiled import splash_info as _splash_info
   calls = []
   real = _splash_info._predicate.evaluate
 

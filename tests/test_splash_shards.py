@@ -25,7 +25,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as smi
 
 import maskc
-from maskc._splash_info import splash_mask_info
+from maskc.compiled.splash_info import splash_mask_info
 from maskc.kernels import splash
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

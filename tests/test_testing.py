@@ -59,10 +59,10 @@ def test_text_masks_are_canonical_text(text):
 @given(testing.masks(max_depth=0, operands=(), allow_comparisons=False))
 def test_depth_zero_without_comparisons_draws_prelude_masks_or_their_bodies(m):
   assert not m.operands
-  if isinstance(m, maskc.Call):
+  if isinstance(m, maskc.ir.Call):
     assert m.name in PRELUDE
   else:  # a body: comparisons of q and k (`k <= q`), `&` / `|` of them, or true / false
-    assert isinstance(m, (maskc.Compare, maskc.BoolConst, maskc.And, maskc.Or)), m
+    assert isinstance(m, (maskc.ir.Compare, maskc.ir.BoolConst, maskc.ir.And, maskc.ir.Or)), m
 
 
 def test_named_masks_are_drawn_as_written_and_as_their_bodies():
@@ -81,8 +81,8 @@ def test_two_operands_of_one_kind_are_combined_under_not_and_xor():
     names = {s.name for s in m.operands}
     return isinstance(m, cls) and len(names & images) == 2 and "bidirectional" in str(m)
 
-  find(strategy, lambda m: two_images(m, maskc.Xor))
-  find(strategy, lambda m: two_images(m, maskc.And) and "~" in str(m))
+  find(strategy, lambda m: two_images(m, maskc.ir.Xor))
+  find(strategy, lambda m: two_images(m, maskc.ir.And) and "~" in str(m))
   find(strategy, lambda m: {s.name for s in m.operands} == {"seg", "doc"})
 
 
@@ -94,8 +94,8 @@ def test_masks_without_operands_read_none(m):
 def test_every_prelude_mask_and_operator_is_drawn():
   strategy = testing.masks(max_depth=1, operands=OPERANDS)
   for name in PRELUDE:
-    find(strategy, lambda m, name=name: isinstance(m, maskc.Call) and m.name == name)
-  for cls in (maskc.And, maskc.Or, maskc.Xor, maskc.Not, maskc.Compare, maskc.Truth):
+    find(strategy, lambda m, name=name: isinstance(m, maskc.ir.Call) and m.name == name)
+  for cls in (maskc.ir.And, maskc.ir.Or, maskc.ir.Xor, maskc.ir.Not, maskc.ir.Compare, maskc.ir.Truth):
     find(strategy, lambda m, cls=cls: isinstance(m, cls))
 
 
@@ -199,15 +199,15 @@ def test_comparisons_match_a_numpy_reference(c, shape, seed):
   run_ids = np.cumsum(rises) * img  # 1, 2, ... per run of flagged tokens, 0 elsewhere
 
   def term(t):
-    if isinstance(t, maskc.Pos):
+    if isinstance(t, maskc.ir.Pos):
       return qpos if t.axis == "q" else kpos
-    if isinstance(t, maskc.Const):
+    if isinstance(t, maskc.ir.Const):
       return np.int64(t.value)
-    if isinstance(t, maskc.Scalar):
+    if isinstance(t, maskc.ir.Scalar):
       return np.int64(ops[t.name])
-    if isinstance(t, maskc.Neg):
+    if isinstance(t, maskc.ir.Neg):
       return -term(t.arg)
-    if isinstance(t, maskc.Arith):
+    if isinstance(t, maskc.ir.Arith):
       a, b = term(t.lhs), term(t.rhs)
       if t.op == "+":
         return a + b
@@ -216,12 +216,12 @@ def test_comparisons_match_a_numpy_reference(c, shape, seed):
       if t.op == "*":
         return a * b
       return np.floor_divide(a, b) if t.op == "//" else np.mod(a, b)
-    if isinstance(t, maskc.Fn):
+    if isinstance(t, maskc.ir.Fn):
       args = np.broadcast_arrays(*[term(x) for x in t.args])
       if t.name == "abs":
         return np.abs(args[0])
       return np.minimum.reduce(args) if t.name == "min" else np.maximum.reduce(args)
-    if isinstance(t, maskc.Read):
+    if isinstance(t, maskc.ir.Read):
       values = run_ids if t.runs else seg
       return values[term(t.index)]
     raise AssertionError(f"no reference for {type(t).__name__}")
@@ -238,14 +238,14 @@ def test_comparisons_match_a_numpy_reference(c, shape, seed):
 
 def test_standard_strategies_cover_their_parts():
   strategy = testing.mask_trees(max_leaves=4, term_leaves=3)
-  for cls in (maskc.And, maskc.Or, maskc.Xor, maskc.Not, maskc.Compare, maskc.Truth):
+  for cls in (maskc.ir.And, maskc.ir.Or, maskc.ir.Xor, maskc.ir.Not, maskc.ir.Compare, maskc.ir.Truth):
     find(strategy, lambda m, cls=cls: isinstance(m, cls))
   for name in ("document", "bidirectional", "prefix", "sink"):
-    find(testing.prelude_masks(), lambda m, name=name: isinstance(m, maskc.Call)
+    find(testing.prelude_masks(), lambda m, name=name: isinstance(m, maskc.ir.Call)
          and m.name == name and bool(m.operands))
   find(testing.truths(), lambda m: [s.name for s in m.operands] == ["allowed"])
   find(testing.terms(), lambda t: "runs(img)" in str(t))
-  find(testing.prelude_combinations(), lambda m: isinstance(m, maskc.Not))
+  find(testing.prelude_combinations(), lambda m: isinstance(m, maskc.ir.Not))
 
 
 def test_strategies_need_hypothesis(monkeypatch):

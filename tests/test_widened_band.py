@@ -1,4 +1,4 @@
-"""A band widened by equal reads (`maskc._widened_band`): `band | bidirectional(img)` as
+"""A band widened by equal reads (`maskc.lowering.closed_forms.widened_band`): `band | bidirectional(img)` as
 bounds per line, against dense masks."""
 
 import jax
@@ -8,11 +8,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import maskc
-from maskc import _lower, _lower_dynamic, _lower_static
-from maskc._analysis import Tables
-from maskc._band_runs import Intervals
-from maskc._tile_geometry import TileGeometry
-from maskc._tiles import EMPTY, FULL, PARTIAL, grid_from_runs
+from maskc.lowering import compile as _lower
+from maskc.lowering import traced as _lower_dynamic
+from maskc.lowering import static as _lower_static
+from maskc.semantics.ranges import Tables
+from maskc.lowering.closed_forms.band_runs import Intervals
+from maskc.lowering.geometry import TileGeometry
+from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
 from test_lower_scale import _expected_grid
 
 BANDS = ["causal", "sliding(W)", "local(L, R)", "q - k >= A & q - k <= B", "k - q >= A",
@@ -243,7 +245,7 @@ def traced_cases(draw):
 @settings(max_examples=25, deadline=None)
 @given(traced_cases())
 def test_the_traced_widened_band_is_the_dense_mask(case):
-  """Under `jit` (`maskc._widened_traced`), `intervals | bidirectional(img)` lowers to the
+  """Under `jit` (`maskc.lowering.closed_forms.widened_traced`), `intervals | bidirectional(img)` lowers to the
   dense mask's tiles, rows and columns, as the static path does; bands that miss the
   diagonal take the analysis instead, and give the same."""
   text, n, q_len, offset, bq, bk, ops = case

@@ -21,7 +21,7 @@ import functools
 import math
 from fractions import Fraction
 
-from maskc import _ir as ir
+from maskc.language import ir
 
 MAX_PERIOD = 1 << 40  # larger periods are not worth finding
 

@@ -3,11 +3,11 @@
 `causal & document(seg)` holds wherever a query attends to its own key: `k <= q` and
 `seg[q] == seg[k]` are true when `k` is `q`. Such a mask has a true pair in every tile
 the diagonal crosses, which the static lowering would otherwise find by evaluating a
-sampled pair per tile (`maskc._lower_static._sampled_mixed`): thousands of tiles where
+sampled pair per tile (`maskc.lowering.static._sampled_mixed`): thousands of tiles where
 short documents' edges cross the diagonal.
 
 With `k` read as `q`, a comparison of two linear terms of the positions
-(`maskc._compile_predicate.linear_form`) is decided by the constant between them, and
+(`maskc.compiled.predicate_compiler.linear_form`) is decided by the constant between them, and
 so is one of two terms that become the same but for a constant (`seg[q] == seg[k]`,
 `q // 8 == k // 8`, `seg[q] <= seg[k] + 1`). Masks combine three-valued: always true, always false, or unknown
 (`None`), so a mask is proved only where every step is.
@@ -15,8 +15,8 @@ so is one of two terms that become the same but for a constant (`seg[q] == seg[k
 
 from __future__ import annotations
 
-from maskc import _ir as ir
-from maskc._compile_predicate import linear_form
+from maskc.language import ir
+from maskc.analysis.linear import linear_form
 
 _CMP = {"<": lambda d: d < 0, "<=": lambda d: d <= 0, "==": lambda d: d == 0,
         "!=": lambda d: d != 0, ">=": lambda d: d >= 0, ">": lambda d: d > 0}

@@ -1,8 +1,8 @@
-"""Arguments and helpers shared by the `maskc` subcommands (`maskc.cli`, `maskc._cli_show`).
+"""Arguments and helpers shared by the `maskc` subcommands (`maskc.cli`, `maskc.cli.show`).
 
 A subcommand that draws a mask takes the mask text, its shape and its operands
 (`add_shape_arguments`), reads the `--operand NAME=VALUES` items into arrays
-(`operands_from_items`, values in the syntax of `maskc._cli_operands`) and picks
+(`operands_from_items`, values in the syntax of `maskc.cli.operands`) and picks
 Unicode or ASCII art by what the output can encode (`can_encode`).
 """
 
@@ -13,8 +13,8 @@ from typing import Sequence, TextIO
 
 import numpy as np
 
-from maskc._cli_operands import parse_operand_value
-from maskc._errors import MaskError, MaskValueError
+from maskc.cli.operands import parse_operand_value
+from maskc.language.errors import MaskError, MaskValueError
 
 OPERAND_VALUES_HELP = (
     "Operand values: a bare integer is a scalar (kv_len=10); comma-separated items make a "

@@ -20,9 +20,9 @@ from typing import Callable, Sequence, TextIO
 import numpy as np
 
 import maskc
-from maskc._cli_args import (OPERAND_VALUES_HELP, add_shape_arguments, can_encode,
+from maskc.cli.args import (OPERAND_VALUES_HELP, add_shape_arguments, can_encode,
                              operands_from_items)
-from maskc._cli_show import add_show
+from maskc.cli.show import add_show
 
 MAX_DENSE_ROWS = 256
 MAX_DENSE_COLS = 512

@@ -24,7 +24,7 @@ import re
 
 import numpy as np
 
-from maskc._errors import MaskValueError
+from maskc.language.errors import MaskValueError
 
 MAX_OPERAND_ITEMS = 1 << 22  # values one text may expand to: bounds memory on `1*99999999999`
 

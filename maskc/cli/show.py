@@ -16,10 +16,10 @@ import sys
 from typing import TextIO
 
 import maskc
-from maskc._cli_args import (OPERAND_VALUES_HELP, add_shape_arguments, can_encode,
+from maskc.cli.args import (OPERAND_VALUES_HELP, add_shape_arguments, can_encode,
                              operands_from_items)
-from maskc._render import _matplotlib
-from maskc._show import MAX_ELEMENT_COLS, MAX_ELEMENT_ROWS, MaskView
+from maskc.compiled.render import _matplotlib
+from maskc.tools.show import MAX_ELEMENT_COLS, MAX_ELEMENT_ROWS, MaskView
 
 
 def add_show(subparsers) -> None:

@@ -19,11 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskc import _predicate
-from maskc import _render
-from maskc import _splash_info
-from maskc._predicate import Predicate, ReadValues
-from maskc._tiles import (EMPTY as EMPTY, FULL as FULL, PARTIAL as PARTIAL, Runs as Runs,
+from maskc.compiled import predicate as _predicate
+from maskc.compiled import render as _render
+from maskc.compiled import splash_info as _splash_info
+from maskc.compiled.predicate import Predicate, ReadValues
+from maskc.compiled.tiles import (EMPTY as EMPTY, FULL as FULL, PARTIAL as PARTIAL, Runs as Runs,
                           grid_from_runs as grid_from_runs, runs_from_grid as runs_from_grid,
                           tile_lists)
 
@@ -58,7 +58,7 @@ class BlockMap:
       the map is batched or traced: the static map of the masks without them (what
       splash needs besides `SegmentIds`), else None.
     int_range: the lowest and highest value any integer term of the masks takes at
-      this shape and these operands (exact, from `maskc._overflow`), or None when an
+      this shape and these operands (exact, from `maskc.semantics.overflow`), or None when an
       operand or the offset is traced. Kernels compute in int32 and refuse a map
       whose range leaves it.
     q_positions, kv_positions: explicit positions of the rows / columns, `[B', L]`
@@ -169,7 +169,7 @@ class BlockMap:
   # ------------------------------------------------------------------ reads
 
   def read_values(self, u: int, *, dtype=None, rest: bool = False) -> ReadValues:
-    """The values of mask `u`'s reads at this map's positions (see `maskc._predicate`).
+    """The values of mask `u`'s reads at this map's positions (see `maskc.compiled.predicate`).
 
     `dtype` is the integer type (default: int64 for a static map, int32 when traced);
     `rest` gives those of the predicate without its segment conjuncts.
@@ -237,7 +237,7 @@ class BlockMap:
     """Splash `MaskInfo`s `(fwd, dq, dkv, mask_function)` for JAX's splash kernel.
 
     `head_shards` / `q_seq_shards` lay them out for a mesh as splash's `process_mask`
-    does (see `maskc._splash_info.splash_mask_info`).
+    does (see `maskc.compiled.splash_info.splash_mask_info`).
     """
     return _splash_info.splash_mask_info(self, downcast_smem_data=downcast_smem_data,
                                          head_shards=head_shards, q_seq_shards=q_seq_shards)

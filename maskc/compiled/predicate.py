@@ -1,6 +1,6 @@
 """The compiled predicate: what a kernel evaluates on a PARTIAL tile, as data.
 
-The compiler (`maskc._compile_predicate`) turns a mask into a `Predicate`: a
+The compiler (`maskc.compiled.predicate_compiler`) turns a mask into a `Predicate`: a
 straight-line program over the positions `q`, `k` and a typed table of the
 operand reads a tile needs. Kernels never see the mask language; they see
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from maskc._tiles import EMPTY, FULL, PARTIAL
-from maskc._errors import MaskError, MaskValueError
+from maskc.compiled.tiles import EMPTY, FULL, PARTIAL
+from maskc.language.errors import MaskError, MaskValueError
 
 GLYPHS = {EMPTY: "·", PARTIAL: "░", FULL: "█"}
 ASCII_GLYPHS = {EMPTY: ".", PARTIAL: "+", FULL: "#"}

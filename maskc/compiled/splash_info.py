@@ -20,10 +20,10 @@ import dataclasses
 import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info import MaskInfo
 
-from maskc import _predicate
-from maskc._errors import BackendError, MaskValueError
-from maskc._predicate import Predicate
-from maskc._tiles import EMPTY, PARTIAL, Runs, expand_runs
+from maskc.compiled import predicate as _predicate
+from maskc.language.errors import BackendError, MaskValueError
+from maskc.compiled.predicate import Predicate
+from maskc.compiled.tiles import EMPTY, PARTIAL, Runs, expand_runs
 
 _EVAL_CHUNK = 1 << 22  # mask elements evaluated at once
 

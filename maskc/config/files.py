@@ -18,7 +18,7 @@ import os
 import re
 from typing import Any, Mapping
 
-from maskc._errors import ConfigError, Span, short_repr
+from maskc.language.errors import ConfigError, Span, short_repr
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_DEPTH = 64

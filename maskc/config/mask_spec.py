@@ -13,10 +13,10 @@ from typing import Any, Mapping, Sequence
 
 import jax
 
-from maskc import _ir as ir
-from maskc._errors import MaskError, MaskTypeError, short_repr
-from maskc._lower import compile as compile_mask
-from maskc._parse import parse
+from maskc.language import ir
+from maskc.language.errors import MaskError, MaskTypeError, short_repr
+from maskc.lowering.compile import compile as compile_mask
+from maskc.language.parse import parse
 
 Layer = ir.Mask | tuple[ir.Mask, ...]
 

@@ -40,9 +40,9 @@ those itself). In TOML, quote definition keys with brackets (`"streaming(w)" =
 `mask = "..."`, whose key paths then read `layers[3].mask` as in errors.
 
 This module is the schema and its loader. Reading files, with their size and
-depth bounds, lives in `maskc._config_files`; `MaskSpec` and `mask_field` (mask
-text as a field of a model's own config class) in `maskc._mask_spec`;
-`ConfigError` with the other errors in `maskc._errors`.
+depth bounds, lives in `maskc.config.files`; `MaskSpec` and `mask_field` (mask
+text as a field of a model's own config class) in `maskc.config.mask_spec`;
+`ConfigError` with the other errors in `maskc.language.errors`.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from maskc import _ir as ir
-from maskc._config_files import key_path, read_config
-from maskc._errors import (
+from maskc.language import ir
+from maskc.config.files import key_path, read_config
+from maskc.language.errors import (
   ConfigError,
   MaskError,
   MaskTypeError,
@@ -68,9 +68,9 @@ from maskc._errors import (
   config_where,
   short_repr,
 )
-from maskc._lower import compile as compile_mask
-from maskc._mask_spec import Layer
-from maskc._parse import BUILTINS, RESERVED, _Program, nearest, parse_tree, prelude
+from maskc.lowering.compile import compile as compile_mask
+from maskc.config.mask_spec import Layer
+from maskc.language.parse import BUILTINS, RESERVED, _Program, nearest, parse_tree, prelude
 
 _TOP_KEYS = ("num_layers", "num_heads", "params", "definitions", "default", "layers",
              "operands", "context_parallel")
@@ -742,7 +742,7 @@ def load_config(config: Any, /, *, section: str | None = None, **params: Any) ->
   Args:
     config: a path to a `.yaml`/`.yml` (needs PyYAML: `pip install 'maskc[yaml]'`),
       `.json` or `.toml` file, or a mapping with the same keys (see the schema in
-      `maskc._config`'s docstring).
+      `maskc.config.model`'s docstring).
     section: a dotted key path to the mask config inside a larger file
       (`section="model.attention"`).
     **params: parameter values; they override the config's `params:`. Ints,

@@ -41,10 +41,10 @@ from typing import Mapping
 
 import jax
 
-from maskc._blockmap import BlockMap
-from maskc._errors import BackendError, MaskValueError
-from maskc.kernels import _common as common
-from maskc.kernels._platform import platform as platform
+from maskc.compiled.blockmap import BlockMap
+from maskc.language.errors import BackendError, MaskValueError
+from maskc.kernels import common
+from maskc.kernels.platform import platform as platform
 
 # Tiny masks and nearly full ones gain nothing from block sparsity on CPU.
 TINY = 256 * 256
@@ -56,7 +56,6 @@ class Backend:
   """A registered attention backend: its module, imported on first use."""
   name: str
   module: str
-  needs_blockmap: bool = True
   description: str = ""
 
   def load(self) -> types.ModuleType:
@@ -64,10 +63,10 @@ class Backend:
 
 
 BACKENDS: Mapping[str, Backend] = types.MappingProxyType({
-    "dense": Backend("dense", "maskc.kernels.dense", False, "materialized mask (reference)"),
-    "xla": Backend("xla", "maskc.kernels.xla", True, "block-sparse jax.numpy, any platform"),
-    "flash": Backend("flash", "maskc.kernels.flash", True, "Pallas flash attention (GPU)"),
-    "splash": Backend("splash", "maskc.kernels.splash", True, "JAX splash attention (TPU)"),
+    "dense": Backend("dense", "maskc.kernels.dense", "materialized mask (reference)"),
+    "xla": Backend("xla", "maskc.kernels.xla", "block-sparse jax.numpy, any platform"),
+    "flash": Backend("flash", "maskc.kernels.flash", "Pallas flash attention (GPU)"),
+    "splash": Backend("splash", "maskc.kernels.splash", "JAX splash attention (TPU)"),
 })
 
 

@@ -1,7 +1,7 @@
 """What every attention backend shares: shape checks, read values, tile lists, head splitting.
 
-A backend sees one compiled object, the `BlockMap` (`maskc._blockmap`): tile runs,
-per distinct mask a compiled `Predicate` (`maskc._predicate`) and the operand
+A backend sees one compiled object, the `BlockMap` (`maskc.compiled.blockmap`): tile runs,
+per distinct mask a compiled `Predicate` (`maskc.compiled.predicate`) and the operand
 arrays it reads. Nothing here knows the mask language: partial tiles are
 evaluated by running the predicate's program on positions and read values.
 Tile lists are the per-line index lists a block-sparse kernel walks, derived
@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskc import _predicate
-from maskc._blockmap import BlockMap
-from maskc._errors import MaskValueError
-from maskc._tiles import EMPTY as EMPTY, FULL as FULL, PARTIAL as PARTIAL  # for the backends
-from maskc._tiles import Runs, grid_from_runs, tile_lists as _run_tile_lists
+from maskc.compiled import predicate as _predicate
+from maskc.compiled.blockmap import BlockMap
+from maskc.language.errors import MaskValueError
+from maskc.compiled.tiles import EMPTY as EMPTY, FULL as FULL, PARTIAL as PARTIAL  # for the backends
+from maskc.compiled.tiles import Runs, grid_from_runs, tile_lists as _run_tile_lists
 
 # Finite, so fully masked rows never produce inf - inf = NaN (splash and jax use the same).
 NEG = -0.7 * float(np.finfo(np.float32).max)
@@ -71,7 +71,7 @@ def qkv_arrays(q, k, v) -> tuple[jax.Array, jax.Array, jax.Array]:
 
 
 def read_values(bm: BlockMap, u: int, *, rest: bool = False) -> _predicate.ReadValues:
-  """Mask `u`'s read values as int32 jax arrays (batch axis first; see `maskc._predicate`)."""
+  """Mask `u`'s read values as int32 jax arrays (batch axis first; see `maskc.compiled.predicate`)."""
   values = bm.read_values(u, dtype=np.int32, rest=rest)
   return _predicate.ReadValues(*(jnp.asarray(a) for a in values))
 

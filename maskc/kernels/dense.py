@@ -13,14 +13,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from maskc.kernels import _common as common
+from maskc.kernels import common
 
 
 def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
   """The backend entry point: attention under a compiled map, every position evaluated.
 
   Only the map's predicates and operands are read, never its tiles, so a map of one
-  PARTIAL tile (`maskc._lower.bind_map`, what `maskc.attention` builds for
+  PARTIAL tile (`maskc.lowering.compile.bind_map`, what `maskc.attention` builds for
   `backend="dense"`) serves as well as a lowered one.
   """
   del interpret

@@ -4,7 +4,7 @@ Forward: one program per (batch, head, q tile). It walks the q tile's FULL key
 tiles, then its PARTIAL ones, from index lists derived from the BlockMap's
 compact runs, with an online softmax; EMPTY tiles are never loaded. FULL tiles do
 no mask work (keys past `kv_len` aside, in a ragged last tile); PARTIAL tiles
-evaluate the compiled predicate in the kernel (`maskc._predicate` with jax.numpy)
+evaluate the compiled predicate in the kernel (`maskc.compiled.predicate` with jax.numpy)
 on position iotas and the tile's slices of the operands.
 
 Backward (custom_vjp), FlashAttention-2 style in two passes: dq per q tile over
@@ -43,11 +43,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from maskc import _predicate
-from maskc._errors import MaskValueError
-from maskc._predicate import Predicate
-from maskc.kernels import _common as common
-from maskc.kernels._platform import platform
+from maskc.compiled import predicate as _predicate
+from maskc.language.errors import MaskValueError
+from maskc.compiled.predicate import Predicate
+from maskc.kernels import common
+from maskc.kernels.platform import platform
 from maskc.kernels.xla import NEG_LSE
 
 BLOCK_SIZES = (64, 64)

@@ -1,6 +1,6 @@
 """Sharded attention on a JAX mesh: `jax.shard_map` over batch, heads and sequence.
 
-The compiler (`maskc._sharding.plan`) hands over a `ShardPlan`: a layout and, per
+The compiler (`maskc.parallel.sharding.plan`) hands over a `ShardPlan`: a layout and, per
 head shard and head group, the block maps of every (data shard, sequence shard).
 Here each device runs:
 
@@ -42,9 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from maskc._blockmap import BlockMap
-from maskc._errors import BackendError
-from maskc._tiles import Runs, run_lengths
+from maskc.compiled.blockmap import BlockMap
+from maskc.language.errors import BackendError
+from maskc.compiled.tiles import Runs, run_lengths
 from maskc.kernels import api
 
 # Log-sum-exp of a row with no allowed key (the contract of every `run_with_lse`).

@@ -1,7 +1,7 @@
 """Adapter to JAX's splash attention: our MaskInfo, splash's TPU kernel.
 
 The kernel is JAX's `SplashAttentionKernel`, built from `BlockMap.splash()`
-(`maskc._splash_info`) rather than from splash's `process_mask`, so building it
+(`maskc.compiled.splash_info`) rather than from splash's `process_mask`, so building it
 costs the mask's partial tiles, not its whole grid. On CPU it runs in Pallas
 interpret mode.
 
@@ -42,12 +42,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 
-from maskc._blockmap import BlockMap
-from maskc._errors import BackendError, MaskValueError
-from maskc._predicate import Instr, Predicate
-from maskc._tiles import FULL, PARTIAL, grid_from_runs, runs_from_grid
-from maskc.kernels import _common as common
-from maskc.kernels._platform import platform
+from maskc.compiled.blockmap import BlockMap
+from maskc.language.errors import BackendError, MaskValueError
+from maskc.compiled.predicate import Instr, Predicate
+from maskc.compiled.tiles import FULL, PARTIAL, grid_from_runs, runs_from_grid
+from maskc.kernels import common
+from maskc.kernels.platform import platform
 from maskc.kernels.xla import NEG_LSE
 
 LANES = 128

@@ -8,7 +8,7 @@ an online softmax carries the running max, denominator and output across steps.
 
 FULL tiles do no mask work: an additive bias per key column only drops padding
 slots in the lists and keys past `kv_len` in the last tile. PARTIAL tiles run
-the compiled predicate (`maskc._predicate`) on their positions and read values,
+the compiled predicate (`maskc.compiled.predicate`) on their positions and read values,
 so every operand kind works here, pairwise ones included. EMPTY tiles are never
 touched: the work is the non-empty tiles, `density × dense`.
 
@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskc import _predicate
-from maskc.kernels import _common as common
+from maskc.compiled import predicate as _predicate
+from maskc.kernels import common
 
 BLOCK_SIZES = (128, 128)
 

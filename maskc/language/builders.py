@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from maskc import _ir as ir
-from maskc._parse import prelude
+from maskc.language import ir
+from maskc.language import printer  # noqa: F401  (the docstrings below print bodies)
+from maskc.language.parse import prelude
 
 q = ir.Pos("q")
 k = ir.Pos("k")
 
 
 def scalar(name: str) -> ir.Scalar:
-  """A runtime scalar operand (shape `[]` or `[B]`): `maskc.k < maskc.scalar("kv_len")`."""
+  """A runtime scalar operand (shape `[]` or `[B]`): `maskc.ir.k < maskc.scalar("kv_len")`."""
   return ir.term(name)
 
 
@@ -36,7 +37,7 @@ class _Indexable:
 
 
 def operand(name: str) -> _Indexable:
-  """A per-token or pairwise operand to index: `maskc.operand("seg")[maskc.q]`."""
+  """A per-token or pairwise operand to index: `maskc.operand("seg")[maskc.ir.q]`."""
   ir.operand(name)
   return _Indexable(name, False)
 
@@ -48,7 +49,7 @@ def runs(name: str) -> _Indexable:
 
 
 def truth(read: ir.Term) -> ir.Truth:
-  """A boolean operand read as a mask: `maskc.truth(maskc.operand("img")[maskc.q])`."""
+  """A boolean operand read as a mask: `maskc.truth(maskc.operand("img")[maskc.ir.q])`."""
   return ir.truth(read)
 
 

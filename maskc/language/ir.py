@@ -12,11 +12,10 @@ nodes holding their `Definition`; `expand(call)` gives the body with arguments
 substituted, which is what evaluation and analysis look at.
 
 This module is the ground floor of the compiler: it imports nothing of maskc but
-the error hierarchy. What needs a layer above is attached by that layer: the
-printer sets `str` and `repr` (`maskc._printer`), the simplifier
-`Mask.simplify` (`maskc._simplify`), and the public face (`maskc/__init__.py`)
-`Mask.bind`, `Mask.to_dense` and the parser that reads text operands such as
-`mask & "causal"` (`install_parser`).
+the error hierarchy. Methods whose work lives in a stage above are declared here
+and call the implementation that stage hands down (`install`): `str` and `repr`
+(the printer), `Mask.simplify` (the simplifier), `Mask.bind` and `Mask.to_dense`
+(the binding), and the parser that reads text operands such as `mask & "causal"`.
 """
 
 from __future__ import annotations
@@ -26,10 +25,15 @@ import contextvars
 import dataclasses
 import difflib
 import functools
-from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 
-from maskc._errors import (MaskLimitError, MaskNameError, MaskTypeError, MaskValueError,
+from maskc.language.errors import (MaskLimitError, MaskNameError, MaskTypeError, MaskValueError,
                            OperandError, Span)
+
+if TYPE_CHECKING:
+  import numpy as np
+
+  from maskc.semantics.bind import ComputableMask
 
 CompareOp = Literal["<", "<=", "==", "!=", ">=", ">"]
 ArithOp = Literal["+", "-", "*", "//", "%"]
@@ -90,7 +94,15 @@ class Node:
         out.extend(x for x in v if isinstance(x, Node))
     return tuple(out)
 
-  # `__str__` (canonical text) and `__repr__` (Python builder form) are set by `maskc._printer`.
+  def __str__(self) -> str:
+    """The canonical text of the node; it parses back to an equal node
+    (`maskc.language.printer.to_text`)."""
+    return _above("text")(self)
+
+  def __repr__(self) -> str:
+    """The Python builder expression that constructs the node
+    (`maskc.language.printer.to_python`)."""
+    return _above("python")(self)
 
   def _repr_pretty_(self, p, cycle) -> None:  # IPython and hypothesis
     p.text(repr(self))
@@ -99,7 +111,7 @@ class Node:
 class Term(Node):
   """An integer term of the positions `q`, `k`, constants and operands.
 
-  Python operators build terms: `maskc.q - maskc.k < 128` is a `Compare`.
+  Python operators build terms: `maskc.ir.q - maskc.ir.k < 128` is a `Compare`.
   """
 
   __slots__ = ()
@@ -140,7 +152,7 @@ class Term(Node):
   def __bool__(self):
     raise MaskTypeError(
         "an integer term has no truth value",
-        hint="Compare it to make a mask: `maskc.q - maskc.k < 128`.")
+        hint="Compare it to make a mask: `maskc.ir.q - maskc.ir.k < 128`.")
 
 
 class Mask(Node):
@@ -176,35 +188,75 @@ class Mask(Node):
     """The runtime operands the mask needs, sorted by name."""
     return collect_operands(self)
 
-  # `simplify()` is set by `maskc._simplify`; `bind(...)` and `to_dense(...)` by `maskc`.
+  def simplify(self) -> "Mask":
+    """An equivalent mask in canonical simplified form (`maskc.language.simplify`).
+
+    >>> import maskc
+    >>> str(maskc.parse("~~causal & (sink(4) | causal)").simplify())
+    'causal'
+    """
+    return _above("simplify")(self)
+
+  def bind(self, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
+           operands: Mapping[str, Any] | None = None, q_positions: Any = None,
+           kv_positions: Any = None) -> "ComputableMask":
+    """This mask at a shape with static operands (and positions): a lazy `ComputableMask`
+    (`maskc.semantics.bind`).
+
+    >>> import maskc
+    >>> maskc.parse("causal").bind(3)[1:, :].astype(int)
+    array([[1, 1, 0],
+           [1, 1, 1]])
+    """
+    return _above("bind")(self, q_len, kv_len, q_offset=q_offset, operands=operands,
+                          q_positions=q_positions, kv_positions=kv_positions)
+
+  def to_dense(self, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
+               operands: Mapping[str, Any] | None = None, q_positions: Any = None,
+               kv_positions: Any = None) -> "np.ndarray":
+    """The mask as a NumPy bool array `[..., q_len, kv_len]`.
+
+    >>> import maskc
+    >>> maskc.parse("causal").to_dense(2, 3).astype(int)
+    array([[1, 1, 0],
+           [1, 1, 1]])
+    """
+    return self.bind(q_len, kv_len, q_offset=q_offset, operands=operands,
+                     q_positions=q_positions, kv_positions=kv_positions)[:, :]
 
 
-# ----------------------------------------------------------------------------- text, from above
+# ----------------------------------------------------------------------------- from above
 
-_parse_text: Callable[[str], Mask] | None = None
-_mask_names: Callable[[], Iterable[str]] = tuple
+# The IR is the ground floor: the stages built on it (the printer, the simplifier, the
+# parser, the binding) hand their implementations down through `install` when they are
+# imported, and the methods above call them. `import maskc` imports them all.
+_ABOVE: dict[str, Callable[..., Any]] = {}
+_WHERE = {"text": "maskc.language.printer", "python": "maskc.language.printer",
+          "simplify": "maskc.language.simplify", "parse": "maskc.language.parse",
+          "mask_names": "maskc.language.parse", "bind": "maskc.semantics.bind"}
 
 
-def install_parser(parse: Callable[[str], Mask], mask_names: Callable[[], Iterable[str]]) -> None:
-  """Lets the IR read mask text and suggest mask names, without importing the parser.
+def install(**implementations: Callable[..., Any]) -> None:
+  """Hands an implementation from a stage above down to the IR, by name: `text` and
+  `python` (the printer), `simplify`, `parse` and `mask_names` (the parser), `bind`."""
+  unknown = set(implementations) - set(_WHERE)
+  if unknown:
+    raise ValueError(f"no IR hook named {sorted(unknown)}")
+  _ABOVE.update(implementations)
 
-  The parser is built on this module, so it is handed down instead: `maskc/__init__.py`
-  installs it once. `mask & "causal"` then parses its text operand, and an unknown
-  mask name in an error hint comes with the nearest known one.
 
-  Args:
-    parse: mask text to IR (`maskc.parse`).
-    mask_names: the names of the known (prelude) masks, for "did you mean" hints.
-  """
-  global _parse_text, _mask_names
-  _parse_text, _mask_names = parse, mask_names
+def _above(name: str) -> Callable[..., Any]:
+  try:
+    return _ABOVE[name]
+  except KeyError:
+    raise ImportError(f"the IR needs {_WHERE[name]} for this: `import maskc` first") from None
 
 
 def _as_mask(value) -> Mask:
   if isinstance(value, (Mask, Read, PairRead)):
     return mask(value)
-  if isinstance(value, str) and _parse_text is not None:
-    return _parse_text(value)
+  if isinstance(value, str) and "parse" in _ABOVE:
+    return _ABOVE["parse"](value)
   raise MaskTypeError(f"cannot combine a mask with {type(value).__name__} {quote(value)}",
                       hint="Combine masks with masks: `maskc.causal() & maskc.chunk(8192)`.")
 
@@ -358,7 +410,7 @@ class Definition(Node):
   """A named definition `name(params) = body where requirements`.
 
   The body and requirements are templates: they hold `Param` nodes for the
-  parameters. `prelude` marks the standard masks of `grammar/prelude.mask`.
+  parameters. `prelude` marks the standard masks of `maskc/grammar/prelude.mask`.
   """
   name: str
   params: tuple[str, ...]
@@ -450,7 +502,7 @@ def nearest(name: str, candidates: Iterable[str]) -> str | None:
 
 
 def _mask_name_hint(name: str) -> str:
-  guess = nearest(name, _mask_names())
+  guess = nearest(name, _ABOVE["mask_names"]() if "mask_names" in _ABOVE else ())
   tail = (f"If `{name}` is a boolean operand, index it: `{name}[q]` or `{name}[k]`.")
   return f"Did you mean `{guess}`? {tail}" if guess else tail
 
@@ -643,6 +695,19 @@ def xor(items: Sequence[Any], span: Span | None = None) -> Mask:
   return items[0] if len(items) == 1 else Xor(items, span)
 
 
+def operand_free_split(m: Mask):
+  """`(operand-free items, the others, and_ or or_)` of an `&` / `|`; else None."""
+  if not isinstance(m, (And, Or)):
+    return None
+  return ([x for x in m.items if not x.operands], [x for x in m.items if x.operands],
+          and_ if isinstance(m, And) else or_)
+
+
+def joined(items: Sequence[Mask], join: Callable[[Sequence[Mask]], Mask]) -> Mask:
+  """`items` joined by `join` (`and_` or `or_`; one item alone)."""
+  return items[0] if len(items) == 1 else join(items)
+
+
 def not_(item: Any, span: Span | None = None) -> Mask:
   """Complement."""
   return Not(mask(item, span), span)
@@ -754,7 +819,7 @@ def build_budget(limit: int) -> Iterator[None]:
   ...   call(twice, [Pos("q") // 2])  # doctest: +ELLIPSIS
   Traceback (most recent call last):
   ...
-  maskc._errors.MaskLimitError: expanding the definitions builds more than 1 nodes...
+  maskc.language.errors.MaskLimitError: expanding the definitions builds more than 1 nodes...
   """
   token = _BUDGET.set(_Budget(limit))
   try:

@@ -2,7 +2,7 @@
 
 `parse(text, **params)` reads a program (definitions, then one mask), checks
 it against the size limits, and elaborates the syntax tree into IR through the
-constructors of `maskc._ir`, so text and Python builders give equal masks.
+constructors of `maskc.language.ir`, so text and Python builders give equal masks.
 Definitions are elaborated lazily, once, into templates with `Param` nodes;
 recursion is found by tracking the definitions in progress.
 """
@@ -15,8 +15,8 @@ from typing import Any, Iterator
 
 import lark
 
-from maskc import _ir as ir
-from maskc._errors import (MaskError, MaskLimitError, MaskNameError, MaskRecursionError,
+from maskc.language import ir
+from maskc.language.errors import (MaskError, MaskLimitError, MaskNameError, MaskRecursionError,
                            MaskSyntaxError, MaskTypeError, MaskValueError, Span, short_repr)
 from maskc.grammar import grammar_text, prelude_text
 
@@ -541,7 +541,7 @@ def _param_value(name: str, value: Any, span: Span | None):
 
 @functools.lru_cache(maxsize=1)
 def prelude() -> dict[str, ir.Definition]:
-  """The standard named masks, parsed once from `grammar/prelude.mask`."""
+  """The standard named masks, parsed once from `maskc/grammar/prelude.mask`."""
   text = prelude_text()
   program = _Program(text, {}, {}, prelude=True)
   program.program(parse_tree(text), library_only=True)
@@ -592,3 +592,6 @@ def parse(text: str, **params: Any) -> ir.Mask:
                          hint="Name parts of it with definitions.") from None
   except MaskError:
     raise
+
+
+ir.install(parse=parse, mask_names=known_mask_names)

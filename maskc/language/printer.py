@@ -8,8 +8,8 @@ used by `repr`.
 
 from __future__ import annotations
 
-from maskc import _ir as ir
-from maskc._errors import MaskLimitError
+from maskc.language import ir
+from maskc.language.errors import MaskLimitError
 
 # `str` and `repr` print at most this many nodes, so that a term built by nested definitions
 # (`f(f(f(...)))` with `f(x) = x + x` doubles with each level) raises instead of hanging.
@@ -183,7 +183,7 @@ def _py(n: ir.Node, b: _Budget) -> str:
   if isinstance(n, ir.Const):
     return str(n.value)
   if isinstance(n, ir.Pos):
-    return f"maskc.{n.axis}"
+    return f"maskc.ir.{n.axis}"
   if isinstance(n, ir.Scalar):
     return f"maskc.scalar({n.name!r})"
   if isinstance(n, ir.Operand):
@@ -209,17 +209,4 @@ def _py(n: ir.Node, b: _Budget) -> str:
 
 # ----------------------------------------------------------------------------- on the IR
 
-
-def _node_str(self: ir.Node) -> str:
-  """The canonical text of the node (`to_text`); it parses back to an equal mask."""
-  return to_text(self)
-
-
-def _node_repr(self: ir.Node) -> str:
-  """The Python builder expression that constructs the node (`to_python`)."""
-  return to_python(self)
-
-
-# The IR imports nothing above it, so its text forms are attached here, where they live.
-ir.Node.__str__ = _node_str
-ir.Node.__repr__ = _node_repr
+ir.install(text=to_text, python=to_python)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import functools
 
-from maskc import _ir as ir
-from maskc import _printer  # noqa: F401  (`_key` sorts by `str`, which the printer sets)
-from maskc._parse import prelude
+from maskc.language import ir
+from maskc.language import printer  # noqa: F401  (`_key` sorts by `str`, which the printer gives)
+from maskc.language.parse import prelude
 
 
 def _full() -> ir.Mask:
@@ -163,15 +163,4 @@ def _xor(items: list[ir.Mask], negate: bool) -> ir.Mask:
   return kept[0] if len(kept) == 1 else ir.Xor(tuple(kept))
 
 
-def _mask_simplify(self: ir.Mask) -> ir.Mask:
-  """An equivalent mask in canonical simplified form (see `maskc._simplify`).
-
-  >>> import maskc
-  >>> str(maskc.parse("~~causal & (sink(4) | causal)").simplify())
-  'causal'
-  """
-  return simplify(self)
-
-
-# The IR imports nothing above it, so `Mask.simplify` is attached here, where it lives.
-ir.Mask.simplify = _mask_simplify
+ir.install(simplify=simplify)

@@ -3,14 +3,14 @@
 This module binds masks to a shape and their operands, picks the path, caches
 static results and assembles the map; the paths themselves live beside it:
 
-- static (every operand a NumPy value): `maskc._lower_static`, runs of tiles
+- static (every operand a NumPy value): `maskc.lowering.static`, runs of tiles
   classified by range analysis, the tile grid never allocated;
-- dynamic (traced operands or offset, under `jit`): `maskc._lower_dynamic`, the
+- dynamic (traced operands or offset, under `jit`): `maskc.lowering.traced`, the
   same analysis over the whole tile grid with static shapes.
 
 Both refine *ambiguous* PARTIAL tiles (where the analysis cannot prove the tile
 mixed), by default for prelude-only masks and always with `exact=True`
-(`maskc._tile_refine`).
+(`maskc.lowering.refine`).
 """
 
 from __future__ import annotations
@@ -25,20 +25,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskc import _ir as ir
-from maskc import _lowering_rules as lowering_rules
-from maskc._bind import Operands, Shape, _int, as_mask, prepare_operands
-from maskc._blockmap import BlockMap
-from maskc._compile_predicate import compile_predicate, conjuncts, segment_conjunct
-from maskc._errors import MaskTypeError, MaskValueError
-from maskc._lower_dynamic import compile_dynamic
-from maskc._lower_static import compile_static
-from maskc._operand_arrays import OperandArrays
-from maskc._operand_runs import RunForm
-from maskc._tile_refine import MEMORY_BUDGET, Budget
-from maskc._tiles import Runs, run_lengths
+from maskc.language import ir
+from maskc.lowering import rules as lowering_rules
+from maskc.semantics.bind import Operands, Shape, _int, as_mask, prepare_operands
+from maskc.compiled.blockmap import BlockMap
+from maskc.analysis.linear import conjuncts, segment_conjunct
+from maskc.compiled.predicate_compiler import compile_predicate
+from maskc.language.errors import MaskTypeError, MaskValueError
+from maskc.lowering.traced import compile_dynamic
+from maskc.lowering.static import compile_static
+from maskc.semantics.operand_arrays import OperandArrays
+from maskc.semantics.operand_runs import RunForm
+from maskc.lowering.refine import MEMORY_BUDGET, Budget
+from maskc.compiled.tiles import Runs, run_lengths
 
-# compiled static maps, with the lowering rules that made them (`maskc._lowering_rules.taken`)
+# compiled static maps, with the lowering rules that made them (`maskc.lowering.rules.taken`)
 _CACHE: collections.OrderedDict[Any, tuple[BlockMap, frozenset[str]]] = collections.OrderedDict()
 _CACHE_SIZE = 32
 
@@ -70,7 +71,7 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
       evaluation (default: all, so the map equals the static one); tiles beyond
       it stay PARTIAL, which is still sound.
     memory_budget: bytes the static lowering may hold at once beyond its operands
-      (default `maskc._lower.MEMORY_BUDGET`, 256 MiB): what it keeps (run tables,
+      (default `maskc.lowering.compile.MEMORY_BUDGET`, 256 MiB): what it keeps (run tables,
       decided rectangles of tiles) plus the work of the current step, done in
       chunks that fit. A lowering that cannot fit raises `MaskLimitError` instead
       of running out of memory. Under `jit` (XLA owns the memory) the budget is

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from maskc._bind import Shape
+from maskc.semantics.bind import Shape
 
 
 class Axis:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from maskc import _ir as ir
-from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
-from maskc._errors import MaskLimitError
-from maskc._evaluate import Env, evaluate_mask
-from maskc._tile_geometry import TileGeometry
+from maskc.language import ir
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
+from maskc.language.errors import MaskLimitError
+from maskc.semantics.evaluate import Env, evaluate_mask
+from maskc.lowering.geometry import TileGeometry
 
 EVAL_CHUNK = 1 << 18  # elements evaluated at once when refining tiles
 PIECE_CHUNK = 1 << 16  # rectangles analysed at once when refining tiles

@@ -1,12 +1,12 @@
 """The lowering's closed forms by name: a switch to turn one off, and a record of those taken.
 
 The static and traced lowerings reach most masks by closed forms, each a faster
-way to the same tiles as the generic range analysis (`maskc._lower_static.
+way to the same tiles as the generic range analysis (`maskc.lowering.static.
 _StaticRuns`), taken where its precondition holds. A closed form that is wrong
 for some mask is wrong silently: the tiles still look plausible. So each can be
 turned off, and the tiles compared with the ones the lowering gives without it:
 
-    from maskc._lowering_rules import disabled, taken
+    from maskc.lowering.rules import disabled, taken
 
     with taken() as fired:
       fast = maskc.compile(mask, n, operands=ops)
@@ -28,34 +28,34 @@ import contextvars
 import types
 from typing import Iterator, Mapping
 
-from maskc._errors import MaskValueError
+from maskc.language.errors import MaskValueError
 
 RULES: Mapping[str, str] = types.MappingProxyType({
     "periodic": "an operand-free mask with a diagonal period (`causal`, `chunk(c)`): one "
-                "period of tiles classified and repeated (maskc._diagonal_period)",
+                "period of tiles classified and repeated (maskc.analysis.diagonal_period)",
     "one_axis": "a mask that reads one position only (`g[k]`, `sink(4)`): one line of tiles "
-                "decides each axis (maskc._axis_reads)",
+                "decides each axis (maskc.lowering.closed_forms.axis_reads)",
     "equal_reads": "`x[q + s] == x[k + t]` where each value of x is one run (`document(seg)`, "
-                   "`bidirectional(img)`): binary searches per line (maskc._equal_reads)",
+                   "`bidirectional(img)`): binary searches per line (maskc.lowering.closed_forms.equal_reads)",
     "parts": "an `&` / `|` whose parts lower apart, their runs combined (static), or whose "
              "operand-free items lower at trace time (traced)",
     "band": "a band of `q - k` (`causal`, `sliding(w)`, `local(l, r)`) in an `&` / `|`, in "
-            "closed form (maskc._band_runs)",
+            "closed form (maskc.lowering.closed_forms.band_runs)",
     "widened_band": "a band joined with equal reads into one interval per row (`causal | "
-                    "bidirectional(img)`), static and traced (maskc._widened_band, "
-                    "maskc._widened_traced)",
+                    "bidirectional(img)`), static and traced (maskc.lowering.closed_forms.widened_band, "
+                    "maskc.lowering.closed_forms.widened_traced)",
     "met_bounds": "equal reads `&` a band (or a widened band), met as bounds per line "
                   "(`causal & document(seg)`)",
     "distribute": "`x & (rest | pattern)` lowered as `(x & rest) | (x & pattern)`, the "
                   "pattern of one axis spliced into x's runs",
     "spread": "`x & (band | rest)`: x clipped at the band off the rest's lines",
     "tile_cover": "the analysis starts from the rectangles where the operands' runs allow "
-                  "a true pair (maskc._tile_cover)",
+                  "a true pair (maskc.lowering.closed_forms.tile_cover)",
     "same_run_ids": "`runs(x)[a] == runs(x)[b]` beside `x[a]` analysed by ids of x's runs of "
-                    "zeros and nonzeros (static) or by run labels (traced, maskc._same_run)",
+                    "zeros and nonzeros (static) or by run labels (traced, maskc.lowering.closed_forms.same_run)",
     "diagonal_truth": "tiles PARTIAL in two parts of an `&` that the diagonal crosses, in a "
                       "mask true at every q == k, mixed with no pair evaluated "
-                      "(maskc._diagonal_truth)",
+                      "(maskc.analysis.diagonal_truth)",
 })
 
 _DISABLED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from maskc._ragged import group_ends, ranges
-from maskc._tiles import EMPTY, Runs
+from maskc.arrays.ragged import group_ends, ranges
+from maskc.compiled.tiles import EMPTY, Runs
 
 
 def keyed(merged, n_lines: int, n_span: int):

@@ -3,7 +3,7 @@
 Five ways to the same runs, chosen per mask:
 
 - A mask without operands that has a *diagonal period* (`causal`, `sliding(w)`,
-  `chunk(n)`, `(q - k) % 4 == 0`: see `maskc._diagonal_period`) has the same tile
+  `chunk(n)`, `(q - k) % 4 == 0`: see `maskc.analysis.diagonal_period`) has the same tile
   states one period further down the diagonal. One period of rows is classified,
   over a grid moved along the diagonal so that it reaches every column the
   repeats need, and repeated; the same for columns. Cost: one period plus the
@@ -13,7 +13,7 @@ Five ways to the same runs, chosen per mask:
   it. Cost: the tiles of one axis plus the output.
 - `x[q + s] == x[k + t]` where each value of x is one run (sorted documents;
   `bidirectional(img)`): each line's tiles follow from binary searches over the
-  runs the lines read (`maskc._equal_reads`). Cost: the lines plus the output.
+  runs the lines read (`maskc.lowering.closed_forms.equal_reads`). Cost: the lines plus the output.
 - An `&` or `|` whose operand-free items have such a period, some of whose items
   read one position only, or are lowered in parts themselves
   (`causal & chunk(8192) | bidirectional(img)`, `local(64, 64) | g[q] | g[k]`):
@@ -41,32 +41,32 @@ from typing import NamedTuple
 
 import numpy as np
 
-from maskc import _ir as ir
-from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables
-from maskc._axis_reads import bare_reads_only, read_tile_states
-from maskc._band_runs import (BandRuns, Intervals, band_fits, clipped_pieces, keyed_band_runs,
+from maskc.language import ir
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables
+from maskc.lowering.closed_forms.axis_reads import bare_reads_only, read_tile_states
+from maskc.lowering.closed_forms.band_runs import (BandRuns, Intervals, band_fits, clipped_pieces, keyed_band_runs,
                               met_bounds_pieces)
-from maskc._bind import Shape
-from maskc._compile_predicate import exact_band
-from maskc._diagonal_period import diagonal_period
-from maskc._diagonal_truth import true_on_diagonal
-from maskc._evaluate import Env, evaluate_mask
-from maskc._equal_reads import (equal_read_bounds, equal_read_runs, equal_reads_where,
+from maskc.semantics.bind import Shape
+from maskc.analysis.linear import exact_band
+from maskc.analysis.diagonal_period import diagonal_period
+from maskc.analysis.diagonal_truth import true_on_diagonal
+from maskc.semantics.evaluate import Env, evaluate_mask
+from maskc.lowering.closed_forms.equal_reads import (equal_read_bounds, equal_read_runs, equal_reads_where,
                                 unique_runs)
-from maskc._operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
-from maskc._pattern_lines import spliced_pattern
-from maskc._lowering_rules import enabled, took
-from maskc._ragged import ranges
-from maskc._run_lists import (expand_in_order, expand_leaves, interleaved, keyed, lines_of,
+from maskc.semantics.operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
+from maskc.lowering.closed_forms.pattern_lines import spliced_pattern
+from maskc.lowering.rules import enabled, took
+from maskc.arrays.ragged import ranges
+from maskc.lowering.run_lists import (expand_in_order, expand_leaves, interleaved, keyed, lines_of,
                               marked, meeting_mask, merge_keyed, merge_runs, on_lines,
                               on_lines_mask, overlapping, pack_keyed, pack_runs, split_keys,
                               stack_runs, unpacked)
-from maskc._tile_cover import tile_cover
-from maskc._tile_geometry import TileGeometry
-from maskc._tile_refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
+from maskc.lowering.closed_forms.tile_cover import tile_cover
+from maskc.lowering.geometry import TileGeometry
+from maskc.lowering.refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
                                  Budget, analysis_bytes, evaluate_tiles, subdivide)
-from maskc._tiles import Runs
-from maskc._widened_band import widened_bounds
+from maskc.compiled.tiles import Runs
+from maskc.lowering.closed_forms.widened_band import widened_bounds
 
 
 def _combine_pieces(item, n_items: int, state, certain):
@@ -583,7 +583,7 @@ class _AxisRuns:
 class _EqualRuns:
   """The runs of `x[q + s] == x[k + t]` where each value of x is one run of its batch row
   (sorted segment ids; the ids of an image mask's runs): found by binary searches over
-  the runs each line reads, exactly, with no analysis (`maskc._equal_reads`)."""
+  the runs each line reads, exactly, with no analysis (`maskc.lowering.closed_forms.equal_reads`)."""
 
   def __init__(self, table: RunTable, shifts: tuple[int, int], on: np.ndarray | None,
                geo: TileGeometry, batch: int | None, budget: Budget):
@@ -595,7 +595,7 @@ class _EqualRuns:
   @classmethod
   def of(cls, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
          budget: Budget) -> _EqualRuns | None:
-    """The equal reads of `m` (`maskc._equal_reads.equal_reads_where`), where they apply."""
+    """The equal reads of `m` (`maskc.lowering.closed_forms.equal_reads.equal_reads_where`), where they apply."""
     found = None if geo.positions or not enabled("equal_reads") else equal_reads_where(m)
     if found is None:
       return None
@@ -621,7 +621,7 @@ class _EqualRuns:
     return equal_read_runs(self.table, geo, nb, *self.shifts, along_rows, self.on, self._lines)
 
   def bounds(self, along_rows: bool) -> np.ndarray | None:
-    """The tiles as a band's bounds per flat line (`maskc._equal_reads.equal_read_bounds`),
+    """The tiles as a band's bounds per flat line (`maskc.lowering.closed_forms.equal_reads.equal_read_bounds`),
     where no truth read stands beside the equal reads; else None."""
     if self.on is not None:
       return None
@@ -631,7 +631,7 @@ class _EqualRuns:
 
   def widened(self, intervals: Intervals, along_rows: bool):
     """The bounds of `intervals | self` per line, where they are a band's
-    (`maskc._widened_band`); else None. Remembered: a spread that cannot use them in
+    (`maskc.lowering.closed_forms.widened_band`); else None. Remembered: a spread that cannot use them in
     closed form asks again."""
     if not enabled("widened_band"):
       return None
@@ -658,7 +658,7 @@ class _EqualRuns:
 
 
 class _PeriodicRuns:
-  """The runs of a mask without operands that has a diagonal period (`maskc._diagonal_period`).
+  """The runs of a mask without operands that has a diagonal period (`maskc.analysis.diagonal_period`).
 
   With `T = lcm(P, bq, bk)`, tile `(i + T / bq, j + T / bk)` has the state of tile
   `(i, j)` wherever both are whole tiles, so one period of rows is classified over
@@ -822,32 +822,32 @@ def _parts(m: ir.Mask, geo: TileGeometry) -> list[ir.Mask] | None:
   they have a diagonal period worth repeating (else those that have one); each
   other item that is itself lowered in parts (`document(seg) & (causal |
   bidirectional(img))`, `causal | prefix(4096)`); the other items joined. At
-  least one part must be periodic (or a band of an `&`: `maskc._band_runs`), in
+  least one part must be periodic (or a band of an `&`: `maskc.lowering.closed_forms.band_runs`), in
   parts itself or of one axis: otherwise splitting saves nothing.
   """
   while isinstance(m, ir.Call):
     m = ir.expand(m)
-  split = operand_free_split(m)
+  split = ir.operand_free_split(m)
   if split is None or geo.positions or not enabled("parts"):
     return None
   free, rest, join = split
   axis_items = {a: [x for x in free + rest if ir.positions_of(x) == {a}] for a in "qk"}
   free, rest = ([x for x in items if len(ir.positions_of(x)) != 1] for items in (free, rest))
   periodic = []
-  if free and (_periodic(joined(free, join), geo) is not None or
-               (join is ir.and_ and _clip_band(joined(free, join), geo) is not None)):
+  if free and (_periodic(ir.joined(free, join), geo) is not None or
+               (join is ir.and_ and _clip_band(ir.joined(free, join), geo) is not None)):
     periodic, free = free, []
   elif free:
     some = [x for x in free if _periodic(x, geo) is not None]
-    if some and _periodic(joined(some, join), geo) is not None:
+    if some and _periodic(ir.joined(some, join), geo) is not None:
       periodic, free = some, [x for x in free if not any(x is y for y in some)]
   items = rest + free
   in_parts = [_parts(x, geo) is not None for x in items]
   nested = [x for x, y in zip(items, in_parts) if y]
   others = [x for x, y in zip(items, in_parts) if not y]
-  axes = [joined(axis_items[a], join) for a in "qk" if axis_items[a]]
-  parts = ([joined(periodic, join)] if periodic else []) + nested + (
-      [joined(others, join)] if others else []) + axes
+  axes = [ir.joined(axis_items[a], join) for a in "qk" if axis_items[a]]
+  parts = ([ir.joined(periodic, join)] if periodic else []) + nested + (
+      [ir.joined(others, join)] if others else []) + axes
   return parts if (periodic or nested or axes) and len(parts) > 1 else None
 
 
@@ -895,19 +895,6 @@ def _unanalysed(m: ir.Mask, geo: TileGeometry, tables: Tables, join) -> bool:
   return parts is not None and all(_unanalysed(x, geo, tables, inner) for x in parts)
 
 
-def operand_free_split(m: ir.Mask):
-  """`(operand-free items, the others, ir.and_ or ir.or_)` of an `&` / `|`; else None."""
-  if not isinstance(m, (ir.And, ir.Or)):
-    return None
-  return ([x for x in m.items if not x.operands], [x for x in m.items if x.operands],
-          ir.and_ if isinstance(m, ir.And) else ir.or_)
-
-
-def joined(items: list[ir.Mask], join) -> ir.Mask:
-  """`items` joined by `join` (one item alone)."""
-  return items[0] if len(items) == 1 else join(items)
-
-
 def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
                   budget: Budget):
   """How one mask's runs are computed: by its diagonal period where it has one; along its
@@ -941,7 +928,7 @@ def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
 
 def _band_part(m: ir.Mask, geo: TileGeometry, batch: int | None) -> BandRuns | None:
   """A part of an `&` or `|` that is exactly a band of `q - k` (`causal`, `sliding(w)`,
-  `local(64, 64)`), in closed form (`maskc._band_runs`): an `&` clips the other parts'
+  `local(64, 64)`), in closed form (`maskc.lowering.closed_forms.band_runs`): an `&` clips the other parts'
   runs to it, an `|` combines them with its runs, no period analysed. None otherwise."""
   band = _clip_band(m, geo)
   if band is None:
@@ -952,7 +939,7 @@ def _band_part(m: ir.Mask, geo: TileGeometry, batch: int | None) -> BandRuns | N
 
 def _clip_band(m: ir.Mask, geo: TileGeometry) -> tuple[int | None, int | None] | None:
   """The band `(lo, hi)` of `q - k` that operand-free `m` is exactly, where its closed form
-  holds on `geo` (`maskc._band_runs.band_fits`); else None."""
+  holds on `geo` (`maskc.lowering.closed_forms.band_runs.band_fits`); else None."""
   if m.operands or not enabled("band"):
     return None
   band = exact_band(m)
@@ -1016,7 +1003,7 @@ class _CombinedRuns:
     return merge_keyed(*flat)
 
   def runs(self, along_rows: bool) -> Runs:
-    """The runs packed (`maskc._run_lists.pack_keyed`); an `|` that ends with a pattern
+    """The runs packed (`maskc.lowering.run_lists.pack_keyed`); an `|` that ends with a pattern
     (`local(64, 64) | g[q] | g[k]`) packs its lines as it splices them, not through flat
     keys of every run: 269,000 runs at 1M."""
     geo = self.geo
@@ -1123,7 +1110,7 @@ class _CombinedRuns:
   def _widened(self, order: list, along_rows: bool, n_lines: int, n_span: int):
     """`(flat runs, the other parts)` of this `|` where a band (or a band inside chunks)
     and equal reads among `order` join into one interval per row (`causal & chunk(8192)
-    | bidirectional(img)`: `maskc._widened_band`), their runs written from bounds with
+    | bidirectional(img)`: `maskc.lowering.closed_forms.widened_band`), their runs written from bounds with
     nothing combined; else None."""
     equal = next((p for p in order if isinstance(p, _EqualRuns)), None)
     if equal is None:
@@ -1194,7 +1181,7 @@ class _CombinedRuns:
   def _spread(self, x, band: BandRuns, rest, along_rows: bool, n_lines: int, n_span: int,
               exact_x: bool = False):
     """Flat runs `x` of this `&`'s other parts, `& (band | rest)`. Where the rest is equal
-    reads that widen the band to one interval per row (`maskc._widened_band`), `x`
+    reads that widen the band to one interval per row (`maskc.lowering.closed_forms.widened_band`), `x`
     clipped at the widened band's bounds; else, on lines where the rest has no runs,
     `x` clipped at the band, and on the rest's lines (few: an image's rows), `x` met
     with the band's runs joined with the rest's.
@@ -1284,7 +1271,7 @@ class _CombinedRuns:
     return mid, lines, lo, hi
 
   def _spliced_lines(self, x, part: _AxisRuns, along_rows: bool, n_lines: int, n_span: int):
-    """The packed runs of `x | part` (`maskc._pattern_lines.spliced_pattern`): each line
+    """The packed runs of `x | part` (`maskc.lowering.closed_forms.pattern_lines.spliced_pattern`): each line
     the pattern's runs before those met (`_spliced_met`), the combined ones, those after;
     a line without runs in `x`, the pattern.
 
@@ -1368,7 +1355,7 @@ class _CombinedRuns:
 
   def _clip_lines(self, x, bounds, along_rows: bool, n_lines: int, n_span: int):
     """Flat runs `x` of an `&` with a band whose lines have bounds `bounds`
-    (`maskc._band_runs`): cut at them, PARTIAL with PARTIAL decided tile by tile."""
+    (`maskc.lowering.closed_forms.band_runs`): cut at them, PARTIAL with PARTIAL decided tile by tile."""
     def pieces_of(x):
       return clipped_pieces(x, bounds, n_lines, n_span)
 
@@ -1472,7 +1459,7 @@ class _CombinedRuns:
     holds it and is not EMPTY, so one sampled pair of the other value proves the tile
     PARTIAL (`causal & document(seg) & ~pad[k]`, not refined: its diagonal tiles, 7,000
     for documents of 50-200 tokens at 1M, were each analysed by pieces). An `&` true at
-    every pair `q == k` (`causal & document(seg)`: `maskc._diagonal_truth`) has that pair
+    every pair `q == k` (`causal & document(seg)`: `maskc.analysis.diagonal_truth`) has that pair
     in every tile the diagonal crosses, with no pair evaluated.
     """
     bb, line, pos = split_keys(tile, self.geo.nq if along_rows else self.geo.nk, n_span,
@@ -1514,7 +1501,7 @@ def _diagonal_pairs(geo: TileGeometry, i, j):
 
 
 def _intervals(part, geo: TileGeometry) -> Intervals | None:
-  """A part's one interval per row (`maskc._band_runs.Intervals`): a band's, or a band's
+  """A part's one interval per row (`maskc.lowering.closed_forms.band_runs.Intervals`): a band's, or a band's
   inside chunks (`causal & chunk(8192)`, lowered by its period) in the closed form's
   range (`band_fits`)."""
   if isinstance(part, BandRuns):
@@ -1601,7 +1588,7 @@ def _sampled_chunk(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union
 
 class _RunReads:
   """Operand arrays for evaluating a few pairs: a per-token operand not written out yet
-  (`maskc._operand_arrays`) is read through its run table instead of written out."""
+  (`maskc.semantics.operand_arrays`) is read through its run table instead of written out."""
 
   def __init__(self, tables: Tables):
     self.tables = tables
@@ -1678,4 +1665,6 @@ def compile_static(masks, shape: Shape, operands: dict, batch: int | None, block
   # shared: tables are built for the operands masks read
   tables = Tables(np, operands, forms, budget=budget, same_runs=enabled("same_run_ids"))
   per_mask = [_runs_of_mask(m, geo, tables, batch, ref, budget) for m, ref in zip(masks, refine)]
+  if tables.same_runs_used:
+    took("same_run_ids")
   return stack_runs([r.runs(along_rows=True) for r in per_mask]), _Backward(per_mask)

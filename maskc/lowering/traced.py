@@ -4,7 +4,7 @@ The same range analysis as the static path, over the whole tile grid in
 jax.numpy, with shapes from the lengths and tile sizes only. A per-token read
 along an axis (`x[q + c]`, `x[k + c]`) is read once per tile line (its min, max
 and changes over the line's tokens); other reads go through blocked range tables
-(`maskc._analysis.BlockedRange`). No table has log2(L) levels of the operand.
+(`maskc.semantics.ranges.BlockedRange`). No table has log2(L) levels of the operand.
 
 In an `&` / `|` with operand-free items (`causal & document(seg)`,
 `causal & chunk(8192) | bidirectional(img)`) and a static shape, those items are
@@ -16,10 +16,10 @@ them so (as causal's diagonal tiles inside a document).
 
 `intervals | bidirectional(x)` (`causal & chunk(8192) | bidirectional(img)`) takes none
 of this: its runs follow from a few reductions per tile line, exactly
-(`maskc._widened_traced`), in 23 kernels where the analysis took 58.
+(`maskc.lowering.closed_forms.widened_traced`), in 23 kernels where the analysis took 58.
 
 `bidirectional(x)`'s body, `runs(x)[q] == runs(x)[k] & x[q]`, is decided exactly
-from the run labels the tile lines read (`maskc._same_run`), seeded into the
+from the run labels the tile lines read (`maskc.lowering.closed_forms.same_run`), seeded into the
 analysis: its tiles across a span's edge are never ambiguous.
 
 Ambiguous PARTIAL tiles (the analysis cannot prove them mixed) are listed once,
@@ -38,7 +38,7 @@ round:
    `EVAL_CHUNK` elements a round, at most `refine_budget` tiles in all; any beyond
    stay PARTIAL (sound).
 
-Both steps are `maskc._tile_refine`'s, shared with the static path (`xp=jnp`).
+Both steps are `maskc.lowering.refine`'s, shared with the static path (`xp=jnp`).
 
 XLA compiles every fused kernel separately, and on a CPU that is most of a traced
 lowering's cost (each kernel goes through its own MLIR and LLVM pipelines), so the
@@ -50,11 +50,11 @@ code keeps the kernel count down:
   per call, for about 0.1-0.2 s more compile); a grid's few ambiguous tiles by
   top_k over groups of tiles, then over the first groups' tiles (`_listed`);
 - counts and places of flags from flags packed into 32-bit words
-  (`maskc._bit_words`): the run labels' prefix count, and a tile line's runs
+  (`maskc.arrays.bit_words`): the run labels' prefix count, and a tile line's runs
   where it has few (`_few_runs`: a third of top_k's time per call, for about
   0.1 s more compile than top_k);
 - a reduction over more than 32 elements is one variadic reduce with its siblings
-  (`maskc._analysis.reduce_many`) or an argmin/argmax, never a plain one, which
+  (`maskc.semantics.ranges.reduce_many`) or an argmin/argmax, never a plain one, which
   XLA's CPU compiler splits into three kernels (a tree reduction);
 - when q and key tiles coincide, one set of lines serves both axes;
 - arrays built in one expression rather than concatenated after the fact;
@@ -75,19 +75,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskc import _ir as ir
-from maskc._analysis import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
-from maskc._bind import Shape
-from maskc._bit_words import WORD, bit_words, prefix_sums
-from maskc._lower_static import compile_static, joined, operand_free_split
-from maskc._lowering_rules import enabled, took
-from maskc._operand_runs import reads_at, unit_read
-from maskc._same_run import SameRun, label_key, labels, run_ids, same_run_truth, same_runs
-from maskc._tile_geometry import TileGeometry
-from maskc._tile_refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget,
+from maskc.language import ir
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
+from maskc.semantics.bind import Shape
+from maskc.arrays.bit_words import WORD, bit_words, prefix_sums
+from maskc.lowering.static import compile_static
+from maskc.lowering.rules import enabled, took
+from maskc.semantics.operand_runs import reads_at, unit_read
+from maskc.lowering.closed_forms.same_run import SameRun, label_key, labels, run_ids, same_run_truth, same_runs
+from maskc.lowering.geometry import TileGeometry
+from maskc.lowering.refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget,
                                  decide_parts, evaluate_tiles, subdivide)
-from maskc._tiles import Runs, expand_runs
-from maskc._widened_traced import bounds_runs, widened_bounds_traced, widened_parts
+from maskc.compiled.tiles import Runs, expand_runs
+from maskc.lowering.closed_forms.widened_traced import bounds_runs, widened_bounds_traced, widened_parts
 
 MAX_CUTS = 4  # operand changes a tile line may be cut at
 SUB_PARTS = 4  # and equal parts it is cut into
@@ -411,7 +411,7 @@ def _decide_by_pieces(m, geo: TileGeometry, tables: Tables, lines, batch, b, i, 
   """States of tiles `(b, i, j)` from their pieces, and whether each stays ambiguous.
 
   Each tile's q and k pieces are gathered from the lines' packed arrays (one gather
-  per axis) and decided by `maskc._tile_refine.decide_parts`, with every read along
+  per axis) and decided by `maskc.lowering.refine.decide_parts`, with every read along
   an axis known per piece. Pieces are exact on prelude masks, where every read is
   constant over them.
   """
@@ -467,18 +467,18 @@ def _static_part(m: ir.Mask, geo: TileGeometry, refine: bool, memory: Budget):
   mask is no such `&` / `|`, the shape is traced or has positions, or the grid
   would have more than `STATIC_PART_TILES` tiles.
   """
-  split = operand_free_split(m)
+  split = ir.operand_free_split(m)
   if (split is None or not split[0] or not split[1] or geo.positions or
       not geo.shape.static or geo.nq * geo.nk > STATIC_PART_TILES or not enabled("parts")):
     return None
   took("parts")
   free, rest, join = split
-  rows, _ = compile_static([joined(free, join)], geo.shape, {}, None, geo.bq, geo.bk, [refine],
+  rows, _ = compile_static([ir.joined(free, join)], geo.shape, {}, None, geo.bq, geo.bk, [refine],
                            memory)
   tiles = expand_runs(rows)
   grid = np.zeros((geo.nq, geo.nk), np.int8)
   grid[tiles.line, tiles.other] = tiles.state
-  return joined(rest, join), grid, join is ir.or_
+  return ir.joined(rest, join), grid, join is ir.or_
 
 
 def _combine(fixed, state, certain, union: bool):
@@ -503,7 +503,7 @@ def _combine(fixed, state, certain, union: bool):
 # analysis and the refinement's rounds) and the runs along both axes (18 bytes);
 # `tests/test_memory_budget.py` checks it against that analysis.
 TILE_BYTES = 64
-# Of the widened band (`maskc._widened_traced`): both axes' runs, 18 bytes a tile, and their
+# Of the widened band (`maskc.lowering.closed_forms.widened_traced`): both axes' runs, 18 bytes a tile, and their
 # slots padded once (5 by XLA's memory analysis); its lines' reductions need 32 bytes a token.
 WIDENED_TILE_BYTES = 32
 
@@ -546,7 +546,7 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   split = _static_part(m, geo, refine, memory)
   analyzer = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b, geo.pos_ok,
                       spans={"q": geo.bq, "k": geo.bk} if spans else None, known=known)
-  for p in same:  # exact verdicts from the labels the lines read (`maskc._same_run`)
+  for p in same:  # exact verdicts from the labels the lines read (`maskc.lowering.closed_forms.same_run`)
     on_q, on_k = (p.key, "q", p.s), (p.key, "k", p.t)
     if geo.pos_ok is True and on_q in known and on_k in known:
       analyzer.memo[p.node] = same_run_truth(jnp, *known[on_q], *known[on_k])
@@ -650,7 +650,7 @@ def _stacked(runs: list[Runs]) -> Runs:
 def _runs(grid) -> Runs:
   """Maximal runs of equal non-empty states along the last axis of `grid` (`[..., n]`).
 
-  The runs of `maskc._tiles.runs_from_grid` (`R = n` slots). Where every line has
+  The runs of `maskc.compiled.tiles.runs_from_grid` (`R = n` slots). Where every line has
   at most `FEW_RUNS` runs (the usual case: a diagonal tile, a document's block, an
   image's span a line), they are read from bit words (`_few_runs`), in a quarter
   of the time of top_k over the tiles (0.76 against 2.9 ms for 2,048 lines of 256

@@ -1,6 +1,6 @@
 """Per-shard block maps for context-parallel attention, compiled for each shard's rows only.
 
-A `Layout` (`maskc._layout`) says which natural positions each sequence shard
+A `Layout` (`maskc.parallel.layout`) says which natural positions each sequence shard
 holds. For `all_gather`, shard r's queries attend to every key, gathered in the
 layout's stored order: its map is the mask compiled for its `L / S` rows at
 positions `layout.shard_positions(r)` against keys at `layout.positions`. For
@@ -33,13 +33,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from maskc import _ir as ir
-from maskc._bind import as_mask
-from maskc._blockmap import BlockMap
-from maskc._errors import MaskTypeError, MaskValueError, OperandError
-from maskc._layout import Layout
-from maskc._lower import compile as compile_
-from maskc._tiles import run_lengths
+from maskc.language import ir
+from maskc.semantics.bind import as_mask
+from maskc.compiled.blockmap import BlockMap
+from maskc.language.errors import MaskTypeError, MaskValueError, OperandError
+from maskc.parallel.layout import Layout
+from maskc.lowering.compile import compile as compile_
+from maskc.compiled.tiles import run_lengths
 
 STRATEGIES = ("all_gather", "ring")
 _NDIM = {"scalar": 0, "token": 1, "pair": 2}

@@ -19,15 +19,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _splash
 
-from maskc import _ir as ir
-from maskc._analysis import Analyzer, Tables
-from maskc._bit_words import count_through
-from maskc._errors import MaskLimitError, MaskTypeError, MaskValueError, OperandError
-from maskc._evaluate import Env, evaluate, evaluate_mask
-from maskc._operand_arrays import OperandArrays, Unwritten
-from maskc._operand_runs import RunForm
-from maskc._overflow import check_fits
-from maskc._parse import parse
+from maskc.language import ir
+from maskc.semantics.ranges import Analyzer, Tables
+from maskc.arrays.bit_words import count_through
+from maskc.language.errors import MaskLimitError, MaskTypeError, MaskValueError, OperandError
+from maskc.semantics.evaluate import Env, evaluate, evaluate_mask
+from maskc.semantics.operand_arrays import OperandArrays, Unwritten
+from maskc.semantics.operand_runs import RunForm
+from maskc.semantics.overflow import check_fits
+from maskc.language.parse import parse
 
 MaskLike = ir.Mask | str
 MAX_DENSE_ELEMENTS = 1 << 32
@@ -221,7 +221,7 @@ class Operands:
     batch: the batch size, or None when no operand has a batch axis.
     xp: `numpy` when every operand is static, else `jax.numpy`.
     int_range: the bounds of every integer sub-term of the mask they were checked
-      against (`maskc._overflow.term_bounds`), or None where one is unknown (traced).
+      against (`maskc.semantics.overflow.term_bounds`), or None where one is unknown (traced).
   """
   arrays: OperandArrays
   batch: int | None
@@ -255,7 +255,7 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
     requirement's message);
   - every integer sub-term (positions, literals, reads, products, ...) stays in
     that type over the shape and the static operand values (`MaskValueError`
-    naming the term and its range; see `maskc._overflow`);
+    naming the term and its range; see `maskc.semantics.overflow`);
   - reads stay inside their operands (`OperandError`).
 
   Values traced under `jit` cannot be checked at trace time. A traced operand is
@@ -885,3 +885,6 @@ def additive_bias(mask: Any, q_len: int, kv_len: int | None = None, *,
                       q_positions=q_positions, kv_positions=kv_positions)
   neg = -0.7 * float(jnp.finfo(dtype).max)
   return jnp.where(jnp.asarray(dense), jnp.asarray(0, dtype), jnp.asarray(neg, dtype))
+
+
+ir.install(bind=ComputableMask)

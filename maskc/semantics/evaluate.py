@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from maskc import _ir as ir
+from maskc.language import ir
 
 
 class Env:

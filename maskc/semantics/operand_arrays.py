@@ -4,7 +4,7 @@ Binding widens every operand to the type integer terms are computed in (int64
 on the NumPy path). For a per-token operand at a million tokens that is an
 8 MiB copy (16 MiB with its `runs(x)` ids), freshly paged in on every cold
 call, while the static lowering reads such operands only through their runs
-(`maskc._operand_runs.RunForm`). So a static per-token operand is kept as a
+(`maskc.semantics.operand_runs.RunForm`). So a static per-token operand is kept as a
 recipe (`Unwritten`: its shape, dtype and how to write it out) and written out
 once, when a consumer that indexes tokens (evaluation, kernels, the dense
 reference) first asks for it. To every consumer it is a read-only mapping like

@@ -10,7 +10,7 @@ the number of runs, not the number of tokens.
 positions where an operand read at that axis changes value. Within a piece
 every such read is constant, which makes the range analysis exact for it: a
 constant read is a single, attained value. The lowering analyses pieces instead
-of whole tiles where it wants exact answers (see `maskc._lower`).
+of whole tiles where it wants exact answers (see `maskc.lowering.compile`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Iterable
 
 import numpy as np
 
-from maskc import _ir as ir
+from maskc.language import ir
 
 PIECES_PER_LINE = 16  # a line with more operand changes than this is not cut
 

@@ -12,7 +12,7 @@ The bounds are conservative (`q - q` is bounded by the spread of `q`, not by
 0), but they always contain every value a term takes. They need one pass over
 each operand read (its minimum and maximum over the entries the read can
 reach) and nothing per position. The module is independent of
-`maskc._analysis`, which bounds terms per tile for lowering.
+`maskc.semantics.ranges`, which bounds terms per tile for lowering.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any, Iterator, Sequence
 import jax
 import numpy as np
 
-from maskc import _ir as ir
-from maskc._errors import MaskValueError
+from maskc.language import ir
+from maskc.language.errors import MaskValueError
 
 Interval = tuple[int, int]
 _MAX_QUOTED = 200  # characters of a term an error message quotes
@@ -41,11 +41,11 @@ def term_bounds(masks: Any, shape, arrays: dict[str, Any], batch: Any = None,
 
   Args:
     masks: a mask or a sequence of masks.
-    shape: a `maskc._bind.Shape`.
+    shape: a `maskc.semantics.bind.Shape`.
     arrays: operand arrays by name with a leading batch axis, and `"runs(x)"`
-      run-id tables, as `maskc._bind.prepare_operands` returns them.
+      run-id tables, as `maskc.semantics.bind.prepare_operands` returns them.
     batch: the batch rows evaluation reads (an int or an integer array, as in
-      `maskc._evaluate.Env`), or None for every row. Rows only narrow the bounds;
+      `maskc.semantics.evaluate.Env`), or None for every row. Rows only narrow the bounds;
       a traced or out-of-range value is treated as None.
     forms: the per-token operands in run form where known (as `check_fits`).
 
@@ -88,7 +88,7 @@ def check_fits(masks: Any, shape, arrays: dict[str, Any], *, bits: int, what: st
     what: who computes, for the message, e.g. "the jax.numpy evaluation".
     hint: what the user can do; a default suggests renumbering and smaller
       literals or offsets.
-    forms: per-token operands (and run ids) in run form (`maskc._operand_runs.RunForm`)
+    forms: per-token operands (and run ids) in run form (`maskc.semantics.operand_runs.RunForm`)
       where binding has them: reads over whole rows are bounded by their runs'
       values instead of a pass over the tokens.
   """

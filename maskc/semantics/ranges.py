@@ -17,7 +17,7 @@ PARTIAL; otherwise the verdict is ambiguous and the lowering may refine it by
 evaluating the tile.
 
 Operands contribute through precomputed tables: per-token operands through
-their runs (static path, `maskc._operand_runs`) or blocked range tables (traced
+their runs (static path, `maskc.semantics.operand_runs`) or blocked range tables (traced
 path, `BlockedRange`), either giving exact min and max over any index interval, pairwise
 operands through 2-D prefix sums of their nonzero entries. Everything is
 written against an array module `xp` (NumPy or jax.numpy), so the static and
@@ -34,11 +34,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskc import _ir as ir
-from maskc._bit_words import count_through
-from maskc._errors import MaskLimitError
-from maskc._lowering_rules import took
-from maskc._operand_runs import RunForm, RunTable, floor_log2, may_index, unit_read
+from maskc.language import ir
+from maskc.arrays.bit_words import count_through
+from maskc.language.errors import MaskLimitError
+from maskc.semantics.operand_runs import RunForm, RunTable, floor_log2, may_index, unit_read
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -67,11 +66,11 @@ class Tables:
 
   Attributes:
     xp: the array module.
-    arrays: operands as prepared by `maskc._bind.prepare_operands`.
+    arrays: operands as prepared by `maskc.semantics.bind.prepare_operands`.
     forms: static path: per-token operands in run form where already known (else
       built from `arrays` when first needed).
     budget: static path: the lowering's memory budget, which holds the run tables
-      (`maskc._operand_runs.RunTable`) and their indices of each token's run, built
+      (`maskc.semantics.operand_runs.RunTable`) and their indices of each token's run, built
       only where they fit; None for no run-table index.
     same_runs: static path: analyse `runs(x)[a] == runs(x)[b]` beside `x[a]` by the
       ids of x's runs of zeros and nonzeros (`same_runs`), which decides more
@@ -85,6 +84,7 @@ class Tables:
     self.forms = forms or {}  # static path: per-token operands' runs, when already known
     self.budget = budget
     self.same_runs = same_runs and xp.__name__ == "numpy"
+    self.same_runs_used = False  # whether an analysis read ids of runs (`same_runs`)
     self._blocked: dict[str, BlockedRange] = {}
     self._whole: dict[str, tuple] = {}
     self._prefix: dict[str, Any] = {}
@@ -384,7 +384,7 @@ class Analyzer:
     self.spans = spans or {}
     self.known = known or {}
     self.info = np.iinfo(xp.asarray(0).dtype)  # int64, or int32 under jit without x64
-    # verdicts by node; callers may seed exact ones (`maskc._same_run` under `jit`)
+    # verdicts by node; callers may seed exact ones (`maskc.lowering.closed_forms.same_run` under `jit`)
     self.memo = ir.NodeMemo()
 
   def truth(self, m: ir.Mask) -> Truth3:
@@ -584,7 +584,7 @@ class Analyzer:
       if self.tables.same_runs:
         items = same_runs(m.items)
         if any(a is not b for a, b in zip(items, m.items)):
-          took("same_run_ids")
+          self.tables.same_runs_used = True
       return _conjoin(xp, [self.truth(i) for i in items])
     if isinstance(m, ir.Or):
       parts = [self.truth(i) for i in m.items]
@@ -704,7 +704,7 @@ def same_runs(items: tuple[ir.Mask, ...]) -> tuple[ir.Mask, ...]:
 def same_run_read(eq: ir.Mask, truth: ir.Mask) -> str | None:
   """x, when `eq` is `runs(x)[a] == runs(x)[b]` and `truth` is `x[a]` or `x[b]`: the
   pattern whose equality means "a and b lie in one run of x's nonzeros" wherever the
-  `&` of the two holds (`same_runs`; `maskc._same_run` on the traced path)."""
+  `&` of the two holds (`same_runs`; `maskc.lowering.closed_forms.same_run` on the traced path)."""
   if not (isinstance(eq, ir.Compare) and eq.ops == ("==",) and isinstance(truth, ir.Truth) and
           isinstance(truth.read, ir.Read) and not truth.read.runs and
           isinstance(truth.read.operand, ir.Operand)):

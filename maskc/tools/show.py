@@ -3,7 +3,7 @@
 Small shapes (at most `MAX_ELEMENT_ROWS × MAX_ELEMENT_COLS`) are drawn element
 by element with the tile grid over them, so the reader sees which positions
 are allowed *and* what the kernel does with each tile. Larger shapes are drawn
-as the compiled tile map (`maskc._render`).
+as the compiled tile map (`maskc.compiled.render`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from maskc import _render as render
-from maskc._bind import materialize
-from maskc._blockmap import EMPTY, FULL, PARTIAL, BlockMap
-from maskc._errors import MaskTypeError
-from maskc._lower import compile as compile_
+from maskc.compiled import render
+from maskc.semantics.bind import materialize
+from maskc.compiled.blockmap import EMPTY, FULL, PARTIAL, BlockMap
+from maskc.language.errors import MaskTypeError
+from maskc.lowering.compile import compile as compile_
 
 MAX_ELEMENT_ROWS = 256
 MAX_ELEMENT_COLS = 512

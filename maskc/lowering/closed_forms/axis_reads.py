@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from maskc import _ir as ir
-from maskc._evaluate import Env, evaluate_mask
-from maskc._tiles import EMPTY, FULL, PARTIAL
+from maskc.language import ir
+from maskc.semantics.evaluate import Env, evaluate_mask
+from maskc.compiled.tiles import EMPTY, FULL, PARTIAL
 
 
 def bare_reads_only(m: ir.Node) -> bool:
@@ -39,8 +39,8 @@ def read_tile_states(m: ir.Mask, n: int, block: int, offset: int, nb: int, table
                      reads, budget) -> np.ndarray:
   """The states `[nb, ceil(n / block)]` of the tiles of one axis of `m` (`bare_reads_only`,
   reading positions of one axis only): `n` tokens at positions `offset + t`, tiles of
-  `block`; `tables` give the operands' runs (`maskc._analysis.Tables.run_table`),
-  `reads` the operands to evaluate with (`maskc._lower_static._RunReads`); the stretches
+  `block`; `tables` give the operands' runs (`maskc.semantics.ranges.Tables.run_table`),
+  `reads` the operands to evaluate with (`maskc.lowering.static._RunReads`); the stretches
   are charged to `budget` (the tiles are the caller's).
   """
   names = sorted({ir.array_key(r) for r in ir.walk(m) if isinstance(r, ir.Read)})

@@ -1,7 +1,7 @@
 """Bands of `q - k`: their tiles in closed form, and other runs clipped to them.
 
 `causal` (`0 <= q - k`), `sliding(w)` and `local(l, r)` are exactly a band `lo <=
-q - k <= hi` (`maskc._compile_predicate.exact_band`). On a tile line with
+q - k <= hi` (`maskc.compiled.predicate_compiler.exact_band`). On a tile line with
 consecutive positions, `q - k` over a tile takes every value between its
 extremes, so the line's tiles are EMPTY, then PARTIAL, FULL, PARTIAL, EMPTY, in
 that order, at bounds that follow from the line's positions by integer
@@ -15,7 +15,7 @@ the other runs alone. Only tiles PARTIAL in both stay to be decided, as in any
 The bounds follow from the least and greatest ends of the rows' intervals
 (`line_bounds`), for any mask that holds on one interval per row whose union over
 a line is one interval too (`Intervals`: a band, or a band inside chunks that
-holds the diagonal); `maskc._widened_band` and `maskc._widened_traced` widen them
+holds the diagonal); `maskc.lowering.closed_forms.widened_band` and `maskc.lowering.closed_forms.widened_traced` widen them
 by equal reads.
 """
 
@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from maskc import _ir as ir
-from maskc._compile_predicate import conjuncts, exact_band
-from maskc._run_lists import keyed, merge_keyed, merge_runs
-from maskc._tile_geometry import TileGeometry
-from maskc._tiles import FULL, PARTIAL
+from maskc.language import ir
+from maskc.analysis.linear import conjuncts, exact_band
+from maskc.lowering.run_lists import keyed, merge_keyed, merge_runs
+from maskc.lowering.geometry import TileGeometry
+from maskc.compiled.tiles import FULL, PARTIAL
 
 # Positions, lengths and offsets beyond this stay off the closed form (sums of three
 # of them must stay in int64).
@@ -166,7 +166,7 @@ def band_fits(geo: TileGeometry, band) -> bool:
 
 class BandRuns:
   """The runs of a band `lo <= q - k <= hi` on `geo` (`band_fits`), for `nb` batch rows:
-  one of the static lowering's ways (`maskc._lower_static`)."""
+  one of the static lowering's ways (`maskc.lowering.static`)."""
 
   def __init__(self, geo: TileGeometry, band: tuple[int | None, int | None], nb: int):
     self.geo, self.band, self.nb = geo, band, nb
@@ -202,7 +202,7 @@ def keyed_band_runs(bounds: np.ndarray, lines: np.ndarray | None, n_lines: int, 
   """The band's runs on sorted distinct flat lines `lines` (`b * n_lines + line`; None:
   every line of `nb` batch rows, with no lines picked), given its bounds `bounds`
   (`band_bounds`: per line of every batch row, or per flat line, as a widened band's), as
-  flat runs (`maskc._run_lists.keyed`)."""
+  flat runs (`maskc.lowering.run_lists.keyed`)."""
   if lines is None:
     at, a, z, state = line_runs(bounds if bounds.shape[1] == nb * n_lines else
                                 np.tile(bounds, nb))
@@ -216,7 +216,7 @@ def keyed_band_runs(bounds: np.ndarray, lines: np.ndarray | None, n_lines: int, 
 
 
 def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):
-  """Flat sorted runs `x = (start key, stop key, state)` (`maskc._run_lists.keyed`) cut at
+  """Flat sorted runs `x = (start key, stop key, state)` (`maskc.lowering.run_lists.keyed`) cut at
   their lines' band bounds (`[4, n_lines]`, the same for every batch row, or `[4, batch *
   n_lines]` by flat line: s, f, g, e), the parts outside the band dropped: `(lo, hi, x's
   state, the band's state)`, in order."""
@@ -241,7 +241,7 @@ def met_bounds_pieces(x_bounds: np.ndarray, first: int, bounds: np.ndarray, n_li
                       n_span: int):
   """The pieces of flat lines `first, first + 1, ...` whose tiles are both band-shaped
   bounds, `x_bounds` (`[4, n]`, of those lines: equal reads of runs,
-  `maskc._equal_reads.equal_read_bounds`) and `bounds` (`[4, n_lines]` for every batch
+  `maskc.lowering.closed_forms.equal_reads.equal_read_bounds`) and `bounds` (`[4, n_lines]` for every batch
   row, or by flat line): each of x's three runs cut at the other's, as `clipped_pieces`
   gives them, with no runs written first: `(lo, hi, x's state, the other's state)`, flat
   keys in order, the parts outside either dropped."""

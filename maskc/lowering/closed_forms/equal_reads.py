@@ -1,7 +1,7 @@
 """Tiles of `x[q + s] == x[k + t]` by binary searches, where each value of x is one run.
 
 `document(seg)` with sorted segment ids, and the ids of an image mask's runs of
-zeros and nonzeros that `bidirectional(img)` compares (`maskc._analysis`), hold
+zeros and nonzeros that `bidirectional(img)` compares (`maskc.semantics.ranges`), hold
 each value in one run of its batch row. Then two positions are equal exactly
 when they read the same run, and a tile's state follows from the runs its rows
 read, `[r0, r1]`, and those its columns read, `[c0, c1]`: EMPTY where the
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from maskc import _ir as ir
-from maskc._analysis import same_runs
-from maskc._band_runs import line_runs
-from maskc._operand_runs import RunTable, unit_shift
-from maskc._ragged import group_ends, ranges
-from maskc._tile_geometry import TileGeometry
-from maskc._tiles import FULL, PARTIAL
+from maskc.language import ir
+from maskc.semantics.ranges import same_runs
+from maskc.lowering.closed_forms.band_runs import line_runs
+from maskc.semantics.operand_runs import RunTable, unit_shift
+from maskc.arrays.ragged import group_ends, ranges
+from maskc.lowering.geometry import TileGeometry
+from maskc.compiled.tiles import FULL, PARTIAL
 
 
 def equal_reads(m: ir.Mask) -> tuple[str, int, int] | None:
@@ -44,7 +44,7 @@ def equal_reads(m: ir.Mask) -> tuple[str, int, int] | None:
 
 def equal_reads_where(m: ir.Mask) -> tuple[str, int, int, str | None] | None:
   """`(x, s, t, w)` when `m` is `x[q + s] == x[k + t]` (w None) or that `& w[q + s]`
-  (`bidirectional(x)`'s body once its run ids are those of x's runs: `maskc._analysis.
+  (`bidirectional(x)`'s body once its run ids are those of x's runs: `maskc.semantics.ranges.
   same_runs`)."""
   if isinstance(m, ir.And) and len(m.items) == 2:
     items = same_runs(m.items)
@@ -133,7 +133,7 @@ def _searches(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift
 def equal_read_bounds(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift: int,
                       along_rows: bool, memo: dict | None = None) -> np.ndarray:
   """The tiles of `x[q + s] == x[k + t]` as bounds `[4, nb * n_lines]` per flat line (`b *
-  n_lines + line`), a band's (`maskc._band_runs.band_bounds`: `[j0, f0)` and `[f1, j1)`
+  n_lines + line`), a band's (`maskc.lowering.closed_forms.band_runs.band_bounds`: `[j0, f0)` and `[f1, j1)`
   PARTIAL, `[f0, f1)` FULL): the span's lines meeting the runs a line reads, FULL inside
   where it reads one run. For an operand whose values are one run each (`unique_runs`),
   with 1 or `nb` batch rows; `memo` as in `equal_read_runs`."""

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from maskc._tile_refine import Budget
-from maskc._tiles import Runs
+from maskc.lowering.refine import Budget
+from maskc.compiled.tiles import Runs
 
 
 SLOT_BYTES = 16  # per slot of the packed rows: start, stop, state, and a flag, with room

@@ -16,18 +16,18 @@ min(b, d)]` holds an even label, everywhere when `a = b = c = d` is even, and is
 otherwise certainly mixed. The traced path seeds the analysis with that verdict
 (`Analyzer.memo`); refinement and evaluation read the mask as written.
 
-The static path has its own exact form of this mask (`maskc._equal_reads`).
+The static path has its own exact form of this mask (`maskc.lowering.closed_forms.equal_reads`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from maskc import _ir as ir
-from maskc._analysis import EMPTY, FULL, PARTIAL, Truth3, same_run_read
-from maskc._bind import nonzero_run_starts
-from maskc._bit_words import count_through
-from maskc._operand_runs import unit_shift
+from maskc.language import ir
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Truth3, same_run_read
+from maskc.semantics.bind import nonzero_run_starts
+from maskc.arrays.bit_words import count_through
+from maskc.semantics.operand_runs import unit_shift
 
 
 @dataclasses.dataclass(frozen=True)

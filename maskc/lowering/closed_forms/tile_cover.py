@@ -32,11 +32,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from maskc import _ir as ir
-from maskc._analysis import Tables
-from maskc._operand_runs import RunTable, reads_at, unit_shift
-from maskc._tile_geometry import TileGeometry
-from maskc._tile_refine import Budget
+from maskc.language import ir
+from maskc.semantics.ranges import Tables
+from maskc.semantics.operand_runs import RunTable, reads_at, unit_shift
+from maskc.lowering.geometry import TileGeometry
+from maskc.lowering.refine import Budget
 
 
 class _Cover(NamedTuple):

@@ -2,8 +2,8 @@
 from a few reductions per tile line, with no tile grid, range analysis or refinement.
 
 Along rows, `intervals | bidirectional(x)` holds on one interval of each row where
-the intervals (`maskc._band_runs.Intervals`) hold the diagonal: an image row's
-block, the positions of its own run, holds it too (`maskc._widened_band`). A
+the intervals (`maskc.lowering.closed_forms.band_runs.Intervals`) hold the diagonal: an image row's
+block, the positions of its own run, holds it too (`maskc.lowering.closed_forms.widened_band`). A
 line's tiles are then a band's, from the least and greatest ends of its rows'
 intervals. Both ends grow with the row over text rows (the band's) and over image
 rows (the band's widened to the run's start and end, which grow too), so the
@@ -26,13 +26,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from maskc import _ir as ir
-from maskc._analysis import FULL, PARTIAL, reduce_many
-from maskc._band_runs import Intervals, line_bounds, span_tiles
-from maskc._lower_static import joined, operand_free_split
-from maskc._same_run import SameRun
-from maskc._tile_geometry import TileGeometry
-from maskc._tiles import Runs
+from maskc.language import ir
+from maskc.semantics.ranges import FULL, PARTIAL, reduce_many
+from maskc.lowering.closed_forms.band_runs import Intervals, line_bounds, span_tiles
+from maskc.lowering.closed_forms.same_run import SameRun
+from maskc.lowering.geometry import TileGeometry
+from maskc.compiled.tiles import Runs
 
 _FAR = 1 << 29  # beyond any position on this path (int32 under jit)
 
@@ -42,7 +41,7 @@ def widened_parts(m: ir.Mask, geo: TileGeometry, same: list[SameRun]):
   `runs(x)[q] == runs(x)[k] & x[q]`: `same` holds it), the intervals holding the
   diagonal, on consecutive positions with a static offset and small enough for int32;
   else None."""
-  split = operand_free_split(m)
+  split = ir.operand_free_split(m)
   shape = geo.shape
   if split is None or split[2] is not ir.or_ or geo.positions or not shape.static:
     return None
@@ -50,7 +49,7 @@ def widened_parts(m: ir.Mask, geo: TileGeometry, same: list[SameRun]):
   if not free or len(rest) != 1:
     return None
   found = [p for p in same if p.node is rest[0] and p.s == 0 and p.t == 0]
-  intervals = Intervals.of(joined(free, join))
+  intervals = Intervals.of(ir.joined(free, join))
   if not found or intervals is None:
     return None
   if not intervals.holds_diagonal:
@@ -64,7 +63,7 @@ def widened_parts(m: ir.Mask, geo: TileGeometry, same: list[SameRun]):
 
 
 def widened_bounds_traced(x, intervals: Intervals, geo: TileGeometry, along_rows: bool):
-  """Bounds `(s, f, g, e)`, each `[B', n_lines]` (`maskc._band_runs.band_bounds`), of
+  """Bounds `(s, f, g, e)`, each `[B', n_lines]` (`maskc.lowering.closed_forms.band_runs.band_bounds`), of
   `intervals | bidirectional(x)` along rows or columns, for operand `x` (`[B', size]`),
   exact (`widened_parts` holds)."""
   shape = geo.shape

@@ -1,0 +1,2 @@
+"""Array algorithms the stages share: ragged ranges and bit words.
+"""

@@ -1,0 +1,3 @@
+"""Masks in model configs: `MaskConfig`, config files (YAML / JSON / TOML) and
+`MaskSpec` fields.
+"""

@@ -1,0 +1,2 @@
+"""Tools over compiled masks: equivalence checking and notebook views.
+"""
