@@ -13,7 +13,7 @@ from maskc.lowering.closed_forms.band_runs import (BandRuns, band_bounds, clippe
                               met_bounds_pieces)
 from maskc.semantics.bind import Shape
 from maskc.analysis.linear import exact_band
-from maskc.lowering.geometry import TileGeometry
+from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
 from test_lower_scale import _expected_grid
 

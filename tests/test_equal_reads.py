@@ -8,7 +8,7 @@ from hypothesis.extra import numpy as hnp
 from maskc.semantics.bind import Shape
 from maskc.lowering.closed_forms.equal_reads import _Sorted, equal_read_bounds, equal_read_runs
 from maskc.semantics.operand_runs import RunForm, RunTable
-from maskc.lowering.geometry import TileGeometry
+from maskc.lowering.grid.geometry import TileGeometry
 
 ints = hnp.arrays(np.int64, st.integers(0, 40), elements=st.integers(-50, 50))
 

@@ -1,10 +1,13 @@
 """The import graph of maskc, read from the source with `ast` (nothing is imported).
 
-The layers are grammar -> IR -> compiler -> kernels: `maskc/language/ir.py` is the ground floor
-(it imports only the error hierarchy), no module of the package takes part in an import
-circle, the compiler never imports a kernel, and kernels read only the compiled contract.
-Imports inside functions count like top-level ones (a function-level import is how a circle
-hides); imports under `if TYPE_CHECKING:` do not, since they never run.
+The package is laid out by stage (`docs/design.md`), and the rules are between the stages'
+folders: each folder imports only folders below it in `STAGES` (or itself), so no circle
+runs between folders; no module takes part in an import circle either; `maskc/language/ir.py`
+is the ground floor (it imports only the error hierarchy); the compiler never imports a
+kernel, but for `maskc.attention`, which imports them when first called; and kernels read
+only the compiled contract. Imports inside functions count like top-level ones (a
+function-level import is how a circle hides); imports under `if TYPE_CHECKING:` do not,
+since they never run.
 
 Run `python tests/test_imports.py [--dot] [ROOT]` to print the graph of a checkout (one line
 per imported module, `*` marking those imported only inside functions), its circles and the
@@ -21,11 +24,17 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-# Source folder -> the package it is installed as (pyproject.toml's package-dir).
-PACKAGES = {"maskc": "maskc", "kernels": "maskc.kernels", "grammar": "maskc.grammar"}
+# The stages' folders, bottom up: a folder may import its own modules and those of the
+# folders before it. Each is named by its package; `maskc` itself is the public face, which
+# the command line and the test helpers use like any user.
+STAGES = ["maskc.grammar", "maskc.language", "maskc.arrays", "maskc.analysis", "maskc.semantics",
+          "maskc.compiled", "maskc.lowering.grid", "maskc.lowering.closed_forms",
+          "maskc.lowering", "maskc.tools", "maskc.config", "maskc.parallel", "maskc.kernels",
+          "maskc.attention", "maskc.ir", "maskc._deprecated", "maskc", "maskc.testing",
+          "maskc.cli"]
 
-# The public face may import the kernels lazily inside a function (`maskc.attention`).
-PUBLIC_FACE = "maskc"
+# The one module that imports the kernels, lazily inside its functions.
+PUBLIC_FACE = "maskc.attention"
 IR = "maskc.language.ir"
 IR_MAY_IMPORT = {"maskc.language.errors"}
 KERNELS = "maskc.kernels"
@@ -52,12 +61,25 @@ class Edge:
 
 
 def module_files(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
-  """Every module of the installed package, by its dotted name, with its source file."""
+  """Every module of the installed package (everything under `maskc/`), by its dotted name,
+  with its source file."""
   out = {}
-  for folder, package in PACKAGES.items():
-    for path in sorted((root / folder).glob("*.py")):
-      out[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+  for path in sorted((root / "maskc").rglob("*.py")):
+    parts = path.relative_to(root).with_suffix("").parts
+    out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
   return out
+
+
+def stage(module: str) -> str:
+  """The stage folder (an entry of `STAGES`) a module belongs to: the longest that holds it."""
+  return max((s for s in STAGES if _under(module, s)), key=len)
+
+
+def stage_violations(edges: list[Edge]) -> list[Edge]:
+  """Imports of a module in a folder above the importer's (`STAGES`); the public face
+  (`maskc/__init__.py`) may import any stage."""
+  rank = {s: i for i, s in enumerate(STAGES)}
+  return [e for e in edges if rank[stage(e.target)] > rank[stage(e.source)]]
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -174,7 +196,7 @@ def _under(module: str, package: str) -> bool:
 
 def _is_compiler(module: str) -> bool:
   return module.startswith("maskc.") and not _under(module, KERNELS) \
-      and not _under(module, "maskc.grammar")
+      and not _under(module, "maskc.grammar") and module != PUBLIC_FACE
 
 
 def ir_violations(edges: list[Edge]) -> list[Edge]:
@@ -183,7 +205,7 @@ def ir_violations(edges: list[Edge]) -> list[Edge]:
 
 
 def compiler_to_kernel_violations(edges: list[Edge]) -> list[Edge]:
-  """Imports of a kernel by a compiler module (`maskc/*.py` but the public face)."""
+  """Imports of a kernel by a compiler module (all of `maskc` but `maskc.attention`)."""
   return [e for e in edges if _is_compiler(e.source) and _under(e.target, KERNELS)]
 
 
@@ -218,7 +240,8 @@ def report(edges: list[Edge]) -> str:
     lines.append(f"  {' <-> '.join(group)}, by the imports")
     lines.append(_show([e for e in _cycle_edges(edges)
                         if e.source in group and e.target in group], indent="    "))
-  for title, bad in (("the IR imports", ir_violations(edges)),
+  for title, bad in (("a stage imports one above it", stage_violations(edges)),
+                     ("the IR imports", ir_violations(edges)),
                      ("the compiler imports a kernel", compiler_to_kernel_violations(edges)),
                      ("a kernel imports compiler internals", kernel_violations(edges))):
     lines.append(f"{title}: {len(bad)}")
@@ -238,15 +261,21 @@ def dot(edges: list[Edge]) -> str:
 # ----------------------------------------------------------------------------- the rules
 
 
-def test_the_graph_is_read_from_every_layer():
+def test_the_graph_is_read_from_every_stage():
   edges = import_graph()
-  sources = {e.source for e in edges}
-  # One module from each source folder, and both kinds of import, so the rules below see them.
-  assert {"maskc.language.parse", "maskc.cli"} <= sources
-  assert any(_under(source, KERNELS) and source != KERNELS for source in sources)
+  sources = {stage(e.source) for e in edges}
+  # A module of each stage, and both kinds of import, so the rules below see them.
+  leaves = {"maskc.grammar", "maskc.arrays", "maskc._deprecated"}  # they import no maskc module
+  assert set(STAGES) - leaves <= sources, set(STAGES) - leaves - sources
   assert ("maskc.language.parse", "maskc.language.ir") in {(e.source, e.target) for e in edges}
   assert any(e.source == PUBLIC_FACE and e.in_function and _under(e.target, KERNELS)
              for e in edges)
+  assert set(module_files()) >= {"maskc.lowering.closed_forms.band_runs", "maskc.kernels.xla"}
+
+
+def test_each_stage_imports_only_the_stages_below_it():
+  bad = stage_violations(import_graph())
+  assert not bad, "imports of a stage above the importer's (see STAGES):\n" + _show(bad)
 
 
 def test_no_import_circles():
@@ -256,7 +285,7 @@ def test_no_import_circles():
 
 def test_the_ir_imports_only_the_errors():
   bad = ir_violations(import_graph())
-  assert not bad, "maskc/language/ir.py must import no maskc module but _errors:\n" + _show(bad)
+  assert not bad, "maskc/language/ir.py must import no maskc module but the errors:\n" + _show(bad)
 
 
 def test_the_errors_module_is_a_leaf():
@@ -287,44 +316,61 @@ def _write(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
 
 def test_the_reader_resolves_every_import_form(tmp_path):
   root = _write(tmp_path, {
-      "maskc/__init__.py": "from maskc._a import f\n"
-                           "def attention():\n  from maskc.kernels.api import g\n",
-      "maskc/_a.py": "from maskc import _b as b\nimport maskc._c\nfrom maskc import parse\n"
-                     "from typing import TYPE_CHECKING\n"
-                     "if TYPE_CHECKING:\n  from maskc import _d\nelse:\n  import maskc._e\n"
-                     "if typing.TYPE_CHECKING:\n  import maskc._d\n",
-      "maskc/_b.py": "import numpy\n", "maskc/_c.py": "", "maskc/_d.py": "", "maskc/_e.py": "",
+      "maskc/__init__.py": "from maskc.lowering.compile import f\n",
+      "maskc/attention.py": "def attention():\n  from maskc.kernels.api import g\n",
+      "maskc/lowering/__init__.py": "",
+      "maskc/lowering/compile.py": "from maskc.lowering import static as s\nimport maskc.tools\n"
+                                   "from maskc import parse\nfrom typing import TYPE_CHECKING\n"
+                                   "if TYPE_CHECKING:\n  from maskc import config\n"
+                                   "else:\n  import maskc.parallel\n"
+                                   "if typing.TYPE_CHECKING:\n  import maskc.config\n",
+      "maskc/lowering/static.py": "import numpy\n", "maskc/tools/__init__.py": "",
+      "maskc/config/__init__.py": "", "maskc/parallel/__init__.py": "",
       "maskc/kernels/__init__.py": "from . import api\n",
-      "maskc/kernels/api.py": "from ._common import x\nfrom .. import _b\n"
-                        "class K:\n  def m(self):\n    import maskc.lowering.compile\n",
+      "maskc/kernels/api.py": "from .common import x\nfrom ..lowering import static\n"
+                              "class K:\n  def m(self):\n    import maskc.lowering.compile\n",
       "maskc/kernels/common.py": "", "maskc/grammar/__init__.py": ""})
   got = {(e.source, e.target, e.in_function) for e in import_graph(root)}
   assert got == {
-      ("maskc", "maskc._a", False), ("maskc", "maskc.kernels.api", True),
-      ("maskc._a", "maskc._b", False), ("maskc._a", "maskc._c", False),
-      ("maskc._a", "maskc", False), ("maskc._a", "maskc._e", False),
+      ("maskc", "maskc.lowering.compile", False),
+      ("maskc.attention", "maskc.kernels.api", True),
+      ("maskc.lowering.compile", "maskc.lowering.static", False),
+      ("maskc.lowering.compile", "maskc.tools", False),
+      ("maskc.lowering.compile", "maskc", False),
+      ("maskc.lowering.compile", "maskc.parallel", False),
       ("maskc.kernels", "maskc.kernels.api", False),
       ("maskc.kernels.api", "maskc.kernels.common", False),
-      ("maskc.kernels.api", "maskc._b", False), ("maskc.kernels.api", "maskc.lowering.compile", True)}
+      ("maskc.kernels.api", "maskc.lowering.static", False),
+      ("maskc.kernels.api", "maskc.lowering.compile", True)}
 
 
 def test_the_rules_catch_each_kind_of_violation(tmp_path):
   root = _write(tmp_path, {
-      "maskc/__init__.py": "def attention():\n  from maskc.kernels import api\n",
-      "maskc/language/errors.py": "",
-      "maskc/language/ir.py": "from maskc.language.errors import E\ndef f():\n  from maskc import _printer\n",
-      "maskc/language/printer.py": "from maskc import _ir\n",
-      "maskc/_splash.py": "def f():\n  from maskc.kernels.common import x\n",
-      "maskc/kernels/__init__.py": "", "maskc/kernels/common.py": "from maskc.compiled.blockmap import B\n",
+      "maskc/__init__.py": "from maskc import attention\n",
+      "maskc/attention.py": "def attention():\n  from maskc.kernels import api\n",
+      "maskc/language/__init__.py": "", "maskc/language/errors.py": "",
+      "maskc/language/ir.py": "from maskc.language.errors import E\n"
+                              "def f():\n  from maskc.language import printer\n",
+      "maskc/language/printer.py": "from maskc.language import ir\n",
+      "maskc/semantics/__init__.py": "", "maskc/semantics/bind.py": "from maskc.lowering import x\n",
+      "maskc/lowering/__init__.py": "", "maskc/lowering/x.py": "",
+      "maskc/lowering/splash.py": "def f():\n  from maskc.kernels.common import x\n",
+      "maskc/kernels/__init__.py": "",
+      "maskc/kernels/common.py": "from maskc.compiled.blockmap import B\n",
       "maskc/kernels/api.py": "import maskc\nfrom maskc.language.errors import E\n",
-      "maskc/compiled/blockmap.py": "", "maskc/grammar/__init__.py": ""})
+      "maskc/compiled/__init__.py": "", "maskc/compiled/blockmap.py": "",
+      "maskc/grammar/__init__.py": ""})
   edges = import_graph(root)
   assert cycles(_cycle_edges(edges)) == [["maskc.language.ir", "maskc.language.printer"]]
-  assert [(e.source, e.target) for e in ir_violations(edges)] == [("maskc.language.ir", "maskc.language.printer")]
+  assert [(e.source, e.target) for e in ir_violations(edges)] == [
+      ("maskc.language.ir", "maskc.language.printer")]
   assert [(e.source, e.target) for e in compiler_to_kernel_violations(edges)] == [
-      ("maskc._splash", "maskc.kernels.common")]
+      ("maskc.lowering.splash", "maskc.kernels.common")]
   assert [(e.source, e.target) for e in kernel_violations(edges)] == [
       ("maskc.kernels.api", "maskc")]
+  assert {(e.source, e.target) for e in stage_violations(edges)} == {
+      ("maskc.semantics.bind", "maskc.lowering.x"), ("maskc.kernels.api", "maskc"),
+      ("maskc.lowering.splash", "maskc.kernels.common")}
 
 
 def test_cycles_finds_every_circle_and_self_import():

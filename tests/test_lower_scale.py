@@ -565,8 +565,8 @@ def test_a_sampled_pair_proves_a_tile_holds_that_value(case, text):
   from maskc.lowering import compile as _lower
   from maskc.semantics.ranges import Tables
   from maskc.lowering.static import _sampled_mixed
-  from maskc.lowering.geometry import TileGeometry
-  from maskc.lowering.refine import Budget
+  from maskc.lowering.grid.geometry import TileGeometry
+  from maskc.lowering.grid.refine import Budget
   _, n, q_len, offset, bq, bk, ops = case
   ops = _ops_for(text, ops)
   bound = _lower.bind_masks(text, q_len, n, q_offset=offset, operands=ops)
@@ -646,7 +646,7 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
   masks beyond the prelude are refined too)."""
   from maskc.lowering import compile as _lower
   from maskc.lowering import static as _lower_static
-  from maskc.lowering.geometry import TileGeometry
+  from maskc.lowering.grid.geometry import TileGeometry
   _, n, _, _, _, _, ops = case
   n = max(n, 8)
   reps = -(-256 // n)                      # 256 tokens: a period spans at most a quarter
@@ -746,7 +746,7 @@ def _axis_parts(m, bound, bq, bk):
   top; -1 for a mask lowered as one such part."""
   from maskc.lowering import static as _lower_static
   from maskc.semantics.ranges import Tables
-  from maskc.lowering.geometry import TileGeometry
+  from maskc.lowering.grid.geometry import TileGeometry
   runs = _lower_static._runs_of_mask(m, TileGeometry(bound.shape, bq, bk),
                                      Tables(np, bound.operands, bound.forms), bound.batch, True,
                                      _lower_static.Budget(1 << 28))
@@ -818,7 +818,7 @@ def test_an_intersection_with_dense_operands_is_lowered_whole(lo, hi, ids, in_pa
   from maskc.lowering import compile as _lower
   from maskc.lowering import static as _lower_static
   from maskc.semantics.ranges import Tables
-  from maskc.lowering.geometry import TileGeometry
+  from maskc.lowering.grid.geometry import TileGeometry
   rng = np.random.default_rng(lo)
   doc = np.arange(512) % ids if ids else np.arange(512)
   seg = np.repeat(doc, rng.integers(lo, hi, 512))[:4096]
@@ -845,7 +845,7 @@ def test_an_intersection_with_dense_operands_is_lowered_whole(lo, hi, ids, in_pa
 def test_leaves_expand_in_line_order(nb, n_lines, n_span, seed):
   """Leaves (disjoint rectangles) expanded in `(b, line, a)` order by the radix sorts (and by
   one key when the lines are too many for 16 bits): the order of a plain sort of the runs."""
-  from maskc.lowering import run_lists as _run_lists
+  from maskc.lowering.grid import run_lists as _run_lists
   rng = np.random.default_rng(seed)
   rects = []  # random disjoint rectangles: a grid cut into random row bands and column cuts
   for b in range(nb):
@@ -920,10 +920,10 @@ def test_documents_and_image_spans_cover_their_diagonal_squares():
   (its repeated run id 0 between spans is cut away by `img[q]`)."""
   from maskc.lowering.closed_forms import tile_cover as _tile_cover
   from maskc.semantics.ranges import Tables
-  from maskc.lowering.refine import MEMORY_BUDGET, Budget
+  from maskc.lowering.grid.refine import MEMORY_BUDGET, Budget
   budget = Budget(MEMORY_BUDGET)
   from maskc.semantics.bind import Shape
-  from maskc.lowering.geometry import TileGeometry
+  from maskc.lowering.grid.geometry import TileGeometry
   geo = TileGeometry(Shape.of(64), 8, 8)
   seg = np.repeat(np.arange(4), [16, 20, 4, 24])[None]
   b, i0, i1, j0, j1 = _tile_cover.tile_cover(maskc.parse("document(seg)"), geo,

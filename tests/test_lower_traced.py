@@ -25,8 +25,8 @@ from maskc.semantics.ranges import Tables, reduce_many
 from maskc.arrays.bit_words import count_through
 from maskc.lowering.traced import MAX_CUTS
 from maskc.lowering.closed_forms.same_run import same_runs
-from maskc.lowering.geometry import TileGeometry
-from maskc.lowering.refine import MEMORY_BUDGET, Budget, evaluate_tiles, subdivide
+from maskc.lowering.grid.geometry import TileGeometry
+from maskc.lowering.grid.refine import MEMORY_BUDGET, Budget, evaluate_tiles, subdivide
 
 N = 200            # keys (and queries, unless offset): not a multiple of the tiles
 BQ, BK = 32, 16    # tiles: 7 x 13, the last ones partial
@@ -417,7 +417,7 @@ def test_same_run_verdicts_are_exact_without_refinement(text, q_len, offset, shi
 @settings(max_examples=8)
 @given(data=st.data())
 def test_shared_refinement_agrees_in_numpy_and_jax_and_with_reference(text, offset, q_len, data):
-  # `maskc.lowering.refine` serves both paths: the same function in NumPy and in
+  # `maskc.lowering.grid.refine` serves both paths: the same function in NumPy and in
   # jax.numpy gives the same states, evaluation is exact, and every state that
   # sub-rectangles decide (or prove mixed) is the dense reference's. (One jitted
   # function per shape; half the masks with an offset: q tiles off the key tiles' edges.)

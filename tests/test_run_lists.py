@@ -1,4 +1,4 @@
-"""Helpers over flat run lists (`maskc.lowering.run_lists`) against plain NumPy: which keys lie on
+"""Helpers over flat run lists (`maskc.lowering.grid.run_lists`) against plain NumPy: which keys lie on
 given lines, which runs of one list overlap the other's, and two sorted lists of disjoint
 runs interleaved."""
 
@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from maskc.lowering.closed_forms.band_runs import band_bounds, keyed_band_runs
 from maskc.semantics.bind import Shape
 from maskc.arrays.ragged import group_ends, ranges
-from maskc.lowering.run_lists import interleaved, meeting_mask, on_lines_mask
-from maskc.lowering.geometry import TileGeometry
+from maskc.lowering.grid.run_lists import interleaved, meeting_mask, on_lines_mask
+from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL
 
 

@@ -13,7 +13,7 @@ from maskc.lowering import traced as _lower_dynamic
 from maskc.lowering import static as _lower_static
 from maskc.semantics.ranges import Tables
 from maskc.lowering.closed_forms.band_runs import Intervals
-from maskc.lowering.geometry import TileGeometry
+from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
 from test_lower_scale import _expected_grid
 

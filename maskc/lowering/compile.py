@@ -10,7 +10,7 @@ static results and assembles the map; the paths themselves live beside it:
 
 Both refine *ambiguous* PARTIAL tiles (where the analysis cannot prove the tile
 mixed), by default for prelude-only masks and always with `exact=True`
-(`maskc.lowering.refine`).
+(`maskc.lowering.grid.refine`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from maskc.lowering.traced import compile_dynamic
 from maskc.lowering.static import compile_static
 from maskc.semantics.operand_arrays import OperandArrays
 from maskc.semantics.operand_runs import RunForm
-from maskc.lowering.refine import MEMORY_BUDGET, Budget
+from maskc.lowering.grid.refine import MEMORY_BUDGET, Budget
 from maskc.compiled.tiles import Runs, run_lengths
 
 # compiled static maps, with the lowering rules that made them (`maskc.lowering.rules.taken`)

@@ -57,13 +57,13 @@ from maskc.semantics.operand_runs import Pieces, RunForm, RunTable, line_pieces,
 from maskc.lowering.closed_forms.pattern_lines import spliced_pattern
 from maskc.lowering.rules import enabled, took
 from maskc.arrays.ragged import ranges
-from maskc.lowering.run_lists import (expand_in_order, expand_leaves, interleaved, keyed, lines_of,
+from maskc.lowering.grid.run_lists import (expand_in_order, expand_leaves, interleaved, keyed, lines_of,
                               marked, meeting_mask, merge_keyed, merge_runs, on_lines,
                               on_lines_mask, overlapping, pack_keyed, pack_runs, split_keys,
                               stack_runs, unpacked)
 from maskc.lowering.closed_forms.tile_cover import tile_cover
-from maskc.lowering.geometry import TileGeometry
-from maskc.lowering.refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
+from maskc.lowering.grid.geometry import TileGeometry
+from maskc.lowering.grid.refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
                                  Budget, analysis_bytes, evaluate_tiles, subdivide)
 from maskc.compiled.tiles import Runs
 from maskc.lowering.closed_forms.widened_band import widened_bounds
@@ -1003,7 +1003,7 @@ class _CombinedRuns:
     return merge_keyed(*flat)
 
   def runs(self, along_rows: bool) -> Runs:
-    """The runs packed (`maskc.lowering.run_lists.pack_keyed`); an `|` that ends with a pattern
+    """The runs packed (`maskc.lowering.grid.run_lists.pack_keyed`); an `|` that ends with a pattern
     (`local(64, 64) | g[q] | g[k]`) packs its lines as it splices them, not through flat
     keys of every run: 269,000 runs at 1M."""
     geo = self.geo

@@ -38,7 +38,7 @@ round:
    `EVAL_CHUNK` elements a round, at most `refine_budget` tiles in all; any beyond
    stay PARTIAL (sound).
 
-Both steps are `maskc.lowering.refine`'s, shared with the static path (`xp=jnp`).
+Both steps are `maskc.lowering.grid.refine`'s, shared with the static path (`xp=jnp`).
 
 XLA compiles every fused kernel separately, and on a CPU that is most of a traced
 lowering's cost (each kernel goes through its own MLIR and LLVM pipelines), so the
@@ -83,8 +83,8 @@ from maskc.lowering.static import compile_static
 from maskc.lowering.rules import enabled, took
 from maskc.semantics.operand_runs import reads_at, unit_read
 from maskc.lowering.closed_forms.same_run import SameRun, label_key, labels, run_ids, same_run_truth, same_runs
-from maskc.lowering.geometry import TileGeometry
-from maskc.lowering.refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget,
+from maskc.lowering.grid.geometry import TileGeometry
+from maskc.lowering.grid.refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget,
                                  decide_parts, evaluate_tiles, subdivide)
 from maskc.compiled.tiles import Runs, expand_runs
 from maskc.lowering.closed_forms.widened_traced import bounds_runs, widened_bounds_traced, widened_parts
@@ -411,7 +411,7 @@ def _decide_by_pieces(m, geo: TileGeometry, tables: Tables, lines, batch, b, i, 
   """States of tiles `(b, i, j)` from their pieces, and whether each stays ambiguous.
 
   Each tile's q and k pieces are gathered from the lines' packed arrays (one gather
-  per axis) and decided by `maskc.lowering.refine.decide_parts`, with every read along
+  per axis) and decided by `maskc.lowering.grid.refine.decide_parts`, with every read along
   an axis known per piece. Pieces are exact on prelude masks, where every read is
   constant over them.
   """

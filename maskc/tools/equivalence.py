@@ -42,7 +42,7 @@ from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables
 from maskc.semantics.bind import Shape, _int, as_mask
 from maskc.language.errors import MaskTypeError, MaskValueError, OperandError
 from maskc.semantics.evaluate import Env, evaluate_mask
-from maskc.lowering.run_lists import unpacked
+from maskc.lowering.grid.run_lists import unpacked
 from maskc.compiled.tiles import runs_from_grid
 
 _LEAF = 1024  # rectangles of at most this many positions are evaluated, not split further

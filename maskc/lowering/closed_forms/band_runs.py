@@ -25,8 +25,8 @@ import numpy as np
 
 from maskc.language import ir
 from maskc.analysis.linear import conjuncts, exact_band
-from maskc.lowering.run_lists import keyed, merge_keyed, merge_runs
-from maskc.lowering.geometry import TileGeometry
+from maskc.lowering.grid.run_lists import keyed, merge_keyed, merge_runs
+from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import FULL, PARTIAL
 
 # Positions, lengths and offsets beyond this stay off the closed form (sums of three
@@ -202,7 +202,7 @@ def keyed_band_runs(bounds: np.ndarray, lines: np.ndarray | None, n_lines: int, 
   """The band's runs on sorted distinct flat lines `lines` (`b * n_lines + line`; None:
   every line of `nb` batch rows, with no lines picked), given its bounds `bounds`
   (`band_bounds`: per line of every batch row, or per flat line, as a widened band's), as
-  flat runs (`maskc.lowering.run_lists.keyed`)."""
+  flat runs (`maskc.lowering.grid.run_lists.keyed`)."""
   if lines is None:
     at, a, z, state = line_runs(bounds if bounds.shape[1] == nb * n_lines else
                                 np.tile(bounds, nb))
@@ -216,7 +216,7 @@ def keyed_band_runs(bounds: np.ndarray, lines: np.ndarray | None, n_lines: int, 
 
 
 def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):
-  """Flat sorted runs `x = (start key, stop key, state)` (`maskc.lowering.run_lists.keyed`) cut at
+  """Flat sorted runs `x = (start key, stop key, state)` (`maskc.lowering.grid.run_lists.keyed`) cut at
   their lines' band bounds (`[4, n_lines]`, the same for every batch row, or `[4, batch *
   n_lines]` by flat line: s, f, g, e), the parts outside the band dropped: `(lo, hi, x's
   state, the band's state)`, in order."""

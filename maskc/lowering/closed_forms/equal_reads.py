@@ -23,7 +23,7 @@ from maskc.semantics.ranges import same_runs
 from maskc.lowering.closed_forms.band_runs import line_runs
 from maskc.semantics.operand_runs import RunTable, unit_shift
 from maskc.arrays.ragged import group_ends, ranges
-from maskc.lowering.geometry import TileGeometry
+from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import FULL, PARTIAL
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from maskc.lowering.refine import Budget
+from maskc.lowering.grid.refine import Budget
 from maskc.compiled.tiles import Runs
 
 

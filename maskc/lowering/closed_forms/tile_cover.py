@@ -35,8 +35,8 @@ import numpy as np
 from maskc.language import ir
 from maskc.semantics.ranges import Tables
 from maskc.semantics.operand_runs import RunTable, reads_at, unit_shift
-from maskc.lowering.geometry import TileGeometry
-from maskc.lowering.refine import Budget
+from maskc.lowering.grid.geometry import TileGeometry
+from maskc.lowering.grid.refine import Budget
 
 
 class _Cover(NamedTuple):

@@ -31,7 +31,7 @@ from maskc.lowering.closed_forms.band_runs import FAR, Intervals, line_bounds, s
 from maskc.lowering.closed_forms.equal_reads import _lines_read
 from maskc.semantics.operand_runs import RunTable
 from maskc.arrays.ragged import ranges
-from maskc.lowering.geometry import TileGeometry
+from maskc.lowering.grid.geometry import TileGeometry
 
 def widened_bounds(geo: TileGeometry, intervals: Intervals, table: RunTable,
                    shifts: tuple[int, int], on: np.ndarray | None, along_rows: bool,

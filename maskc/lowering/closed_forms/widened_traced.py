@@ -30,7 +30,7 @@ from maskc.language import ir
 from maskc.semantics.ranges import FULL, PARTIAL, reduce_many
 from maskc.lowering.closed_forms.band_runs import Intervals, line_bounds, span_tiles
 from maskc.lowering.closed_forms.same_run import SameRun
-from maskc.lowering.geometry import TileGeometry
+from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import Runs
 
 _FAR = 1 << 29  # beyond any position on this path (int32 under jit)
