@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import maskc
-from maskc import cli
+from maskc.cli import commands as cli
 from maskc.cli.operands import MAX_OPERAND_ITEMS, parse_operand_value
 
 

@@ -1,5 +1,5 @@
 """The `maskc` command line: `maskc check`, `maskc dense`, `maskc show`."""
 
-from maskc.cli.main import main as main
+from maskc.cli.commands import main as main
 
 __all__ = ["main"]
