@@ -1,8 +1,11 @@
-"""Helpers shared by the test modules: tile truth from a dense mask, soundness and exactness.
+"""Helpers shared by the test modules (test modules import from here, never from each other).
 
-A compiled map is *sound* when no EMPTY tile holds an allowed pair and no FULL tile a
-disallowed one, and *exact* when, besides, no PARTIAL tile is uniform. The reference
-for both is the dense mask (`maskc.materialize`), cut into tiles here by NumPy alone.
+Tiles: a compiled map is *sound* when no EMPTY tile holds an allowed pair and no FULL
+tile a disallowed one, and *exact* when, besides, no PARTIAL tile is uniform. The
+reference for both is the dense mask (`maskc.materialize`, or one written in NumPy by
+the test), cut into tiles here by NumPy alone: `tile_truth`, `tile_states`,
+`unsound_tiles`, `inexact_tiles`, `assert_sound`, `assert_exact`; and the references
+for runs, `runs_reference` (`runs(x)`) and `assert_maximal_runs` (a map's run lists).
 """
 
 from __future__ import annotations
@@ -47,13 +50,20 @@ def inexact_tiles(grid: np.ndarray, dense: np.ndarray, bq: int, bk: int) -> np.n
 
 
 def assert_sound(grid: np.ndarray, dense: np.ndarray, bq: int, bk: int, what: str = "") -> None:
-  """Fails naming the first unsound tiles and their claimed and true states."""
+  """`grid` has a state for every tile of `dense` (its last two axes), and no unsound one;
+  fails naming the first unsound tiles and their claimed and true states. Leading axes
+  (batch, heads) broadcast."""
+  grid = np.asarray(grid)
+  truth = tile_states(dense, bq, bk)
+  assert grid.shape[-2:] == truth.shape[-2:], (
+      f"{what}: grid of {grid.shape[-2:]} tiles, the dense mask has {truth.shape[-2:]}")
+  assert np.isin(grid, (EMPTY, PARTIAL, FULL)).all(), f"{what}: states other than 0, 1, 2"
   bad = unsound_tiles(grid, dense, bq, bk)
   if bad.any():
-    truth = tile_states(dense, bq, bk)
+    claimed, truth = np.broadcast_to(grid, bad.shape), np.broadcast_to(truth, bad.shape)
     at = [tuple(int(x) for x in i) for i in np.argwhere(bad)[:5]]
     raise AssertionError(f"{int(bad.sum())} unsound tiles {what}: at {at}, claimed "
-                         f"{[int(np.asarray(grid)[i]) for i in at]}, true "
+                         f"{[int(claimed[i]) for i in at]}, true "
                          f"{[int(truth[i]) for i in at]} (0 EMPTY, 1 PARTIAL, 2 FULL)")
 
 
@@ -64,3 +74,33 @@ def assert_exact(grid: np.ndarray, dense: np.ndarray, bq: int, bk: int, what: st
   if bad.any():
     at = [tuple(int(x) for x in i) for i in np.argwhere(bad)[:5]]
     raise AssertionError(f"{int(bad.sum())} PARTIAL tiles are uniform {what}: at {at}")
+
+
+def runs_reference(x: np.ndarray) -> np.ndarray:
+  """`runs(x)` by a plain loop: along the last axis, the 1-based index of each run of
+  nonzero values of `x`, 0 outside them (independent of maskc's run ids)."""
+  x = np.asarray(x) != 0
+  out = np.zeros(x.shape, np.int64)
+  for row, flat in zip(out.reshape(-1, x.shape[-1]), x.reshape(-1, x.shape[-1])):
+    r = 0
+    for i, v in enumerate(flat):
+      if v and (i == 0 or not flat[i - 1]):
+        r += 1
+      row[i] = r if v else 0
+  return out
+
+
+def assert_maximal_runs(rows, expected: np.ndarray) -> None:
+  """Each line's runs (`Runs` `[B, 1, n_lines, R]`, e.g. `BlockMap.rows`) are the maximal
+  runs of one state of the tiles `expected` (`[B, n_lines, n_span]`): merged, in order,
+  EMPTY left out."""
+  count = np.asarray(rows.count)[:, 0]
+  for b, i in np.ndindex(*count.shape):
+    line = expected[b, i]
+    edges = np.flatnonzero(np.diff(line)) + 1
+    want = [(int(a), int(z), int(line[a])) for a, z in
+            zip(np.concatenate([[0], edges]), np.concatenate([edges, [line.size]]))
+            if line[a] != EMPTY]
+    got = [(int(rows.start[b, 0, i, r]), int(rows.stop[b, 0, i, r]),
+            int(rows.state[b, 0, i, r])) for r in range(count[b, i])]
+    assert got == want, (b, i)

@@ -19,18 +19,7 @@ from maskc.lowering import static as _lower_static
 from maskc import testing as mt
 from maskc.analysis.diagonal_period import diagonal_period
 from maskc.compiled.tiles import grid_from_runs
-
-
-def _tile_states(dense: np.ndarray, bq: int, bk: int) -> np.ndarray:
-  """EMPTY / PARTIAL / FULL of each tile of a dense boolean mask (independent reference)."""
-  lq, lk = dense.shape
-  nq, nk = -(-lq // bq), -(-lk // bk)
-  out = np.zeros((nq, nk), np.int8)
-  for i in range(nq):
-    for j in range(nk):
-      tile = dense[i * bq:(i + 1) * bq, j * bk:(j + 1) * bk]
-      out[i, j] = 2 if tile.all() else int(tile.any())
-  return out
+from helpers import tile_states
 
 
 @pytest.mark.parametrize("text, period", [
@@ -72,7 +61,7 @@ def test_repeated_period_equals_the_dense_tile_states(text, q_len, kv_len, offse
   bq, bk = tiles
   _lower._CACHE.clear()
   bm = maskc.compile(text, q_len, kv_len, block_q=bq, block_kv=bk, q_offset=offset, exact=True)
-  expected = _tile_states(np.asarray(maskc.materialize(text, q_len, kv_len, q_offset=offset)),
+  expected = tile_states(np.asarray(maskc.materialize(text, q_len, kv_len, q_offset=offset)),
                           bq, bk)
   np.testing.assert_array_equal(bm.grid, expected)
   cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[0]))[0, 0]
@@ -102,7 +91,7 @@ def test_periodic_map_with_a_batch_matches_each_row():
   bm = maskc.compile(["causal & chunk(64)", "causal & document(seg)"], 256, block_q=16,
                      block_kv=16, operands={"seg": seg})
   dense = np.asarray(maskc.materialize("causal & chunk(64)", 256))
-  expected = _tile_states(dense, 16, 16)
+  expected = tile_states(dense, 16, 16)
   grid = np.asarray(grid_from_runs(np, bm.rows, 16))
   for b in range(2):
     np.testing.assert_array_equal(grid[b, 0], expected)

@@ -11,7 +11,7 @@ from maskc import testing
 from maskc.lowering import compile as _lower
 from maskc.lowering import static as _lower_static
 from maskc.analysis.diagonal_truth import true_on_diagonal
-from test_lower_scale import _expected_grid
+from helpers import tile_states
 
 PROVED = ["causal", "sliding(5)", "local(3, 2)", "chunk(8)", "causal & document(seg)",
           "document(seg) & (causal | bidirectional(img))", "causal | bidirectional(img)",
@@ -55,6 +55,6 @@ def test_diagonal_tiles_of_a_reflexive_and_take_no_sampled_pair(monkeypatch):
   text = "causal & document(seg)"
   bm = maskc.compile(text, 3000, block_q=16, block_kv=16, operands={"seg": seg})
   assert not sampled
-  expected = _expected_grid(np.asarray(maskc.materialize(text, 3000, operands={"seg": seg})),
+  expected = tile_states(np.asarray(maskc.materialize(text, 3000, operands={"seg": seg})),
                             16, 16)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)

@@ -13,26 +13,14 @@ from hypothesis import strategies as st
 
 import maskc
 from maskc.compiled.tiles import grid_from_runs
-
-EMPTY, PARTIAL, FULL = 0, 1, 2
+from helpers import (EMPTY, FULL, assert_maximal_runs, assert_sound, runs_reference, tile_states,
+                     tile_truth)
 
 PRELUDE_WITH_OPERANDS = [
     "document(seg)", "bidirectional(img)", "causal & document(seg)",
     "causal & chunk(8) | bidirectional(img)", "document(seg) & (causal | bidirectional(img))",
     "sliding(5) | bidirectional(img)", "~bidirectional(img) & causal",
 ]
-
-
-def _runs_reference(img):
-  """`runs(x)` by a plain loop: 1-based index of each run of true values, 0 outside."""
-  out = np.zeros(img.shape, np.int64)
-  for row, flat in zip(out.reshape(-1, img.shape[-1]), img.reshape(-1, img.shape[-1])):
-    r = 0
-    for i, v in enumerate(flat):
-      if v and (i == 0 or not flat[i - 1]):
-        r += 1
-      row[i] = r if v else 0
-  return out
 
 
 def _dense(text, q_len, kv_len, q_offset, ops):
@@ -51,7 +39,7 @@ def _dense(text, q_len, kv_len, q_offset, ops):
   if seg is not None:
     env["document(seg)"] = at(seg, q) == at(seg, k)
   if img is not None:
-    runs = _runs_reference(img)
+    runs = runs_reference(img)
     env["bidirectional(img)"] = (at(runs, q) == at(runs, k)) & at(img, q)
   table = {
       "document(seg)": lambda: env["document(seg)"],
@@ -67,23 +55,6 @@ def _dense(text, q_len, kv_len, q_offset, ops):
   }
   del lead
   return np.asarray(table[text]())
-
-
-def _tile_truth(dense, bq, bk):
-  q_len, kv_len = dense.shape[-2:]
-  nq, nk = -(-q_len // bq), -(-kv_len // bk)
-  pad = np.zeros(dense.shape[:-2] + (nq * bq, nk * bk), bool)
-  valid = np.zeros_like(pad)
-  pad[..., :q_len, :kv_len] = dense
-  valid[..., :q_len, :kv_len] = True
-  t = pad.reshape(dense.shape[:-2] + (nq, bq, nk, bk))
-  v = valid.reshape(t.shape)
-  return t.any(axis=(-3, -1)), (t | ~v).all(axis=(-3, -1))
-
-
-def _expected_grid(dense, bq, bk):
-  any_, all_ = _tile_truth(dense, bq, bk)
-  return np.where(all_, FULL, np.where(any_, PARTIAL, EMPTY))
 
 
 @st.composite
@@ -127,7 +98,7 @@ def test_exact_and_sound_on_run_structured_operands(case):
   text, n, q_len, offset, bq, bk, ops = case
   ops = _ops_for(text, ops)
   bm = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops)
-  expected = _expected_grid(_dense(text, q_len, n, offset, ops), bq, bk)
+  expected = tile_states(_dense(text, q_len, n, offset, ops), bq, bk)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
   # the backward runs (per key tile) describe the same tiles
   cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
@@ -177,7 +148,7 @@ def test_bidirectional_is_decided_by_analysis_without_evaluation(monkeypatch):
     _lower._CACHE.clear()
     bm = maskc.compile(text, 4096, block_q=64, block_kv=64, operands=ops)
     dense = np.asarray(maskc.materialize(text, 4096, operands=ops))
-    np.testing.assert_array_equal(bm.grid, _expected_grid(dense, 64, 64))
+    np.testing.assert_array_equal(bm.grid, tile_states(dense, 64, 64))
 
 
 def test_a_tiny_memory_budget_raises_instead_of_allocating():
@@ -202,13 +173,6 @@ def test_traced_refinement_keeps_tile_zero():
   np.testing.assert_array_equal(np.asarray(traced), static.grid)
 
 
-def _check_sound(grid, dense, bq, bk):
-  any_, all_ = _tile_truth(dense, bq, bk)
-  g = np.asarray(grid).reshape(any_.shape)
-  assert not np.any((g == FULL) & ~all_), "a FULL tile holds a false position"
-  assert not np.any((g == EMPTY) & any_), "an EMPTY tile holds a true position"
-
-
 @pytest.mark.parametrize("ids", [[2**63 - 1, 0, -2**63, 5], [-2**63, -2**63, 2**63 - 1, 0]])
 @pytest.mark.parametrize("text", ["document(seg)", "seg[q] == seg[k]", "seg[q] < seg[k]",
                                   "seg[q] != seg[k] | causal"])
@@ -222,7 +186,7 @@ def test_extreme_int64_ids_are_never_unsound(text, ids):
                     for i in range(4)])
   for bq, bk in [(1, 1), (2, 2), (4, 4), (2, 3)]:
     bm = maskc.compile(text, 4, block_q=bq, block_kv=bk, operands={"seg": seg})
-    _check_sound(bm.grid, dense, bq, bk)
+    assert_sound(bm.grid, dense, bq, bk)
 
 
 def test_extreme_traced_int32_ids_and_offsets_are_never_unsound():
@@ -230,14 +194,14 @@ def test_extreme_traced_int32_ids_and_offsets_are_never_unsound():
   dense = seg[:, None].astype(np.int64) == seg[None, :].astype(np.int64)
   grid = jax.jit(lambda s: maskc.compile("document(seg)", 4, block_q=2, block_kv=2,
                                          operands={"seg": s}).grid)(seg)
-  _check_sound(grid, dense, 2, 2)
+  assert_sound(grid, dense, 2, 2)
   # q - k < 4 at q_offset = 2**31 - 8: exact q is never below k + 4 (q >= 2**31 - 8 > 15 + 4)
   offset = 2**31 - 8
   grid = jax.jit(lambda o: maskc.compile("q - k < 4", 16, block_q=4, block_kv=4,
                                          q_offset=o).grid)(jnp.int32(offset))
   q = np.arange(16, dtype=object)[:, None] + offset
   k = np.arange(16, dtype=object)[None, :]
-  _check_sound(grid, np.asarray(q - k < 4, bool), 4, 4)
+  assert_sound(grid, np.asarray(q - k < 4, bool), 4, 4)
 
 
 @settings(max_examples=30)
@@ -256,7 +220,7 @@ def test_extreme_offsets_are_never_unsound(offset, text):
     bm = maskc.compile(text, q_len, 16, q_offset=offset, block_q=4, block_kv=4)
   except maskc.MaskValueError:
     return  # refusing is allowed; a wrong map is not
-  _check_sound(bm.grid, np.asarray(exact, bool), 4, 4)
+  assert_sound(bm.grid, np.asarray(exact, bool), 4, 4)
 
 
 def test_check_reads_needs_no_per_token_arrays():
@@ -296,7 +260,7 @@ def test_shifted_reads_are_exact_with_cuts_at_their_changes(case, text):
                k <= q + 5),
            "img[q + 1] | img[k + 3] & causal": lambda: at(img, q + 1) | (at(img, k + 3) & (
                k <= q))}[text]()
-  expected = _expected_grid(np.asarray(dense), bq, bk)
+  expected = tile_states(np.asarray(dense), bq, bk)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
 
 
@@ -325,7 +289,7 @@ def test_run_form_is_a_lossless_summary(a):
   np.testing.assert_array_equal(form.to_array(np.int64), a)
   assert form.starts[0] == 0 and (np.diff(form.starts) > 0).all()
   assert all(b * a.shape[1] in form.starts for b in range(a.shape[0]))  # rows start runs
-  np.testing.assert_array_equal(form.run_ids().to_array(np.int64), _runs_reference(a != 0))
+  np.testing.assert_array_equal(form.run_ids().to_array(np.int64), runs_reference(a != 0))
   changed = a.copy()
   changed.flat[len(a.flat) // 2] ^= 1
   assert RunForm.of(changed).digest() != form.digest()
@@ -333,7 +297,7 @@ def test_run_form_is_a_lossless_summary(a):
   one = RunForm.of(a[:1]).broadcast(3)
   np.testing.assert_array_equal(one.to_array(np.int64), np.repeat(a[:1], 3, axis=0))
   np.testing.assert_array_equal(one.run_ids().to_array(np.int64),
-                                _runs_reference(np.repeat(a[:1], 3, axis=0) != 0))
+                                runs_reference(np.repeat(a[:1], 3, axis=0) != 0))
 
 
 @given(st.integers(0, 5000), st.lists(st.integers(0, 4999), max_size=40))
@@ -408,7 +372,7 @@ def test_many_short_runs_looked_up_by_token_index_are_exact(text):
   finally:
     _operand_runs.SEARCH_IN_CACHE = in_cache
     _lower._CACHE.clear()
-  expected = _expected_grid(_dense(text, n, n, 0, ops), 16, 32)
+  expected = tile_states(_dense(text, n, n, 0, ops), 16, 32)
   np.testing.assert_array_equal(np.asarray(bm.grid), expected)
   back = np.asarray(grid_from_runs(np, cols, expected.shape[0]))[0, 0]
   np.testing.assert_array_equal(back.T, expected)
@@ -440,12 +404,12 @@ def test_same_run_equalities_stay_exact(text, n, seed, block, batch):
   bm = maskc.compile(text, n, block_q=block, block_kv=block, operands=ops, exact=True)
   dense = np.asarray(maskc.materialize(text, n, operands=ops)).reshape((-1, n, n))
   # the dense reference written here: runs(x) by a plain loop
-  runs_x = _runs_reference(x != 0).reshape((-1, n + 1))
+  runs_x = runs_reference(x != 0).reshape((-1, n + 1))
   q, k = np.arange(n)[:, None], np.arange(n)[None, :]
   if text == SAME_RUN_MASKS[0]:
     np.testing.assert_array_equal(dense, (runs_x[:, q] == runs_x[:, k]) & (x.reshape(
         (-1, n + 1))[:, q] != 0))
-  expected = _expected_grid(dense, block, block)
+  expected = tile_states(dense, block, block)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
   cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
   np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)
@@ -623,7 +587,7 @@ def test_cache_keys_follow_operand_values_not_identity():
   c = maskc.compile("causal & document(seg)", 320, block_q=32, block_kv=32,
                     operands={"seg": seg2})
   assert c is not a
-  np.testing.assert_array_equal(np.asarray(c.grid), _expected_grid(
+  np.testing.assert_array_equal(np.asarray(c.grid), tile_states(
       _dense("causal & document(seg)", 320, 320, 0, {"seg": seg2}), 32, 32))
 
 
@@ -668,7 +632,7 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
     _lower_static.COMBINE_CHUNK = default_chunk
     _lower_static.WHOLE_AFTER = default_whole
   dense = np.asarray(maskc.materialize(m, 256, operands=ops)).reshape((-1, 256, 256))
-  expected = _expected_grid(dense, bq, bk)
+  expected = tile_states(dense, bq, bk)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
   cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
   np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)
@@ -719,26 +683,11 @@ AXIS_MASKS = {  # mask: (the reference by NumPy broadcasting, `_axis_parts`)
 
 
 def _bidirectional(g, q, k):
-  """`bidirectional(g)` by `_runs_reference`: both positions in one run of true values of g
+  """`bidirectional(g)` by `runs_reference`: both positions in one run of true values of g
   (read through `g(indices)`; every position is below the number of keys)."""
-  runs = _runs_reference(np.asarray(g(np.arange(k.shape[-1]))))
+  runs = runs_reference(np.asarray(g(np.arange(k.shape[-1]))))
   at_q, at_k = runs[..., q], runs[..., k]
   return (at_q == at_k) & (at_q > 0)
-
-
-def _assert_maximal_runs(rows, expected):
-  """Each line's runs (`Runs` `[B, 1, n_lines, R]`) are the maximal runs of one state of the
-  tiles `expected` (`[B, n_q, n_kv]`): merged, in order, EMPTY left out."""
-  count = np.asarray(rows.count)[:, 0]
-  for b, i in np.ndindex(*count.shape):
-    line = expected[b, i]
-    edges = np.flatnonzero(np.diff(line)) + 1
-    want = [(int(a), int(z), int(line[a])) for a, z in
-            zip(np.concatenate([[0], edges]), np.concatenate([edges, [line.size]]))
-            if line[a] != EMPTY]
-    got = [(int(rows.start[b, 0, i, r]), int(rows.stop[b, 0, i, r]),
-            int(rows.state[b, 0, i, r])) for r in range(count[b, i])]
-    assert got == want, (b, i)
 
 
 def _axis_parts(m, bound, bq, bk):
@@ -783,7 +732,7 @@ def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed,
   dense = reference(q, k, lambda i: ops["g"][..., i] if "g" in ops else None,
                     lambda i: ops["seg"][..., i] if "seg" in ops else None, n)
   dense = np.broadcast_to(dense, ((batch or 1), q_len, kv_len))
-  expected = _expected_grid(dense, bq, bk)
+  expected = tile_states(dense, bq, bk)
   from maskc.lowering import compile as _lower
   from maskc.lowering import static as _lower_static
   bound = _lower.bind_masks(m, q_len, kv_len, q_offset=offset, operands=ops)
@@ -802,7 +751,7 @@ def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed,
     np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), got)
     if exact:
       np.testing.assert_array_equal(got, expected)
-      _assert_maximal_runs(bm.rows, expected)
+      assert_maximal_runs(bm.rows, expected)
     else:
       assert np.all((got == FULL) <= (expected == FULL))
       assert np.all((got == EMPTY) <= (expected == EMPTY))
@@ -837,7 +786,7 @@ def test_an_intersection_with_dense_operands_is_lowered_whole(lo, hi, ids, in_pa
   bm = maskc.compile("causal & document(seg)", 4096, block_q=16, block_kv=16,
                      operands={"seg": seg})
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(256, 256),
-                                _expected_grid(dense.reshape(1, 4096, 4096), 16, 16)[0])
+                                tile_states(dense.reshape(1, 4096, 4096), 16, 16)[0])
 
 
 @settings(max_examples=40, deadline=None)
@@ -903,7 +852,7 @@ def test_the_operands_tile_cover_holds_every_true_position(case, text):
   for part, cover in seen:
     if cover is None:
       continue
-    any_, _ = _tile_truth(part.to_dense(q_len, kv_len, q_offset=offset, operands=ops), bq, bk)
+    any_, _ = tile_truth(part.to_dense(q_len, kv_len, q_offset=offset, operands=ops), bq, bk)
     any_ = np.broadcast_to(any_.reshape((-1,) + any_.shape[-2:]), (nb,) + any_.shape[-2:])
     held = np.zeros(any_.shape, np.int64)
     for b, i0, i1, j0, j1 in zip(*cover):
@@ -911,7 +860,7 @@ def test_the_operands_tile_cover_holds_every_true_position(case, text):
     assert held.max(initial=0) <= 1, "cover rectangles overlap"
     assert not (any_ & (held == 0)).any(), f"{part}: a true tile lies outside its cover"
   dense = maskc.parse(text).to_dense(q_len, kv_len, q_offset=offset, operands=ops)
-  expected = _expected_grid(dense, bq, bk)
+  expected = tile_states(dense, bq, bk)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
 
 

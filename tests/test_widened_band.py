@@ -15,7 +15,7 @@ from maskc.semantics.ranges import Tables
 from maskc.lowering.closed_forms.band_runs import Intervals
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
-from test_lower_scale import _expected_grid
+from helpers import tile_states
 
 BANDS = ["causal", "sliding(W)", "local(L, R)", "q - k >= A & q - k <= B", "k - q >= A",
          "q - k >= A", "causal & chunk(C)", "chunk(C)", "local(L, R) & chunk(C)",
@@ -66,7 +66,7 @@ def widened_cases(draw):
 
 def _dense_tiles(text, n, q_len, offset, bq, bk, ops):
   dense = np.asarray(maskc.materialize(text, q_len, n, q_offset=offset, operands=ops))
-  return _expected_grid(dense.reshape((-1,) + dense.shape[-2:]), bq, bk)
+  return tile_states(dense.reshape((-1,) + dense.shape[-2:]), bq, bk)
 
 
 def _equal_runs(equal, n, q_len, offset, bq, bk, ops):
