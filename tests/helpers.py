@@ -6,6 +6,9 @@ reference for both is the dense mask (`maskc.materialize`, or one written in Num
 the test), cut into tiles here by NumPy alone: `tile_truth`, `tile_states`,
 `unsound_tiles`, `inexact_tiles`, `assert_sound`, `assert_exact`; and the references
 for runs, `runs_reference` (`runs(x)`) and `assert_maximal_runs` (a map's run lists).
+
+Kernels: `assert_close` (max error relative to the array's scale) and
+`assert_norm_close` / `rel_err` (error relative to the reference's norm, the GPU tests').
 """
 
 from __future__ import annotations
@@ -104,3 +107,41 @@ def assert_maximal_runs(rows, expected: np.ndarray) -> None:
     got = [(int(rows.start[b, 0, i, r]), int(rows.stop[b, 0, i, r]),
             int(rows.state[b, 0, i, r])) for r in range(count[b, i])]
     assert got == want, (b, i)
+
+
+# ----------------------------------------------------------------------------- kernel outputs
+
+
+def _float64(x) -> np.ndarray:
+  """`x` (a NumPy or JAX array of any float dtype, bfloat16 included) as float64 NumPy."""
+  return np.asarray(x).astype(np.float64)
+
+
+def assert_close(x, ref, tol: float, what: str = "") -> None:
+  """`x` is finite, of `ref`'s shape, and `max |x - ref| <= tol * max(max |ref|, 1)`.
+
+  The error is relative to the array's scale, not to each element: the kernel tests' inputs
+  are N(0, 1), so outputs and gradients are O(1), and below 1 the scale is 1.
+  """
+  x, ref = _float64(x), _float64(ref)
+  assert x.shape == ref.shape, f"{what}: shape {x.shape} != {ref.shape}"
+  assert np.isfinite(x).all(), f"{what}: non-finite values"
+  scale = max(float(np.abs(ref).max(initial=0.0)), 1.0)
+  err = float(np.abs(x - ref).max(initial=0.0))
+  assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol} x scale {scale:.3g}"
+
+
+def rel_err(x, ref) -> float:
+  """`||x - ref|| / ||ref||` (Frobenius norms, float64), after checking that `x` is finite
+  and of `ref`'s shape."""
+  x, ref = _float64(x), _float64(ref)
+  assert x.shape == ref.shape, (x.shape, ref.shape)
+  assert np.isfinite(x).all(), "non-finite values"
+  return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def assert_norm_close(x, ref, tol: float, what: str = "") -> None:
+  """`rel_err(x, ref) <= tol`: an error relative to the reference's norm, as the GPU tests
+  state their tolerances (a few large errors weigh less than in `assert_close`)."""
+  err = rel_err(x, ref)
+  assert err <= tol, f"{what}: relative error {err:.3g} > {tol}"
