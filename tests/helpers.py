@@ -9,6 +9,8 @@ for runs, `runs_reference` (`runs(x)`) and `assert_maximal_runs` (a map's run li
 
 Kernels: `assert_close` (max error relative to the array's scale) and
 `assert_norm_close` / `rel_err` (error relative to the reference's norm, the GPU tests').
+
+Splash: `assert_same_info`, two `MaskInfo`s equal up to the numbering of partial blocks.
 """
 
 from __future__ import annotations
@@ -145,3 +147,28 @@ def assert_norm_close(x, ref, tol: float, what: str = "") -> None:
   state their tolerances (a few large errors weigh less than in `assert_close`)."""
   err = rel_err(x, ref)
   assert err <= tol, f"{what}: relative error {err:.3g} > {tol}"
+
+
+# ----------------------------------------------------------------------------- splash
+
+
+def assert_same_info(a, b) -> None:
+  """Equal splash `MaskInfo`s up to the numbering of their partial blocks: `block_mask` and
+  `data_next` exactly, the same set of partial blocks, and `mask_next` pointing at equal
+  blocks everywhere."""
+  for field in ("block_mask", "data_next"):
+    x, y = getattr(a, field), getattr(b, field)
+    assert x.shape == y.shape, (field, x.shape, y.shape)
+    assert x.dtype == y.dtype, (field, x.dtype, y.dtype)
+    np.testing.assert_array_equal(x, y, err_msg=field)
+  assert (a.mask_next is None) == (b.mask_next is None)
+  assert (a.partial_mask_blocks is None) == (b.partial_mask_blocks is None)
+  if a.partial_mask_blocks is not None:
+    pa, pb = np.asarray(a.partial_mask_blocks), np.asarray(b.partial_mask_blocks)
+    assert pa.shape == pb.shape
+    assert {x.tobytes() for x in pa} == {x.tobytes() for x in pb}
+    assert a.mask_next.dtype == b.mask_next.dtype
+    np.testing.assert_array_equal(pa[a.mask_next.astype(int)], pb[b.mask_next.astype(int)])
+  assert (a.q_sequence is None) == (b.q_sequence is None)
+  if a.q_sequence is not None:
+    np.testing.assert_array_equal(a.q_sequence, b.q_sequence)
