@@ -45,7 +45,12 @@ def test_check_lists_every_operand_kind(capsys):
   assert set(rows) == {"anc", "kv_len", "seg"}
   assert "pairwise, boolean" in rows["anc"] and "[Lq, Lk] or [B, Lq, Lk]" in rows["anc"]
   assert "scalar" in rows["kv_len"] and "[] or [B]" in rows["kv_len"]
-  assert "per-token" in rows["seg"] and "boolean" not in rows["seg"]
+  # `seg` is compared, not read as a truth value: per-token, with no `boolean`
+  assert rows["seg"].split() == ["seg", "per-token", "shape", "[L]", "or", "[B,", "L]"]
+  assert out.splitlines()[3:] == [
+      "  anc     pairwise, boolean     shape [Lq, Lk] or [B, Lq, Lk]",
+      "  kv_len  scalar                shape [] or [B]",
+      "  seg     per-token             shape [L] or [B, L]"]
 
 
 def test_check_program_with_definitions(capsys):
