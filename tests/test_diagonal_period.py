@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 import maskc
 from maskc.lowering import compile as _lower
-from maskc.lowering import static as _lower_static
 from maskc import testing as mt
 from maskc.analysis.diagonal_period import diagonal_period
 from maskc.compiled.tiles import grid_from_runs
+from maskc.lowering.rules import taken
 from helpers import tile_states
 
 
@@ -68,11 +68,9 @@ def test_repeated_period_equals_the_dense_tile_states(text, q_len, kv_len, offse
   np.testing.assert_array_equal(cols.T, expected)
 
 
-def test_periodic_masks_take_the_repeating_path(monkeypatch):
-  def no_leaves(*args, **kwargs):
-    raise AssertionError("the whole grid was classified")
-
-  monkeypatch.setattr(_lower_static, "_StaticRuns", no_leaves)
+def test_periodic_masks_take_the_repeating_path():
+  """One period of tiles classified and repeated, rows and columns: the periodic rule and
+  no other (the generic analysis would classify the whole grid of a million tiles)."""
   _lower._CACHE.clear()
   n = 1024  # tiles per side
   # causal: row i holds a FULL run [0, i) (none in row 0) and the PARTIAL diagonal tile;
@@ -80,9 +78,11 @@ def test_periodic_masks_take_the_repeating_path(monkeypatch):
   # PARTIAL run of up to 32 tiles per row.
   for text, runs in [("causal", 2 * n - 1), ("causal & chunk(8192)", (n // 64) * 127),
                      ("causal & (q - k) % 4 == 0 & q - k < 4096", n)]:
-    bm = maskc.compile(text, n * 128, block_q=128, block_kv=128)
-    assert int(bm.rows.count.sum()) == runs
-    assert int(bm.cols.count.sum()) == runs
+    with taken() as fired:
+      bm = maskc.compile(text, n * 128, block_q=128, block_kv=128)
+      assert int(bm.rows.count.sum()) == runs
+      assert int(bm.cols.count.sum()) == runs
+    assert fired == {"periodic"}, (text, fired)
 
 
 def test_periodic_map_with_a_batch_matches_each_row():

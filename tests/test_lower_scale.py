@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import maskc
 from maskc.compiled.tiles import grid_from_runs
+from maskc.lowering.rules import disabled, taken
 from helpers import (EMPTY, FULL, assert_maximal_runs, assert_sound, runs_reference, tile_states,
                      tile_truth)
 
@@ -610,7 +611,6 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
   masks beyond the prelude are refined too)."""
   from maskc.lowering import compile as _lower
   from maskc.lowering import static as _lower_static
-  from maskc.lowering.grid.geometry import TileGeometry
   _, n, _, _, _, _, ops = case
   n = max(n, 8)
   reps = -(-256 // n)                      # 256 tokens: a period spans at most a quarter
@@ -618,19 +618,18 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
   img = np.concatenate([np.asarray(ops["img"])] * reps, axis=-1)[..., :256]
   ops = _ops_for(text, {"seg": seg, "img": img, "g": img & (seg % 3 == 0)})
   m = maskc.parse(text)
-  bound = _lower.bind_masks(m, 256, operands=ops)
-  geo = TileGeometry(bound.shape, bq, bk)
-  assert _lower_static._parts(bound.masks[0], geo) is not None, "the split is not taken"
   _lower._CACHE.clear()
   # chunk 5: runs are combined in many groups of lines; in parts however dense the operands
   default_chunk, _lower_static.COMBINE_CHUNK = _lower_static.COMBINE_CHUNK, chunk
   default_whole, _lower_static.WHOLE_AFTER = _lower_static.WHOLE_AFTER, float("inf")
   try:
-    bm = maskc.compile(m, 256, block_q=bq, block_kv=bk, operands=ops, exact=True)
-    bm.cols
+    with taken() as fired:
+      bm = maskc.compile(m, 256, block_q=bq, block_kv=bk, operands=ops, exact=True)
+      bm.cols
   finally:
     _lower_static.COMBINE_CHUNK = default_chunk
     _lower_static.WHOLE_AFTER = default_whole
+  assert "parts" in fired, f"the split is not taken: {sorted(fired)}"
   dense = np.asarray(maskc.materialize(m, 256, operands=ops)).reshape((-1, 256, 256))
   expected = tile_states(dense, bq, bk)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
@@ -638,13 +637,12 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
   np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)
   # lowered whole, the runs are the same arrays
   _lower._CACHE.clear()
-  orig = _lower_static._parts
   try:
-    _lower_static._parts = lambda m, geo: None
-    whole = maskc.compile(m, 256, block_q=bq, block_kv=bk, operands=ops, exact=True)
+    with disabled("parts"), taken() as fired:
+      whole = maskc.compile(m, 256, block_q=bq, block_kv=bk, operands=ops, exact=True)
   finally:
-    _lower_static._parts = orig
     _lower._CACHE.clear()
+  assert "parts" not in fired, sorted(fired)
   for got, want in zip(bm.rows, whole.rows):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
