@@ -1,7 +1,7 @@
 """The GPU kernels compiled by Triton and run on a real NVIDIA GPU.
 
 The interpret-mode tests (`test_kernels.py`, `test_kernels_lse.py`) check the
-kernels' arithmetic on CPU, and `test_lowering.py` checks that they lower to
+kernels' arithmetic on CPU, and `test_cross_lowering.py` checks that they lower to
 Triton. These check what neither can: that the compiled code on the device
 computes the same function (no mask, read or tile lost in compilation, no race
 between programs), forward and gradients, for the mask kinds the kernel reads
