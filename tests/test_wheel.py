@@ -56,7 +56,13 @@ def installed(tmp_path_factory):
 def test_wheel_contains_the_packages_and_data(installed):
   _, target, _ = installed
   assert (target / "maskc" / "__init__.py").is_file()
-  assert (target / "maskc" / "cli.py").is_file()
+  # every package of the layout by stage (maskc/language, ..., maskc/lowering/grid, maskc/cli)
+  packages = sorted(p.parent.relative_to(REPO) for p in (REPO / "maskc").rglob("__init__.py"))
+  assert Path("maskc/lowering/closed_forms") in packages and Path("maskc/cli") in packages
+  missing = [str(p) for p in packages if not (target / p / "__init__.py").is_file()]
+  assert missing == []
+  assert (target / "maskc" / "cli" / "main.py").is_file()
+  assert (target / "maskc" / "py.typed").is_file()
   assert (target / "maskc" / "grammar" / "maskc.lark").is_file()
   assert (target / "maskc" / "grammar" / "prelude.mask").is_file()
   assert (target / "maskc" / "kernels" / "__init__.py").is_file()
