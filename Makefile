@@ -24,7 +24,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
-# Cross-lowering checks (tests/test_lowering.py): flash -> Triton for cuda needs JAX's CUDA
+# Cross-lowering checks (tests/test_cross_lowering.py): flash -> Triton for cuda needs JAX's CUDA
 # plugin, which prints errors when imported on a machine without CUDA, so it lives in its own
 # venv, never in .venv. Its two wheels are installed without their CUDA libraries (~460 MB).
 LVENV := .venv-lowering
@@ -44,7 +44,7 @@ $(LSTAMP): pyproject.toml | $(LVENV)/bin/python
 
 test-lowering: $(LSTAMP)
 	JAX_PLATFORMS=cpu $(LPY) -m pytest -q -p no:cacheprovider -m lowering \
-	  tests/test_lowering.py
+	  tests/test_cross_lowering.py
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow

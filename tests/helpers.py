@@ -1,8 +1,16 @@
-"""Helpers shared by the test modules: tile truth from a dense mask, soundness and exactness.
+"""Helpers shared by the test modules (test modules import from here, never from each other).
 
-A compiled map is *sound* when no EMPTY tile holds an allowed pair and no FULL tile a
-disallowed one, and *exact* when, besides, no PARTIAL tile is uniform. The reference
-for both is the dense mask (`maskc.materialize`), cut into tiles here by NumPy alone.
+Tiles: a compiled map is *sound* when no EMPTY tile holds an allowed pair and no FULL
+tile a disallowed one, and *exact* when, besides, no PARTIAL tile is uniform. The
+reference for both is the dense mask (`maskc.materialize`, or one written in NumPy by
+the test), cut into tiles here by NumPy alone: `tile_truth`, `tile_states`,
+`unsound_tiles`, `inexact_tiles`, `assert_sound`, `assert_exact`; and the references
+for runs, `runs_reference` (`runs(x)`) and `assert_maximal_runs` (a map's run lists).
+
+Kernels: `assert_close` (max error relative to the array's scale) and
+`assert_norm_close` / `rel_err` (error relative to the reference's norm, the GPU tests').
+
+Splash: `assert_same_info`, two `MaskInfo`s equal up to the numbering of partial blocks.
 """
 
 from __future__ import annotations
@@ -47,13 +55,20 @@ def inexact_tiles(grid: np.ndarray, dense: np.ndarray, bq: int, bk: int) -> np.n
 
 
 def assert_sound(grid: np.ndarray, dense: np.ndarray, bq: int, bk: int, what: str = "") -> None:
-  """Fails naming the first unsound tiles and their claimed and true states."""
+  """`grid` has a state for every tile of `dense` (its last two axes), and no unsound one;
+  fails naming the first unsound tiles and their claimed and true states. Leading axes
+  (batch, heads) broadcast."""
+  grid = np.asarray(grid)
+  truth = tile_states(dense, bq, bk)
+  assert grid.shape[-2:] == truth.shape[-2:], (
+      f"{what}: grid of {grid.shape[-2:]} tiles, the dense mask has {truth.shape[-2:]}")
+  assert np.isin(grid, (EMPTY, PARTIAL, FULL)).all(), f"{what}: states other than 0, 1, 2"
   bad = unsound_tiles(grid, dense, bq, bk)
   if bad.any():
-    truth = tile_states(dense, bq, bk)
+    claimed, truth = np.broadcast_to(grid, bad.shape), np.broadcast_to(truth, bad.shape)
     at = [tuple(int(x) for x in i) for i in np.argwhere(bad)[:5]]
     raise AssertionError(f"{int(bad.sum())} unsound tiles {what}: at {at}, claimed "
-                         f"{[int(np.asarray(grid)[i]) for i in at]}, true "
+                         f"{[int(claimed[i]) for i in at]}, true "
                          f"{[int(truth[i]) for i in at]} (0 EMPTY, 1 PARTIAL, 2 FULL)")
 
 
@@ -64,3 +79,96 @@ def assert_exact(grid: np.ndarray, dense: np.ndarray, bq: int, bk: int, what: st
   if bad.any():
     at = [tuple(int(x) for x in i) for i in np.argwhere(bad)[:5]]
     raise AssertionError(f"{int(bad.sum())} PARTIAL tiles are uniform {what}: at {at}")
+
+
+def runs_reference(x: np.ndarray) -> np.ndarray:
+  """`runs(x)` by a plain loop: along the last axis, the 1-based index of each run of
+  nonzero values of `x`, 0 outside them (independent of maskc's run ids)."""
+  x = np.asarray(x) != 0
+  out = np.zeros(x.shape, np.int64)
+  for row, flat in zip(out.reshape(-1, x.shape[-1]), x.reshape(-1, x.shape[-1])):
+    r = 0
+    for i, v in enumerate(flat):
+      if v and (i == 0 or not flat[i - 1]):
+        r += 1
+      row[i] = r if v else 0
+  return out
+
+
+def assert_maximal_runs(rows, expected: np.ndarray) -> None:
+  """Each line's runs (`Runs` `[B, 1, n_lines, R]`, e.g. `BlockMap.rows`) are the maximal
+  runs of one state of the tiles `expected` (`[B, n_lines, n_span]`): merged, in order,
+  EMPTY left out."""
+  count = np.asarray(rows.count)[:, 0]
+  for b, i in np.ndindex(*count.shape):
+    line = expected[b, i]
+    edges = np.flatnonzero(np.diff(line)) + 1
+    want = [(int(a), int(z), int(line[a])) for a, z in
+            zip(np.concatenate([[0], edges]), np.concatenate([edges, [line.size]]))
+            if line[a] != EMPTY]
+    got = [(int(rows.start[b, 0, i, r]), int(rows.stop[b, 0, i, r]),
+            int(rows.state[b, 0, i, r])) for r in range(count[b, i])]
+    assert got == want, (b, i)
+
+
+# ----------------------------------------------------------------------------- kernel outputs
+
+
+def _float64(x) -> np.ndarray:
+  """`x` (a NumPy or JAX array of any float dtype, bfloat16 included) as float64 NumPy."""
+  return np.asarray(x).astype(np.float64)
+
+
+def assert_close(x, ref, tol: float, what: str = "") -> None:
+  """`x` is finite, of `ref`'s shape, and `max |x - ref| <= tol * max(max |ref|, 1)`.
+
+  The error is relative to the array's scale, not to each element: the kernel tests' inputs
+  are N(0, 1), so outputs and gradients are O(1), and below 1 the scale is 1.
+  """
+  x, ref = _float64(x), _float64(ref)
+  assert x.shape == ref.shape, f"{what}: shape {x.shape} != {ref.shape}"
+  assert np.isfinite(x).all(), f"{what}: non-finite values"
+  scale = max(float(np.abs(ref).max(initial=0.0)), 1.0)
+  err = float(np.abs(x - ref).max(initial=0.0))
+  assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol} x scale {scale:.3g}"
+
+
+def rel_err(x, ref) -> float:
+  """`||x - ref|| / ||ref||` (Frobenius norms, float64), after checking that `x` is finite
+  and of `ref`'s shape."""
+  x, ref = _float64(x), _float64(ref)
+  assert x.shape == ref.shape, (x.shape, ref.shape)
+  assert np.isfinite(x).all(), "non-finite values"
+  return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def assert_norm_close(x, ref, tol: float, what: str = "") -> None:
+  """`rel_err(x, ref) <= tol`: an error relative to the reference's norm, as the GPU tests
+  state their tolerances (a few large errors weigh less than in `assert_close`)."""
+  err = rel_err(x, ref)
+  assert err <= tol, f"{what}: relative error {err:.3g} > {tol}"
+
+
+# ----------------------------------------------------------------------------- splash
+
+
+def assert_same_info(a, b) -> None:
+  """Equal splash `MaskInfo`s up to the numbering of their partial blocks: `block_mask` and
+  `data_next` exactly, the same set of partial blocks, and `mask_next` pointing at equal
+  blocks everywhere."""
+  for field in ("block_mask", "data_next"):
+    x, y = getattr(a, field), getattr(b, field)
+    assert x.shape == y.shape, (field, x.shape, y.shape)
+    assert x.dtype == y.dtype, (field, x.dtype, y.dtype)
+    np.testing.assert_array_equal(x, y, err_msg=field)
+  assert (a.mask_next is None) == (b.mask_next is None)
+  assert (a.partial_mask_blocks is None) == (b.partial_mask_blocks is None)
+  if a.partial_mask_blocks is not None:
+    pa, pb = np.asarray(a.partial_mask_blocks), np.asarray(b.partial_mask_blocks)
+    assert pa.shape == pb.shape
+    assert {x.tobytes() for x in pa} == {x.tobytes() for x in pb}
+    assert a.mask_next.dtype == b.mask_next.dtype
+    np.testing.assert_array_equal(pa[a.mask_next.astype(int)], pb[b.mask_next.astype(int)])
+  assert (a.q_sequence is None) == (b.q_sequence is None)
+  if a.q_sequence is not None:
+    np.testing.assert_array_equal(a.q_sequence, b.q_sequence)

@@ -11,7 +11,7 @@ from maskc.language import ir
 from maskc.lowering import compile as _lower
 from maskc.lowering.closed_forms.axis_reads import bare_reads_only
 from maskc.compiled.tiles import grid_from_runs
-from test_lower_scale import FULL, EMPTY, _assert_maximal_runs, _expected_grid
+from helpers import assert_maximal_runs, tile_states
 
 READ_MASKS = {  # mask: reference over operands read at positions p (q or k), batch row axis first
     "g[k]": lambda g, h, w, s, p: g(p),
@@ -67,12 +67,12 @@ def test_tiles_of_bare_reads_are_the_dense_masks(text, q_len, kv_len, offset, ba
   line = READ_MASKS[text](at("g"), at("h"), at("w"), s, p)  # [nb, len of the axis]
   dense = line[:, :, None] if axis == "q" else line[:, None, :]
   dense = np.broadcast_to(dense, (nb, q_len, kv_len))
-  expected = _expected_grid(dense, bq, bk)
+  expected = tile_states(dense, bq, bk)
   _lower._CACHE.clear()
   bm = maskc.compile(m, q_len, kv_len, q_offset=offset, block_q=bq, block_kv=bk, operands=ops)
   got = np.asarray(bm.grid).reshape(expected.shape)
   np.testing.assert_array_equal(got, expected)
-  _assert_maximal_runs(bm.rows, expected)
+  assert_maximal_runs(bm.rows, expected)
   cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
   np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), got)
 

@@ -15,22 +15,14 @@ import pytest
 
 import maskc
 from maskc.parallel.layout import PARTIAL_COST, _balanced_order
-
-EMPTY, PARTIAL, FULL = 0, 1, 2
+from helpers import FULL, PARTIAL, tile_truth
 
 
 def numpy_work(dense: np.ndarray, rows: np.ndarray, cols: np.ndarray, block: int) -> float:
   """Tiles visited by `rows` against `cols` of a dense mask `[B?, L, L]`, FULL 1, PARTIAL 1.5."""
   d = dense[..., rows, :][..., :, cols]
-  d = d.reshape((-1,) + d.shape[-2:])
-  total = 0.0
-  for i in range(0, d.shape[-2], block):
-    for j in range(0, d.shape[-1], block):
-      t = d[:, i:i + block, j:j + block]
-      full = t.all(axis=(1, 2))
-      part = t.any(axis=(1, 2)) & ~full
-      total += full.sum() + PARTIAL_COST * part.sum()
-  return total
+  any_, all_ = tile_truth(d.reshape((-1,) + d.shape[-2:]), block, block)
+  return float(all_.sum() + PARTIAL_COST * (any_ & ~all_).sum())
 
 
 def compiled_work(mask, seq_len, layout, r, operands) -> float:

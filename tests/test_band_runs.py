@@ -15,7 +15,7 @@ from maskc.semantics.bind import Shape
 from maskc.analysis.linear import exact_band
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
-from test_lower_scale import _expected_grid
+from helpers import tile_states
 
 bounds_st = st.one_of(st.none(), st.integers(-40, 40))
 
@@ -32,7 +32,7 @@ def test_band_bounds_give_the_dense_tiles(lo, hi, q_len, kv_len, offset, bq, bk)
     dense &= q - k >= lo
   if hi is not None:
     dense &= q - k <= hi
-  expected = _expected_grid(dense, bq, bk)
+  expected = tile_states(dense, bq, bk)
   geo = TileGeometry(Shape.of(q_len, kv_len, offset), bq, bk)
   for along_rows, want in ((True, expected), (False, expected.T)):
     s, f, g, e = band_bounds(geo, lo, hi, along_rows)
@@ -109,7 +109,7 @@ def _lowered_and_dense(case, exact: bool):
   bm = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops,
                      exact=exact)
   dense = np.asarray(maskc.materialize(text, q_len, n, q_offset=offset, operands=ops))
-  expected = _expected_grid(dense.reshape((-1,) + dense.shape[-2:]), bq, bk)
+  expected = tile_states(dense.reshape((-1,) + dense.shape[-2:]), bq, bk)
   cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
   return (np.asarray(bm.grid).reshape(expected.shape),
           np.swapaxes(cols, -1, -2).reshape(expected.shape)), expected
@@ -218,7 +218,7 @@ def test_an_and_of_parts_needing_no_analysis_stays_in_parts():
   assert isinstance(runs, _lower_static._CombinedRuns)
   _lower._CACHE.clear()
   bm = maskc.compile(text, 4000, block_q=16, block_kv=16, operands=ops)
-  expected = _expected_grid(np.asarray(maskc.materialize(text, 4000, operands=ops)), 16, 16)
+  expected = tile_states(np.asarray(maskc.materialize(text, 4000, operands=ops)), 16, 16)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
 
 
@@ -239,7 +239,7 @@ def test_tiles_partial_in_exact_parts_are_sampled_unrefined(monkeypatch):
   _lower._CACHE.clear()
   bm = maskc.compile(text, 4000, block_q=16, block_kv=16, operands=ops)
   assert not analysed
-  expected = _expected_grid(np.asarray(maskc.materialize(text, 4000, operands=ops)), 16, 16)
+  expected = tile_states(np.asarray(maskc.materialize(text, 4000, operands=ops)), 16, 16)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
 
 
@@ -268,7 +268,7 @@ def test_tiles_partial_in_two_exact_parts_of_one_axis_are_sampled_unrefined(monk
     cols = bm.cols
     assert sorted(p.exact for p in parts) == exact
     assert (not analysed) == sampled
-    expected = _expected_grid(np.asarray(maskc.materialize(text, 1024, operands=ops)), 16, 16)
+    expected = tile_states(np.asarray(maskc.materialize(text, 1024, operands=ops)), 16, 16)
     got = np.asarray(bm.grid).reshape(expected.shape)
     assert np.all((got == FULL) <= (expected == FULL))
     assert np.all((got == EMPTY) <= (expected == EMPTY))

@@ -15,22 +15,11 @@ from hypothesis import strategies as st
 
 import maskc
 from maskc.lowering import compile as _lower
-from maskc.lowering import static as _lower_static
 from maskc import testing as mt
 from maskc.analysis.diagonal_period import diagonal_period
 from maskc.compiled.tiles import grid_from_runs
-
-
-def _tile_states(dense: np.ndarray, bq: int, bk: int) -> np.ndarray:
-  """EMPTY / PARTIAL / FULL of each tile of a dense boolean mask (independent reference)."""
-  lq, lk = dense.shape
-  nq, nk = -(-lq // bq), -(-lk // bk)
-  out = np.zeros((nq, nk), np.int8)
-  for i in range(nq):
-    for j in range(nk):
-      tile = dense[i * bq:(i + 1) * bq, j * bk:(j + 1) * bk]
-      out[i, j] = 2 if tile.all() else int(tile.any())
-  return out
+from maskc.lowering.rules import taken
+from helpers import tile_states
 
 
 @pytest.mark.parametrize("text, period", [
@@ -72,18 +61,16 @@ def test_repeated_period_equals_the_dense_tile_states(text, q_len, kv_len, offse
   bq, bk = tiles
   _lower._CACHE.clear()
   bm = maskc.compile(text, q_len, kv_len, block_q=bq, block_kv=bk, q_offset=offset, exact=True)
-  expected = _tile_states(np.asarray(maskc.materialize(text, q_len, kv_len, q_offset=offset)),
+  expected = tile_states(np.asarray(maskc.materialize(text, q_len, kv_len, q_offset=offset)),
                           bq, bk)
   np.testing.assert_array_equal(bm.grid, expected)
   cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[0]))[0, 0]
   np.testing.assert_array_equal(cols.T, expected)
 
 
-def test_periodic_masks_take_the_repeating_path(monkeypatch):
-  def no_leaves(*args, **kwargs):
-    raise AssertionError("the whole grid was classified")
-
-  monkeypatch.setattr(_lower_static, "_StaticRuns", no_leaves)
+def test_periodic_masks_take_the_repeating_path():
+  """One period of tiles classified and repeated, rows and columns: the periodic rule and
+  no other (the generic analysis would classify the whole grid of a million tiles)."""
   _lower._CACHE.clear()
   n = 1024  # tiles per side
   # causal: row i holds a FULL run [0, i) (none in row 0) and the PARTIAL diagonal tile;
@@ -91,9 +78,11 @@ def test_periodic_masks_take_the_repeating_path(monkeypatch):
   # PARTIAL run of up to 32 tiles per row.
   for text, runs in [("causal", 2 * n - 1), ("causal & chunk(8192)", (n // 64) * 127),
                      ("causal & (q - k) % 4 == 0 & q - k < 4096", n)]:
-    bm = maskc.compile(text, n * 128, block_q=128, block_kv=128)
-    assert int(bm.rows.count.sum()) == runs
-    assert int(bm.cols.count.sum()) == runs
+    with taken() as fired:
+      bm = maskc.compile(text, n * 128, block_q=128, block_kv=128)
+      assert int(bm.rows.count.sum()) == runs
+      assert int(bm.cols.count.sum()) == runs
+    assert fired == {"periodic"}, (text, fired)
 
 
 def test_periodic_map_with_a_batch_matches_each_row():
@@ -102,7 +91,7 @@ def test_periodic_map_with_a_batch_matches_each_row():
   bm = maskc.compile(["causal & chunk(64)", "causal & document(seg)"], 256, block_q=16,
                      block_kv=16, operands={"seg": seg})
   dense = np.asarray(maskc.materialize("causal & chunk(64)", 256))
-  expected = _tile_states(dense, 16, 16)
+  expected = tile_states(dense, 16, 16)
   grid = np.asarray(grid_from_runs(np, bm.rows, 16))
   for b in range(2):
     np.testing.assert_array_equal(grid[b, 0], expected)

@@ -11,7 +11,8 @@ from maskc import testing
 from maskc.lowering import compile as _lower
 from maskc.lowering import static as _lower_static
 from maskc.analysis.diagonal_truth import true_on_diagonal
-from test_lower_scale import _expected_grid
+from maskc.lowering.rules import taken
+from helpers import tile_states
 
 PROVED = ["causal", "sliding(5)", "local(3, 2)", "chunk(8)", "causal & document(seg)",
           "document(seg) & (causal | bidirectional(img))", "causal | bidirectional(img)",
@@ -45,7 +46,8 @@ def test_a_mask_proved_true_on_the_diagonal_is_true_there(m, n, seed):
 def test_diagonal_tiles_of_a_reflexive_and_take_no_sampled_pair(monkeypatch):
   """`causal & document(seg)` with documents of 30 tokens on 16-tiles: the tiles where a
   document's edge crosses the diagonal are PARTIAL in both parts, and proved mixed
-  without evaluating a pair; the map is the dense mask's."""
+  without evaluating a pair; the map is the dense mask's. (The diagonal_truth rule says
+  the proof was used; that no tile was left to sampling, no rule says: the spy does.)"""
   seg = np.repeat(np.arange(100), 30)
   sampled = []
   sample = _lower_static._sampled_mixed
@@ -53,8 +55,10 @@ def test_diagonal_tiles_of_a_reflexive_and_take_no_sampled_pair(monkeypatch):
                       lambda *a, **k: sampled.append(np.size(a[4])) or sample(*a, **k))
   _lower._CACHE.clear()
   text = "causal & document(seg)"
-  bm = maskc.compile(text, 3000, block_q=16, block_kv=16, operands={"seg": seg})
-  assert not sampled
-  expected = _expected_grid(np.asarray(maskc.materialize(text, 3000, operands={"seg": seg})),
+  with taken() as fired:
+    bm = maskc.compile(text, 3000, block_q=16, block_kv=16, operands={"seg": seg})
+  assert "diagonal_truth" in fired and "met_bounds" in fired, fired
+  assert sampled == []
+  expected = tile_states(np.asarray(maskc.materialize(text, 3000, operands={"seg": seg})),
                             16, 16)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)

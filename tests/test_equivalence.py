@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 import maskc
 from maskc import testing
 from maskc.tools.equivalence import Equivalence, UnsoundBlockMapWarning, equivalent
+from helpers import assert_sound
 
 # Shapes `(q_len, kv_len, q_offset)`: square, ragged (chunked prefill), decode, more
 # queries than keys, explicit offsets, and lengths that are not multiples of the tiles.
@@ -362,23 +363,6 @@ def test_equivalent_is_robust_to_non_idempotent_simplify():
   # equivalent() iterates simplify to a fixed point, so such a bug cannot turn a proof to unknown.
   m = maskc.parse("causal ^ full ^ allowed[q, k]")
   assert equivalent(m, m.simplify()).equal is True
-
-
-def tile_states(dense: np.ndarray, bq: int, bk: int) -> np.ndarray:
-  """EMPTY (0) / PARTIAL (1) / FULL (2) of each tile of a dense mask, by brute force."""
-  nq, nk = -(-dense.shape[0] // bq), -(-dense.shape[1] // bk)
-  out = np.zeros((nq, nk), np.int8)
-  for i in range(nq):
-    for j in range(nk):
-      t = dense[i * bq:(i + 1) * bq, j * bk:(j + 1) * bk]
-      out[i, j] = 2 if t.all() else (1 if t.any() else 0)
-  return out
-
-
-def assert_sound(grid: np.ndarray, dense: np.ndarray, bq: int, bk: int):
-  truth = tile_states(dense, bq, bk)
-  assert not ((grid == 2) & (truth != 2)).any(), f"FULL tiles that are not all true:\n{grid}"
-  assert not ((grid == 0) & (truth != 0)).any(), f"EMPTY tiles with a true position:\n{grid}"
 
 
 BIG_IDS = np.array([0, 0, 0, 0, 2**32, 2**32, 2**32, 2**32], np.int64)

@@ -1,7 +1,7 @@
 """The GPU kernels compiled by Triton and run on a real NVIDIA GPU.
 
 The interpret-mode tests (`test_kernels.py`, `test_kernels_lse.py`) check the
-kernels' arithmetic on CPU, and `test_lowering.py` checks that they lower to
+kernels' arithmetic on CPU, and `test_cross_lowering.py` checks that they lower to
 Triton. These check what neither can: that the compiled code on the device
 computes the same function (no mask, read or tile lost in compilation, no race
 between programs), forward and gradients, for the mask kinds the kernel reads
@@ -29,6 +29,7 @@ import pytest
 
 import maskc
 from attention_reference import jnp_reference, numpy_reference
+from helpers import assert_norm_close
 from maskc.kernels import api, flash, xla
 
 F32_TOL = 2e-5
@@ -50,18 +51,6 @@ pytestmark = [
     pytest.mark.skipif(GPU is None, reason="no GPU visible to jax (run `make test-gpu`, which "
                                            "sets MASKC_TEST_GPU=1, on a machine with one)"),
 ]
-
-
-def rel_err(x, ref) -> float:
-  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-  assert x.shape == ref.shape, (x.shape, ref.shape)
-  assert np.isfinite(x).all(), "non-finite values"
-  return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
-
-
-def assert_close(x, ref, tol: float, what: str) -> None:
-  err = rel_err(x, ref)
-  assert err <= tol, f"{what}: relative error {err:.3g} > {tol}"
 
 
 def inputs(seed: int, b: int, lq: int, lkv: int, h: int, hkv: int, d: int, dtype):
@@ -178,11 +167,11 @@ def test_flash_on_gpu_matches_references(case):
     allowed = np.asarray(maskc.materialize(mask, lq, lkv, operands=ops))
     allowed = allowed[:, None] if bm.batch is not None else allowed    # [B, 1, Lq, Lkv]
     out64, _ = numpy_reference(q, k, v, allowed, 1 / np.sqrt(d), cap)
-    assert_close(out, out64, tol, f"{name}: out vs float64 NumPy")
-    assert_close(out_ref, out64, F32_TOL, f"{name}: the dense reference vs float64 NumPy")
-  assert_close(out, out_ref, tol, f"{name}: out vs dense")
+    assert_norm_close(out, out64, tol, f"{name}: out vs float64 NumPy")
+    assert_norm_close(out_ref, out64, F32_TOL, f"{name}: the dense reference vs float64 NumPy")
+  assert_norm_close(out, out_ref, tol, f"{name}: out vs dense")
   for g, r, n in zip(grads, grads_ref, "qkv"):
-    assert_close(g, r, tol, f"{name}: d{n} vs dense")
+    assert_norm_close(g, r, tol, f"{name}: d{n} vs dense")
 
 
 LSE_CASES = [
@@ -224,10 +213,10 @@ def test_flash_run_with_lse_on_gpu(case):
   out64, lse64 = numpy_reference(q, k, v, allowed, scale, cap)
   empty = np.asarray(lse64, np.float32) == np.float32(xla.NEG_LSE)
   np.testing.assert_array_equal(lse[empty], np.float32(xla.NEG_LSE))
-  assert_close(out, out64, F32_TOL, f"{name}: out")
-  assert_close(np.where(empty, 0, lse), np.where(empty, 0, lse64), F32_TOL, f"{name}: lse")
+  assert_norm_close(out, out64, F32_TOL, f"{name}: out")
+  assert_norm_close(np.where(empty, 0, lse), np.where(empty, 0, lse64), F32_TOL, f"{name}: lse")
   for g, r, n in zip(grads, grads_ref, "qkv"):
-    assert_close(g, r, F32_TOL, f"{name}: d{n}")
+    assert_norm_close(g, r, F32_TOL, f"{name}: d{n}")
 
 
 TRACED = ["causal & document(seg)", "causal & chunk(96) | bidirectional(img)",
@@ -262,9 +251,9 @@ def test_attention_with_traced_operands_on_gpu():
       q, k, v, mask, backend="flash", operands={"seg": seg_gpu}), q, k, v, w, jnp.float32)
   out_ref, grads_ref = vjp_on(CPU, lambda q, k, v: maskc.attention(
       q, k, v, mask, backend="dense", operands={"seg": seg}), q, k, v, w, jnp.float32)
-  assert_close(out, out_ref, F32_TOL, "out")
+  assert_norm_close(out, out_ref, F32_TOL, "out")
   for g, r, name in zip(grads, grads_ref, "qkv"):
-    assert_close(g, r, F32_TOL, f"d{name}")
+    assert_norm_close(g, r, F32_TOL, f"d{name}")
 
 
 def test_auto_picks_flash_on_gpu():

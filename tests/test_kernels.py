@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 
 import maskc
 from attention_reference import numpy_scores, repeat_kv
+from helpers import assert_close
 from sampling import PARTS, count
 from maskc.kernels import api, dense, splash
 
@@ -78,17 +79,6 @@ def out_and_grads(fn, q, k, v, w):
 def dense_attention(q, k, v, mask, **kw):
   """The dense reference through the public face (it compiles the mask's predicate)."""
   return maskc.attention(q, k, v, mask, backend="dense", **kw)
-
-
-def assert_close(x, ref, tol: float, what: str = "") -> None:
-  """max |x - ref| <= tol × max |ref| (the output's scale), and x finite."""
-  x = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
-  ref = np.asarray(jnp.asarray(ref, jnp.float32), np.float64)
-  assert np.isfinite(x).all(), f"{what}: non-finite values"
-  # Inputs are N(0, 1), so outputs and gradients are O(1): below 1 the scale is 1.
-  scale = max(float(np.abs(ref).max(initial=0.0)), 1.0)
-  err = float(np.abs(x - ref).max(initial=0.0))
-  assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol} × scale {scale:.3g}"
 
 
 class KernelTests:

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 import maskc
 import attention_reference
 from attention_reference import jnp_reference, numpy_reference
+from helpers import assert_close
 from maskc.kernels import flash, splash, xla
 
 TOL = 1e-5
@@ -41,24 +42,13 @@ def values_and_grads(fn, q, k, v, w, c):
   return out, lse, grads
 
 
-def assert_close(x, ref, what: str) -> None:
-  """max |x - ref| <= TOL × max(max |ref|, 1): 1e-5 relative to the array's scale."""
-  x = np.asarray(x, np.float64)
-  ref = np.asarray(ref, np.float64)
-  assert x.shape == ref.shape, f"{what}: shape {x.shape} != {ref.shape}"
-  assert np.isfinite(x).all(), f"{what}: non-finite values"
-  scale = max(float(np.abs(ref).max(initial=0.0)), 1.0)
-  err = float(np.abs(x - ref).max(initial=0.0))
-  assert err <= TOL * scale, f"{what}: max error {err:.3g} > {TOL} x scale {scale:.3g}"
-
-
 def assert_lse_close(lse, ref, what: str) -> None:
   """Like `assert_close` over the rows that see a key; the others must be `NEG_LSE` exactly."""
   lse, ref = np.asarray(lse), np.asarray(ref)
   neg = np.float32(xla.NEG_LSE)                  # as the kernels store it
   empty = ref.astype(np.float32) == neg
   np.testing.assert_array_equal(lse[empty], neg, err_msg=f"{what}: empty rows")
-  assert_close(np.where(empty, 0.0, lse), np.where(empty, 0.0, ref), what)
+  assert_close(np.where(empty, 0.0, lse), np.where(empty, 0.0, ref), TOL, what)
 
 
 # ----------------------------------------------------------------------------- cases
@@ -128,18 +118,18 @@ def check_case(run_with_lse, case, **kw) -> None:
   out_np, lse_np = numpy_reference(q, k, v, allowed, scale, cap)
 
   what = f"{mask} ({lq}x{lkv}, tile {t}, heads {case['h']}/{case['hkv']}, cap {cap})"
-  assert_close(out, out_np, f"out vs numpy, {what}")
+  assert_close(out, out_np, TOL, f"out vs numpy, {what}")
   assert_lse_close(lse, lse_np, f"lse vs numpy, {what}")
-  assert_close(out, out_x, f"out vs xla, {what}")
+  assert_close(out, out_x, TOL, f"out vs xla, {what}")
   assert_lse_close(lse, lse_x, f"lse vs xla, {what}")
   empty = ~allowed.any(-1)
   np.testing.assert_array_equal(np.asarray(out)[:, empty], 0.0)
   # the references agree with each other (so a shared mistake would show)
-  assert_close(out_d, out_np, f"jnp reference out, {what}")
+  assert_close(out_d, out_np, TOL, f"jnp reference out, {what}")
   assert_lse_close(lse_d, lse_np, f"jnp reference lse, {what}")
   for name, g, gx, gd in zip("qkv", grads, grads_x, grads_d):
-    assert_close(g, gd, f"d{name} vs dense, {what}")
-    assert_close(g, gx, f"d{name} vs xla, {what}")
+    assert_close(g, gd, TOL, f"d{name} vs dense, {what}")
+    assert_close(g, gx, TOL, f"d{name} vs xla, {what}")
   # rows without keys get no gradient
   np.testing.assert_array_equal(np.asarray(grads[0])[:, empty], 0.0)
 
@@ -197,9 +187,9 @@ def test_combining_two_key_halves_by_lse_is_full_attention(backend):
   got = jax.jit(jax.value_and_grad(lambda q, k, v: (combined(q, k, v) * w).sum(),
                                    argnums=(0, 1, 2)))(q, k, v)
   want = jax.value_and_grad(lambda q, k, v: (full(q, k, v) * w).sum(), argnums=(0, 1, 2))(q, k, v)
-  assert_close(got[0], want[0], f"{backend} combined loss")
+  assert_close(got[0], want[0], TOL, f"{backend} combined loss")
   for name, g, r in zip("qkv", got[1], want[1]):
-    assert_close(g, r, f"{backend} combined d{name}")
+    assert_close(g, r, TOL, f"{backend} combined d{name}")
 
 
 def test_splash_batched_segment_ids():
@@ -217,10 +207,10 @@ def test_splash_batched_segment_ids():
   out_np, lse_np = numpy_reference(q, k, v, allowed, scale, None)
   _, _, grads_d = values_and_grads(
       lambda q, k, v: jnp_reference(q, k, v, allowed, scale, None), q, k, v, w, c)
-  assert_close(out, out_np, f"{backend} out")
+  assert_close(out, out_np, TOL, f"{backend} out")
   assert_lse_close(lse, lse_np, f"{backend} lse")
   for name, g, gd in zip("qkv", grads, grads_d):
-    assert_close(g, gd, f"{backend} d{name}")
+    assert_close(g, gd, TOL, f"{backend} d{name}")
 
 
 @pytest.mark.parametrize("backend", ["flash", "splash"])

@@ -140,7 +140,18 @@ def test_leading_operator_continues_the_line():
 
 
 def test_unexpected_newline_message_reads_well():
-  err = error_of("causal &\nchunk(4) )")
+  """The operator at a line's end continues onto the next line, so the error is the stray
+  `)` there, named as the token it is (never "unexpected a new line")."""
+  text = "causal &\nchunk(4) )"
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskSyntaxError)
+  assert err.message == "unexpected `)`; expected `=`, a new line or `;` or the end"
+  assert (err.line, err.column) == (2, 10)
+  assert_points_at(err, text, ")", occurrence=1)
+  assert str(err) == (f"{err.message} (line 2, column 10)\n\n"
+                      "  chunk(4) )\n"
+                      "           ^")  # no hint line
+  assert err.hint is None
   assert "unexpected a new line" not in err.message
 
 
@@ -165,8 +176,14 @@ def test_unknown_name_suggests_the_nearest(text, wrong, guess):
 
 
 def test_unknown_name_without_a_near_match():
+  """No name is near `zzzzzz`: the hint says how to define one instead of guessing."""
   err = error_of("zzzzzz(3)")
   assert isinstance(err, maskc.MaskNameError)
+  assert err.message == "unknown function `zzzzzz`"
+  assert err.hint == "Define it first: `name(a, b) = ...`."
+  assert_points_at(err, "zzzzzz(3)", "zzzzzz")
+  assert caret_columns(err) == (1, 6)
+  assert str(err).splitlines()[-1] == err.hint
   assert "Did you mean" not in str(err)
 
 
@@ -177,11 +194,23 @@ def test_bare_operand_used_as_a_mask_hints_at_indexing():
   assert_points_at(err, "causal & img", "img")
 
 
-@pytest.mark.parametrize("text", ["q = causal; q", "where = causal; where", "abs = causal; abs",
-                                  "f(q) = causal; f(1)", "f(a, a) = causal; f(1, 2)"])
-def test_reserved_and_repeated_names(text):
-  with pytest.raises(maskc.MaskError):
-    maskc.parse(text)
+@pytest.mark.parametrize("text,message,hint,token,occurrence", [
+    ("q = causal; q", "`q` is a reserved name and cannot be defined", "Choose another name.",
+     "q", 0),
+    ("where = causal; where", "unexpected `where`; expected `(`, `-`, `~`, a name or a number",
+     None, "where", 0),
+    ("abs = causal; abs", "`abs` is a reserved name and cannot be defined",
+     "Choose another name.", "abs", 0),
+    ("f(q) = causal; f(1)", "parameter `q` of `f` is reserved or repeated",
+     "Choose another parameter name.", "q", 0),
+    ("f(a, a) = causal; f(1, 2)", "parameter `a` of `f` is reserved or repeated",
+     "Choose another parameter name.", "a", 1),
+])
+def test_reserved_and_repeated_names(text, message, hint, token, occurrence):
+  err = error_of(text)
+  assert err.message == message
+  assert err.hint == hint
+  assert_points_at(err, text, token, occurrence)
 
 
 def test_duplicate_definition():
@@ -225,8 +254,18 @@ def test_type_errors(text, needle):
 
 
 def test_index_of_both_positions_message_is_stable():
-  message = error_of("seg[q + k] == 1").message
-  assert "`q` alone" not in message and "`k` alone" not in message
+  """A per-token read indexed by both positions says so (not "must be a term of `q`
+  alone", the pairwise operand's message), points at the index, and shows both ways to
+  index an operand."""
+  err = error_of("seg[q + k] == 1")
+  assert isinstance(err, maskc.MaskTypeError)
+  assert err.message == "the index of `seg` uses both q and k"
+  assert_points_at(err, "seg[q + k] == 1", "q + k")
+  assert caret_columns(err) == (5, 9)
+  assert err.hint == ("A per-token operand is indexed by one position (`seg[q]`, `doc[k // 2]`); "
+                      "a pairwise operand by a term of q and a term of k: `allowed[q, k]`.")
+  assert str(err).splitlines()[-1] == err.hint
+  assert "`q` alone" not in err.message and "`k` alone" not in err.message
 
 
 def test_arity_error_shows_the_signature():
@@ -291,34 +330,41 @@ def test_user_requirements():
   err = error_of(text)
   assert isinstance(err, maskc.MaskValueError)
   assert "a band is at least two wide, got band(1)" in err.message
-  assert maskc.parse(text.replace("band(1)", "band(2)")) is not None
+  np.testing.assert_array_equal(maskc.parse(text.replace("band(1)", "band(2)")).to_dense(8, 8),
+                                maskc.parse("q - 2 < k <= q").to_dense(8, 8))
 
 
 def test_bad_parameter_value():
-  with pytest.raises(maskc.MaskTypeError):
-    maskc.parse("chunk(C)", C=2.5)
+  err = error_of("chunk(C)", C=2.5)
+  assert isinstance(err, maskc.MaskTypeError)
+  assert err.message == "parameter `C` must be an int, a mask or an operand name, got float 2.5"
+  assert_points_at(err, "chunk(C)", "C")
 
 
 def test_parse_needs_a_string():
-  with pytest.raises(maskc.MaskTypeError):
-    maskc.parse(42)
-  with pytest.raises(maskc.MaskTypeError):
-    maskc.parse(b"causal")
+  for value, kind in ((42, "int"), (b"causal", "bytes")):
+    err = error_of(value)
+    assert isinstance(err, maskc.MaskTypeError)
+    assert str(err) == err.message == f"parse takes a str, got {kind}"  # no text to point at
+    assert err.line is None and err.column is None
 
 
 # ----------------------------------------------------------------------------- definitions
 
 
-@pytest.mark.parametrize("text,cycle", [
-    ("a = a & causal; a", "a -> a"),
-    ("a = b; b = a | causal; a", "a -> b -> a"),
-    ("f(x) = g(x); g(x) = sliding(x) | f(x); f(2)", "f -> g -> f"),
+@pytest.mark.parametrize("text,cycle,token,occurrence", [
+    ("a = a & causal; a", "a -> a", "a & causal", 0),
+    ("a = b; b = a | causal; a", "a -> b -> a", "a | causal", 0),
+    ("f(x) = g(x); g(x) = sliding(x) | f(x); f(2)", "f -> g -> f", "f(x)", 1),
 ])
-def test_recursive_definitions(text, cycle):
+def test_recursive_definitions(text, cycle, token, occurrence):
+  """The cycle is named and the caret sits under the use that closes it."""
   err = error_of(text)
   assert isinstance(err, maskc.MaskRecursionError)
-  assert cycle in err.message
-  assert err.column is not None
+  assert err.message == f"recursive definition: {cycle}"
+  assert err.hint == "A mask cannot be defined in terms of itself."
+  assert err.line == 1
+  assert_points_at(err, text, token, occurrence)
 
 
 def test_undefined_function():
@@ -348,6 +394,13 @@ def test_huge_text():
 def test_deep_nesting(text):
   err = error_of(text)
   assert isinstance(err, maskc.MaskLimitError)
+  assert err.message == "the mask nests deeper than 128 levels"
+  assert err.hint == (
+      "A run of `~` or `-` nests one level per operator; drop pairs that cancel."
+      if text[0] in "~-" else
+      "Long chains of `+` or `-` and deep brackets nest; name parts with definitions.")
+  assert err.line == 1 and caret_columns(err)[0] >= 1
+  assert len(str(err)) < SHORT_ERROR
 
 
 def test_deep_brackets_alone_are_harmless():
@@ -364,8 +417,12 @@ def test_exponential_definitions():
 def test_exponential_parameterized_definitions():
   lines = ["a0(x) = sliding(x) | sliding(x + 1)"] + [
       f"a{i}(x) = a{i - 1}(x) & a{i - 1}(x + 1)" for i in range(1, 40)]
-  err = error_of("; ".join(lines + ["a39(3)"]))
+  text = "; ".join(lines + ["a39(3)"])
+  err = error_of(text)
   assert isinstance(err, maskc.MaskLimitError)
+  assert err.message == "the mask expands to more than 50000 nodes"
+  assert err.hint == "Definitions used many times multiply; simplify the mask."
+  assert err.column == text.rindex("a39(3)") + 1  # the use that expands too far
 
 
 # Errors quote the offending text with a window and a caret; whatever the input, they stay short.

@@ -1,9 +1,9 @@
 """Helpers over flat run lists (`maskc.lowering.grid.run_lists`) against plain NumPy: which keys lie on
-given lines, which runs of one list overlap the other's, and two sorted lists of disjoint
-runs interleaved."""
+given lines, which runs of one list overlap the other's, two sorted lists of disjoint
+runs interleaved, and leaves (disjoint rectangles) expanded into runs in line order."""
 
 import numpy as np
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from maskc.lowering.closed_forms.band_runs import band_bounds, keyed_band_runs
@@ -112,3 +112,34 @@ def test_group_ends_select_each_groups_first_and_last(flags):
   items = np.arange(new.size)
   assert items[first].tolist() == starts
   assert items[last].tolist() == ends
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 40), st.integers(1, 40), st.integers(0, 2**31))
+def test_leaves_expand_in_line_order(nb, n_lines, n_span, seed):
+  """Leaves (disjoint rectangles) expanded in `(b, line, a)` order by the radix sorts (and by
+  one key when the lines are too many for 16 bits): the order of a plain sort of the runs."""
+  from maskc.lowering.grid import run_lists as _run_lists
+  rng = np.random.default_rng(seed)
+  rects = []  # random disjoint rectangles: a grid cut into random row bands and column cuts
+  for b in range(nb):
+    rows = np.unique(np.concatenate([[0, n_lines], rng.integers(0, n_lines, 4)]))
+    for i0, i1 in zip(rows[:-1], rows[1:]):
+      cols = np.unique(np.concatenate([[0, n_span], rng.integers(0, n_span, 4)]))
+      rects += [(b, i0, i1, j0, j1, rng.integers(1, 3)) for j0, j1 in zip(cols[:-1], cols[1:])
+                if rng.random() < 0.7]
+  rng.shuffle(rects)
+  leaves = tuple(np.array([r[f] for r in rects], np.int8 if f == 5 else np.int64).reshape(-1)
+                 for f in range(6))
+  for along_rows in (True, False):
+    lines = n_lines if along_rows else n_span
+    want = _run_lists.expand_leaves(leaves, along_rows)
+    order = np.lexsort((want[2], want[1], want[0]))
+    want = [x[order] for x in want]
+    got = _run_lists.expand_in_order(leaves, along_rows, lines)
+    for g, w in zip(got, want):
+      np.testing.assert_array_equal(g, w)
+    wide = _run_lists.expand_in_order(leaves, along_rows, (1 << 16) + 1)  # one-key path
+    merged = _run_lists.merge_runs(*want)
+    for g, w in zip(wide, merged):
+      np.testing.assert_array_equal(g, w)

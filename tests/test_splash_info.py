@@ -16,6 +16,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 
 import maskc
 from maskc.compiled.splash_info import splash_mask_info
+from helpers import assert_same_info
 
 
 def theirs(masks, block_q: int, block_kv: int):
@@ -31,26 +32,6 @@ def ours(mask, q_len, kv_len, block_q, block_kv, *, q_offset=None, operands=None
                      operands=operands)
   fwd, dq, dkv, fn = splash_mask_info(bm, use_mask_function=use_mask_function)
   return fwd, dkv, fn, dq
-
-
-def assert_same_info(a: smi.MaskInfo, b: smi.MaskInfo) -> None:
-  """Equal MaskInfos up to the numbering of partial blocks."""
-  for field in ("block_mask", "data_next"):
-    x, y = getattr(a, field), getattr(b, field)
-    assert x.shape == y.shape, (field, x.shape, y.shape)
-    assert x.dtype == y.dtype, (field, x.dtype, y.dtype)
-    np.testing.assert_array_equal(x, y, err_msg=field)
-  assert (a.mask_next is None) == (b.mask_next is None)
-  assert (a.partial_mask_blocks is None) == (b.partial_mask_blocks is None)
-  if a.partial_mask_blocks is not None:
-    pa, pb = np.asarray(a.partial_mask_blocks), np.asarray(b.partial_mask_blocks)
-    assert pa.shape == pb.shape
-    assert {x.tobytes() for x in pa} == {x.tobytes() for x in pb}
-    assert a.mask_next.dtype == b.mask_next.dtype
-    np.testing.assert_array_equal(pa[a.mask_next.astype(int)], pb[b.mask_next.astype(int)])
-  assert (a.q_sequence is None) == (b.q_sequence is None)
-  if a.q_sequence is not None:
-    np.testing.assert_array_equal(a.q_sequence, b.q_sequence)
 
 
 def check(our_mask, their_masks, q_len, kv_len, bq, bk, **kw):

@@ -31,7 +31,7 @@ from maskc.kernels import splash
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fake_devices  # noqa: E402
 import splash_shards_worker  # noqa: E402
-from test_splash_info import assert_same_info  # noqa: E402
+from helpers import assert_same_info  # noqa: E402
 
 L = 512
 BLOCK = 64

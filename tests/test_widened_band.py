@@ -15,7 +15,8 @@ from maskc.semantics.ranges import Tables
 from maskc.lowering.closed_forms.band_runs import Intervals
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
-from test_lower_scale import _expected_grid
+from maskc.lowering.rules import taken
+from helpers import tile_states
 
 BANDS = ["causal", "sliding(W)", "local(L, R)", "q - k >= A & q - k <= B", "k - q >= A",
          "q - k >= A", "causal & chunk(C)", "chunk(C)", "local(L, R) & chunk(C)",
@@ -66,7 +67,7 @@ def widened_cases(draw):
 
 def _dense_tiles(text, n, q_len, offset, bq, bk, ops):
   dense = np.asarray(maskc.materialize(text, q_len, n, q_offset=offset, operands=ops))
-  return _expected_grid(dense.reshape((-1,) + dense.shape[-2:]), bq, bk)
+  return tile_states(dense.reshape((-1,) + dense.shape[-2:]), bq, bk)
 
 
 def _equal_runs(equal, n, q_len, offset, bq, bk, ops):
@@ -192,19 +193,10 @@ def test_an_or_and_an_and_with_a_widened_band_are_exact(case, inside, exact):
 def test_the_widened_band_is_taken(text, monkeypatch):
   """These masks are lowered through the widened band, along rows and columns, with no
   tile analysed (but one period of the chunks, which is then not used), and give the
-  dense tiles."""
-  taken = []
-  widened = _lower_static.widened_bounds
-
-  def counted(*args, **kwargs):
-    bounds = widened(*args, **kwargs)
-    taken.append(bounds is not None)
-    return bounds
-
+  dense tiles. The rule says which path ran; that no tile was analysed, the patch."""
   def no_analysis(*args, **kwargs):
     raise AssertionError("a tile analysed")
 
-  monkeypatch.setattr(_lower_static, "widened_bounds", counted)
   if "chunk" not in text:
     monkeypatch.setattr(_lower_static, "_decide_tiles", no_analysis)
   n = 2000
@@ -215,10 +207,14 @@ def test_the_widened_band_is_taken(text, monkeypatch):
          "g": np.isin(np.arange(n), [5, 700, 1999])}
   ops = {k: v for k, v in ops.items() if k + ")" in text or k + "[" in text}
   _lower._CACHE.clear()
-  bm = maskc.compile(text, n, block_q=64, block_kv=64, operands=ops)
-  assert taken and all(taken), taken
+  with taken() as fired:
+    bm = maskc.compile(text, n, block_q=64, block_kv=64, operands=ops)
+    cols = bm.cols
+  assert "widened_band" in fired, fired
   expected = _dense_tiles(text, n, n, 0, 64, 64, ops)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
+  cols = np.asarray(grid_from_runs(np, cols, expected.shape[-2]))[:, 0]
+  np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)
 
 
 @st.composite
@@ -270,22 +266,21 @@ def test_the_traced_widened_band_is_the_dense_mask(case):
 def test_the_traced_widened_band_is_taken(monkeypatch):
   """`causal & chunk(64) | bidirectional(img)` under `jit` is lowered from its lines'
   reductions (`widened_bounds_traced`), rows and columns, with no analysis of the grid,
-  exactly."""
-  taken = []
-  bounds_of = _lower_dynamic.widened_bounds_traced
-
-  def counted(*args):
-    taken.append(True)
-    return bounds_of(*args)
-
-  monkeypatch.setattr(_lower_dynamic, "widened_bounds_traced", counted)
+  exactly. The rule says which path ran (the traced widened band gives rows and columns
+  together); that nothing was analysed, the patch."""
   monkeypatch.setattr(_lower_dynamic, "Analyzer", None)  # any analysis fails
   n = 1000
   img = np.zeros((2, n), bool)
   img[0, 100:300] = img[0, 640:641] = img[1, 0:130] = img[1, 900:1000] = True
   text = "causal & chunk(64) | bidirectional(img)"
-  grid = jax.jit(lambda o: maskc.compile(text, n, block_q=32, block_kv=16, operands=o).grid)(
-      {"img": img})
-  assert len(taken) == 2  # rows and columns
+  def lower(o):
+    bm = maskc.compile(text, n, block_q=32, block_kv=16, operands=o)
+    return bm.grid, bm.cols
+
+  with taken() as fired:
+    grid, cols = jax.jit(lower)({"img": img})
+  assert fired == {"widened_band"}, fired
   expected = _dense_tiles(text, n, n, 0, 32, 16, {"img": img})
   np.testing.assert_array_equal(np.asarray(grid).reshape(expected.shape), expected)
+  cols = np.asarray(grid_from_runs(np, jax.tree.map(np.asarray, cols), expected.shape[-2]))[:, 0]
+  np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)

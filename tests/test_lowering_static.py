@@ -1,5 +1,9 @@
-"""Lowering with run-structured operands: exactness, soundness, traced == static, memory budget,
-and extreme magnitudes; every tile checked against a dense NumPy reference written here."""
+"""The lowering's correctness on run-structured operands, mostly by its static path
+(`maskc.lowering.static`): exactness and soundness, traced == static, the memory budget,
+extreme magnitudes, parts lowered apart and along one axis, the operands' tile cover, and
+the static path's pieces (median cuts, meeting pieces, splits, sampled pairs, strips); every
+tile checked against a dense NumPy reference written here. The operands' run form has its
+own tests in test_operand_runs.py."""
 
 import itertools
 from unittest import mock
@@ -13,26 +17,15 @@ from hypothesis import strategies as st
 
 import maskc
 from maskc.compiled.tiles import grid_from_runs
-
-EMPTY, PARTIAL, FULL = 0, 1, 2
+from maskc.lowering.rules import disabled, taken
+from helpers import (EMPTY, FULL, assert_maximal_runs, assert_sound, runs_reference, tile_states,
+                     tile_truth)
 
 PRELUDE_WITH_OPERANDS = [
     "document(seg)", "bidirectional(img)", "causal & document(seg)",
     "causal & chunk(8) | bidirectional(img)", "document(seg) & (causal | bidirectional(img))",
     "sliding(5) | bidirectional(img)", "~bidirectional(img) & causal",
 ]
-
-
-def _runs_reference(img):
-  """`runs(x)` by a plain loop: 1-based index of each run of true values, 0 outside."""
-  out = np.zeros(img.shape, np.int64)
-  for row, flat in zip(out.reshape(-1, img.shape[-1]), img.reshape(-1, img.shape[-1])):
-    r = 0
-    for i, v in enumerate(flat):
-      if v and (i == 0 or not flat[i - 1]):
-        r += 1
-      row[i] = r if v else 0
-  return out
 
 
 def _dense(text, q_len, kv_len, q_offset, ops):
@@ -51,7 +44,7 @@ def _dense(text, q_len, kv_len, q_offset, ops):
   if seg is not None:
     env["document(seg)"] = at(seg, q) == at(seg, k)
   if img is not None:
-    runs = _runs_reference(img)
+    runs = runs_reference(img)
     env["bidirectional(img)"] = (at(runs, q) == at(runs, k)) & at(img, q)
   table = {
       "document(seg)": lambda: env["document(seg)"],
@@ -67,23 +60,6 @@ def _dense(text, q_len, kv_len, q_offset, ops):
   }
   del lead
   return np.asarray(table[text]())
-
-
-def _tile_truth(dense, bq, bk):
-  q_len, kv_len = dense.shape[-2:]
-  nq, nk = -(-q_len // bq), -(-kv_len // bk)
-  pad = np.zeros(dense.shape[:-2] + (nq * bq, nk * bk), bool)
-  valid = np.zeros_like(pad)
-  pad[..., :q_len, :kv_len] = dense
-  valid[..., :q_len, :kv_len] = True
-  t = pad.reshape(dense.shape[:-2] + (nq, bq, nk, bk))
-  v = valid.reshape(t.shape)
-  return t.any(axis=(-3, -1)), (t | ~v).all(axis=(-3, -1))
-
-
-def _expected_grid(dense, bq, bk):
-  any_, all_ = _tile_truth(dense, bq, bk)
-  return np.where(all_, FULL, np.where(any_, PARTIAL, EMPTY))
 
 
 @st.composite
@@ -127,7 +103,7 @@ def test_exact_and_sound_on_run_structured_operands(case):
   text, n, q_len, offset, bq, bk, ops = case
   ops = _ops_for(text, ops)
   bm = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops)
-  expected = _expected_grid(_dense(text, q_len, n, offset, ops), bq, bk)
+  expected = tile_states(_dense(text, q_len, n, offset, ops), bq, bk)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
   # the backward runs (per key tile) describe the same tiles
   cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
@@ -177,7 +153,7 @@ def test_bidirectional_is_decided_by_analysis_without_evaluation(monkeypatch):
     _lower._CACHE.clear()
     bm = maskc.compile(text, 4096, block_q=64, block_kv=64, operands=ops)
     dense = np.asarray(maskc.materialize(text, 4096, operands=ops))
-    np.testing.assert_array_equal(bm.grid, _expected_grid(dense, 64, 64))
+    np.testing.assert_array_equal(bm.grid, tile_states(dense, 64, 64))
 
 
 def test_a_tiny_memory_budget_raises_instead_of_allocating():
@@ -202,13 +178,6 @@ def test_traced_refinement_keeps_tile_zero():
   np.testing.assert_array_equal(np.asarray(traced), static.grid)
 
 
-def _check_sound(grid, dense, bq, bk):
-  any_, all_ = _tile_truth(dense, bq, bk)
-  g = np.asarray(grid).reshape(any_.shape)
-  assert not np.any((g == FULL) & ~all_), "a FULL tile holds a false position"
-  assert not np.any((g == EMPTY) & any_), "an EMPTY tile holds a true position"
-
-
 @pytest.mark.parametrize("ids", [[2**63 - 1, 0, -2**63, 5], [-2**63, -2**63, 2**63 - 1, 0]])
 @pytest.mark.parametrize("text", ["document(seg)", "seg[q] == seg[k]", "seg[q] < seg[k]",
                                   "seg[q] != seg[k] | causal"])
@@ -222,7 +191,7 @@ def test_extreme_int64_ids_are_never_unsound(text, ids):
                     for i in range(4)])
   for bq, bk in [(1, 1), (2, 2), (4, 4), (2, 3)]:
     bm = maskc.compile(text, 4, block_q=bq, block_kv=bk, operands={"seg": seg})
-    _check_sound(bm.grid, dense, bq, bk)
+    assert_sound(bm.grid, dense, bq, bk)
 
 
 def test_extreme_traced_int32_ids_and_offsets_are_never_unsound():
@@ -230,14 +199,14 @@ def test_extreme_traced_int32_ids_and_offsets_are_never_unsound():
   dense = seg[:, None].astype(np.int64) == seg[None, :].astype(np.int64)
   grid = jax.jit(lambda s: maskc.compile("document(seg)", 4, block_q=2, block_kv=2,
                                          operands={"seg": s}).grid)(seg)
-  _check_sound(grid, dense, 2, 2)
+  assert_sound(grid, dense, 2, 2)
   # q - k < 4 at q_offset = 2**31 - 8: exact q is never below k + 4 (q >= 2**31 - 8 > 15 + 4)
   offset = 2**31 - 8
   grid = jax.jit(lambda o: maskc.compile("q - k < 4", 16, block_q=4, block_kv=4,
                                          q_offset=o).grid)(jnp.int32(offset))
   q = np.arange(16, dtype=object)[:, None] + offset
   k = np.arange(16, dtype=object)[None, :]
-  _check_sound(grid, np.asarray(q - k < 4, bool), 4, 4)
+  assert_sound(grid, np.asarray(q - k < 4, bool), 4, 4)
 
 
 @settings(max_examples=30)
@@ -256,7 +225,7 @@ def test_extreme_offsets_are_never_unsound(offset, text):
     bm = maskc.compile(text, q_len, 16, q_offset=offset, block_q=4, block_kv=4)
   except maskc.MaskValueError:
     return  # refusing is allowed; a wrong map is not
-  _check_sound(bm.grid, np.asarray(exact, bool), 4, 4)
+  assert_sound(bm.grid, np.asarray(exact, bool), 4, 4)
 
 
 def test_check_reads_needs_no_per_token_arrays():
@@ -296,97 +265,8 @@ def test_shifted_reads_are_exact_with_cuts_at_their_changes(case, text):
                k <= q + 5),
            "img[q + 1] | img[k + 3] & causal": lambda: at(img, q + 1) | (at(img, k + 3) & (
                k <= q))}[text]()
-  expected = _expected_grid(np.asarray(dense), bq, bk)
+  expected = tile_states(np.asarray(dense), bq, bk)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
-
-
-@st.composite
-def run_arrays(draw):
-  """`[B, L]` arrays of a few runs (ids, flags or extreme values), B in 1..3."""
-  b, n = draw(st.integers(1, 3)), draw(st.integers(1, 40))
-  values = st.sampled_from([0, 1, 2, 7, -3, 2**62, -2**63])
-  rows = []
-  for _ in range(b):
-    row, pos = [], 0
-    while pos < n:
-      run = draw(st.integers(1, n - pos))
-      row += [draw(values)] * run
-      pos += run
-    rows.append(row)
-  return np.array(rows, np.int64)
-
-
-@given(run_arrays())
-def test_run_form_is_a_lossless_summary(a):
-  """The run form rebuilds the operand, its digest tells operands apart, and run ids agree
-  with a plain loop, on one row and broadcast over rows."""
-  from maskc.semantics.operand_runs import RunForm
-  form = RunForm.of(a)
-  np.testing.assert_array_equal(form.to_array(np.int64), a)
-  assert form.starts[0] == 0 and (np.diff(form.starts) > 0).all()
-  assert all(b * a.shape[1] in form.starts for b in range(a.shape[0]))  # rows start runs
-  np.testing.assert_array_equal(form.run_ids().to_array(np.int64), _runs_reference(a != 0))
-  changed = a.copy()
-  changed.flat[len(a.flat) // 2] ^= 1
-  assert RunForm.of(changed).digest() != form.digest()
-  assert RunForm.of(a.copy()).digest() == form.digest()
-  one = RunForm.of(a[:1]).broadcast(3)
-  np.testing.assert_array_equal(one.to_array(np.int64), np.repeat(a[:1], 3, axis=0))
-  np.testing.assert_array_equal(one.run_ids().to_array(np.int64),
-                                _runs_reference(np.repeat(a[:1], 3, axis=0) != 0))
-
-
-@given(st.integers(0, 5000), st.lists(st.integers(0, 4999), max_size=40))
-def test_few_set_flags_are_found_word_by_word(n, places):
-  """`np.flatnonzero` of a long, sparse bool array (an operand's changes), by the 8-byte
-  words that hold any, any length and places (tail past the last whole word included)."""
-  from maskc.semantics.operand_runs import _set_flags
-  flags = np.zeros(n, bool)
-  flags[[p for p in places if p < n]] = True
-  np.testing.assert_array_equal(_set_flags(flags), np.flatnonzero(flags))
-  np.testing.assert_array_equal(_set_flags(flags[1:]), np.flatnonzero(flags[1:]))
-
-
-@given(run_arrays(), st.lists(st.integers(-5, 400), min_size=1, max_size=30))
-def test_run_lookup_by_search_and_by_token_index_agree(a, tokens):
-  """Which run holds a token: by binary search over the run starts and by the per-token
-  index built once searches have cost enough, both equal to a plain scan; and no index
-  where it would not fit the budget, or for runs few enough to search in cache."""
-  from maskc.semantics import operand_runs as _operand_runs
-  from maskc.semantics.operand_runs import RunForm, RunTable
-  form = RunForm.of(a)
-  assert RunTable(form, index_bytes=1 << 20)._search.may_index is (
-      form.starts.size > _operand_runs.SEARCH_IN_CACHE)
-  in_cache, _operand_runs.SEARCH_IN_CACHE = _operand_runs.SEARCH_IN_CACHE, 0  # index any runs
-  try:
-    _check_run_lookups(form, a, tokens)
-  finally:
-    _operand_runs.SEARCH_IN_CACHE = in_cache
-
-
-def _check_run_lookups(form, a, tokens):
-  """Lookups of `tokens` (one batch row each, in turn) by search and by index, to a scan."""
-  from maskc.semantics.operand_runs import RunTable
-  rows, length = a.shape
-  b = np.arange(len(tokens)) % rows
-  i = np.asarray(tokens)
-  clipped = np.clip(i, 0, length - 1)
-  # the run of token t is the last run starting at or before it
-  expected = np.array([max(r for r, s in enumerate(form.starts) if s <= bb * length + t)
-                       for bb, t in zip(b, clipped)])
-  searching = RunTable(form)  # index_bytes 0: never an index
-  indexed = RunTable(form, index_bytes=1 << 20)
-  for _ in range(2 * rows * length):  # enough lookups to build the index
-    if indexed._search.index is not None:
-      break
-    np.testing.assert_array_equal(indexed.run_index(b, i), expected)
-  assert indexed._search.index is not None and searching._search.index is None
-  np.testing.assert_array_equal(indexed.run_index(b, i), expected)
-  np.testing.assert_array_equal(searching.run_index(b, i), expected)
-  small = RunTable(form, index_bytes=4 * rows * length - 1)  # one byte short
-  for _ in range(2 * rows * length):
-    small.run_index(b, i)
-  assert small._search.index is None
 
 
 @pytest.mark.parametrize("text", ["causal & document(seg)", "document(seg)",
@@ -408,7 +288,7 @@ def test_many_short_runs_looked_up_by_token_index_are_exact(text):
   finally:
     _operand_runs.SEARCH_IN_CACHE = in_cache
     _lower._CACHE.clear()
-  expected = _expected_grid(_dense(text, n, n, 0, ops), 16, 32)
+  expected = tile_states(_dense(text, n, n, 0, ops), 16, 32)
   np.testing.assert_array_equal(np.asarray(bm.grid), expected)
   back = np.asarray(grid_from_runs(np, cols, expected.shape[0]))[0, 0]
   np.testing.assert_array_equal(back.T, expected)
@@ -440,12 +320,12 @@ def test_same_run_equalities_stay_exact(text, n, seed, block, batch):
   bm = maskc.compile(text, n, block_q=block, block_kv=block, operands=ops, exact=True)
   dense = np.asarray(maskc.materialize(text, n, operands=ops)).reshape((-1, n, n))
   # the dense reference written here: runs(x) by a plain loop
-  runs_x = _runs_reference(x != 0).reshape((-1, n + 1))
+  runs_x = runs_reference(x != 0).reshape((-1, n + 1))
   q, k = np.arange(n)[:, None], np.arange(n)[None, :]
   if text == SAME_RUN_MASKS[0]:
     np.testing.assert_array_equal(dense, (runs_x[:, q] == runs_x[:, k]) & (x.reshape(
         (-1, n + 1))[:, q] != 0))
-  expected = _expected_grid(dense, block, block)
+  expected = tile_states(dense, block, block)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
   cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
   np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)
@@ -587,30 +467,6 @@ def test_a_sampled_pair_proves_a_tile_holds_that_value(case, text):
     assert (~tile).any() if union else tile.any(), (text, b[t], i[t], j[t])
 
 
-@given(st.lists(st.one_of(st.integers(1, 2**53 - 1),
-                          st.integers(0, 52).map(lambda e: 2**e),
-                          st.integers(1, 53).map(lambda e: 2**e - 1)), min_size=1,
-                max_size=64))
-def test_floor_log2_is_exact_for_counts(ns):
-  """The sparse tables' level, `floor(log2(n))`, equals Python's exact integer answer,
-  at and around every power of two a count can reach, in NumPy and under jit."""
-  from maskc.semantics.operand_runs import floor_log2
-  got = floor_log2(np, np.array(ns, np.int64))
-  assert got.dtype == np.int64
-  assert got.tolist() == [n.bit_length() - 1 for n in ns]
-  small = np.array([n for n in ns if n < 2**24] + [1, 2, 3, 2**23, 2**24 - 1], np.int32)
-  padded = np.pad(small, (0, 69 - small.size), constant_values=1)  # one shape: one compile
-  traced = _floor_log2_jit(padded)  # float32 under jit: counts < 2**24
-  assert traced.dtype == jnp.int32
-  assert np.asarray(traced)[:small.size].tolist() == [int(n).bit_length() - 1 for n in small]
-
-
-@jax.jit
-def _floor_log2_jit(x):
-  from maskc.semantics.operand_runs import floor_log2
-  return floor_log2(jnp, x)
-
-
 def test_cache_keys_follow_operand_values_not_identity():
   """Equal operands share a cached map; a one-token change does not."""
   seg = np.repeat(np.arange(8), 40).astype(np.int32)
@@ -623,7 +479,7 @@ def test_cache_keys_follow_operand_values_not_identity():
   c = maskc.compile("causal & document(seg)", 320, block_q=32, block_kv=32,
                     operands={"seg": seg2})
   assert c is not a
-  np.testing.assert_array_equal(np.asarray(c.grid), _expected_grid(
+  np.testing.assert_array_equal(np.asarray(c.grid), tile_states(
       _dense("causal & document(seg)", 320, 320, 0, {"seg": seg2}), 32, 32))
 
 
@@ -646,7 +502,6 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
   masks beyond the prelude are refined too)."""
   from maskc.lowering import compile as _lower
   from maskc.lowering import static as _lower_static
-  from maskc.lowering.grid.geometry import TileGeometry
   _, n, _, _, _, _, ops = case
   n = max(n, 8)
   reps = -(-256 // n)                      # 256 tokens: a period spans at most a quarter
@@ -654,33 +509,31 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
   img = np.concatenate([np.asarray(ops["img"])] * reps, axis=-1)[..., :256]
   ops = _ops_for(text, {"seg": seg, "img": img, "g": img & (seg % 3 == 0)})
   m = maskc.parse(text)
-  bound = _lower.bind_masks(m, 256, operands=ops)
-  geo = TileGeometry(bound.shape, bq, bk)
-  assert _lower_static._parts(bound.masks[0], geo) is not None, "the split is not taken"
   _lower._CACHE.clear()
   # chunk 5: runs are combined in many groups of lines; in parts however dense the operands
   default_chunk, _lower_static.COMBINE_CHUNK = _lower_static.COMBINE_CHUNK, chunk
   default_whole, _lower_static.WHOLE_AFTER = _lower_static.WHOLE_AFTER, float("inf")
   try:
-    bm = maskc.compile(m, 256, block_q=bq, block_kv=bk, operands=ops, exact=True)
-    bm.cols
+    with taken() as fired:
+      bm = maskc.compile(m, 256, block_q=bq, block_kv=bk, operands=ops, exact=True)
+      bm.cols
   finally:
     _lower_static.COMBINE_CHUNK = default_chunk
     _lower_static.WHOLE_AFTER = default_whole
+  assert "parts" in fired, f"the split is not taken: {sorted(fired)}"
   dense = np.asarray(maskc.materialize(m, 256, operands=ops)).reshape((-1, 256, 256))
-  expected = _expected_grid(dense, bq, bk)
+  expected = tile_states(dense, bq, bk)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
   cols = np.asarray(grid_from_runs(np, bm.cols, expected.shape[-2]))[:, 0]
   np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)
   # lowered whole, the runs are the same arrays
   _lower._CACHE.clear()
-  orig = _lower_static._parts
   try:
-    _lower_static._parts = lambda m, geo: None
-    whole = maskc.compile(m, 256, block_q=bq, block_kv=bk, operands=ops, exact=True)
+    with disabled("parts"), taken() as fired:
+      whole = maskc.compile(m, 256, block_q=bq, block_kv=bk, operands=ops, exact=True)
   finally:
-    _lower_static._parts = orig
     _lower._CACHE.clear()
+  assert "parts" not in fired, sorted(fired)
   for got, want in zip(bm.rows, whole.rows):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
@@ -719,26 +572,11 @@ AXIS_MASKS = {  # mask: (the reference by NumPy broadcasting, `_axis_parts`)
 
 
 def _bidirectional(g, q, k):
-  """`bidirectional(g)` by `_runs_reference`: both positions in one run of true values of g
+  """`bidirectional(g)` by `runs_reference`: both positions in one run of true values of g
   (read through `g(indices)`; every position is below the number of keys)."""
-  runs = _runs_reference(np.asarray(g(np.arange(k.shape[-1]))))
+  runs = runs_reference(np.asarray(g(np.arange(k.shape[-1]))))
   at_q, at_k = runs[..., q], runs[..., k]
   return (at_q == at_k) & (at_q > 0)
-
-
-def _assert_maximal_runs(rows, expected):
-  """Each line's runs (`Runs` `[B, 1, n_lines, R]`) are the maximal runs of one state of the
-  tiles `expected` (`[B, n_q, n_kv]`): merged, in order, EMPTY left out."""
-  count = np.asarray(rows.count)[:, 0]
-  for b, i in np.ndindex(*count.shape):
-    line = expected[b, i]
-    edges = np.flatnonzero(np.diff(line)) + 1
-    want = [(int(a), int(z), int(line[a])) for a, z in
-            zip(np.concatenate([[0], edges]), np.concatenate([edges, [line.size]]))
-            if line[a] != EMPTY]
-    got = [(int(rows.start[b, 0, i, r]), int(rows.stop[b, 0, i, r]),
-            int(rows.state[b, 0, i, r])) for r in range(count[b, i])]
-    assert got == want, (b, i)
 
 
 def _axis_parts(m, bound, bq, bk):
@@ -783,7 +621,7 @@ def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed,
   dense = reference(q, k, lambda i: ops["g"][..., i] if "g" in ops else None,
                     lambda i: ops["seg"][..., i] if "seg" in ops else None, n)
   dense = np.broadcast_to(dense, ((batch or 1), q_len, kv_len))
-  expected = _expected_grid(dense, bq, bk)
+  expected = tile_states(dense, bq, bk)
   from maskc.lowering import compile as _lower
   from maskc.lowering import static as _lower_static
   bound = _lower.bind_masks(m, q_len, kv_len, q_offset=offset, operands=ops)
@@ -802,7 +640,7 @@ def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed,
     np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), got)
     if exact:
       np.testing.assert_array_equal(got, expected)
-      _assert_maximal_runs(bm.rows, expected)
+      assert_maximal_runs(bm.rows, expected)
     else:
       assert np.all((got == FULL) <= (expected == FULL))
       assert np.all((got == EMPTY) <= (expected == EMPTY))
@@ -837,38 +675,7 @@ def test_an_intersection_with_dense_operands_is_lowered_whole(lo, hi, ids, in_pa
   bm = maskc.compile("causal & document(seg)", 4096, block_q=16, block_kv=16,
                      operands={"seg": seg})
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(256, 256),
-                                _expected_grid(dense.reshape(1, 4096, 4096), 16, 16)[0])
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.integers(1, 3), st.integers(1, 40), st.integers(1, 40), st.integers(0, 2**31))
-def test_leaves_expand_in_line_order(nb, n_lines, n_span, seed):
-  """Leaves (disjoint rectangles) expanded in `(b, line, a)` order by the radix sorts (and by
-  one key when the lines are too many for 16 bits): the order of a plain sort of the runs."""
-  from maskc.lowering.grid import run_lists as _run_lists
-  rng = np.random.default_rng(seed)
-  rects = []  # random disjoint rectangles: a grid cut into random row bands and column cuts
-  for b in range(nb):
-    rows = np.unique(np.concatenate([[0, n_lines], rng.integers(0, n_lines, 4)]))
-    for i0, i1 in zip(rows[:-1], rows[1:]):
-      cols = np.unique(np.concatenate([[0, n_span], rng.integers(0, n_span, 4)]))
-      rects += [(b, i0, i1, j0, j1, rng.integers(1, 3)) for j0, j1 in zip(cols[:-1], cols[1:])
-                if rng.random() < 0.7]
-  rng.shuffle(rects)
-  leaves = tuple(np.array([r[f] for r in rects], np.int8 if f == 5 else np.int64).reshape(-1)
-                 for f in range(6))
-  for along_rows in (True, False):
-    lines = n_lines if along_rows else n_span
-    want = _run_lists.expand_leaves(leaves, along_rows)
-    order = np.lexsort((want[2], want[1], want[0]))
-    want = [x[order] for x in want]
-    got = _run_lists.expand_in_order(leaves, along_rows, lines)
-    for g, w in zip(got, want):
-      np.testing.assert_array_equal(g, w)
-    wide = _run_lists.expand_in_order(leaves, along_rows, (1 << 16) + 1)  # one-key path
-    merged = _run_lists.merge_runs(*want)
-    for g, w in zip(wide, merged):
-      np.testing.assert_array_equal(g, w)
+                                tile_states(dense.reshape(1, 4096, 4096), 16, 16)[0])
 
 
 COVER_MASKS = PRELUDE_WITH_OPERANDS + [
@@ -903,7 +710,7 @@ def test_the_operands_tile_cover_holds_every_true_position(case, text):
   for part, cover in seen:
     if cover is None:
       continue
-    any_, _ = _tile_truth(part.to_dense(q_len, kv_len, q_offset=offset, operands=ops), bq, bk)
+    any_, _ = tile_truth(part.to_dense(q_len, kv_len, q_offset=offset, operands=ops), bq, bk)
     any_ = np.broadcast_to(any_.reshape((-1,) + any_.shape[-2:]), (nb,) + any_.shape[-2:])
     held = np.zeros(any_.shape, np.int64)
     for b, i0, i1, j0, j1 in zip(*cover):
@@ -911,7 +718,7 @@ def test_the_operands_tile_cover_holds_every_true_position(case, text):
     assert held.max(initial=0) <= 1, "cover rectangles overlap"
     assert not (any_ & (held == 0)).any(), f"{part}: a true tile lies outside its cover"
   dense = maskc.parse(text).to_dense(q_len, kv_len, q_offset=offset, operands=ops)
-  expected = _expected_grid(dense, bq, bk)
+  expected = tile_states(dense, bq, bk)
   np.testing.assert_array_equal(np.asarray(bm.grid).reshape(expected.shape), expected)
 
 

@@ -27,16 +27,10 @@ from maskc.lowering.traced import MAX_CUTS
 from maskc.lowering.closed_forms.same_run import same_runs
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import MEMORY_BUDGET, Budget, evaluate_tiles, subdivide
+from helpers import runs_reference, tile_states
 
 N = 200            # keys (and queries, unless offset): not a multiple of the tiles
 BQ, BK = 32, 16    # tiles: 7 x 13, the last ones partial
-
-
-def _runs_of(x):
-  """`runs(x)`: 1-based index of each run of nonzero values, 0 outside."""
-  x = np.asarray(x) != 0
-  prev = np.concatenate([np.zeros_like(x[..., :1]), x[..., :-1]], axis=-1)
-  return np.where(x, np.cumsum(x & ~prev, axis=-1), 0)
 
 
 def _dense(text: str, q_len: int, n: int, offset: int, ops: dict) -> np.ndarray:
@@ -48,7 +42,7 @@ def _dense(text: str, q_len: int, n: int, offset: int, ops: dict) -> np.ndarray:
   at_k = {name: v[:, None, :] for name, v in ops.items()}
 
   def bidirectional(name):
-    r = _runs_of(ops[name])
+    r = runs_reference(ops[name])
     return (r[:, offset:offset + q_len][:, :, None] == r[:, None, :]) & (at_q[name] != 0)
 
   causal = k <= q
@@ -65,18 +59,6 @@ def _dense(text: str, q_len: int, n: int, offset: int, ops: dict) -> np.ndarray:
   if text == "local(5, 9) | bidirectional(img)":
     return ((q - 5 <= k) & (k <= q + 9)) | bidirectional("img")
   raise AssertionError(text)
-
-
-def _tile_states(dense: np.ndarray, bq: int, bk: int) -> np.ndarray:
-  """EMPTY (0) / PARTIAL (1) / FULL (2) per tile of a dense mask `[B, Q, K]`."""
-  b, q_len, n = dense.shape
-  nq, nk = -(-q_len // bq), -(-n // bk)
-  out = np.zeros((b, nq, nk), np.int8)
-  for i in range(nq):
-    for j in range(nk):
-      tile = dense[:, i * bq:(i + 1) * bq, j * bk:(j + 1) * bk]
-      out[:, i, j] = np.where(tile.all(axis=(1, 2)), 2, np.where(tile.any(axis=(1, 2)), 1, 0))
-  return out
 
 
 def _grid_of(runs, n_other: int) -> np.ndarray:
@@ -154,7 +136,7 @@ def _traced(text: str, q_len: int, n: int, offset: int, bq: int, bk: int,
 
 
 def _check(text: str, q_len: int, offset: int, ops: dict, memory: int = MEMORY_BUDGET) -> None:
-  expected = _tile_states(_dense(text, q_len, N, offset, ops), BQ, BK)
+  expected = tile_states(_dense(text, q_len, N, offset, ops), BQ, BK)
   static = maskc.compile(text, q_len, N, q_offset=offset, block_q=BQ, block_kv=BK, operands=ops,
                          exact=text in EXACT)
   rows, cols = _traced(text, q_len, N, offset, BQ, BK, memory=memory)(
@@ -207,7 +189,7 @@ def test_prelude_masks_on_few_runs_need_no_evaluation(monkeypatch):
         ops[name] = np.repeat(rng.permutation(lengths.size), lengths)[:N].astype(np.int32)
       else:
         ops[name] = np.repeat(np.arange(lengths.size) % 2 == 1, lengths)[:N]
-    expected = _tile_states(_dense(text, N, N, 0, ops), BQ, BK)
+    expected = tile_states(_dense(text, N, N, 0, ops), BQ, BK)
     grid = jax.jit(lambda o, text=text: maskc.compile(
         text, N, block_q=BQ, block_kv=BK, operands=o, exact=text in EXACT).grid)(
             {k: jnp.asarray(v) for k, v in ops.items()})
@@ -222,7 +204,7 @@ def test_refine_budget_leaves_sound_partial_tiles(budget):
   seg = np.where(np.arange(N) < N // 2, 0, 1) + 2 * (np.arange(N) % 2)
   seg = seg.astype(np.int32)
   text = "causal & document(seg)"
-  expected = _tile_states(_dense(text, N, N, 0, {"seg": seg}), BQ, BK)[0]
+  expected = tile_states(_dense(text, N, N, 0, {"seg": seg}), BQ, BK)[0]
 
   def grid(b):
     rows, _ = _traced(text, N, N, 0, BQ, BK, b)({"seg": jnp.asarray(seg)})
@@ -268,7 +250,7 @@ def test_static_part_splits_operand_free_items():
       assert union == (" | " in text)
       assert {spec.name for spec in rest.operands} == set(names)
       free = text.split(" | " if union else " & ")[0]
-      expected = _tile_states(_dense_free(free, q_len, N, offset), BQ, BK)[0]
+      expected = tile_states(_dense_free(free, q_len, N, offset), BQ, BK)[0]
       np.testing.assert_array_equal(grid, expected)
   mixed = _lower.bind_masks("document(seg) & (causal | bidirectional(img))", N, N, operands={
       "seg": np.zeros(N, np.int32), "img": np.zeros(N, bool)})
@@ -331,8 +313,8 @@ def test_split_without_refinement_is_sound(ops, offset):
   # with a traced offset, where the split is not taken.
   text = "local(5, 9) | g[q] | g[k]"
   q_len = 120
-  expected = _tile_states(_dense(text, q_len, N, offset, ops), BQ, BK)
-  free = _tile_states(_dense_free("local(5, 9)", q_len, N, offset), BQ, BK)
+  expected = tile_states(_dense(text, q_len, N, offset, ops), BQ, BK)
+  free = tile_states(_dense_free("local(5, 9)", q_len, N, offset), BQ, BK)
   dev = {k: jnp.asarray(v) for k, v in ops.items()}
   for traced_offset in (False, True):
     grid = np.asarray(_unrefined(text, q_len, traced_offset)(dev, jnp.int32(offset) if
@@ -403,11 +385,11 @@ def test_same_run_verdicts_are_exact_without_refinement(text, q_len, offset, shi
   assert len(same_runs(_lower.bind_masks(text, q_len, N, q_offset=offset,
                                          operands=ops0).masks[0])[1]) == 1
   img = np.asarray(ops["img"]).reshape(-1, N)
-  r = _runs_of(img)
+  r = runs_reference(img)
   at = offset + shift + np.arange(q_len)
   truth = img[:, at][:, :, None] if "img[k]" not in text else img[:, None, :]
   dense = (r[:, at][:, :, None] == r[:, None, :]) & (truth != 0)
-  expected = _tile_states(dense, BQ, BK)
+  expected = tile_states(dense, BQ, BK)
   rows = _unrefined_lowering(text, q_len, offset)({"img": jnp.asarray(ops["img"])})
   np.testing.assert_array_equal(_grid_of(rows, expected.shape[2]), expected)
 
@@ -423,7 +405,7 @@ def test_shared_refinement_agrees_in_numpy_and_jax_and_with_reference(text, offs
   # function per shape; half the masks with an offset: q tiles off the key tiles' edges.)
   ops = data.draw(operands(MASKS[text], None))
   # The mask on all N keys, its rows at `offset`, as lowering sees them.
-  expected = _tile_states(_dense(text, q_len, N, offset, ops), BQ, BK)[0].ravel()
+  expected = tile_states(_dense(text, q_len, N, offset, ops), BQ, BK)[0].ravel()
   with_numpy, with_jax = _refiners(text, q_len, offset)
   prepared = _lower.bind_masks(text, q_len, N, q_offset=offset, operands=ops).operands
   got_np = with_numpy(prepared)

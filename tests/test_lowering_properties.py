@@ -8,8 +8,7 @@ from hypothesis import strategies as st
 
 import maskc
 from maskc.compiled.blockmap import grid_from_runs
-
-EMPTY, PARTIAL, FULL = 0, 1, 2
+from helpers import FULL, PARTIAL, assert_exact, assert_sound
 
 # Prelude leaves (exactness is promised for these combined with & | ^ ~).
 _prelude_leaf = st.one_of(
@@ -68,27 +67,6 @@ def setups(draw, masks=prelude_masks, batched=None):
   return mask, q_len, kv_len, q_offset, bq, bk, operands
 
 
-def _tile_truth(dense, bq, bk):
-  """Per tile: (any, all) of the dense mask over its in-bounds part."""
-  q_len, kv_len = dense.shape[-2:]
-  nq, nk = -(-q_len // bq), -(-kv_len // bk)
-  pad = np.zeros(dense.shape[:-2] + (nq * bq, nk * bk), bool)
-  valid = np.zeros_like(pad)
-  pad[..., :q_len, :kv_len] = dense
-  valid[..., :q_len, :kv_len] = True
-  t = pad.reshape(dense.shape[:-2] + (nq, bq, nk, bk))
-  v = valid.reshape(t.shape)
-  return t.any(axis=(-3, -1)), (t | ~v).all(axis=(-3, -1))
-
-
-def _check_sound(bm, dense):
-  any_, all_ = _tile_truth(dense, bm.block_q, bm.block_kv)
-  g = np.asarray(bm.grid)
-  assert not np.any((g == FULL) & ~all_), "a FULL tile holds a false position"
-  assert not np.any((g == EMPTY) & any_), "an EMPTY tile holds a true position"
-  return g, any_, all_
-
-
 def _dense(mask, q_len, kv_len, q_offset, operands):
   return np.asarray(maskc.materialize(mask, q_len, kv_len, q_offset=q_offset, operands=operands))
 
@@ -97,7 +75,8 @@ def _dense(mask, q_len, kv_len, q_offset, operands):
 def test_sound_on_any_mask(s):
   mask, q_len, kv_len, q_offset, bq, bk, ops = s
   bm = maskc.compile(mask, q_len, kv_len, block_q=bq, block_kv=bk, q_offset=q_offset, operands=ops)
-  _check_sound(bm, _dense(mask, q_len, kv_len, q_offset, ops))
+  assert_sound(bm.grid, _dense(mask, q_len, kv_len, q_offset, ops), bm.block_q, bm.block_kv,
+               str(mask))
 
 
 @given(setups(any_masks))
@@ -105,17 +84,16 @@ def test_exact_option_is_exact_on_any_mask(s):
   mask, q_len, kv_len, q_offset, bq, bk, ops = s
   bm = maskc.compile(mask, q_len, kv_len, block_q=bq, block_kv=bk, q_offset=q_offset,
                      operands=ops, exact=True)
-  g, any_, all_ = _check_sound(bm, _dense(mask, q_len, kv_len, q_offset, ops))
-  assert not np.any((g == PARTIAL) & (all_ | ~any_))
+  assert_exact(bm.grid, _dense(mask, q_len, kv_len, q_offset, ops), bm.block_q, bm.block_kv,
+               str(mask))
 
 
 @given(setups(prelude_masks))
 def test_exact_on_prelude_masks(s):
   mask, q_len, kv_len, q_offset, bq, bk, ops = s
   bm = maskc.compile(mask, q_len, kv_len, block_q=bq, block_kv=bk, q_offset=q_offset, operands=ops)
-  g, any_, all_ = _check_sound(bm, _dense(mask, q_len, kv_len, q_offset, ops))
-  wrong = (g == PARTIAL) & (all_ | ~any_)
-  assert not wrong.any(), f"{int(wrong.sum())} PARTIAL tiles are really FULL or EMPTY"
+  assert_exact(bm.grid, _dense(mask, q_len, kv_len, q_offset, ops), bm.block_q, bm.block_kv,
+               str(mask))
 
 
 @pytest.mark.slow  # a jit compile per example, about a minute; run_structured cases stay fast
