@@ -8,7 +8,8 @@ compiler's public face reaches the kernels.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 
@@ -16,8 +17,7 @@ from maskc.compiled.blockmap import BlockMap
 from maskc.language.errors import BackendError, MaskValueError
 from maskc.language.ir import Mask
 from maskc.lowering.compile import bind_map, compile
-from maskc.parallel import layout as _layout
-from maskc.parallel import sharding as _sharding
+from maskc.parallel import layout as _layout, sharding as _sharding
 from maskc.parallel.layout import Layout, balance
 
 MaskLike = str | Mask | Sequence[str | Mask]
@@ -70,8 +70,7 @@ def attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike, v: jax.typing.Ar
   >>> attention(x, x, x, "sliding(64)", backend="xla").shape
   (1, 256, 2, 16)
   """
-  from maskc.kernels import api
-  from maskc.kernels import common as _common
+  from maskc.kernels import api, common as _common
 
   kw = dict(scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks, interpret=interpret)
   if isinstance(mask, BlockMap):
@@ -155,8 +154,11 @@ def sharded_attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike,
     MaskValueError: axes that do not divide the arrays, or a layout that does not fit.
     BackendError: a backend the strategy cannot run on.
   """
-  from maskc.kernels import api, sharded  # kernels stay lazy: `import maskc` needs none
-  from maskc.kernels import common as _common
+  from maskc.kernels import (  # kernels stay lazy: `import maskc` needs none
+    api,
+    common as _common,
+    sharded,
+  )
 
   b, lq, h, lkv, hkv, _ = _common.check_qkv(q, k, v)
   if lq != lkv:

@@ -41,16 +41,16 @@ strategies raise an `ImportError` that says how to install it.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from maskc.language import builders as mb
-from maskc.language import ir
-from maskc.semantics.bind import Shape, as_mask
-from maskc.tools.equivalence import Equivalence, equivalent
+from maskc.language import builders as mb, ir
 from maskc.language.errors import MaskValueError, short_repr
+from maskc.semantics.bind import Shape, as_mask
 from maskc.semantics.evaluate import Env, evaluate
+from maskc.tools.equivalence import Equivalence, equivalent
 
 __all__ = ["assert_masks_equal", "comparisons", "mask_trees", "masks", "operand_values",
            "prefill_shapes", "prelude_combinations", "prelude_masks", "seeded_operand_values",

@@ -15,8 +15,8 @@ so is one of two terms that become the same but for a constant (`seg[q] == seg[k
 
 from __future__ import annotations
 
-from maskc.language import ir
 from maskc.analysis.linear import linear_form
+from maskc.language import ir
 
 _CMP = {"<": lambda d: d < 0, "<=": lambda d: d <= 0, "==": lambda d: d == 0,
         "!=": lambda d: d != 0, ">=": lambda d: d >= 0, ">": lambda d: d > 0}

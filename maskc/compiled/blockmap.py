@@ -12,20 +12,24 @@ compiler built it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskc.compiled import predicate as _predicate
-from maskc.compiled import render as _render
-from maskc.compiled import splash_info as _splash_info
+from maskc.compiled import predicate as _predicate, render as _render, splash_info as _splash_info
 from maskc.compiled.predicate import Predicate, ReadValues
-from maskc.compiled.tiles import (EMPTY as EMPTY, FULL as FULL, PARTIAL as PARTIAL, Runs as Runs,
-                          grid_from_runs as grid_from_runs, runs_from_grid as runs_from_grid,
-                          tile_lists)
+from maskc.compiled.tiles import (
+  EMPTY as EMPTY,
+  FULL as FULL,
+  PARTIAL as PARTIAL,
+  Runs as Runs,
+  grid_from_runs as grid_from_runs,
+  runs_from_grid as runs_from_grid,
+  tile_lists,
+)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -88,7 +92,7 @@ class BlockMap:
   col_runs: Runs | None = None
   backward: Callable[[], Runs] | None = None
   line_bounds: tuple | None = None
-  segment_split: "BlockMap | None" = None
+  segment_split: BlockMap | None = None
   int_range: tuple[int, int] | None = None
   q_positions: Any = None
   kv_positions: Any = None

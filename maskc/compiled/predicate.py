@@ -32,7 +32,8 @@ This module imports nothing of maskc.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -114,7 +115,7 @@ class Predicate:
   pairs: tuple[PairwiseRead, ...] = ()
   tile_pairs: tuple[PairwiseRead, ...] = ()
   segments: tuple[tuple[int, int], ...] = ()
-  rest: "Predicate | None" = None
+  rest: Predicate | None = None
   band: tuple[int | None, int | None] = (None, None)
   chunk: int | None = None
   text: str = ""

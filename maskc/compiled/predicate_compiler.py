@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from maskc.language import ir
 from maskc.analysis.linear import conjuncts, implied_band, implied_chunk, segment_conjunct
 from maskc.compiled.predicate import Instr, PairwiseRead, Predicate, Program, TokenRead, run
+from maskc.language import ir
 
 
 def compile_predicate(m: ir.Mask, *, q_positions: np.ndarray | None = None,

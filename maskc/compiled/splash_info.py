@@ -21,9 +21,9 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info import MaskInfo
 
 from maskc.compiled import predicate as _predicate
-from maskc.language.errors import BackendError, MaskValueError
 from maskc.compiled.predicate import Predicate
 from maskc.compiled.tiles import EMPTY, PARTIAL, Runs, expand_runs
+from maskc.language.errors import BackendError, MaskValueError
 
 _EVAL_CHUNK = 1 << 22  # mask elements evaluated at once
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from maskc.language.errors import ConfigError, Span, short_repr
 

@@ -9,14 +9,15 @@ when the config is made, not when the model runs, and stays static under
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 
 from maskc.language import ir
 from maskc.language.errors import MaskError, MaskTypeError, short_repr
-from maskc.lowering.compile import compile as compile_mask
 from maskc.language.parse import parse
+from maskc.lowering.compile import compile as compile_mask
 
 Layer = ir.Mask | tuple[ir.Mask, ...]
 
@@ -79,7 +80,7 @@ class MaskSpec:
     return compile_mask(m if isinstance(m, ir.Mask) else list(m), q_len, kv_len, **kw)
 
   @classmethod
-  def coerce(cls, value: Any) -> "MaskSpec":
+  def coerce(cls, value: Any) -> MaskSpec:
     """`value` as a MaskSpec: a MaskSpec, mask text, a Mask, or a list of them per head."""
     return value if isinstance(value, MaskSpec) else cls(value)
 

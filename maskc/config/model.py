@@ -51,13 +51,15 @@ import dataclasses
 import operator
 import re
 import warnings
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
-from maskc.language import ir
 from maskc.config.files import key_path, read_config
+from maskc.config.mask_spec import Layer
+from maskc.language import ir
 from maskc.language.errors import (
   ConfigError,
   MaskError,
@@ -68,9 +70,8 @@ from maskc.language.errors import (
   config_where,
   short_repr,
 )
-from maskc.lowering.compile import compile as compile_mask
-from maskc.config.mask_spec import Layer
 from maskc.language.parse import BUILTINS, RESERVED, _Program, nearest, parse_tree, prelude
+from maskc.lowering.compile import compile as compile_mask
 
 _TOP_KEYS = ("num_layers", "num_heads", "params", "definitions", "default", "layers",
              "operands", "context_parallel")

@@ -37,14 +37,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import types
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 
 from maskc.compiled.blockmap import BlockMap
-from maskc.language.errors import BackendError, MaskValueError
 from maskc.kernels import common
 from maskc.kernels.platform import platform as platform
+from maskc.language.errors import BackendError, MaskValueError
 
 # Tiny masks and nearly full ones gain nothing from block sparsity on CPU.
 TINY = 256 * 256

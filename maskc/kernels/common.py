@@ -12,7 +12,7 @@ the compiler found).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -20,9 +20,15 @@ import numpy as np
 
 from maskc.compiled import predicate as _predicate
 from maskc.compiled.blockmap import BlockMap
+from maskc.compiled.tiles import (  # for the backends
+  EMPTY as EMPTY,
+  FULL as FULL,
+  PARTIAL as PARTIAL,
+  Runs,
+  grid_from_runs,
+  tile_lists as _run_tile_lists,
+)
 from maskc.language.errors import MaskValueError
-from maskc.compiled.tiles import EMPTY as EMPTY, FULL as FULL, PARTIAL as PARTIAL  # for the backends
-from maskc.compiled.tiles import Runs, grid_from_runs, tile_lists as _run_tile_lists
 
 # Finite, so fully masked rows never produce inf - inf = NaN (splash and jax use the same).
 NEG = -0.7 * float(np.finfo(np.float32).max)

@@ -44,11 +44,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from maskc.compiled import predicate as _predicate
-from maskc.language.errors import MaskValueError
 from maskc.compiled.predicate import Predicate
 from maskc.kernels import common
 from maskc.kernels.platform import platform
 from maskc.kernels.xla import NEG_LSE
+from maskc.language.errors import MaskValueError
 
 BLOCK_SIZES = (64, 64)
 

@@ -43,9 +43,9 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from maskc.compiled.blockmap import BlockMap
-from maskc.language.errors import BackendError
 from maskc.compiled.tiles import Runs, run_lengths
 from maskc.kernels import api
+from maskc.language.errors import BackendError
 
 # Log-sum-exp of a row with no allowed key (the contract of every `run_with_lse`).
 NEG_LSE = -1e30
@@ -92,7 +92,7 @@ class _Stacked:
     self.aux, self.leaves = aux, leaves
 
   @staticmethod
-  def build(maps) -> "_Stacked | None":
+  def build(maps) -> _Stacked | None:
     r = max(bm.rows.start.shape[-1] for bm in maps)
     rc = max(bm.cols.start.shape[-1] for bm in maps)
     bounds = _bounds(maps)

@@ -43,12 +43,12 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 
 from maskc.compiled.blockmap import BlockMap
-from maskc.language.errors import BackendError, MaskValueError
 from maskc.compiled.predicate import Instr, Predicate
 from maskc.compiled.tiles import FULL, PARTIAL, grid_from_runs, runs_from_grid
 from maskc.kernels import common
 from maskc.kernels.platform import platform
 from maskc.kernels.xla import NEG_LSE
+from maskc.language.errors import BackendError, MaskValueError
 
 LANES = 128
 # A sink logit that never wins against a real one but keeps empty rows at 0/1 = 0; it

@@ -6,10 +6,13 @@ Each prelude mask has a builder of the same name (`global_` for `global`).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from maskc.language import ir
-from maskc.language import printer  # noqa: F401  (the docstrings below print bodies)
+from maskc.language import (
+  ir,
+  printer,  # noqa: F401  (the docstrings below print bodies)
+)
 from maskc.language.parse import prelude
 
 q = ir.Pos("q")

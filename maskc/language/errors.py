@@ -87,7 +87,7 @@ class MaskError(Exception):
   def __str__(self) -> str:
     return self._render()
 
-  def with_source(self, source: str) -> "MaskError":
+  def with_source(self, source: str) -> MaskError:
     """The same error, naming where the text came from (a file, a config key)."""
     self.source = source
     self.args = (self._render(),)

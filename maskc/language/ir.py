@@ -25,10 +25,17 @@ import contextvars
 import dataclasses
 import difflib
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
-from maskc.language.errors import (MaskLimitError, MaskNameError, MaskTypeError, MaskValueError,
-                           OperandError, Span)
+from maskc.language.errors import (
+  MaskLimitError,
+  MaskNameError,
+  MaskTypeError,
+  MaskValueError,
+  OperandError,
+  Span,
+)
 
 if TYPE_CHECKING:
   import numpy as np
@@ -83,7 +90,7 @@ class Node:
 
   __slots__ = ("_h",)
 
-  def children(self) -> tuple["Node", ...]:
+  def children(self) -> tuple[Node, ...]:
     """The IR nodes directly below this one (not a Call's expansion)."""
     out = []
     for name in _field_names(type(self)):
@@ -141,11 +148,11 @@ class Term(Node):
   def __rxor__(self, other): return xor((mask(other), mask(self)))
   def __invert__(self): return not_(mask(self))
 
-  def eq(self, other) -> "Compare":
+  def eq(self, other) -> Compare:
     """`self == other` as a mask (Python's `==` stays structural equality)."""
     return compare((self, other), ("==",))
 
-  def ne(self, other) -> "Compare":
+  def ne(self, other) -> Compare:
     """`self != other` as a mask."""
     return compare((self, other), ("!=",))
 
@@ -184,11 +191,11 @@ class Mask(Node):
              "`(a < b) & (b <= c)`.")
 
   @property
-  def operands(self) -> tuple["OperandSpec", ...]:
+  def operands(self) -> tuple[OperandSpec, ...]:
     """The runtime operands the mask needs, sorted by name."""
     return collect_operands(self)
 
-  def simplify(self) -> "Mask":
+  def simplify(self) -> Mask:
     """An equivalent mask in canonical simplified form (`maskc.language.simplify`).
 
     >>> import maskc
@@ -199,7 +206,7 @@ class Mask(Node):
 
   def bind(self, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
            operands: Mapping[str, Any] | None = None, q_positions: Any = None,
-           kv_positions: Any = None) -> "ComputableMask":
+           kv_positions: Any = None) -> ComputableMask:
     """This mask at a shape with static operands (and positions): a lazy `ComputableMask`
     (`maskc.semantics.bind`).
 
@@ -213,7 +220,7 @@ class Mask(Node):
 
   def to_dense(self, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
                operands: Mapping[str, Any] | None = None, q_positions: Any = None,
-               kv_positions: Any = None) -> "np.ndarray":
+               kv_positions: Any = None) -> np.ndarray:
     """The mask as a NumPy bool array `[..., q_len, kv_len]`.
 
     >>> import maskc
@@ -529,7 +536,7 @@ def is_run_ids_key(key: str) -> bool:
   return key.startswith("runs(")
 
 
-def array_key(r: "Read") -> str:
+def array_key(r: Read) -> str:
   """The operand-table key a per-token read indexes: the operand, or its run ids."""
   return run_ids_key(r.operand.name) if r.runs else r.operand.name
 

@@ -11,14 +11,24 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import lark
 
-from maskc.language import ir
-from maskc.language.errors import (MaskError, MaskLimitError, MaskNameError, MaskRecursionError,
-                           MaskSyntaxError, MaskTypeError, MaskValueError, Span, short_repr)
 from maskc.grammar import grammar_text, prelude_text
+from maskc.language import ir
+from maskc.language.errors import (
+  MaskError,
+  MaskLimitError,
+  MaskNameError,
+  MaskRecursionError,
+  MaskSyntaxError,
+  MaskTypeError,
+  MaskValueError,
+  Span,
+  short_repr,
+)
 
 MAX_TEXT_CHARS = 100_000
 MAX_NESTING = 128

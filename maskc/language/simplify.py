@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 
-from maskc.language import ir
-from maskc.language import printer  # noqa: F401  (`_key` sorts by `str`, which the printer gives)
+from maskc.language import (
+  ir,
+  printer,  # noqa: F401  (`_key` sorts by `str`, which the printer gives)
+)
 from maskc.language.parse import prelude
 
 

@@ -25,19 +25,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskc.language import ir
-from maskc.lowering import rules as lowering_rules
-from maskc.semantics.bind import Operands, Shape, _int, as_mask, prepare_operands
-from maskc.compiled.blockmap import BlockMap
 from maskc.analysis.linear import conjuncts, segment_conjunct
+from maskc.compiled.blockmap import BlockMap
 from maskc.compiled.predicate_compiler import compile_predicate
+from maskc.compiled.tiles import Runs, run_lengths
+from maskc.language import ir
 from maskc.language.errors import MaskTypeError, MaskValueError
-from maskc.lowering.traced import compile_dynamic
+from maskc.lowering import rules as lowering_rules
+from maskc.lowering.grid.refine import MEMORY_BUDGET, Budget
 from maskc.lowering.static import compile_static
+from maskc.lowering.traced import compile_dynamic
+from maskc.semantics.bind import Operands, Shape, _int, as_mask, prepare_operands
 from maskc.semantics.operand_arrays import OperandArrays
 from maskc.semantics.operand_runs import RunForm
-from maskc.lowering.grid.refine import MEMORY_BUDGET, Budget
-from maskc.compiled.tiles import Runs, run_lengths
 
 # compiled static maps, with the lowering rules that made them (`maskc.lowering.rules.taken`)
 _CACHE: collections.OrderedDict[Any, tuple[BlockMap, frozenset[str]]] = collections.OrderedDict()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import types
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 from maskc.language.errors import MaskValueError
 

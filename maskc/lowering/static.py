@@ -41,32 +41,65 @@ from typing import NamedTuple
 
 import numpy as np
 
-from maskc.language import ir
-from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables
-from maskc.lowering.closed_forms.axis_reads import bare_reads_only, read_tile_states
-from maskc.lowering.closed_forms.band_runs import (BandRuns, Intervals, band_fits, clipped_pieces, keyed_band_runs,
-                              met_bounds_pieces)
-from maskc.semantics.bind import Shape
-from maskc.analysis.linear import exact_band
 from maskc.analysis.diagonal_period import diagonal_period
 from maskc.analysis.diagonal_truth import true_on_diagonal
-from maskc.semantics.evaluate import Env, evaluate_mask
-from maskc.lowering.closed_forms.equal_reads import (equal_read_bounds, equal_read_runs, equal_reads_where,
-                                unique_runs)
-from maskc.semantics.operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
-from maskc.lowering.closed_forms.pattern_lines import spliced_pattern
-from maskc.lowering.rules import enabled, took
+from maskc.analysis.linear import exact_band
 from maskc.arrays.ragged import ranges
-from maskc.lowering.grid.run_lists import (expand_in_order, expand_leaves, interleaved, keyed, lines_of,
-                              marked, meeting_mask, merge_keyed, merge_runs, on_lines,
-                              on_lines_mask, overlapping, pack_keyed, pack_runs, split_keys,
-                              stack_runs, unpacked)
-from maskc.lowering.closed_forms.tile_cover import tile_cover
-from maskc.lowering.grid.geometry import TileGeometry
-from maskc.lowering.grid.refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
-                                 Budget, analysis_bytes, evaluate_tiles, subdivide)
 from maskc.compiled.tiles import Runs
+from maskc.language import ir
+from maskc.lowering.closed_forms.axis_reads import bare_reads_only, read_tile_states
+from maskc.lowering.closed_forms.band_runs import (
+  BandRuns,
+  Intervals,
+  band_fits,
+  clipped_pieces,
+  keyed_band_runs,
+  met_bounds_pieces,
+)
+from maskc.lowering.closed_forms.equal_reads import (
+  equal_read_bounds,
+  equal_read_runs,
+  equal_reads_where,
+  unique_runs,
+)
+from maskc.lowering.closed_forms.pattern_lines import spliced_pattern
+from maskc.lowering.closed_forms.tile_cover import tile_cover
 from maskc.lowering.closed_forms.widened_band import widened_bounds
+from maskc.lowering.grid.geometry import TileGeometry
+from maskc.lowering.grid.refine import (
+  EVAL_CHUNK,
+  MEMORY_BUDGET,
+  NODE_BYTES,
+  PIECE_CHUNK,
+  Budget,
+  analysis_bytes,
+  evaluate_tiles,
+  subdivide,
+)
+from maskc.lowering.grid.run_lists import (
+  expand_in_order,
+  expand_leaves,
+  interleaved,
+  keyed,
+  lines_of,
+  marked,
+  meeting_mask,
+  merge_keyed,
+  merge_runs,
+  on_lines,
+  on_lines_mask,
+  overlapping,
+  pack_keyed,
+  pack_runs,
+  split_keys,
+  stack_runs,
+  unpacked,
+)
+from maskc.lowering.rules import enabled, took
+from maskc.semantics.bind import Shape
+from maskc.semantics.evaluate import Env, evaluate_mask
+from maskc.semantics.operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables
 
 
 def _combine_pieces(item, n_items: int, state, certain):

@@ -75,19 +75,38 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskc.language import ir
-from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
-from maskc.semantics.bind import Shape
 from maskc.arrays.bit_words import WORD, bit_words, prefix_sums
-from maskc.lowering.static import compile_static
-from maskc.lowering.rules import enabled, took
-from maskc.semantics.operand_runs import reads_at, unit_read
-from maskc.lowering.closed_forms.same_run import SameRun, label_key, labels, run_ids, same_run_truth, same_runs
-from maskc.lowering.grid.geometry import TileGeometry
-from maskc.lowering.grid.refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget,
-                                 decide_parts, evaluate_tiles, subdivide)
 from maskc.compiled.tiles import Runs, expand_runs
-from maskc.lowering.closed_forms.widened_traced import bounds_runs, widened_bounds_traced, widened_parts
+from maskc.language import ir
+from maskc.lowering.closed_forms.same_run import (
+  SameRun,
+  label_key,
+  labels,
+  run_ids,
+  same_run_truth,
+  same_runs,
+)
+from maskc.lowering.closed_forms.widened_traced import (
+  bounds_runs,
+  widened_bounds_traced,
+  widened_parts,
+)
+from maskc.lowering.grid.geometry import TileGeometry
+from maskc.lowering.grid.refine import (
+  EVAL_CHUNK,
+  ITEM_BYTES,
+  MEMORY_BUDGET,
+  PIECE_CHUNK,
+  Budget,
+  decide_parts,
+  evaluate_tiles,
+  subdivide,
+)
+from maskc.lowering.rules import enabled, took
+from maskc.lowering.static import compile_static
+from maskc.semantics.bind import Shape
+from maskc.semantics.operand_runs import reads_at, unit_read
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
 
 MAX_CUTS = 4  # operand changes a tile line may be cut at
 SUB_PARTS = 4  # and equal parts it is cut into

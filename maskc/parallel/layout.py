@@ -31,10 +31,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from maskc.semantics.bind import _int
+from maskc.compiled.tiles import FULL, PARTIAL, run_lengths
 from maskc.language.errors import MaskValueError
 from maskc.lowering.compile import compile as compile_
-from maskc.compiled.tiles import FULL, PARTIAL, run_lengths
+from maskc.semantics.bind import _int
 
 METHODS = ("contiguous", "zigzag", "balanced")
 PARTIAL_COST = 1.5  # a PARTIAL tile evaluates the mask on every position: costlier than FULL

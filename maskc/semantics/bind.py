@@ -12,22 +12,23 @@ import dataclasses
 import functools
 import hashlib
 import operator
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _splash
 
-from maskc.language import ir
-from maskc.semantics.ranges import Analyzer, Tables
 from maskc.arrays.bit_words import count_through
+from maskc.language import ir
 from maskc.language.errors import MaskLimitError, MaskTypeError, MaskValueError, OperandError
+from maskc.language.parse import parse
 from maskc.semantics.evaluate import Env, evaluate, evaluate_mask
 from maskc.semantics.operand_arrays import OperandArrays, Unwritten
 from maskc.semantics.operand_runs import RunForm
 from maskc.semantics.overflow import check_fits
-from maskc.language.parse import parse
+from maskc.semantics.ranges import Analyzer, Tables
 
 MaskLike = ir.Mask | str
 MAX_DENSE_ELEMENTS = 1 << 32
@@ -74,7 +75,7 @@ class Shape:
 
   @staticmethod
   def of(q_len: Any, kv_len: Any = None, q_offset: Any = None, *, q_positions: Any = None,
-         kv_positions: Any = None) -> "Shape":
+         kv_positions: Any = None) -> Shape:
     q_len = _int("q_len", q_len, minimum=1)
     kv_len = q_len if kv_len is None else _int("kv_len", kv_len, minimum=1)
     if q_positions is not None and q_offset is not None:
@@ -815,7 +816,7 @@ def materialize(mask: Any, q_len: int, kv_len: int | None = None, *,
     outs.append(evaluate_mask(m, Env(jnp, q[:, None], k[None, :], ops.arrays, batch)))
   xp = jnp if any(is_traced(o) for o in outs) else np
   if multi:
-    lead = max((o.ndim for o in outs))
+    lead = max(o.ndim for o in outs)
     outs = [xp.broadcast_to(o, outs[[p.ndim for p in outs].index(lead)].shape) for o in outs]
     return xp.stack(outs, axis=-3)
   return outs[0]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -203,7 +203,7 @@ class RunTable:
     index_bytes: at most how many bytes an index of each token's run may take.
   """
 
-  def __init__(self, form: RunForm, others: "Iterable[RunTable]" = (), index_bytes: int = 0):
+  def __init__(self, form: RunForm, others: Iterable[RunTable] = (), index_bytes: int = 0):
     length = form.length
     self.length, self.batch = length, form.batch
     starts = form.starts

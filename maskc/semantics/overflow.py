@@ -17,7 +17,8 @@ reach) and nothing per position. The module is independent of
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import jax
 import numpy as np

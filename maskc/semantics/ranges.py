@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskc.language import ir
 from maskc.arrays.bit_words import count_through
+from maskc.language import ir
 from maskc.language.errors import MaskLimitError
 from maskc.semantics.operand_runs import RunForm, RunTable, floor_log2, may_index, unit_read
 

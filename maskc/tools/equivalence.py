@@ -36,14 +36,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from maskc.language import ir
-from maskc.lowering import compile as _lower
-from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables
-from maskc.semantics.bind import Shape, _int, as_mask
-from maskc.language.errors import MaskTypeError, MaskValueError, OperandError
-from maskc.semantics.evaluate import Env, evaluate_mask
-from maskc.lowering.grid.run_lists import unpacked
 from maskc.compiled.tiles import runs_from_grid
+from maskc.language import ir
+from maskc.language.errors import MaskTypeError, MaskValueError, OperandError
+from maskc.lowering import compile as _lower
+from maskc.lowering.grid.run_lists import unpacked
+from maskc.semantics.bind import Shape, _int, as_mask
+from maskc.semantics.evaluate import Env, evaluate_mask
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables
 
 _LEAF = 1024  # rectangles of at most this many positions are evaluated, not split further
 _EVAL_CHUNK = 1 << 21  # positions evaluated at once

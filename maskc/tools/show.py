@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from maskc.compiled import render
-from maskc.semantics.bind import materialize
 from maskc.compiled.blockmap import EMPTY, FULL, PARTIAL, BlockMap
 from maskc.language.errors import MaskTypeError
 from maskc.lowering.compile import compile as compile_
+from maskc.semantics.bind import materialize
 
 MAX_ELEMENT_ROWS = 256
 MAX_ELEMENT_COLS = 512

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from maskc.language import ir
 from maskc.analysis.linear import conjuncts, exact_band
-from maskc.lowering.grid.run_lists import keyed, merge_keyed, merge_runs
-from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import FULL, PARTIAL
+from maskc.language import ir
+from maskc.lowering.grid.geometry import TileGeometry
+from maskc.lowering.grid.run_lists import keyed, merge_keyed, merge_runs
 
 # Positions, lengths and offsets beyond this stay off the closed form (sums of three
 # of them must stay in int64).

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from maskc.language import ir
-from maskc.semantics.ranges import same_runs
-from maskc.lowering.closed_forms.band_runs import line_runs
-from maskc.semantics.operand_runs import RunTable, unit_shift
 from maskc.arrays.ragged import group_ends, ranges
-from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import FULL, PARTIAL
+from maskc.language import ir
+from maskc.lowering.closed_forms.band_runs import line_runs
+from maskc.lowering.grid.geometry import TileGeometry
+from maskc.semantics.operand_runs import RunTable, unit_shift
+from maskc.semantics.ranges import same_runs
 
 
 def equal_reads(m: ir.Mask) -> tuple[str, int, int] | None:

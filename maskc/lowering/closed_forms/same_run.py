@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from maskc.language import ir
-from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Truth3, same_run_read
-from maskc.semantics.bind import nonzero_run_starts
 from maskc.arrays.bit_words import count_through
+from maskc.language import ir
+from maskc.semantics.bind import nonzero_run_starts
 from maskc.semantics.operand_runs import unit_shift
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Truth3, same_run_read
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,10 +33,10 @@ from typing import NamedTuple
 import numpy as np
 
 from maskc.language import ir
-from maskc.semantics.ranges import Tables
-from maskc.semantics.operand_runs import RunTable, reads_at, unit_shift
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget
+from maskc.semantics.operand_runs import RunTable, reads_at, unit_shift
+from maskc.semantics.ranges import Tables
 
 
 class _Cover(NamedTuple):

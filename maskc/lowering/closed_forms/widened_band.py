@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from maskc.arrays.ragged import ranges
 from maskc.lowering.closed_forms.band_runs import FAR, Intervals, line_bounds, span_tiles
 from maskc.lowering.closed_forms.equal_reads import _lines_read
-from maskc.semantics.operand_runs import RunTable
-from maskc.arrays.ragged import ranges
 from maskc.lowering.grid.geometry import TileGeometry
+from maskc.semantics.operand_runs import RunTable
+
 
 def widened_bounds(geo: TileGeometry, intervals: Intervals, table: RunTable,
                    shifts: tuple[int, int], on: np.ndarray | None, along_rows: bool,

@@ -26,12 +26,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from maskc.compiled.tiles import Runs
 from maskc.language import ir
-from maskc.semantics.ranges import FULL, PARTIAL, reduce_many
 from maskc.lowering.closed_forms.band_runs import Intervals, line_bounds, span_tiles
 from maskc.lowering.closed_forms.same_run import SameRun
 from maskc.lowering.grid.geometry import TileGeometry
-from maskc.compiled.tiles import Runs
+from maskc.semantics.ranges import FULL, PARTIAL, reduce_many
 
 _FAR = 1 << 29  # beyond any position on this path (int32 under jit)
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from maskc.language import ir
-from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
 from maskc.language.errors import MaskLimitError
-from maskc.semantics.evaluate import Env, evaluate_mask
 from maskc.lowering.grid.geometry import TileGeometry
+from maskc.semantics.evaluate import Env, evaluate_mask
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
 
 EVAL_CHUNK = 1 << 18  # elements evaluated at once when refining tiles
 PIECE_CHUNK = 1 << 16  # rectangles analysed at once when refining tiles
