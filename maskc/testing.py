@@ -63,8 +63,8 @@ OPERAND_KINDS = {
     "pairwise": "a boolean [Lq, Lk] matrix: `x[q, k]`",
 }
 _DEFAULT_KINDS = {"seg": "segments", "segment_ids": "segments", "doc": "segments",
-                  "img": "image", "image": "image", "pfx": "image", "g": "image", "n": "scalar", "plen": "scalar",
-                  "prompt_len": "scalar", "allowed": "pairwise"}
+                  "img": "image", "image": "image", "pfx": "image", "g": "image", "n": "scalar",
+                  "plen": "scalar", "prompt_len": "scalar", "allowed": "pairwise"}
 
 
 def _strategies():

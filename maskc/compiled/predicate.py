@@ -235,7 +235,9 @@ def gather(pred: Predicate, operands: dict[str, Any], q_positions, kv_positions,
   scalars = xp.stack(scal, axis=1) if scal else xp.zeros((nb, 0), arrays_dtype(xp, dtype))
 
   def index(program, pos):
-    fetch = lambda kind, slot: scalars[:, slot][:, None]
+    def fetch(kind, slot):
+      return scalars[:, slot][:, None]
+
     pos = pos if pos.ndim == 2 else pos[None, :]
     return xp.broadcast_to(run(program, xp, pos, None, fetch), (nb, pos.shape[-1]))
 

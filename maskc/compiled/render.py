@@ -271,8 +271,9 @@ def render_text(bm, width: int = 80, *, max_rows: int = 48, max_panels: int = MA
   ruler on top gives k positions. When there are more tiles than fit, a cell
   covers `rq × ck` tiles (powers of two, which line up with chunks and
   windows; `rq` chosen so cells are about square in tokens, at most
-  `max_rows` rows) and follows the rule in this module's docstring. At most `max_panels` panels (batch rows × distinct head masks)
-  are drawn; a last line says how many were left out.
+  `max_rows` rows) and follows the rule in this module's docstring. At most `max_panels`
+  panels (batch rows × distinct head masks) are drawn; a last line says how many were left
+  out.
 
   Args:
     bm: a static `BlockMap`.

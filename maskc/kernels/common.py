@@ -77,7 +77,8 @@ def qkv_arrays(q, k, v) -> tuple[jax.Array, jax.Array, jax.Array]:
 
 
 def read_values(bm: BlockMap, u: int, *, rest: bool = False) -> _predicate.ReadValues:
-  """Mask `u`'s read values as int32 jax arrays (batch axis first; see `maskc.compiled.predicate`)."""
+  """Mask `u`'s read values as int32 jax arrays (batch axis first; see
+  `maskc.compiled.predicate`)."""
   values = bm.read_values(u, dtype=np.int32, rest=rest)
   return _predicate.ReadValues(*(jnp.asarray(a) for a in values))
 

@@ -286,7 +286,10 @@ def run(q, k, v, plan, *, mesh, batch_axis=None, head_axis=None, seq_axis=None,
           elif (m, gi, t) in choices:
             choice, live = choices[m, gi, t]
             idx = cell(d, r)
-            run_step = lambda q, k, v, ch=choice, i=idx, f=step: ch.call(i, f, q, k, v)
+
+            def run_step(q, k, v, ch=choice, i=idx, f=step):
+              return ch.call(i, f, q, k, v)
+
             if live.all():
               o, lse = run_step(qg, kg, vg)
             else:

@@ -270,7 +270,9 @@ def _prepare(q, k, v, bm, *, scale, logits_soft_cap, sinks, interpret) -> _Call:
   info_bm, segment = _plan(bm)
   kernel = _kernel(_padded(info_bm), logits_soft_cap, bool(interpret))
   lq_pad, lkv_pad = bm.n_q_tiles * bm.block_q, bm.n_kv_tiles * bm.block_kv
-  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
+
+  def pad(x, n):
+    return jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
 
   qh = jnp.swapaxes(pad(q * jnp.asarray(scale, q.dtype), lq_pad), 1, 2)   # [B, H, Lq_pad, D]
   kh, vh = jnp.swapaxes(pad(k, lkv_pad), 1, 2), jnp.swapaxes(pad(v, lkv_pad), 1, 2)

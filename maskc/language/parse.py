@@ -491,7 +491,7 @@ class _Program:
                           hint=f"Did you mean `{guess}`?" if guess else
                           "Define it first: `name(a, b) = ...`.")
     values = [v for v, _ in positional]
-    for key, (v, a) in keywords.items():
+    for key, (_, a) in keywords.items():
       if key not in d.params:
         raise MaskTypeError(f"`{name}` has no parameter `{key}`", span=self.span(a),
                             hint=f"Its parameters are ({', '.join(d.params)}).")

@@ -335,7 +335,10 @@ def bind_map(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: Any 
                      q_positions=q_positions, kv_positions=kv_positions)
   nb, u = bound.batch or 1, len(bound.masks)
   xp = jnp if bound.traced else np
-  one = lambda v, t: xp.full((nb, u, 1, 1), v, t)
+
+  def one(v, t):
+    return xp.full((nb, u, 1, 1), v, t)
+
   rows = Runs(one(0, np.int32), one(1, np.int32), one(1, np.int8),
               xp.ones((nb, u, 1), np.int32))
   return _blockmap(bound, bound.q_len, bound.kv_len, rows=rows, col_runs=rows)

@@ -616,7 +616,8 @@ class _AxisRuns:
 class _EqualRuns:
   """The runs of `x[q + s] == x[k + t]` where each value of x is one run of its batch row
   (sorted segment ids; the ids of an image mask's runs): found by binary searches over
-  the runs each line reads, exactly, with no analysis (`maskc.lowering.closed_forms.equal_reads`)."""
+  the runs each line reads, exactly, with no analysis
+  (`maskc.lowering.closed_forms.equal_reads`)."""
 
   def __init__(self, table: RunTable, shifts: tuple[int, int], on: np.ndarray | None,
                geo: TileGeometry, batch: int | None, budget: Budget):
@@ -628,7 +629,8 @@ class _EqualRuns:
   @classmethod
   def of(cls, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
          budget: Budget) -> _EqualRuns | None:
-    """The equal reads of `m` (`maskc.lowering.closed_forms.equal_reads.equal_reads_where`), where they apply."""
+    """The equal reads of `m` (`maskc.lowering.closed_forms.equal_reads.equal_reads_where`),
+    where they apply."""
     found = None if geo.positions or not enabled("equal_reads") else equal_reads_where(m)
     if found is None:
       return None
@@ -654,8 +656,9 @@ class _EqualRuns:
     return equal_read_runs(self.table, geo, nb, *self.shifts, along_rows, self.on, self._lines)
 
   def bounds(self, along_rows: bool) -> np.ndarray | None:
-    """The tiles as a band's bounds per flat line (`maskc.lowering.closed_forms.equal_reads.equal_read_bounds`),
-    where no truth read stands beside the equal reads; else None."""
+    """The tiles as a band's bounds per flat line
+    (`maskc.lowering.closed_forms.equal_reads.equal_read_bounds`), where no truth read stands
+    beside the equal reads; else None."""
     if self.on is not None:
       return None
     nb, geo = self.batch or 1, self.geo
@@ -664,8 +667,8 @@ class _EqualRuns:
 
   def widened(self, intervals: Intervals, along_rows: bool):
     """The bounds of `intervals | self` per line, where they are a band's
-    (`maskc.lowering.closed_forms.widened_band`); else None. Remembered: a spread that cannot use them in
-    closed form asks again."""
+    (`maskc.lowering.closed_forms.widened_band`); else None. Remembered: a spread that cannot
+    use them in closed form asks again."""
     if not enabled("widened_band"):
       return None
     key = (intervals.lo, intervals.hi, intervals.chunk, along_rows)
@@ -691,7 +694,8 @@ class _EqualRuns:
 
 
 class _PeriodicRuns:
-  """The runs of a mask without operands that has a diagonal period (`maskc.analysis.diagonal_period`).
+  """The runs of a mask without operands that has a diagonal period
+  (`maskc.analysis.diagonal_period`).
 
   With `T = lcm(P, bq, bk)`, tile `(i + T / bq, j + T / bk)` has the state of tile
   `(i, j)` wherever both are whole tiles, so one period of rows is classified over
@@ -961,8 +965,9 @@ def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
 
 def _band_part(m: ir.Mask, geo: TileGeometry, batch: int | None) -> BandRuns | None:
   """A part of an `&` or `|` that is exactly a band of `q - k` (`causal`, `sliding(w)`,
-  `local(64, 64)`), in closed form (`maskc.lowering.closed_forms.band_runs`): an `&` clips the other parts'
-  runs to it, an `|` combines them with its runs, no period analysed. None otherwise."""
+  `local(64, 64)`), in closed form (`maskc.lowering.closed_forms.band_runs`): an `&` clips the
+  other parts' runs to it, an `|` combines them with its runs, no period analysed. None
+  otherwise."""
   band = _clip_band(m, geo)
   if band is None:
     return None
@@ -1143,8 +1148,8 @@ class _CombinedRuns:
   def _widened(self, order: list, along_rows: bool, n_lines: int, n_span: int):
     """`(flat runs, the other parts)` of this `|` where a band (or a band inside chunks)
     and equal reads among `order` join into one interval per row (`causal & chunk(8192)
-    | bidirectional(img)`: `maskc.lowering.closed_forms.widened_band`), their runs written from bounds with
-    nothing combined; else None."""
+    | bidirectional(img)`: `maskc.lowering.closed_forms.widened_band`), their runs written from
+    bounds with nothing combined; else None."""
     equal = next((p for p in order if isinstance(p, _EqualRuns)), None)
     if equal is None:
       return None
@@ -1214,8 +1219,9 @@ class _CombinedRuns:
   def _spread(self, x, band: BandRuns, rest, along_rows: bool, n_lines: int, n_span: int,
               exact_x: bool = False):
     """Flat runs `x` of this `&`'s other parts, `& (band | rest)`. Where the rest is equal
-    reads that widen the band to one interval per row (`maskc.lowering.closed_forms.widened_band`), `x`
-    clipped at the widened band's bounds; else, on lines where the rest has no runs,
+    reads that widen the band to one interval per row
+    (`maskc.lowering.closed_forms.widened_band`), `x` clipped at the widened band's bounds;
+    else, on lines where the rest has no runs,
     `x` clipped at the band, and on the rest's lines (few: an image's rows), `x` met
     with the band's runs joined with the rest's.
 
@@ -1304,9 +1310,10 @@ class _CombinedRuns:
     return mid, lines, lo, hi
 
   def _spliced_lines(self, x, part: _AxisRuns, along_rows: bool, n_lines: int, n_span: int):
-    """The packed runs of `x | part` (`maskc.lowering.closed_forms.pattern_lines.spliced_pattern`): each line
-    the pattern's runs before those met (`_spliced_met`), the combined ones, those after;
-    a line without runs in `x`, the pattern.
+    """The packed runs of `x | part`
+    (`maskc.lowering.closed_forms.pattern_lines.spliced_pattern`): each line the pattern's runs
+    before those met (`_spliced_met`), the combined ones, those after; a line without runs in
+    `x`, the pattern.
 
     The combined runs are merged, and never touch a kept run in its state: a pattern run
     that touches the span of x is among those met, so a kept one ends before the first
@@ -1388,7 +1395,8 @@ class _CombinedRuns:
 
   def _clip_lines(self, x, bounds, along_rows: bool, n_lines: int, n_span: int):
     """Flat runs `x` of an `&` with a band whose lines have bounds `bounds`
-    (`maskc.lowering.closed_forms.band_runs`): cut at them, PARTIAL with PARTIAL decided tile by tile."""
+    (`maskc.lowering.closed_forms.band_runs`): cut at them, PARTIAL with PARTIAL decided tile
+    by tile."""
     def pieces_of(x):
       return clipped_pieces(x, bounds, n_lines, n_span)
 
@@ -1534,9 +1542,9 @@ def _diagonal_pairs(geo: TileGeometry, i, j):
 
 
 def _intervals(part, geo: TileGeometry) -> Intervals | None:
-  """A part's one interval per row (`maskc.lowering.closed_forms.band_runs.Intervals`): a band's, or a band's
-  inside chunks (`causal & chunk(8192)`, lowered by its period) in the closed form's
-  range (`band_fits`)."""
+  """A part's one interval per row (`maskc.lowering.closed_forms.band_runs.Intervals`): a
+  band's, or a band's inside chunks (`causal & chunk(8192)`, lowered by its period) in the
+  closed form's range (`band_fits`)."""
   if isinstance(part, BandRuns):
     return Intervals(*part.band)
   if not isinstance(part, _PeriodicRuns):

@@ -522,8 +522,9 @@ def _combine(fixed, state, certain, union: bool):
 # analysis and the refinement's rounds) and the runs along both axes (18 bytes);
 # `tests/test_memory_budget.py` checks it against that analysis.
 TILE_BYTES = 64
-# Of the widened band (`maskc.lowering.closed_forms.widened_traced`): both axes' runs, 18 bytes a tile, and their
-# slots padded once (5 by XLA's memory analysis); its lines' reductions need 32 bytes a token.
+# Of the widened band (`maskc.lowering.closed_forms.widened_traced`): both axes' runs, 18 bytes a
+# tile, and their slots padded once (5 by XLA's memory analysis); its lines' reductions need 32
+# bytes a token.
 WIDENED_TILE_BYTES = 32
 
 
@@ -565,7 +566,8 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   split = _static_part(m, geo, refine, memory)
   analyzer = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b, geo.pos_ok,
                       spans={"q": geo.bq, "k": geo.bk} if spans else None, known=known)
-  for p in same:  # exact verdicts from the labels the lines read (`maskc.lowering.closed_forms.same_run`)
+  # exact verdicts from the labels the lines read (`maskc.lowering.closed_forms.same_run`)
+  for p in same:
     on_q, on_k = (p.key, "q", p.s), (p.key, "k", p.t)
     if geo.pos_ok is True and on_q in known and on_k in known:
       analyzer.memo[p.node] = same_run_truth(jnp, *known[on_q], *known[on_k])

@@ -492,7 +492,7 @@ def _reads_fit(m: ir.Mask, shape: Shape, lengths: tuple[int, ...], scalars: dict
   (q0, q1), (k0, k1) = shape.q_hull(), shape.k_hull()
   analyzer = Analyzer(np, Tables(np, scalars), q0, q1, k0, k1, batch)
   checks = [(n,) + c for n, cs in _reads_of(m) for c in cs]
-  for (n, index, name, axis, which), length in zip(checks, lengths):
+  for (n, index, name, _axis, which), length in zip(checks, lengths):
     axes = ir.positions_of(index)
     bounds = _index_bounds(analyzer, index)
     if bounds is not None and bounds[0] >= 0 and bounds[1] < length:

@@ -384,7 +384,8 @@ class Analyzer:
     self.spans = spans or {}
     self.known = known or {}
     self.info = np.iinfo(xp.asarray(0).dtype)  # int64, or int32 under jit without x64
-    # verdicts by node; callers may seed exact ones (`maskc.lowering.closed_forms.same_run` under `jit`)
+    # verdicts by node; callers may seed exact ones (`maskc.lowering.closed_forms.same_run`
+    # under `jit`)
     self.memo = ir.NodeMemo()
 
   def truth(self, m: ir.Mask) -> Truth3:

@@ -15,8 +15,8 @@ the other runs alone. Only tiles PARTIAL in both stay to be decided, as in any
 The bounds follow from the least and greatest ends of the rows' intervals
 (`line_bounds`), for any mask that holds on one interval per row whose union over
 a line is one interval too (`Intervals`: a band, or a band inside chunks that
-holds the diagonal); `maskc.lowering.closed_forms.widened_band` and `maskc.lowering.closed_forms.widened_traced` widen them
-by equal reads.
+holds the diagonal); `maskc.lowering.closed_forms.widened_band` and
+`maskc.lowering.closed_forms.widened_traced` widen them by equal reads.
 """
 
 from __future__ import annotations
@@ -216,9 +216,9 @@ def keyed_band_runs(bounds: np.ndarray, lines: np.ndarray | None, n_lines: int, 
 
 
 def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):
-  """Flat sorted runs `x = (start key, stop key, state)` (`maskc.lowering.grid.run_lists.keyed`) cut at
-  their lines' band bounds (`[4, n_lines]`, the same for every batch row, or `[4, batch *
-  n_lines]` by flat line: s, f, g, e), the parts outside the band dropped: `(lo, hi, x's
+  """Flat sorted runs `x = (start key, stop key, state)` (`maskc.lowering.grid.run_lists.keyed`)
+  cut at their lines' band bounds (`[4, n_lines]`, the same for every batch row, or `[4, batch
+  * n_lines]` by flat line: s, f, g, e), the parts outside the band dropped: `(lo, hi, x's
   state, the band's state)`, in order."""
   key, end, state = x
   stride = n_span + 1
@@ -241,10 +241,10 @@ def met_bounds_pieces(x_bounds: np.ndarray, first: int, bounds: np.ndarray, n_li
                       n_span: int):
   """The pieces of flat lines `first, first + 1, ...` whose tiles are both band-shaped
   bounds, `x_bounds` (`[4, n]`, of those lines: equal reads of runs,
-  `maskc.lowering.closed_forms.equal_reads.equal_read_bounds`) and `bounds` (`[4, n_lines]` for every batch
-  row, or by flat line): each of x's three runs cut at the other's, as `clipped_pieces`
-  gives them, with no runs written first: `(lo, hi, x's state, the other's state)`, flat
-  keys in order, the parts outside either dropped."""
+  `maskc.lowering.closed_forms.equal_reads.equal_read_bounds`) and `bounds` (`[4, n_lines]`
+  for every batch row, or by flat line): each of x's three runs cut at the other's, as
+  `clipped_pieces` gives them, with no runs written first: `(lo, hi, x's state, the other's
+  state)`, flat keys in order, the parts outside either dropped."""
   n = x_bounds.shape[1]
   flat = np.arange(first, first + n, dtype=np.int64)
   line = flat % n_lines if bounds.shape[1] == n_lines else flat

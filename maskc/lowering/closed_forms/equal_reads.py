@@ -133,10 +133,10 @@ def _searches(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift
 def equal_read_bounds(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift: int,
                       along_rows: bool, memo: dict | None = None) -> np.ndarray:
   """The tiles of `x[q + s] == x[k + t]` as bounds `[4, nb * n_lines]` per flat line (`b *
-  n_lines + line`), a band's (`maskc.lowering.closed_forms.band_runs.band_bounds`: `[j0, f0)` and `[f1, j1)`
-  PARTIAL, `[f0, f1)` FULL): the span's lines meeting the runs a line reads, FULL inside
-  where it reads one run. For an operand whose values are one run each (`unique_runs`),
-  with 1 or `nb` batch rows; `memo` as in `equal_read_runs`."""
+  n_lines + line`), a band's (`maskc.lowering.closed_forms.band_runs.band_bounds`: `[j0, f0)`
+  and `[f1, j1)` PARTIAL, `[f0, f1)` FULL): the span's lines meeting the runs a line reads,
+  FULL inside where it reads one run. For an operand whose values are one run each
+  (`unique_runs`), with 1 or `nb` batch rows; `memo` as in `equal_read_runs`."""
   r0, r1, c0, c1, _ = _searches(table, geo, nb, q_shift, k_shift, along_rows, None, memo)
   n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
   base = np.arange(nb * n_lines, dtype=np.int64) // n_lines * n_span

@@ -63,9 +63,9 @@ def widened_parts(m: ir.Mask, geo: TileGeometry, same: list[SameRun]):
 
 
 def widened_bounds_traced(x, intervals: Intervals, geo: TileGeometry, along_rows: bool):
-  """Bounds `(s, f, g, e)`, each `[B', n_lines]` (`maskc.lowering.closed_forms.band_runs.band_bounds`), of
-  `intervals | bidirectional(x)` along rows or columns, for operand `x` (`[B', size]`),
-  exact (`widened_parts` holds)."""
+  """Bounds `(s, f, g, e)`, each `[B', n_lines]`
+  (`maskc.lowering.closed_forms.band_runs.band_bounds`), of `intervals | bidirectional(x)`
+  along rows or columns, for operand `x` (`[B', size]`), exact (`widened_parts` holds)."""
   shape = geo.shape
   if along_rows:  # q tiles: positions from the offset
     offset, count, block, n_lines = int(shape.q_offset), shape.q_len, geo.bq, geo.nq
