@@ -27,7 +27,6 @@ from maskc.attention import (
 from maskc.compiled.blockmap import BlockMap as BlockMap
 from maskc.config.mask_spec import MaskSpec as MaskSpec, mask_field as mask_field
 from maskc.config.model import (
-  ConfigError as ConfigError,
   ConfigWarning as ConfigWarning,
   MaskConfig as MaskConfig,
   OperandDecl as OperandDecl,
@@ -56,6 +55,7 @@ from maskc.language.builders import (
 )
 from maskc.language.errors import (
   BackendError as BackendError,
+  ConfigError as ConfigError,
   MaskError as MaskError,
   MaskLimitError as MaskLimitError,
   MaskNameError as MaskNameError,

@@ -97,7 +97,7 @@ class MaskError(Exception):
 class MaskSyntaxError(MaskError, SyntaxError):
   """The text is not in the mask language."""
 
-  def __init__(self, message: str, **kw):
+  def __init__(self, message: str, **kw: Any) -> None:
     MaskError.__init__(self, message, **kw)
 
   def __str__(self) -> str:
@@ -167,7 +167,7 @@ def config_where(file: str | None, path: str | None) -> str | None:
 class _ShortRepr(reprlib.Repr):
   """`reprlib.Repr` that also survives integers too long for `repr`."""
 
-  def __init__(self):
+  def __init__(self) -> None:
     super().__init__()
     self.maxlevel, self.maxstring, self.maxother, self.maxlong = 3, 80, 80, 60
     self.maxdict = self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = 6
