@@ -149,8 +149,9 @@ class ReadValues(NamedTuple):
 Fetch = Callable[[str, int], Any]
 
 
-def run(program: Program, xp, q, k, fetch: Fetch):
-  """The value of `program`'s last instruction at positions `q`, `k` (broadcastable)."""
+def run(program: Program, xp, q, k, fetch: Fetch | None):
+  """The value of `program`'s last instruction at positions `q`, `k` (broadcastable);
+  `fetch` reads the operands (None for a program that reads none)."""
   vals: list[Any] = []
   for ins in program:
     op, a = ins.op, ins.args
@@ -161,6 +162,8 @@ def run(program: Program, xp, q, k, fetch: Fetch):
     elif op == "const":
       v = ins.value
     elif op in ("q_read", "k_read", "scalar", "pair", "tile_pair"):
+      if fetch is None:
+        raise TypeError(f"the program reads an operand ({op!r}), and no fetch was given")
       v = fetch(op, ins.value)
     elif op == "neg":
       v = -vals[a[0]]

@@ -162,7 +162,7 @@ class _Compiler:
 
   # ------------------------------------------------------------------ terms and masks
 
-  def term(self, t: ir.Term, index: bool = False) -> int:
+  def term(self, t: ir.Node, index: bool = False) -> int:
     key = ("t", t)
     if key in self.memo:
       return self.memo[key]

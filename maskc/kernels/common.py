@@ -73,7 +73,8 @@ def qkv_arrays(q, k, v) -> tuple[jax.Array, jax.Array, jax.Array]:
   take, so every backend receives jax arrays; tracers and jax arrays pass through.
   """
   check_qkv(q, k, v)
-  return tuple(x if isinstance(x, jax.Array) else jnp.asarray(x) for x in (q, k, v))
+  q, k, v = (x if isinstance(x, jax.Array) else jnp.asarray(x) for x in (q, k, v))
+  return q, k, v
 
 
 def read_values(bm: BlockMap, u: int, *, rest: bool = False) -> _predicate.ReadValues:

@@ -36,6 +36,7 @@ all_gather, ppermute, switch and the backends' own rules.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +62,8 @@ def _index(axis):
 
 def _pad_runs(runs: Runs, r: int) -> Runs:
   pad = [(0, 0)] * (runs.start.ndim - 1) + [(0, r - runs.start.shape[-1])]
-  return Runs(*(np.pad(np.asarray(a), pad) for a in runs[:3]), np.asarray(runs.count))
+  start, stop, state = (np.pad(np.asarray(a), pad) for a in runs[:3])
+  return Runs(start, stop, state, np.asarray(runs.count))
 
 
 def _bounds(maps) -> tuple:
@@ -96,7 +98,7 @@ class _Stacked:
     r = max(bm.rows.start.shape[-1] for bm in maps)
     rc = max(bm.cols.start.shape[-1] for bm in maps)
     bounds = _bounds(maps)
-    flat = []
+    flat: list[tuple[list[Any], jax.tree_util.PyTreeDef]] = []
     for bm in maps:
       norm = BlockMap(bm.masks, bm.head_index, bm.q_len, bm.kv_len, bm.q_offset, bm.block_q,
                       bm.block_kv, bm.batch, _pad_runs(bm.rows, r), bm.operands,
@@ -183,8 +185,9 @@ def run(q, k, v, plan, *, mesh, batch_axis=None, head_axis=None, seq_axis=None,
   def cell(d, r, c=None):
     return d * s + r if c is None else (d * s + r) * s + c
 
-  # Static per-cell choices, built once outside the trace.
-  choices = {}
+  # Static per-cell choices, built once outside the trace: `(m, g)` -> a `_Choice` (all_gather),
+  # `(m, g, t)` -> `(_Choice, live cells)` (ring).
+  choices: dict[tuple[int, ...], Any] = {}
   if not plan.traced:
     for m, groups in enumerate(plan.groups):
       for gi, g in enumerate(groups):

@@ -301,7 +301,7 @@ class _LseStatic:
   block_sizes: sk.BlockSizes
   mask_value: float
   cap: float | None
-  mask_function: object
+  mask_function: sk.MaskFunctionType | None
   interpret: bool
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from maskc.language.errors import MaskValueError
 
@@ -67,7 +67,7 @@ _TAKEN: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar(
     "maskc_taken_rules", default=None)
 
 
-def _check(names) -> frozenset[str]:
+def _check(names: Iterable[str]) -> frozenset[str]:
   unknown = sorted(set(names) - set(RULES))
   if unknown:
     raise MaskValueError(f"unknown lowering rule(s) {', '.join(map(repr, unknown))}",

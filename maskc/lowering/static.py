@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -77,6 +77,8 @@ from maskc.lowering.grid.refine import (
   subdivide,
 )
 from maskc.lowering.grid.run_lists import (
+  FlatRuns,
+  LineRuns,
   expand_in_order,
   expand_leaves,
   interleaved,
@@ -469,7 +471,7 @@ class _StaticRuns:
     self.leaves = _hold_leaves(_decided_leaves(m, geo, tables, batch, refine, self.budget,
                                                self.pieces, hints, start), self.budget)
 
-  def merged(self, along_rows: bool):
+  def merged(self, along_rows: bool) -> LineRuns:
     """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
     _, i0, i1, j0, j1, _ = self.leaves
     runs = int(((i1 - i0) if along_rows else (j1 - j0)).sum())
@@ -588,7 +590,7 @@ class _AxisRuns:
     """Whether the runs along these lines are the pattern, the same on every line."""
     return (self.axis == "k") == along_rows
 
-  def merged(self, along_rows: bool):
+  def merged(self, along_rows: bool) -> LineRuns:
     """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
     geo = self.geo
     n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
@@ -682,7 +684,7 @@ class _EqualRuns:
       took("widened_band")
     return self._widened[key]
 
-  def flat(self, along_rows: bool):
+  def flat(self, along_rows: bool) -> FlatRuns:
     """The runs as sorted, merged flat runs (`keyed`), from their flat lines directly."""
     f, a, z, state = self._lines_runs(along_rows)
     base = f * ((self.geo.nk if along_rows else self.geo.nq) + 1)
@@ -736,7 +738,7 @@ class _PeriodicRuns:
     """Leaves of `geo` (or of rectangles `start`), ambiguous tiles refined, EMPTY ones dropped."""
     return _decided_leaves(self.m, geo, self.tables, None, self.refine, self.budget, start=start)
 
-  def _merged_row(self, along_rows: bool):
+  def _merged_row(self, along_rows: bool) -> LineRuns:
     """The runs of one batch row as sorted, merged `(b, line, a, z, state)` arrays."""
     geo, shape = self.geo, self.geo.shape
     n_lines, n_span = (self.nq, self.nk) if along_rows else (self.nk, self.nq)
@@ -766,19 +768,21 @@ class _PeriodicRuns:
     if self.edges is not None:
       parts.append(expand_leaves(self.edges, along_rows))
     if not parts:
-      parts.append(tuple(np.zeros(0, np.int64) for _ in range(4)) + (np.zeros(0, np.int8),))
+      b, line, a, z = (np.zeros(0, np.int64) for _ in range(4))
+      parts.append((b, line, a, z, np.zeros(0, np.int8)))
     # The repeats come line by line, each line's runs in order: only the edges need a sort.
-    return merge_runs(*(np.concatenate(x) for x in zip(*parts)),
-                      in_order=self.edges is None)
+    b, line, a, z, st = (np.concatenate(x) for x in zip(*parts))
+    return merge_runs(b, line, a, z, st, in_order=self.edges is None)
 
-  def merged(self, along_rows: bool):
+  def merged(self, along_rows: bool) -> LineRuns:
     """The runs of every batch row as sorted, merged `(b, line, a, z, state)` arrays."""
     one = self._merged_row(along_rows)
     nb = self.batch or 1
     if nb == 1:
       return one
     b = np.repeat(np.arange(nb, dtype=np.int64), one[0].size)
-    return (b,) + tuple(np.tile(x, nb) for x in one[1:])
+    line, a, z, state = (np.tile(x, nb) for x in one[1:])
+    return b, line, a, z, state
 
   def runs(self, along_rows: bool) -> Runs:
     runs = pack_runs(*self._merged_row(along_rows), 1,
@@ -1075,8 +1079,8 @@ class _CombinedRuns:
     others = [p for p in others if not any(p is q for q, _ in distributed)]
     if distributed and not (whole or others or bands):
       others.append(distributed.pop(0)[0])
-    spread = [(p, self._band_or(p)) for p in others]
-    spread = [(p, x) for p, x in spread if x is not None]
+    band_ors = [(p, self._band_or(p)) for p in others]
+    spread = [(p, x) for p, x in band_ors if x is not None]
     others = [p for p in others if not any(p is q for q, _ in spread)]
     if not (whole or others):
       if bands:
@@ -1135,7 +1139,7 @@ class _CombinedRuns:
         return None
       spread = spread[1:]
     took("met_bounds")
-    x_bounds = part.bounds(along_rows)
+    x_bounds = cast(np.ndarray, part.bounds(along_rows))  # not None: `part.on` is None
     lines = x_bounds.shape[1]
     chunk = max(1, min(lines, self.budget.items(MET_LINE_BYTES), COMBINE_CHUNK // 3))
     self.budget.charge(min(lines, chunk) * MET_LINE_BYTES, "meeting bounds")
@@ -1155,7 +1159,7 @@ class _CombinedRuns:
       return None
     band, intervals = next(((p, x) for p, x in ((p, _intervals(p, self.geo)) for p in order)
                             if x is not None), (None, None))
-    if band is None:
+    if band is None or intervals is None:  # both None or neither
       return None
     bounds = equal.widened(intervals, along_rows)
     if bounds is None:
@@ -1196,7 +1200,7 @@ class _CombinedRuns:
     return self._combine_by_lines(x, _flat_runs(part, along_rows, n_lines, n_span), along_rows,
                                   n_lines, n_span, exact_part=exact or _exact_runs(part))
 
-  def _band_or(self, part):
+  def _band_or(self, part) -> tuple[BandRuns, Any] | None:
     """`(band, rest)` where `part` of this `&` is `band | rest` (`causal |
     bidirectional(img)`), its band in closed form; else None.
 
@@ -1418,7 +1422,8 @@ class _CombinedRuns:
     self.budget.charge(min(total, per_chunk) * per_run, "combining runs")
     all_lines = (self.batch or 1) * n_lines
     cuts = (np.arange(chunks + 1, dtype=np.int64) * all_lines // chunks) * (n_span + 1)
-    out, waiting = [], []
+    out: list[tuple[np.ndarray, ...]] = []
+    waiting: list[tuple[np.ndarray, ...]] = []  # pieces `(lo, hi, sx, sy)` not decided yet
 
     def decide_waiting():
       if waiting:

@@ -70,6 +70,8 @@ from __future__ import annotations
 
 import copy
 from collections import ChainMap
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -529,7 +531,7 @@ WIDENED_TILE_BYTES = 32
 
 
 def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
-                  budget: int | None, memory: Budget, same: list[SameRun] = ()):
+                  budget: int | None, memory: Budget, same: Sequence[SameRun] = ()):
   """The tile grid `[nb, nq, nk]` of one mask; `same`: its places decided from run labels."""
   nb = batch or 1
   memory.charge(nb * geo.nq * geo.nk * TILE_BYTES, "the traced analysis of the tile grid")
@@ -632,9 +634,10 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
   memory = memory or Budget(MEMORY_BUDGET)
   # bidirectional's body, decided from run labels
   expanded = [same_runs(m) if enabled("same_run_ids") else (m, []) for m in masks]
-  widened = [widened_parts(m, geo, same) if enabled("widened_band") else None
-             for m, same in expanded]
-  if all(w is not None for w in widened):  # `causal & chunk(8192) | bidirectional(img)`
+  found = [widened_parts(m, geo, same) if enabled("widened_band") else None
+           for m, same in expanded]
+  widened = [w for w in found if w is not None]
+  if len(widened) == len(found):  # `causal & chunk(8192) | bidirectional(img)`
     took("widened_band")
     nb = batch or 1
     memory.charge(nb * len(masks) * geo.nq * geo.nk * WIDENED_TILE_BYTES + sum(
@@ -646,7 +649,7 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
   labelled = {p.operand for _, found in expanded for p in found}
   if labelled:
     took("same_run_ids")
-  arrays = operands
+  arrays: Mapping[str, Any] = operands
   if labelled:  # the labels, and run ids from them: one prefix sum (kernels) for both
     derived = {}
     for n in labelled:

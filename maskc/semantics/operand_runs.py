@@ -93,8 +93,8 @@ class RunForm:
   def digest(self) -> bytes:
     """SHA-256 of the form (equal starts and values: equal operands of this shape)."""
     h = hashlib.sha256(usedforsecurity=False)
-    h.update(np.ascontiguousarray(self.starts))
-    h.update(np.ascontiguousarray(self.values))
+    h.update(np.ascontiguousarray(self.starts).data)
+    h.update(np.ascontiguousarray(self.values).data)
     return h.digest()
 
   def broadcast(self, batch: int) -> RunForm:
@@ -214,7 +214,7 @@ class RunTable:
                                     np.array_equal(other.starts, starts)):
         starts, self._search = other.starts, other._search
         break
-    self.starts = starts
+    self.starts: np.ndarray = starts
     values = form.values
     self.values = values
     self.row = starts // max(length, 1)

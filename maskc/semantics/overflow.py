@@ -186,8 +186,8 @@ class _Context:
       return self._values(name, (child[id(n.index)],))
     if isinstance(n, ir.PairRead):
       return self._values(n.operand.name, (child[id(n.q_index)], child[id(n.k_index)]))
-    args = [child[id(c)] for c in n.children()]
-    if any(a is None for a in args):
+    args = [a for a in (child[id(c)] for c in n.children()) if a is not None]
+    if len(args) < len(n.children()):  # a child without bounds
       return None
     if isinstance(n, ir.Neg):
       (lo, hi), = args
@@ -210,9 +210,13 @@ class _Context:
     """Bounds of an operand's entries at (clipped) indices in the given intervals."""
     form = self.forms.get(name)  # a per-token operand's runs: its tokens need not be written out
     arr = None if form is not None else self.arrays.get(name)
-    if form is None and arr is None:
+    shape: tuple[int, ...]
+    if form is not None:
+      shape = (form.batch, form.length)
+    elif arr is not None:
+      shape = tuple(arr.shape)
+    else:
       return None
-    shape = (form.batch, form.length) if form is not None else tuple(arr.shape)
     length = shape[-1] if len(shape) > 1 else 1
     if ir.is_run_ids_key(name) and isinstance(arr, jax.core.Tracer):
       return 0, (length + 1) // 2

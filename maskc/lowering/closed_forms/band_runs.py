@@ -27,7 +27,7 @@ from maskc.analysis.linear import conjuncts, exact_band
 from maskc.compiled.tiles import FULL, PARTIAL
 from maskc.language import ir
 from maskc.lowering.grid.geometry import TileGeometry
-from maskc.lowering.grid.run_lists import keyed, merge_keyed, merge_runs
+from maskc.lowering.grid.run_lists import LineRuns, keyed, merge_keyed, merge_runs
 
 # Positions, lengths and offsets beyond this stay off the closed form (sums of three
 # of them must stay in int64).
@@ -144,14 +144,14 @@ def _chunk(m: ir.Mask) -> int | None:
   """`c` where `m` is `q // c == k // c` (`chunk(c)`), c >= 1."""
   if not (isinstance(m, ir.Compare) and m.ops == ("==",)):
     return None
-  found = {}
+  found: dict[str, int] = {}
   for t in m.terms:
     if not (isinstance(t, ir.Arith) and t.op == "//" and isinstance(t.lhs, ir.Pos) and
             isinstance(t.rhs, ir.Const)):
       return None
     found[t.lhs.axis] = t.rhs.value
   c = found.get("q")
-  return c if len(found) == 2 and c == found.get("k") and c >= 1 else None
+  return c if len(found) == 2 and c is not None and c == found.get("k") and c >= 1 else None
 
 
 def band_fits(geo: TileGeometry, band) -> bool:
@@ -170,7 +170,7 @@ class BandRuns:
 
   def __init__(self, geo: TileGeometry, band: tuple[int | None, int | None], nb: int):
     self.geo, self.band, self.nb = geo, band, nb
-    self._bounds = {}
+    self._bounds: dict[bool, np.ndarray] = {}
 
   def bounds(self, along_rows: bool) -> np.ndarray:
     """`band_bounds` along rows or columns, computed once."""
@@ -178,13 +178,14 @@ class BandRuns:
       self._bounds[along_rows] = band_bounds(self.geo, *self.band, along_rows)
     return self._bounds[along_rows]
 
-  def merged(self, along_rows: bool):
+  def merged(self, along_rows: bool) -> LineRuns:
     """The runs as sorted, merged `(b, line, a, z, state)` arrays (where the band is all an
     `&` has: no other runs to clip)."""
     line, a, z, state = line_runs(self.bounds(along_rows))
     b = np.repeat(np.arange(self.nb, dtype=np.int64), line.size)
+    line, a, z, state = (np.tile(x, self.nb) for x in (line, a, z, state))
     # an empty FULL run leaves two PARTIAL ones side by side: merged into one
-    return merge_runs(b, *(np.tile(x, self.nb) for x in (line, a, z, state)), in_order=True)
+    return merge_runs(b, line, a, z, state, in_order=True)
 
 
 def line_runs(bounds: np.ndarray):
@@ -238,7 +239,7 @@ def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):
 
 
 def met_bounds_pieces(x_bounds: np.ndarray, first: int, bounds: np.ndarray, n_lines: int,
-                      n_span: int):
+                      n_span: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """The pieces of flat lines `first, first + 1, ...` whose tiles are both band-shaped
   bounds, `x_bounds` (`[4, n]`, of those lines: equal reads of runs,
   `maskc.lowering.closed_forms.equal_reads.equal_read_bounds`) and `bounds` (`[4, n_lines]`

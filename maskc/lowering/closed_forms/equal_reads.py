@@ -16,6 +16,8 @@ count: a line then meets one range per such run it reads.
 
 from __future__ import annotations
 
+from typing import Literal, cast
+
 import numpy as np
 
 from maskc.arrays.ragged import group_ends, ranges
@@ -32,7 +34,7 @@ def equal_reads(m: ir.Mask) -> tuple[str, int, int] | None:
   if not (isinstance(m, ir.Compare) and m.ops == ("==",) and
           all(isinstance(x, ir.Read) for x in m.terms)):
     return None
-  a, b = m.terms
+  a, b = cast(tuple[ir.Read, ir.Read], m.terms)  # two reads: checked above
   if ir.array_key(a) != ir.array_key(b):
     return None
   for x, y in ((a, b), (b, a)):
@@ -109,7 +111,7 @@ class _Sorted:
       self.below = np.zeros(width + 1, np.int64)  # below[x]: the entries under first + x
       np.cumsum(np.bincount(a - a[0], minlength=width), out=self.below[1:])
 
-  def search(self, v: np.ndarray, side: str) -> np.ndarray:
+  def search(self, v: np.ndarray, side: Literal["left", "right"]) -> np.ndarray:
     if self.below is None:
       return np.searchsorted(self.a, v, side)
     return self.below[np.clip(v - self.first + (side == "right"), 0, self.below.size - 1)]
