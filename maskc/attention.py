@@ -25,7 +25,8 @@ MaskLike = str | Mask | Sequence[str | Mask]
 
 
 def attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike, v: jax.typing.ArrayLike,
-              mask: MaskLike | BlockMap, *, operands: Mapping[str, Any] | None = None,
+              mask: MaskLike | BlockMap, *,
+              operands: Mapping[str, jax.typing.ArrayLike] | None = None,
               backend: str = "auto", block_q: int | None = None, block_kv: int | None = None,
               scale: float | None = None, logits_soft_cap: float | None = None,
               sinks: jax.typing.ArrayLike | None = None, q_offset: int | None = None,
@@ -72,7 +73,8 @@ def attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike, v: jax.typing.Ar
   """
   from maskc.kernels import api, common as _common
 
-  kw = dict(scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks, interpret=interpret)
+  kw: dict[str, Any] = dict(scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks,
+                            interpret=interpret)
   if isinstance(mask, BlockMap):
     if operands:
       raise MaskValueError("operands were given with a compiled BlockMap, which holds its own",
@@ -107,7 +109,8 @@ def sharded_attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike,
                       batch_axis: str | None = None, head_axis: str | None = None,
                       seq_axis: str | None = None, strategy: str = "all_gather",
                       layout: str | Layout = "contiguous",
-                      operands: Mapping[str, Any] | None = None, backend: str = "auto",
+                      operands: Mapping[str, jax.typing.ArrayLike] | None = None,
+                      backend: str = "auto",
                       inputs_permuted: bool = False, block_q: int | None = None,
                       block_kv: int | None = None, scale: float | None = None,
                       logits_soft_cap: float | None = None,
@@ -223,10 +226,11 @@ def sharded_attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike,
   if not inputs_permuted:
     q, k, v = (layout.permute(sharded.whole_sequence(x, mesh, batch_axis, head_axis), axis=1)
                for x in (q, k, v))
-  out = sharded.run(q, k, v, plan, mesh=mesh, batch_axis=batch_axis, head_axis=head_axis,
-                    seq_axis=seq_axis, backend=name, sinks=sinks, scale=scale,
-                    logits_soft_cap=logits_soft_cap, interpret=interpret,
-                    operands=operands if traced else None, operand_kinds=kinds)
+  out: jax.Array = sharded.run(q, k, v, plan, mesh=mesh, batch_axis=batch_axis,
+                               head_axis=head_axis, seq_axis=seq_axis, backend=name,
+                               sinks=sinks, scale=scale, logits_soft_cap=logits_soft_cap,
+                               interpret=interpret, operands=operands if traced else None,
+                               operand_kinds=kinds)
   if inputs_permuted:
     return out
   return layout.unpermute(sharded.whole_sequence(out, mesh, batch_axis, head_axis), axis=1)

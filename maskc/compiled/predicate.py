@@ -32,7 +32,7 @@ This module imports nothing of maskc.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -217,7 +217,7 @@ def evaluate(pred: Predicate, xp, q, k, fetch: Fetch):
   return xp.broadcast_to(xp.asarray(out, dtype=bool), np.broadcast_shapes(np.shape(out), shape))
 
 
-def gather(pred: Predicate, operands: dict[str, Any], q_positions, kv_positions, xp, *,
+def gather(pred: Predicate, operands: Mapping[str, Any], q_positions, kv_positions, xp, *,
            batch: int | None, block_q: int, block_kv: int, dtype=None) -> ReadValues:
   """The values of every read of `pred` at the given positions.
 

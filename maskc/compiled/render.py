@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import html
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 
@@ -35,7 +35,8 @@ from maskc.language.errors import MaskError, MaskValueError
 GLYPHS = {EMPTY: "·", PARTIAL: "░", FULL: "█"}
 ASCII_GLYPHS = {EMPTY: ".", PARTIAL: "+", FULL: "#"}
 COLORS = {EMPTY: "#eef0f4", PARTIAL: "#f2a541", FULL: "#2f5aa8"}
-STATE_NAMES = {EMPTY: "empty", PARTIAL: "partial", FULL: "full"}
+STATE_NAMES: dict[int, Literal["empty", "partial", "full"]] = {EMPTY: "empty", PARTIAL: "partial",
+                                                            FULL: "full"}
 
 MAX_PANELS = 8        # panels drawn; the rest are counted in a note
 MAX_SVG_CELLS = 256   # cells per panel axis in the SVG
@@ -123,7 +124,17 @@ def _one_line(text: str) -> str:
   return " ; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def stats(bm) -> dict[str, Any]:
+class Stats(TypedDict):
+  """Tile counts per state, their total, the fraction not EMPTY and of dense FLOPs saved."""
+  empty: int
+  partial: int
+  full: int
+  total: int
+  density: float
+  flops_saved: float
+
+
+def stats(bm) -> Stats:
   """Tile counts per state and the fraction of dense FLOPs saved, from the runs alone.
 
   The same numbers as `bm.counts` and `bm.flops_saved`, without building the grid.
@@ -222,7 +233,7 @@ def _percent(x: float) -> str:
   return f"{p:.3g}%"
 
 
-def header_lines(bm, st: dict[str, Any] | None = None) -> list[str]:
+def header_lines(bm, st: Stats | None = None) -> list[str]:
   """The header every picture shares: mask, shape, tiles, batch/heads, density, FLOPs."""
   st = stats(bm) if st is None else st
   lines = []

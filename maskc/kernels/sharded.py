@@ -36,7 +36,7 @@ all_gather, ppermute, switch and the backends' own rules.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +50,8 @@ from maskc.language.errors import BackendError
 
 # Log-sum-exp of a row with no allowed key (the contract of every `run_with_lse`).
 NEG_LSE = -1e30
+
+_T = TypeVar("_T")
 
 
 def _axis_size(mesh, axis) -> int:
@@ -328,7 +330,8 @@ def run(q, k, v, plan, *, mesh, batch_axis=None, head_axis=None, seq_axis=None,
   return jax.jit(placed)(q, k, v, sink_arr, *op_vals)
 
 
-def whole_sequence(x, mesh, batch_axis=None, head_axis=None):
+def whole_sequence(x: _T, mesh: jax.sharding.Mesh, batch_axis: str | None = None,
+                   head_axis: str | None = None) -> _T:
   """`[B, L, H, D]` `x` with its sequence axis whole, for the layout's permutations.
 
   On an `Explicit` mesh an array's sharding travels in its type, and a gather

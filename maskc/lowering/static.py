@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -1699,8 +1700,8 @@ MET_LINE_BYTES = 9 * 64  # per line of bounds met: nine pieces, their keys, stat
 WAITING_PIECE_BYTES = 40  # per piece waiting to be decided with others, and their concatenation
 
 
-def compile_static(masks, shape: Shape, operands: dict, batch: int | None, block_q: int,
-                   block_kv: int, refine: list[bool], budget: Budget | None = None,
+def compile_static(masks, shape: Shape, operands: Mapping[str, Any], batch: int | None,
+                   block_q: int, block_kv: int, refine: list[bool], budget: Budget | None = None,
                    forms: dict[str, RunForm] | None = None):
   """Per-q-tile runs `[B, U, nq, R]` of the masks, and the memo computing the per-key-tile runs.
 

@@ -70,8 +70,8 @@ from __future__ import annotations
 
 import copy
 from collections import ChainMap
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -626,8 +626,8 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   return flat.reshape(full_shape)
 
 
-def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, block_q: int,
-                    block_kv: int, refine: list[bool], budget: int | None,
+def compile_dynamic(masks, shape: Shape, operands: Mapping[str, Any], batch: int | None,
+                    block_q: int, block_kv: int, refine: list[bool], budget: int | None,
                     memory: Budget | None = None):
   """Per-q-tile and per-key-tile runs `[B, U, n, R]` of the masks, traced."""
   geo = TileGeometry(shape, block_q, block_kv, xp=jnp)
@@ -656,7 +656,8 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
       ids = ir.run_ids_key(n)
       derived[label_key(n)] = lab = labels(jnp, operands[n], operands[ids].dtype)
       derived[ids] = run_ids(jnp, lab)
-    arrays = ChainMap(derived, operands)
+    # ChainMap writes to its first map only: the operands are read, never written
+    arrays = ChainMap(derived, cast(MutableMapping[str, Any], operands))
   tables = Tables(jnp, arrays)
   for name, a in arrays.items():
     if a.ndim == 2:  # per-token: its lines' tokens, parts and pieces, or blocked range tables

@@ -17,7 +17,7 @@ reach) and nothing per position. The module is independent of
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -70,7 +70,7 @@ def _hull(all_bounds) -> tuple[int, int] | None:
   return lo, hi
 
 
-def check_fits(masks: Any, shape, arrays: dict[str, Any], *, bits: int, what: str,
+def check_fits(masks: Any, shape, arrays: Mapping[str, Any], *, bits: int, what: str,
                hint: str | None = None, batch: Any = None,
                forms: dict[str, Any] | None = None) -> tuple[int, int] | None:
   """Raises `MaskValueError` when a known integer sub-term can leave the signed `bits`-bit type.
@@ -114,7 +114,7 @@ def check_fits(masks: Any, shape, arrays: dict[str, Any], *, bits: int, what: st
 # ----------------------------------------------------------------------------- intervals
 
 
-def _sub_terms(masks: Any, shape, arrays: dict[str, Any], batch: Any,
+def _sub_terms(masks: Any, shape, arrays: Mapping[str, Any], batch: Any,
                forms: dict[str, Any] | None = None) -> Iterator[tuple[ir.Node, Interval | None]]:
   """Each distinct integer sub-term (post-order) with its bounds, None when unknown."""
   if isinstance(masks, ir.Node):
@@ -140,7 +140,7 @@ def _rows(batch: Any, size: int) -> Any:
 class _Context:
   """Interval evaluation of one mask family at one shape, memoized by node identity."""
 
-  def __init__(self, shape, arrays: dict[str, Any], batch: Any,
+  def __init__(self, shape, arrays: Mapping[str, Any], batch: Any,
                forms: dict[str, Any] | None = None):
     self.arrays, self.batch, self.forms = arrays, batch, forms or {}
     offset = shape.q_offset
