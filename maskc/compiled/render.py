@@ -371,25 +371,26 @@ def _attrs(attrs: dict[str, Any]) -> str:
 class _Svg:
   """A tiny SVG writer: numbers rounded, text escaped, one element per call."""
 
-  def __init__(self):
+  def __init__(self) -> None:
     self.parts: list[str] = []
 
-  def rect(self, x, y, w, h, fill, **attrs):
+  def rect(self, x: float, y: float, w: float, h: float, fill: str, **attrs: Any) -> None:
     extra = _attrs(attrs)
     self.parts.append(f'<rect x="{x:.6g}" y="{y:.6g}" width="{w:.6g}" height="{h:.6g}" '
                       f'fill="{fill}"{extra}/>')
 
-  def text(self, x, y, s, size=11, anchor="start", weight="normal", fill="#222", **attrs):
+  def text(self, x: float, y: float, s: str, size: float = 11, anchor: str = "start",
+           weight: str = "normal", fill: str = "#222", **attrs: Any) -> None:
     extra = _attrs(attrs)
     self.parts.append(f'<text x="{x:.6g}" y="{y:.6g}" font-size="{size}" text-anchor="{anchor}" '
                       f'font-weight="{weight}" fill="{fill}"{extra}>{html.escape(s)}</text>')
 
-  def path(self, d, stroke, width=1.0, **attrs):
+  def path(self, d: str, stroke: str, width: float = 1.0, **attrs: Any) -> None:
     extra = _attrs(attrs)
     self.parts.append(f'<path d="{d}" stroke="{stroke}" stroke-width="{width:.3g}" fill="none"'
                       f'{extra}/>')
 
-  def raw(self, s: str):
+  def raw(self, s: str) -> None:
     self.parts.append(s)
 
   def document(self, width: float, height: float, title: str) -> str:
@@ -560,7 +561,8 @@ def _svg_cells(s: _Svg, bm, pic: Picture, x0: float, y0: float, pw: float, ph: f
 # ----------------------------------------------------------------------------- matplotlib
 
 
-def _matplotlib():
+def _matplotlib() -> tuple[Any, Any]:
+  """matplotlib's `colors` and `patches` modules."""
   try:
     import matplotlib  # noqa: F401
     from matplotlib import colors, patches

@@ -16,6 +16,7 @@ kernel (`mask_function`, as splash does for its `CausalMask` or `LocalMask`).
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info import MaskInfo
@@ -24,6 +25,9 @@ from maskc.compiled import predicate as _predicate
 from maskc.compiled.predicate import Predicate
 from maskc.compiled.tiles import EMPTY, PARTIAL, Runs, expand_runs
 from maskc.language.errors import BackendError, MaskValueError
+
+if TYPE_CHECKING:
+  from maskc.compiled.blockmap import BlockMap
 
 _EVAL_CHUNK = 1 << 22  # mask elements evaluated at once
 
@@ -161,7 +165,8 @@ def _tiles(runs: Runs, u: int):
   return t.line, t.other, t.state
 
 
-def _partial_blocks(bm):
+def _partial_blocks(
+    bm: BlockMap) -> tuple[np.ndarray | None, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
   """The distinct partial blocks, and for each mask u the block id of each partial tile.
 
   Ids follow splash: masks in order, tiles row-major, a block numbered when first seen.
@@ -170,7 +175,7 @@ def _partial_blocks(bm):
   bq, bk = bm.block_q, bm.block_kv
   seen: dict[bytes, int] = {}
   blocks: list[np.ndarray] = []
-  ids = []
+  ids: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
   per_chunk = max(1, _EVAL_CHUNK // (bq * bk))
   for u, pred in enumerate(bm.predicates):
     line, other, st = _tiles(bm.rows, u)

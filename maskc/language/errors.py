@@ -57,6 +57,10 @@ class MaskError(Exception):
     hint: what to write instead, when there is a clear fix.
   """
 
+  # Errors about a config's mask text also carry its key path and file (`maskc.config`).
+  path: str | None
+  file: str | None
+
   def __init__(self, message: str, *, span: Span | None = None, hint: str | None = None,
                source: str | None = None):
     self.message = message
@@ -87,7 +91,7 @@ class MaskError(Exception):
   def __str__(self) -> str:
     return self._render()
 
-  def with_source(self, source: str) -> MaskError:
+  def with_source(self, source: str | None) -> MaskError:
     """The same error, naming where the text came from (a file, a config key)."""
     self.source = source
     self.args = (self._render(),)
