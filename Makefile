@@ -4,14 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-lowering test-gpu bench wheel-test clean
+.PHONY: demo test lint test-slow test-lowering test-gpu bench wheel-test clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e ".[test,plot]"
+	$(PY) -m pip install -q -e ".[test,plot,lint]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -23,6 +23,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# ruff and mypy (the lint extra), configured in pyproject.toml: the public modules are
+# type-checked strictly, the rest with mypy's defaults.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check maskc
+	$(VENV)/bin/mypy maskc
 
 # Cross-lowering checks (tests/test_cross_lowering.py): flash -> Triton for cuda needs JAX's CUDA
 # plugin, which prints errors when imported on a machine without CUDA, so it lives in its own

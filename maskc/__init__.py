@@ -18,39 +18,65 @@ atoms `q`, `k` in `maskc.ir`; test helpers in `maskc.testing`; the kernels in
 
 from typing import Any as _Any
 
-from maskc import _deprecated
-from maskc import ir as ir
-from maskc.language.errors import (BackendError as BackendError, MaskError as MaskError,
-                                   MaskLimitError as MaskLimitError,
-                                   MaskNameError as MaskNameError,
-                                   MaskRecursionError as MaskRecursionError,
-                                   MaskSyntaxError as MaskSyntaxError,
-                                   MaskTypeError as MaskTypeError,
-                                   MaskValueError as MaskValueError, OperandError as OperandError,
-                                   Span as Span)
-from maskc.language.ir import Mask as Mask
-from maskc.language import printer as _printer, simplify as _simplify  # noqa: F401  (install)
-from maskc.language.parse import parse as parse
-from maskc.language.builders import (bidirectional as bidirectional, causal as causal,
-                                     chunk as chunk, compare as compare, document as document,
-                                     empty as empty, full as full, global_ as global_,
-                                     local as local, maximum as maximum, minimum as minimum,
-                                     operand as operand, prefix as prefix, runs as runs,
-                                     scalar as scalar, sink as sink, sliding as sliding,
-                                     truth as truth)
-from maskc.semantics.bind import (ComputableMask as ComputableMask, additive_bias as additive_bias,
-                                  materialize as materialize)
+from maskc import _deprecated, ir as ir
+from maskc.attention import (
+  MaskLike as MaskLike,
+  attention as attention,
+  sharded_attention as sharded_attention,
+)
 from maskc.compiled.blockmap import BlockMap as BlockMap
-from maskc.lowering.compile import compile as compile
-from maskc.config.model import (ConfigError as ConfigError, ConfigWarning as ConfigWarning,
-                                MaskConfig as MaskConfig, OperandDecl as OperandDecl,
-                                load_config as load_config)
 from maskc.config.mask_spec import MaskSpec as MaskSpec, mask_field as mask_field
-from maskc.tools.show import MaskView as MaskView, show as show
-from maskc.tools.equivalence import Equivalence as Equivalence, equivalent as equivalent
+from maskc.config.model import (
+  ConfigWarning as ConfigWarning,
+  MaskConfig as MaskConfig,
+  OperandDecl as OperandDecl,
+  load_config as load_config,
+)
+from maskc.language import printer as _printer, simplify as _simplify  # noqa: F401  (install)
+from maskc.language.builders import (
+  bidirectional as bidirectional,
+  causal as causal,
+  chunk as chunk,
+  compare as compare,
+  document as document,
+  empty as empty,
+  full as full,
+  global_ as global_,
+  local as local,
+  maximum as maximum,
+  minimum as minimum,
+  operand as operand,
+  prefix as prefix,
+  runs as runs,
+  scalar as scalar,
+  sink as sink,
+  sliding as sliding,
+  truth as truth,
+)
+from maskc.language.errors import (
+  BackendError as BackendError,
+  ConfigError as ConfigError,
+  MaskError as MaskError,
+  MaskLimitError as MaskLimitError,
+  MaskNameError as MaskNameError,
+  MaskRecursionError as MaskRecursionError,
+  MaskSyntaxError as MaskSyntaxError,
+  MaskTypeError as MaskTypeError,
+  MaskValueError as MaskValueError,
+  OperandError as OperandError,
+  Span as Span,
+)
+from maskc.language.ir import Mask as Mask
+from maskc.language.parse import parse as parse
+from maskc.lowering.compile import compile as compile
 from maskc.parallel.layout import Layout as Layout, balance as balance
-from maskc.attention import (MaskLike as MaskLike, attention as attention,
-                             sharded_attention as sharded_attention)
+from maskc.semantics.bind import (
+  ComputableMask as ComputableMask,
+  additive_bias as additive_bias,
+  materialize as materialize,
+)
+from maskc.tools.equivalence import Equivalence as Equivalence, equivalent as equivalent
+from maskc.tools.show import MaskView as MaskView, show as show
 
 __version__ = "0.2.0"
 

@@ -8,7 +8,8 @@ compiler's public face reaches the kernels.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 
@@ -16,8 +17,7 @@ from maskc.compiled.blockmap import BlockMap
 from maskc.language.errors import BackendError, MaskValueError
 from maskc.language.ir import Mask
 from maskc.lowering.compile import bind_map, compile
-from maskc.parallel import layout as _layout
-from maskc.parallel import sharding as _sharding
+from maskc.parallel import layout as _layout, sharding as _sharding
 from maskc.parallel.layout import Layout, balance
 
 MaskLike = str | Mask | Sequence[str | Mask]
@@ -25,7 +25,8 @@ MaskLike = str | Mask | Sequence[str | Mask]
 
 
 def attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike, v: jax.typing.ArrayLike,
-              mask: MaskLike | BlockMap, *, operands: Mapping[str, Any] | None = None,
+              mask: MaskLike | BlockMap, *,
+              operands: Mapping[str, jax.typing.ArrayLike] | None = None,
               backend: str = "auto", block_q: int | None = None, block_kv: int | None = None,
               scale: float | None = None, logits_soft_cap: float | None = None,
               sinks: jax.typing.ArrayLike | None = None, q_offset: int | None = None,
@@ -70,10 +71,10 @@ def attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike, v: jax.typing.Ar
   >>> attention(x, x, x, "sliding(64)", backend="xla").shape
   (1, 256, 2, 16)
   """
-  from maskc.kernels import api
-  from maskc.kernels import common as _common
+  from maskc.kernels import api, common as _common
 
-  kw = dict(scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks, interpret=interpret)
+  kw: dict[str, Any] = dict(scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks,
+                            interpret=interpret)
   if isinstance(mask, BlockMap):
     if operands:
       raise MaskValueError("operands were given with a compiled BlockMap, which holds its own",
@@ -108,7 +109,8 @@ def sharded_attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike,
                       batch_axis: str | None = None, head_axis: str | None = None,
                       seq_axis: str | None = None, strategy: str = "all_gather",
                       layout: str | Layout = "contiguous",
-                      operands: Mapping[str, Any] | None = None, backend: str = "auto",
+                      operands: Mapping[str, jax.typing.ArrayLike] | None = None,
+                      backend: str = "auto",
                       inputs_permuted: bool = False, block_q: int | None = None,
                       block_kv: int | None = None, scale: float | None = None,
                       logits_soft_cap: float | None = None,
@@ -155,8 +157,11 @@ def sharded_attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike,
     MaskValueError: axes that do not divide the arrays, or a layout that does not fit.
     BackendError: a backend the strategy cannot run on.
   """
-  from maskc.kernels import api, sharded  # kernels stay lazy: `import maskc` needs none
-  from maskc.kernels import common as _common
+  from maskc.kernels import (  # kernels stay lazy: `import maskc` needs none
+    api,
+    common as _common,
+    sharded,
+  )
 
   b, lq, h, lkv, hkv, _ = _common.check_qkv(q, k, v)
   if lq != lkv:
@@ -221,10 +226,11 @@ def sharded_attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike,
   if not inputs_permuted:
     q, k, v = (layout.permute(sharded.whole_sequence(x, mesh, batch_axis, head_axis), axis=1)
                for x in (q, k, v))
-  out = sharded.run(q, k, v, plan, mesh=mesh, batch_axis=batch_axis, head_axis=head_axis,
-                    seq_axis=seq_axis, backend=name, sinks=sinks, scale=scale,
-                    logits_soft_cap=logits_soft_cap, interpret=interpret,
-                    operands=operands if traced else None, operand_kinds=kinds)
+  out: jax.Array = sharded.run(q, k, v, plan, mesh=mesh, batch_axis=batch_axis,
+                               head_axis=head_axis, seq_axis=seq_axis, backend=name,
+                               sinks=sinks, scale=scale, logits_soft_cap=logits_soft_cap,
+                               interpret=interpret, operands=operands if traced else None,
+                               operand_kinds=kinds)
   if inputs_permuted:
     return out
   return layout.unpermute(sharded.whole_sequence(out, mesh, batch_axis, head_axis), axis=1)

@@ -15,12 +15,30 @@ classes' constructors; match on the classes to inspect a mask.
 """
 
 from maskc.language.builders import k as k, q as q
-from maskc.language.ir import (And as And, Arith as Arith, BoolConst as BoolConst, Call as Call,
-                               Compare as Compare, Const as Const, Definition as Definition,
-                               Fn as Fn, Mask as Mask, Neg as Neg, Node as Node, Not as Not,
-                               Operand as Operand, OperandSpec as OperandSpec, Or as Or,
-                               PairRead as PairRead, Pos as Pos, Read as Read, Scalar as Scalar,
-                               Term as Term, Truth as Truth, Xor as Xor)
+from maskc.language.ir import (
+  And as And,
+  Arith as Arith,
+  BoolConst as BoolConst,
+  Call as Call,
+  Compare as Compare,
+  Const as Const,
+  Definition as Definition,
+  Fn as Fn,
+  Mask as Mask,
+  Neg as Neg,
+  Node as Node,
+  Not as Not,
+  Operand as Operand,
+  OperandSpec as OperandSpec,
+  Or as Or,
+  PairRead as PairRead,
+  Pos as Pos,
+  Read as Read,
+  Scalar as Scalar,
+  Term as Term,
+  Truth as Truth,
+  Xor as Xor,
+)
 
 __all__ = ["And", "Arith", "BoolConst", "Call", "Compare", "Const", "Definition", "Fn", "Mask",
            "Neg", "Node", "Not", "Operand", "OperandSpec", "Or", "PairRead", "Pos", "Read",

@@ -41,16 +41,21 @@ strategies raise an `ImportError` that says how to install it.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+from jax.typing import ArrayLike
 
-from maskc.language import builders as mb
-from maskc.language import ir
-from maskc.semantics.bind import Shape, as_mask
-from maskc.tools.equivalence import Equivalence, equivalent
+from maskc.language import builders as mb, ir
 from maskc.language.errors import MaskValueError, short_repr
+from maskc.semantics.bind import MaskLike, Shape, as_mask
 from maskc.semantics.evaluate import Env, evaluate
+from maskc.tools.equivalence import Counterexample, Equivalence, MaskOrDense, equivalent
+
+if TYPE_CHECKING:
+  from hypothesis.strategies import SearchStrategy
 
 __all__ = ["assert_masks_equal", "comparisons", "mask_trees", "masks", "operand_values",
            "prefill_shapes", "prelude_combinations", "prelude_masks", "seeded_operand_values",
@@ -63,11 +68,12 @@ OPERAND_KINDS = {
     "pairwise": "a boolean [Lq, Lk] matrix: `x[q, k]`",
 }
 _DEFAULT_KINDS = {"seg": "segments", "segment_ids": "segments", "doc": "segments",
-                  "img": "image", "image": "image", "pfx": "image", "g": "image", "n": "scalar", "plen": "scalar",
-                  "prompt_len": "scalar", "allowed": "pairwise"}
+                  "img": "image", "image": "image", "pfx": "image", "g": "image", "n": "scalar",
+                  "plen": "scalar", "prompt_len": "scalar", "allowed": "pairwise"}
 
 
-def _strategies():
+def _strategies() -> ModuleType:
+  """`hypothesis.strategies`, or an ImportError that says how to install hypothesis."""
   try:
     import hypothesis.strategies as st
   except ImportError as e:  # pragma: no cover - exercised only without hypothesis
@@ -103,7 +109,10 @@ def _operand_kinds(operands: Sequence[str] | Mapping[str, str]) -> dict[str, str
   return kinds
 
 
-def _terms(st):
+# The helpers below take `hypothesis.strategies` as `st` and return strategies.
+
+
+def _terms(st: ModuleType) -> Any:
   """Integer terms of q and k whose values stay small over small shapes."""
   q, k = ir.Pos("q"), ir.Pos("k")
   c = st.integers(-8, 8)
@@ -121,7 +130,7 @@ def _terms(st):
 _OPS = ("<", "<=", "==", "!=", ">=", ">")
 
 
-def _comparisons(st):
+def _comparisons(st: ModuleType) -> Any:
   t = _terms(st)
   op = st.sampled_from(_OPS)
   return st.one_of(
@@ -129,7 +138,7 @@ def _comparisons(st):
       st.builds(lambda a, o1, b, o2, c: ir.compare((a, b, c), (o1, o2)), t, op, t, op, t))
 
 
-def _prelude_leaves(st, local_max: int) -> list:
+def _prelude_leaves(st: ModuleType, local_max: int) -> list[Any]:
   """The prelude masks without operands, with small valid arguments."""
   small = st.integers(0, 12)
   return [
@@ -142,7 +151,7 @@ def _prelude_leaves(st, local_max: int) -> list:
   ]
 
 
-def _combined(st, children):
+def _combined(st: ModuleType, children: Any) -> Any:
   """`&`, `|`, `^` of two drawn masks, or `~` of one."""
   return st.one_of(
       st.builds(lambda a, b: a & b, children, children),
@@ -151,7 +160,7 @@ def _combined(st, children):
       st.builds(lambda a: ~a, children))
 
 
-def _named_or_expanded(st, strategy):
+def _named_or_expanded(st: ModuleType, strategy: Any) -> Any:
   """Draws from `strategy`, and a named call drawn is given as written or as its body.
 
   The two spellings mean the same mask, but the lowering meets them in different
@@ -162,7 +171,7 @@ def _named_or_expanded(st, strategy):
       lambda m: st.sampled_from([m, ir.expand(m)]) if isinstance(m, ir.Call) else st.just(m))
 
 
-def _reads(st, kind: str, name: str) -> list:
+def _reads(st: ModuleType, kind: str, name: str) -> list[ir.Mask]:
   """The masks that read operand `name` of `kind`, named and raw."""
   q, k = ir.Pos("q"), ir.Pos("k")
   if kind == "segments":
@@ -178,7 +187,7 @@ def _reads(st, kind: str, name: str) -> list:
   return [ir.truth(ir.pair_read(name, q, k))]
 
 
-def _leaves(st, kinds: dict[str, str], allow_comparisons: bool):
+def _leaves(st: ModuleType, kinds: dict[str, str], allow_comparisons: bool) -> Any:
   """Leaf masks of three families: operand-free prelude masks (and comparisons), one
   read of an operand, and, as often as those two together, two operands of one kind
   combined."""
@@ -195,7 +204,7 @@ def _leaves(st, kinds: dict[str, str], allow_comparisons: bool):
   return st.one_of(options)
 
 
-def _same_kind_pairs(st, kinds: dict[str, str]):
+def _same_kind_pairs(st: ModuleType, kinds: dict[str, str]) -> Any:
   """One mask read of two operands of one kind, combined: `bidirectional(img) &
   ~bidirectional(g)`, `document(seg) ^ document(doc)`; None without two of a kind.
 
@@ -209,9 +218,10 @@ def _same_kind_pairs(st, kinds: dict[str, str]):
   groups = [names for names in by_kind.values() if len(names) > 1]
   if not groups:
     return None
+  from hypothesis.strategies import DrawFn, composite
 
-  @st.composite
-  def pair(draw):
+  @composite
+  def pair(draw: DrawFn) -> ir.Mask:
     names = draw(st.sampled_from(groups))
     a, b = draw(st.permutations(names))[:2]
     # the named prelude mask of the kind (`document`, `bidirectional`, `prefix`) half the time
@@ -220,8 +230,9 @@ def _same_kind_pairs(st, kinds: dict[str, str]):
     x = draw(_named_or_expanded(st, st.just(_reads(st, kinds[a], a)[form])))
     y = draw(_named_or_expanded(st, st.just(_reads(st, kinds[b], b)[form])))
     op = draw(st.sampled_from(["&", "|", "^", "&~", "~^"]))
-    return {"&": lambda: x & y, "|": lambda: x | y, "^": lambda: x ^ y,
-            "&~": lambda: x & ~y, "~^": lambda: ~x ^ y}[op]()
+    combined: ir.Mask = {"&": lambda: x & y, "|": lambda: x | y, "^": lambda: x ^ y,
+                         "&~": lambda: x & ~y, "~^": lambda: ~x ^ y}[op]()
+    return combined
 
   return pair()
 
@@ -234,7 +245,8 @@ scalar operand, so that its masks combine operands of one kind."""
 
 def masks(max_depth: int = 3,
           operands: Sequence[str] | Mapping[str, str] = tuple(MASK_OPERANDS),
-          allow_comparisons: bool = True, as_text: bool = False):
+          allow_comparisons: bool = True,
+          as_text: bool = False) -> SearchStrategy[ir.Mask] | SearchStrategy[str]:
   """A hypothesis strategy for random valid masks.
 
   Leaves are the prelude masks (`full empty causal sliding local chunk prefix
@@ -264,11 +276,12 @@ def masks(max_depth: int = 3,
   >>> from maskc import testing
   >>> strategy = testing.masks(max_depth=2, operands=(), as_text=True)
   """
-  st = _strategies()
+  _strategies()  # hypothesis, or an ImportError that says how to get it
+  from hypothesis import strategies as st
   if max_depth < 0:
     raise MaskValueError(f"max_depth must be >= 0, got {max_depth=}")
   leaves = _leaves(st, _operand_kinds(operands), allow_comparisons)
-  tree = leaves
+  tree: SearchStrategy[ir.Mask] = leaves
   for _ in range(max_depth):
     tree = st.one_of(leaves, _combined(st, tree))
   return tree.map(str) if as_text else tree
@@ -286,18 +299,18 @@ q_len` and the default offset every read stays in bounds for operands of length
 """
 
 
-def _pos_index(st):
+def _pos_index(st: ModuleType) -> Any:
   """An in-bounds index term of one position: q, k, q // c or k // c."""
   pos = st.sampled_from([mb.q, mb.k])
   return st.one_of(pos, st.builds(lambda p, c: p // c, pos, st.integers(1, 4)))
 
 
-def _as_term(value) -> ir.Term:
+def _as_term(value: int | ir.Term) -> ir.Term:
   """An int or a term as a term, so Python operators build IR rather than fold ints."""
   return ir.Const(value) if isinstance(value, int) else value
 
 
-def terms(max_leaves: int = 6):
+def terms(max_leaves: int = 6) -> SearchStrategy[ir.Term]:
   """A hypothesis strategy for random integer terms over `STANDARD_OPERANDS`.
 
   Leaves are `q`, `k`, constants in [-20, 20], reads `seg[i]` and `runs(img)[i]`
@@ -308,13 +321,14 @@ def terms(max_leaves: int = 6):
   Args:
     max_leaves: the most leaves a term has (hypothesis' `recursive`).
   """
-  st = _strategies()
+  _strategies()
+  from hypothesis import strategies as st
   reads = st.one_of(st.builds(lambda i: mb.operand("seg")[i], _pos_index(st)),
                     st.builds(lambda i: mb.runs("img")[i], _pos_index(st)))
   leaves = st.one_of(st.sampled_from([mb.q, mb.k]), st.integers(-20, 20).map(ir.Const), reads,
                      st.just(mb.scalar("n")))
 
-  def extend(children):
+  def extend(children: SearchStrategy[ir.Term]) -> SearchStrategy[ir.Term]:
     nonzero = st.integers(-5, 5).filter(lambda c: c != 0)
     return st.one_of(
         st.builds(lambda a, b: _as_term(a) + b, children, children),
@@ -332,10 +346,11 @@ def terms(max_leaves: int = 6):
   return st.recursive(leaves, extend, max_leaves=max_leaves)
 
 
-def comparisons(max_leaves: int = 6):
+def comparisons(max_leaves: int = 6) -> SearchStrategy[ir.Compare]:
   """A hypothesis strategy for comparisons of `terms(max_leaves)`, some chained:
   `t1 < t2`, `t1 <= t2 < t3`."""
-  st = _strategies()
+  _strategies()
+  from hypothesis import strategies as st
   t = terms(max_leaves)
   op = st.sampled_from(_OPS)
   return st.one_of(
@@ -343,21 +358,23 @@ def comparisons(max_leaves: int = 6):
       st.builds(lambda a, o1, b, o2, c: mb.compare((a, b, c), (o1, o2)), t, op, t, op, t))
 
 
-def prelude_masks():
+def prelude_masks() -> SearchStrategy[ir.Mask]:
   """A hypothesis strategy for prelude masks with valid arguments, over `STANDARD_OPERANDS`:
   `full empty causal sliding local chunk prefix sink global`, `document(seg)`,
   `bidirectional(img)`, `prefix(plen)` and `sink(n)`."""
-  st = _strategies()
+  _strategies()
+  from hypothesis import strategies as st
   return st.one_of(
       st.sampled_from([mb.full(), mb.empty(), mb.causal(), mb.document("seg"),
                        mb.bidirectional("img"), mb.prefix("plen"), mb.sink("n")]),
       *_prelude_leaves(st, 12))
 
 
-def truths():
+def truths() -> SearchStrategy[ir.Truth]:
   """A hypothesis strategy for boolean operand reads used as masks: `img[i]`,
   `runs(img)[i]`, `allowed[q, k]` and `allowed[q // c, k // c]`."""
-  st = _strategies()
+  _strategies()
+  from hypothesis import strategies as st
   return st.one_of(
       st.builds(lambda i: mb.truth(mb.operand("img")[i]), _pos_index(st)),
       st.builds(lambda i: mb.truth(mb.runs("img")[i]), _pos_index(st)),
@@ -366,7 +383,7 @@ def truths():
                 st.integers(1, 3)))
 
 
-def mask_trees(max_leaves: int = 8, term_leaves: int = 4):
+def mask_trees(max_leaves: int = 8, term_leaves: int = 4) -> SearchStrategy[ir.Mask]:
   """A hypothesis strategy for random masks over `STANDARD_OPERANDS`, by leaf count.
 
   Leaves are `prelude_masks()` (drawn twice as often), `comparisons(term_leaves)`
@@ -380,32 +397,36 @@ def mask_trees(max_leaves: int = 8, term_leaves: int = 4):
   >>> from maskc import testing
   >>> strategy = testing.mask_trees(max_leaves=4, term_leaves=3)
   """
-  st = _strategies()
+  _strategies()
+  from hypothesis import strategies as st
   leaves = st.one_of(prelude_masks(), prelude_masks(), comparisons(term_leaves), truths())
   return st.recursive(leaves, lambda children: _combined(st, children), max_leaves=max_leaves)
 
 
-def prelude_combinations(max_leaves: int = 6):
+def prelude_combinations(max_leaves: int = 6) -> SearchStrategy[ir.Mask]:
   """A hypothesis strategy for masks built from `prelude_masks()` alone with `& | ^ ~`."""
-  st = _strategies()
+  _strategies()
+  from hypothesis import strategies as st
   return st.recursive(prelude_masks(), lambda children: _combined(st, children),
                       max_leaves=max_leaves)
 
 
-def prefill_shapes(max_len: int = 16):
+def prefill_shapes(max_len: int = 16) -> SearchStrategy[tuple[int, int]]:
   """A hypothesis strategy for `(q_len, kv_len)` with `1 <= q_len <= kv_len <= max_len`
   (the default offset, `kv_len - q_len`, keeps every read of `mask_trees` in bounds)."""
-  st = _strategies()
+  _strategies()
+  from hypothesis import strategies as st
 
   @st.composite
-  def draw_shape(draw):
+  def draw_shape(draw: st.DrawFn) -> tuple[int, int]:
     kv_len = draw(st.integers(1, max_len))
     return draw(st.integers(1, kv_len)), kv_len
 
   return draw_shape()
 
 
-def seeded_operand_values(kv_len: int, seed: int = 0, batch: int | None = None) -> dict:
+def seeded_operand_values(kv_len: int, seed: int = 0,
+                          batch: int | None = None) -> dict[str, Any]:
   """Values for every operand of `STANDARD_OPERANDS`, for masks of `kv_len` columns.
 
   Deterministic in `seed` and needs no hypothesis: sorted segment ids in [0, 4),
@@ -434,7 +455,7 @@ def seeded_operand_values(kv_len: int, seed: int = 0, batch: int | None = None) 
 # ----------------------------------------------------------------------------- shapes
 
 
-def shapes(max_len: int = 64):
+def shapes(max_len: int = 64) -> SearchStrategy[tuple[int, int, int | None]]:
   """A hypothesis strategy for `(q_len, kv_len, q_offset)`.
 
   Draws square shapes, ragged ones (`q_len < kv_len`: chunked prefill), decode
@@ -447,13 +468,14 @@ def shapes(max_len: int = 64):
   Args:
     max_len: the largest `q_len` and `kv_len` drawn.
   """
-  st = _strategies()
+  _strategies()
+  from hypothesis import strategies as st
   if max_len < 1:
     raise MaskValueError(f"max_len must be >= 1, got {max_len=}")
   n = st.integers(1, max_len)
 
   @st.composite
-  def draw_shape(draw):
+  def draw_shape(draw: st.DrawFn) -> tuple[int, int, int | None]:
     kind = draw(st.sampled_from(["square", "ragged", "decode", "offset", "more_queries"]))
     kv_len = draw(n)
     if kind == "square":
@@ -471,7 +493,8 @@ def shapes(max_len: int = 64):
 # ----------------------------------------------------------------------------- operands
 
 
-def _needed_length(m: ir.Mask, shape: Shape, scalars: dict[str, np.ndarray]):
+def _needed_length(m: ir.Mask, shape: Shape,
+                   scalars: dict[str, np.ndarray]) -> tuple[dict[tuple[str, int], int], int]:
   """Per operand axis `(name, axis)`: the largest index the mask reads plus one, and the least."""
   qpos = np.arange(shape.q_len, dtype=np.int64) + shape.q_offset
   kpos = np.arange(shape.kv_len, dtype=np.int64)
@@ -495,8 +518,8 @@ def _needed_length(m: ir.Mask, shape: Shape, scalars: dict[str, np.ndarray]):
   return need, low
 
 
-def operand_values(mask: Any, shape: tuple[int, int, int | None], *,
-                   batch: int | None | bool = False):
+def operand_values(mask: MaskLike, shape: tuple[int, int, int | None], *,
+                   batch: int | None | bool = False) -> SearchStrategy[dict[str, Any]]:
   """A hypothesis strategy for values of every operand `mask` reads, at `shape`.
 
   Segment ids are small non-negative ints, sorted (packed documents) or not;
@@ -515,8 +538,8 @@ def operand_values(mask: Any, shape: tuple[int, int, int | None], *,
     A strategy of `{name: value}` for `operands=`. Masks that read an operand
     at negative indices (queries before position 0) are rejected.
   """
-  st = _strategies()
-  from hypothesis import reject
+  _strategies()
+  from hypothesis import reject, strategies as st
   from hypothesis.extra import numpy as hnp
   m = as_mask(mask)
   bound = Shape.of(*shape)
@@ -524,7 +547,7 @@ def operand_values(mask: Any, shape: tuple[int, int, int | None], *,
   span = max(bound.kv_len, bound.q_len + max(int(bound.q_offset), 0))
 
   @st.composite
-  def draw_values(draw):
+  def draw_values(draw: st.DrawFn) -> dict[str, Any]:
     nb = draw(st.sampled_from([None, None, 1, 2, 3])) if batch is False else batch
     batched = {s.name: nb is not None and draw(st.booleans()) for s in specs}
     if nb is not None and specs and not any(batched.values()):
@@ -534,7 +557,7 @@ def operand_values(mask: Any, shape: tuple[int, int, int | None], *,
       if s.kind == "scalar":
         ints = st.integers(0, span)
         values[s.name] = (np.asarray(draw(st.lists(ints, min_size=nb, max_size=nb)), np.int32)
-                          if batched[s.name] else draw(ints))
+                          if nb is not None and batched[s.name] else draw(ints))
     scalars = {n: np.atleast_1d(np.asarray(v)) for n, v in values.items()}
     need, low = _needed_length(m, bound, scalars)
     if low < 0:
@@ -542,7 +565,7 @@ def operand_values(mask: Any, shape: tuple[int, int, int | None], *,
     for s in specs:
       if s.kind == "scalar":
         continue
-      lead = (nb,) if batched[s.name] else ()
+      lead = (nb,) if nb is not None and batched[s.name] else ()  # batched: nb is set
       if s.kind == "pair":
         dims = (need.get((s.name, -2), 1), need.get((s.name, -1), 1))
         values[s.name] = draw(hnp.arrays(np.bool_, lead + dims))
@@ -555,15 +578,18 @@ def operand_values(mask: Any, shape: tuple[int, int, int | None], *,
   return draw_values()
 
 
-def _token_values(draw, st, hnp, boolean: bool, length: int) -> np.ndarray:
+def _token_values(draw: Callable[[Any], Any], st: ModuleType, hnp: ModuleType, boolean: bool,
+                  length: int) -> np.ndarray:
   if boolean:
     if draw(st.booleans()):  # runs of equal flags, as image tokens come
-      out, value = [], draw(st.booleans())
+      out: list[bool] = []
+      value = draw(st.booleans())
       while len(out) < length:
         out.extend([value] * draw(st.integers(1, max(1, length // 2))))
         value = not value
       return np.asarray(out[:length], bool)
-    return draw(hnp.arrays(np.bool_, (length,)))
+    flags: np.ndarray = draw(hnp.arrays(np.bool_, (length,)))
+    return flags
   ids = draw(hnp.arrays(np.int32, (length,), elements=st.integers(0, 4)))
   return np.sort(ids) if draw(st.booleans()) else ids
 
@@ -571,9 +597,10 @@ def _token_values(draw, st, hnp, boolean: bool, length: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- assertions
 
 
-def assert_masks_equal(a: Any, b: Any, q_len: int | None = None, kv_len: int | None = None, *,
-                       q_offset: int | None = None, operands: dict[str, Any] | None = None,
-                       block_q: int = 128, block_kv: int = 128) -> Equivalence:
+def assert_masks_equal(a: MaskOrDense, b: MaskOrDense, q_len: int | None = None,
+                       kv_len: int | None = None, *, q_offset: int | None = None,
+                       operands: Mapping[str, ArrayLike] | None = None, block_q: int = 128,
+                       block_kv: int = 128) -> Equivalence:
   """Asserts that two masks agree at a shape; fails with a picture of where they do not.
 
   Cheap at long sequences (see `maskc.equivalent`): only tiles where the masks'
@@ -609,9 +636,11 @@ def assert_masks_equal(a: Any, b: Any, q_len: int | None = None, kv_len: int | N
   raise AssertionError(_failure_message(result, a, b, operands))
 
 
-def _failure_message(result: Equivalence, a: Any, b: Any, operands) -> str:
-  cx = result.counterexample
-  q_len, kv_len, q_offset = result.shape
+def _failure_message(result: Equivalence, a: MaskOrDense, b: MaskOrDense,
+                     operands: Mapping[str, ArrayLike] | None) -> str:
+  # the masks differ at a shape: the verdict has both
+  cx = cast(Counterexample, result.counterexample)
+  q_len, kv_len, q_offset = cast(tuple[int, int, int], result.shape)
   r0 = max(0, min(cx.row - 3, q_len - 16))
   r1 = min(q_len, r0 + 16)
   c0 = max(0, min(cx.col - 8, kv_len - 32))
@@ -653,12 +682,14 @@ def _ruler(c0: int, c1: int) -> str:
   return "".join(cells)
 
 
-def _window(x: Any, result: Equivalence, cx, operands, r0, r1, c0, c1) -> np.ndarray:
+def _window(x: MaskOrDense, result: Equivalence, cx: Counterexample,
+            operands: Mapping[str, ArrayLike] | None, r0: int, r1: int, c0: int,
+            c1: int) -> np.ndarray:
   """Values of one side in the window (its batch row of the counterexample)."""
-  q_len, kv_len, q_offset = result.shape
+  q_len, kv_len, q_offset = cast(tuple[int, int, int], result.shape)
   if isinstance(x, (ir.Mask, str)):
     cm = as_mask(x).bind(q_len, kv_len, q_offset=q_offset, operands=operands)
-    idx = (slice(r0, r1), slice(c0, c1))
+    idx: tuple[int | slice, ...] = (slice(r0, r1), slice(c0, c1))
     if len(cm.shape) == 3:
       idx = (cx.batch or 0,) + idx
     return np.asarray(cm[idx], bool)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 from fractions import Fraction
+from typing import cast
 
 from maskc.language import ir
 
@@ -113,10 +114,10 @@ def _shift(t: ir.Term, need: list[int], memo: ir.NodeMemo) -> Fraction:
     if t.op == "-":
       return a - b
     if t.op == "*":
-      c = t.lhs.value if isinstance(t.lhs, ir.Const) else t.rhs.value
+      c = t.lhs.value if isinstance(t.lhs, ir.Const) else cast(ir.Const, t.rhs).value
       other = b if isinstance(t.lhs, ir.Const) else a
       return other * c
-    n = t.rhs.value
+    n = cast(ir.Const, t.rhs).value  # `//` and `%` divide by a constant (`ir.arith`)
     if n == 0:
       raise _NotPeriodic
     _require(a, abs(n), need)  # the shift must be a whole number of divisors

@@ -9,14 +9,14 @@ short documents' edges cross the diagonal.
 With `k` read as `q`, a comparison of two linear terms of the positions
 (`maskc.compiled.predicate_compiler.linear_form`) is decided by the constant between them, and
 so is one of two terms that become the same but for a constant (`seg[q] == seg[k]`,
-`q // 8 == k // 8`, `seg[q] <= seg[k] + 1`). Masks combine three-valued: always true, always false, or unknown
-(`None`), so a mask is proved only where every step is.
+`q // 8 == k // 8`, `seg[q] <= seg[k] + 1`). Masks combine three-valued: always true, always
+false, or unknown (`None`), so a mask is proved only where every step is.
 """
 
 from __future__ import annotations
 
-from maskc.language import ir
 from maskc.analysis.linear import linear_form
+from maskc.language import ir
 
 _CMP = {"<": lambda d: d < 0, "<=": lambda d: d <= 0, "==": lambda d: d == 0,
         "!=": lambda d: d != 0, ">=": lambda d: d >= 0, ">": lambda d: d > 0}

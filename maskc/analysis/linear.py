@@ -135,10 +135,17 @@ def implied_chunk(items: list[ir.Mask]) -> int | None:
   for m in items:
     if not (isinstance(m, ir.Compare) and m.ops == ("==",)):
       continue
-    a, b = m.terms
-    if not all(isinstance(t, ir.Arith) and t.op == "//" and isinstance(t.lhs, ir.Pos)
-               and isinstance(t.rhs, ir.Const) for t in (a, b)):
+    a, b = (_divided(t) for t in m.terms)
+    if a is None or b is None:
       continue
-    if {a.lhs.axis, b.lhs.axis} == {"q", "k"} and a.rhs.value == b.rhs.value > 0:
-      return int(a.rhs.value)
+    if {a[0], b[0]} == {"q", "k"} and a[1] == b[1] > 0:
+      return int(a[1])
+  return None
+
+
+def _divided(t: ir.Term) -> tuple[str, int] | None:
+  """`(axis, c)` when `t` is `axis // c`, else None."""
+  if (isinstance(t, ir.Arith) and t.op == "//" and isinstance(t.lhs, ir.Pos)
+      and isinstance(t.rhs, ir.Const)):
+    return t.lhs.axis, t.rhs.value
   return None

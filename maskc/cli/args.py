@@ -9,7 +9,8 @@ Unicode or ASCII art by what the output can encode (`can_encode`).
 from __future__ import annotations
 
 import argparse
-from typing import Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 import numpy as np
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Sequence, TextIO
+from collections.abc import Callable, Sequence
+from typing import TextIO
 
 import numpy as np
 
 import maskc
-from maskc.cli.args import (OPERAND_VALUES_HELP, add_shape_arguments, can_encode,
-                             operands_from_items)
+from maskc.cli.args import OPERAND_VALUES_HELP, add_shape_arguments, can_encode, operands_from_items
 from maskc.cli.show import add_show
 
 MAX_DENSE_ROWS = 256

@@ -16,8 +16,7 @@ import sys
 from typing import TextIO
 
 import maskc
-from maskc.cli.args import (OPERAND_VALUES_HELP, add_shape_arguments, can_encode,
-                             operands_from_items)
+from maskc.cli.args import OPERAND_VALUES_HELP, add_shape_arguments, can_encode, operands_from_items
 from maskc.compiled.render import _matplotlib
 from maskc.tools.show import MAX_ELEMENT_COLS, MAX_ELEMENT_ROWS, MaskView
 

@@ -12,20 +12,33 @@ compiler built it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
-from maskc.compiled import predicate as _predicate
-from maskc.compiled import render as _render
-from maskc.compiled import splash_info as _splash_info
+from maskc.compiled import predicate as _predicate, render as _render, splash_info as _splash_info
 from maskc.compiled.predicate import Predicate, ReadValues
-from maskc.compiled.tiles import (EMPTY as EMPTY, FULL as FULL, PARTIAL as PARTIAL, Runs as Runs,
-                          grid_from_runs as grid_from_runs, runs_from_grid as runs_from_grid,
-                          tile_lists)
+from maskc.compiled.tiles import (
+  EMPTY as EMPTY,
+  FULL as FULL,
+  PARTIAL as PARTIAL,
+  Runs as Runs,
+  grid_from_runs as grid_from_runs,
+  runs_from_grid as runs_from_grid,
+  tile_lists,
+)
+
+if TYPE_CHECKING:
+  from maskc.compiled.splash_info import MaskFunction, MaskInfo
+  from maskc.language.ir import Mask
+
+# What a map hands out per tile: NumPy arrays for a static map, jax arrays for a traced one.
+TileArray = np.ndarray | jax.Array
 
 
 @jax.tree_util.register_pytree_node_class
@@ -74,7 +87,7 @@ class BlockMap:
   >>> bm.grid.tolist()
   [[1, 0, 0, 0], [2, 1, 0, 0], [2, 2, 1, 0], [2, 2, 2, 1]]
   """
-  masks: tuple
+  masks: tuple[Mask, ...]
   head_index: tuple[int, ...] | None
   q_len: int
   kv_len: int
@@ -87,8 +100,8 @@ class BlockMap:
   predicates: tuple[Predicate, ...]
   col_runs: Runs | None = None
   backward: Callable[[], Runs] | None = None
-  line_bounds: tuple | None = None
-  segment_split: "BlockMap | None" = None
+  line_bounds: tuple[tuple[int, int, int, int] | None, ...] | None = None
+  segment_split: BlockMap | None = None
   int_range: tuple[int, int] | None = None
   q_positions: Any = None
   kv_positions: Any = None
@@ -107,7 +120,7 @@ class BlockMap:
 
   # ------------------------------------------------------------------ pytree
 
-  def tree_flatten(self):
+  def tree_flatten(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     # a plain dict (every operand written out): the same tree however the map was built
     children = (self.q_offset, self.rows, self.col_runs, dict(self.operands), self.q_positions,
                 self.kv_positions)
@@ -117,7 +130,7 @@ class BlockMap:
     return children, aux
 
   @classmethod
-  def tree_unflatten(cls, aux, children):
+  def tree_unflatten(cls, aux: tuple[Any, ...], children: tuple[Any, ...]) -> BlockMap:
     q_offset, rows, col_runs, operands, q_positions, kv_positions = children
     (masks, head_index, q_len, kv_len, block_q, block_kv, batch, predicates, backward,
      line_bounds, segment_split, int_range) = aux
@@ -150,10 +163,10 @@ class BlockMap:
     return isinstance(self.rows.count, np.ndarray)
 
   @property
-  def xp(self):
+  def xp(self) -> ModuleType:
     return np if self.is_static else jnp
 
-  def _public(self, arr):
+  def _public(self, arr: Any) -> TileArray:
     """`[B', U, ...]` internal storage → `[B?, H?, ...]` public axes."""
     xp = self.xp
     if self.head_index is not None:
@@ -164,17 +177,20 @@ class BlockMap:
       arr = arr[0]
     elif arr.shape[0] != self.batch:
       arr = xp.broadcast_to(arr, (self.batch,) + arr.shape[1:])
-    return arr
+    public: TileArray = arr
+    return public
 
   # ------------------------------------------------------------------ reads
 
-  def read_values(self, u: int, *, dtype=None, rest: bool = False) -> ReadValues:
+  def read_values(self, u: int, *, dtype: DTypeLike | None = None,
+                  rest: bool = False) -> ReadValues:
     """The values of mask `u`'s reads at this map's positions (see `maskc.compiled.predicate`).
 
     `dtype` is the integer type (default: int64 for a static map, int32 when traced);
     `rest` gives those of the predicate without its segment conjuncts.
     """
-    pred = self.predicates[u].rest if rest else self.predicates[u]
+    # `rest` is asked of predicates with segment conjuncts, which have one
+    pred = cast(Predicate, self.predicates[u].rest) if rest else self.predicates[u]
     xp = np if self.is_static and all(isinstance(a, np.ndarray) for a in (
         list(self.operands.values()) + self._positions())) else jnp
     int_t = xp.int32 if xp is jnp else np.int64
@@ -191,12 +207,12 @@ class BlockMap:
   # ------------------------------------------------------------------ formats
 
   @property
-  def grid(self):
+  def grid(self) -> TileArray:
     """`int8[..., n_q_tiles, n_kv_tiles]`: 0 empty, 1 partial, 2 full (built when asked)."""
     return self._public(grid_from_runs(self.xp, self.rows, self.n_kv_tiles))
 
   @property
-  def compact(self) -> dict[str, Any]:
+  def compact(self) -> dict[str, TileArray]:
     """The compact runs with public leading axes: `q_*` per q tile, `kv_*` per key tile."""
     out = {}
     for prefix, runs in (("q", self.rows), ("kv", self.cols)):
@@ -213,11 +229,13 @@ class BlockMap:
     Index lists are padded with zeros to the number of tiles, as FlexAttention
     pads them. Built from the runs: memory follows the output, never more.
     """
-    out = {}
+    out: dict[str, Any] = {}
     lead = ((self.batch or 1), (self.heads or 1))
     for name, runs, n_other in (("kv", self.rows, self.n_kv_tiles),
                                 ("q", self.cols, self.n_q_tiles)):
       for prefix, state in (("", PARTIAL), ("full_", FULL)):
+        idx: TileArray
+        count: TileArray
         if self.is_static:
           idx, count = tile_lists(runs, state)
           idx = np.pad(idx, [(0, 0)] * (idx.ndim - 1) + [(0, n_other - idx.shape[-1])])
@@ -233,7 +251,7 @@ class BlockMap:
     return out
 
   def splash(self, *, downcast_smem_data: bool = True, head_shards: int = 1,
-             q_seq_shards: int = 1):
+             q_seq_shards: int = 1) -> tuple[MaskInfo, MaskInfo, MaskInfo, MaskFunction | None]:
     """Splash `MaskInfo`s `(fwd, dq, dkv, mask_function)` for JAX's splash kernel.
 
     `head_shards` / `q_seq_shards` lay them out for a mesh as splash's `process_mask`
@@ -242,7 +260,7 @@ class BlockMap:
     return _splash_info.splash_mask_info(self, downcast_smem_data=downcast_smem_data,
                                          head_shards=head_shards, q_seq_shards=q_seq_shards)
 
-  def to_dense(self):
+  def to_dense(self) -> TileArray:
     """The mask this map was compiled from, dense: bool `[..., q_len, kv_len]`.
 
     Evaluates the compiled predicates on every position (the map's own verdicts
@@ -301,27 +319,27 @@ class BlockMap:
     """An SVG picture of the tile map (no extra dependency)."""
     return _render.render_svg(self)
 
-  def plot(self, ax=None):
+  def plot(self, ax: Any = None) -> Any:
     """Draws the tile map with matplotlib (the `plot` extra); returns the axes."""
     return _render.plot(self, ax=ax)
 
   # ------------------------------------------------------------------ identity
 
-  def _positions(self) -> list:
+  def _positions(self) -> list[Any]:
     return [p for p in (self.q_positions, self.kv_positions) if p is not None]
 
-  def static_key(self) -> tuple:
+  def static_key(self) -> tuple[Any, ...]:
     """What the map is, without its arrays: masks, shape, tiles, heads, batch, predicates."""
     offset = int(self.q_offset) if not isinstance(self.q_offset, jax.core.Tracer) else None
     return (self.masks, self.head_index, self.q_len, self.kv_len, offset, self.block_q,
             self.block_kv, self.batch, self.predicates, self.q_positions is not None,
             self.kv_positions is not None)
 
-  def _arrays(self):
+  def _arrays(self) -> tuple[Any, ...]:
     return tuple(self.rows) + tuple(self.operands[n] for n in sorted(self.operands)) + tuple(
         self._positions())
 
-  def __eq__(self, other):
+  def __eq__(self, other: object) -> bool:
     if not isinstance(other, BlockMap):
       return NotImplemented
     if self is other:
@@ -332,7 +350,7 @@ class BlockMap:
       return False
     return all(np.array_equal(a, b) for a, b in zip(self._arrays(), other._arrays()))
 
-  def __hash__(self):
+  def __hash__(self) -> int:
     return hash(self.static_key())
 
   def __repr__(self) -> str:

@@ -32,7 +32,8 @@ This module imports nothing of maskc.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -114,7 +115,7 @@ class Predicate:
   pairs: tuple[PairwiseRead, ...] = ()
   tile_pairs: tuple[PairwiseRead, ...] = ()
   segments: tuple[tuple[int, int], ...] = ()
-  rest: "Predicate | None" = None
+  rest: Predicate | None = None
   band: tuple[int | None, int | None] = (None, None)
   chunk: int | None = None
   text: str = ""
@@ -148,8 +149,9 @@ class ReadValues(NamedTuple):
 Fetch = Callable[[str, int], Any]
 
 
-def run(program: Program, xp, q, k, fetch: Fetch):
-  """The value of `program`'s last instruction at positions `q`, `k` (broadcastable)."""
+def run(program: Program, xp, q, k, fetch: Fetch | None):
+  """The value of `program`'s last instruction at positions `q`, `k` (broadcastable);
+  `fetch` reads the operands (None for a program that reads none)."""
   vals: list[Any] = []
   for ins in program:
     op, a = ins.op, ins.args
@@ -160,6 +162,8 @@ def run(program: Program, xp, q, k, fetch: Fetch):
     elif op == "const":
       v = ins.value
     elif op in ("q_read", "k_read", "scalar", "pair", "tile_pair"):
+      if fetch is None:
+        raise TypeError(f"the program reads an operand ({op!r}), and no fetch was given")
       v = fetch(op, ins.value)
     elif op == "neg":
       v = -vals[a[0]]
@@ -213,7 +217,7 @@ def evaluate(pred: Predicate, xp, q, k, fetch: Fetch):
   return xp.broadcast_to(xp.asarray(out, dtype=bool), np.broadcast_shapes(np.shape(out), shape))
 
 
-def gather(pred: Predicate, operands: dict[str, Any], q_positions, kv_positions, xp, *,
+def gather(pred: Predicate, operands: Mapping[str, Any], q_positions, kv_positions, xp, *,
            batch: int | None, block_q: int, block_kv: int, dtype=None) -> ReadValues:
   """The values of every read of `pred` at the given positions.
 
@@ -234,7 +238,9 @@ def gather(pred: Predicate, operands: dict[str, Any], q_positions, kv_positions,
   scalars = xp.stack(scal, axis=1) if scal else xp.zeros((nb, 0), arrays_dtype(xp, dtype))
 
   def index(program, pos):
-    fetch = lambda kind, slot: scalars[:, slot][:, None]
+    def fetch(kind, slot):
+      return scalars[:, slot][:, None]
+
     pos = pos if pos.ndim == 2 else pos[None, :]
     return xp.broadcast_to(run(program, xp, pos, None, fetch), (nb, pos.shape[-1]))
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from maskc.language import ir
 from maskc.analysis.linear import conjuncts, implied_band, implied_chunk, segment_conjunct
 from maskc.compiled.predicate import Instr, PairwiseRead, Predicate, Program, TokenRead, run
+from maskc.language import ir
 
 
 def compile_predicate(m: ir.Mask, *, q_positions: np.ndarray | None = None,
@@ -162,7 +162,7 @@ class _Compiler:
 
   # ------------------------------------------------------------------ terms and masks
 
-  def term(self, t: ir.Term, index: bool = False) -> int:
+  def term(self, t: ir.Node, index: bool = False) -> int:
     key = ("t", t)
     if key in self.memo:
       return self.memo[key]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import html
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 
@@ -35,7 +35,8 @@ from maskc.language.errors import MaskError, MaskValueError
 GLYPHS = {EMPTY: "·", PARTIAL: "░", FULL: "█"}
 ASCII_GLYPHS = {EMPTY: ".", PARTIAL: "+", FULL: "#"}
 COLORS = {EMPTY: "#eef0f4", PARTIAL: "#f2a541", FULL: "#2f5aa8"}
-STATE_NAMES = {EMPTY: "empty", PARTIAL: "partial", FULL: "full"}
+STATE_NAMES: dict[int, Literal["empty", "partial", "full"]] = {EMPTY: "empty", PARTIAL: "partial",
+                                                            FULL: "full"}
 
 MAX_PANELS = 8        # panels drawn; the rest are counted in a note
 MAX_SVG_CELLS = 256   # cells per panel axis in the SVG
@@ -123,7 +124,17 @@ def _one_line(text: str) -> str:
   return " ; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def stats(bm) -> dict[str, Any]:
+class Stats(TypedDict):
+  """Tile counts per state, their total, the fraction not EMPTY and of dense FLOPs saved."""
+  empty: int
+  partial: int
+  full: int
+  total: int
+  density: float
+  flops_saved: float
+
+
+def stats(bm) -> Stats:
   """Tile counts per state and the fraction of dense FLOPs saved, from the runs alone.
 
   The same numbers as `bm.counts` and `bm.flops_saved`, without building the grid.
@@ -222,7 +233,7 @@ def _percent(x: float) -> str:
   return f"{p:.3g}%"
 
 
-def header_lines(bm, st: dict[str, Any] | None = None) -> list[str]:
+def header_lines(bm, st: Stats | None = None) -> list[str]:
   """The header every picture shares: mask, shape, tiles, batch/heads, density, FLOPs."""
   st = stats(bm) if st is None else st
   lines = []
@@ -271,8 +282,9 @@ def render_text(bm, width: int = 80, *, max_rows: int = 48, max_panels: int = MA
   ruler on top gives k positions. When there are more tiles than fit, a cell
   covers `rq × ck` tiles (powers of two, which line up with chunks and
   windows; `rq` chosen so cells are about square in tokens, at most
-  `max_rows` rows) and follows the rule in this module's docstring. At most `max_panels` panels (batch rows × distinct head masks)
-  are drawn; a last line says how many were left out.
+  `max_rows` rows) and follows the rule in this module's docstring. At most `max_panels`
+  panels (batch rows × distinct head masks) are drawn; a last line says how many were left
+  out.
 
   Args:
     bm: a static `BlockMap`.
@@ -359,25 +371,26 @@ def _attrs(attrs: dict[str, Any]) -> str:
 class _Svg:
   """A tiny SVG writer: numbers rounded, text escaped, one element per call."""
 
-  def __init__(self):
+  def __init__(self) -> None:
     self.parts: list[str] = []
 
-  def rect(self, x, y, w, h, fill, **attrs):
+  def rect(self, x: float, y: float, w: float, h: float, fill: str, **attrs: Any) -> None:
     extra = _attrs(attrs)
     self.parts.append(f'<rect x="{x:.6g}" y="{y:.6g}" width="{w:.6g}" height="{h:.6g}" '
                       f'fill="{fill}"{extra}/>')
 
-  def text(self, x, y, s, size=11, anchor="start", weight="normal", fill="#222", **attrs):
+  def text(self, x: float, y: float, s: str, size: float = 11, anchor: str = "start",
+           weight: str = "normal", fill: str = "#222", **attrs: Any) -> None:
     extra = _attrs(attrs)
     self.parts.append(f'<text x="{x:.6g}" y="{y:.6g}" font-size="{size}" text-anchor="{anchor}" '
                       f'font-weight="{weight}" fill="{fill}"{extra}>{html.escape(s)}</text>')
 
-  def path(self, d, stroke, width=1.0, **attrs):
+  def path(self, d: str, stroke: str, width: float = 1.0, **attrs: Any) -> None:
     extra = _attrs(attrs)
     self.parts.append(f'<path d="{d}" stroke="{stroke}" stroke-width="{width:.3g}" fill="none"'
                       f'{extra}/>')
 
-  def raw(self, s: str):
+  def raw(self, s: str) -> None:
     self.parts.append(s)
 
   def document(self, width: float, height: float, title: str) -> str:
@@ -548,7 +561,8 @@ def _svg_cells(s: _Svg, bm, pic: Picture, x0: float, y0: float, pw: float, ph: f
 # ----------------------------------------------------------------------------- matplotlib
 
 
-def _matplotlib():
+def _matplotlib() -> tuple[Any, Any]:
+  """matplotlib's `colors` and `patches` modules."""
   try:
     import matplotlib  # noqa: F401
     from matplotlib import colors, patches

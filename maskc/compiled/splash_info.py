@@ -16,14 +16,18 @@ kernel (`mask_function`, as splash does for its `CausalMask` or `LocalMask`).
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info import MaskInfo
 
 from maskc.compiled import predicate as _predicate
-from maskc.language.errors import BackendError, MaskValueError
 from maskc.compiled.predicate import Predicate
 from maskc.compiled.tiles import EMPTY, PARTIAL, Runs, expand_runs
+from maskc.language.errors import BackendError, MaskValueError
+
+if TYPE_CHECKING:
+  from maskc.compiled.blockmap import BlockMap
 
 _EVAL_CHUNK = 1 << 22  # mask elements evaluated at once
 
@@ -43,7 +47,10 @@ class MaskFunction:
   def __call__(self, q_ids, kv_ids):
     import jax.numpy as jnp
     xp = np if isinstance(q_ids, np.ndarray) and isinstance(kv_ids, np.ndarray) else jnp
-    fetch = lambda kind, slot: self.scalars[slot]
+
+    def fetch(kind, slot):
+      return self.scalars[slot]
+
     return _predicate.evaluate(self.predicate, xp, q_ids + self.q_offset, kv_ids, fetch)
 
 
@@ -158,7 +165,8 @@ def _tiles(runs: Runs, u: int):
   return t.line, t.other, t.state
 
 
-def _partial_blocks(bm):
+def _partial_blocks(
+    bm: BlockMap) -> tuple[np.ndarray | None, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
   """The distinct partial blocks, and for each mask u the block id of each partial tile.
 
   Ids follow splash: masks in order, tiles row-major, a block numbered when first seen.
@@ -167,7 +175,7 @@ def _partial_blocks(bm):
   bq, bk = bm.block_q, bm.block_kv
   seen: dict[bytes, int] = {}
   blocks: list[np.ndarray] = []
-  ids = []
+  ids: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
   per_chunk = max(1, _EVAL_CHUNK // (bq * bk))
   for u, pred in enumerate(bm.predicates):
     line, other, st = _tiles(bm.rows, u)
@@ -250,7 +258,10 @@ def _shrunk_info(bm, ids, blocks, dkv: bool, head_shards: int = 1,
   data_next = np.concatenate([pad(x[1], "edge") for x in shards], axis=0)
   mask_next = (None if blocks is None else
                np.concatenate([pad(x[2], "edge") for x in shards], axis=0))
-  lead = lambda a: None if a is None else np.repeat(a[None], head_shards, axis=0)
+
+  def lead(a):
+    return None if a is None else np.repeat(a[None], head_shards, axis=0)
+
   partial = None if blocks is None else (np.swapaxes(blocks, -1, -2) if dkv else blocks)
   return MaskInfo(data_next=lead(data_next), mask_next=lead(mask_next),
                   block_mask=lead(block_mask), partial_mask_blocks=partial, q_sequence=None)
@@ -326,10 +337,17 @@ def _per_head_info(bm, ids, blocks, dkv: bool, head_shards: int = 1,
       idx = np.indices(g.shape)                    # (row, q tile in shard, key tile)
       data = idx[1] if dkv else idx[2]
       if dkv:                                      # walk order: key tile, row, q tile
-        order = lambda a: np.moveaxis(a, 2, 0)
-        back = lambda a: np.moveaxis(a, 0, 2)
+        def order(a):
+          return np.moveaxis(a, 2, 0)
+
+        def back(a):
+          return np.moveaxis(a, 0, 2)
       else:
-        order = back = lambda a: a
+        def order(a):
+          return a
+
+        def back(a):
+          return a
       gw, dw, pw = (order(a).reshape(-1) for a in (g, data, p))
       shape = order(g).shape
       dn = _next_in_walk(gw != EMPTY, dw)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from maskc.language.errors import ConfigError, Span, short_repr
 
@@ -288,7 +289,8 @@ def _yaml_loader(yaml) -> type:
         return None
       return _file_span(self.text, mark.line + 1, mark.column + 1)
 
-  class Loader(BoundedComposer, *parts, SafeConstructor, Resolver):
+  # The parser parts are picked at runtime (libyaml's or PyYAML's own): bases mypy cannot see.
+  class Loader(BoundedComposer, *parts, SafeConstructor, Resolver):  # type: ignore[misc]
     def __init__(self, text: str, file: str):
       parts[0].__init__(self, text)  # the reader (or libyaml's parser) takes the text
       for part in parts[1:]:

@@ -9,14 +9,18 @@ when the config is made, not when the model runs, and stays static under
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from maskc.language import ir
 from maskc.language.errors import MaskError, MaskTypeError, short_repr
-from maskc.lowering.compile import compile as compile_mask
 from maskc.language.parse import parse
+from maskc.lowering.compile import compile as compile_mask
+
+if TYPE_CHECKING:
+  from maskc.compiled.blockmap import BlockMap
 
 Layer = ir.Mask | tuple[ir.Mask, ...]
 
@@ -40,6 +44,8 @@ class MaskSpec:
   """
   text: str | tuple[str, ...]
   params: tuple[tuple[str, Any], ...]
+  if TYPE_CHECKING:  # set in __init__, not a field: equality and hashing read the text
+    _mask: Layer
 
   def __init__(self, text: Any, params: Mapping[str, Any] | None = None, /, **kw_params: Any):
     merged = dict(params or {})
@@ -56,6 +62,7 @@ class MaskSpec:
       text = tuple(str(t) if isinstance(t, ir.Mask) else t for t in text)
     object.__setattr__(self, "text", text)
     object.__setattr__(self, "params", tuple(sorted(merged.items())))
+    mask: Layer
     if isinstance(text, str):
       mask = parse(text, **merged)
     else:
@@ -73,49 +80,50 @@ class MaskSpec:
     masks = (self._mask,) if isinstance(self._mask, ir.Mask) else self._mask
     return tuple(sorted({s for m in masks for s in m.operands}, key=lambda s: s.name))
 
-  def compile(self, q_len: int, kv_len: int | None = None, **kw: Any):
+  def compile(self, q_len: int, kv_len: int | None = None, **kw: Any) -> BlockMap:
     """`maskc.compile` of this mask; keywords as there."""
     m = self._mask
     return compile_mask(m if isinstance(m, ir.Mask) else list(m), q_len, kv_len, **kw)
 
   @classmethod
-  def coerce(cls, value: Any) -> "MaskSpec":
+  def coerce(cls, value: Any) -> MaskSpec:
     """`value` as a MaskSpec: a MaskSpec, mask text, a Mask, or a list of them per head."""
     return value if isinstance(value, MaskSpec) else cls(value)
 
-  def __reduce__(self):
+  def __reduce__(self) -> tuple[Callable[..., MaskSpec], tuple[Any, ...]]:
     return (_spec_from, (self.text, self.params))
 
   def __str__(self) -> str:
     return self.text if isinstance(self.text, str) else "[" + ", ".join(self.text) + "]"
 
 
-def _spec_from(text, params):
+def _spec_from(text: str | tuple[str, ...], params: tuple[tuple[str, Any], ...]) -> MaskSpec:
   return MaskSpec(text, dict(params))
 
 
 class _MaskField:
   """The descriptor behind `mask_field`: turns what is assigned into a checked MaskSpec."""
 
-  def __init__(self, default: Any, params: dict[str, Any]):
+  def __init__(self, default: Any, params: dict[str, Any]) -> None:
     self.default = None if default is dataclasses.MISSING else MaskSpec(default, params)
     self.params = params
     self.name = self.attr = "?"
 
-  def __set_name__(self, owner, name: str) -> None:
+  def __set_name__(self, owner: type, name: str) -> None:
     self.name, self.attr = name, f"_maskc_field_{name}"
 
-  def __get__(self, obj, owner=None):
+  def __get__(self, obj: Any, owner: type | None = None) -> MaskSpec:
     if obj is None:
       if self.default is None:
         raise AttributeError(self.name)  # dataclasses reads this as "no default"
       return self.default
     try:
-      return obj.__dict__[self.attr]
+      spec: MaskSpec = obj.__dict__[self.attr]
     except KeyError:
       raise AttributeError(self.name) from None
+    return spec
 
-  def __set__(self, obj, value) -> None:
+  def __set__(self, obj: Any, value: Any) -> None:
     try:
       spec = value if isinstance(value, MaskSpec) else MaskSpec(value, self.params)
     except MaskError as e:

@@ -51,13 +51,15 @@ import dataclasses
 import operator
 import re
 import warnings
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 import numpy as np
 
-from maskc.language import ir
 from maskc.config.files import key_path, read_config
+from maskc.config.mask_spec import Layer
+from maskc.language import ir
 from maskc.language.errors import (
   ConfigError,
   MaskError,
@@ -68,9 +70,11 @@ from maskc.language.errors import (
   config_where,
   short_repr,
 )
-from maskc.lowering.compile import compile as compile_mask
-from maskc.config.mask_spec import Layer
 from maskc.language.parse import BUILTINS, RESERVED, _Program, nearest, parse_tree, prelude
+from maskc.lowering.compile import compile as compile_mask
+
+if TYPE_CHECKING:
+  from maskc.compiled.blockmap import BlockMap
 
 _TOP_KEYS = ("num_layers", "num_heads", "params", "definitions", "default", "layers",
              "operands", "context_parallel")
@@ -192,7 +196,7 @@ class MaskConfig:
   def compile(self, q_len: int, kv_len: int | None = None, *, block_q: int = 128,
               block_kv: int = 128, q_offset: int | None = None,
               operands: Mapping[str, Any] | None = None, exact: bool = False,
-              refine_budget: int | None = None) -> list:
+              refine_budget: int | None = None) -> list[BlockMap]:
     """Lowers every distinct layer mask once, for one shape and tiling.
 
     Args:
@@ -246,7 +250,8 @@ def _one_line(m: Layer) -> str:
 
 
 def _ranges(idx: Sequence[int]) -> str:
-  parts, start = [], idx[0]
+  parts: list[str] = []
+  start: int | None = idx[0]
   for a, b in zip(idx, list(idx[1:]) + [None]):
     if b != a + 1:
       parts.append(str(start) if start == a else f"{start}-{a}")
@@ -323,7 +328,8 @@ class _Loader:
       raise self.error(f"layer {i} has no mask and the config gives no default",
                        layers[i][1] or self.path("default"),
                        hint="Add `default: causal` (or the mask these layers use).")
-    masks = tuple(default if e is None else e for e, _ in layers)
+    # a layer without a mask has the default, which is there (checked above)
+    masks = tuple(cast(Layer, default) if e is None else e for e, _ in layers)
     self.check_heads(masks, layers, num_heads)
     decls = self.check_operands()
     self.check_params_used()
@@ -657,7 +663,8 @@ class _Loader:
         out[i] = (self.entry(v, kp), kp)
     return out
 
-  def check_heads(self, masks, layers, num_heads) -> None:
+  def check_heads(self, masks: tuple[Layer, ...], layers: list[tuple[Layer | None, str]],
+                  num_heads: int | None) -> None:
     seen = None
     for (_, path), m in zip(layers, masks):
       if isinstance(m, tuple):

@@ -37,18 +37,30 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import types
-from typing import Mapping
+from collections.abc import Mapping
+from typing import Any, Protocol, cast
 
 import jax
+from jax.typing import ArrayLike
 
 from maskc.compiled.blockmap import BlockMap
-from maskc.language.errors import BackendError, MaskValueError
 from maskc.kernels import common
 from maskc.kernels.platform import platform as platform
+from maskc.language.errors import BackendError, MaskValueError
 
 # Tiny masks and nearly full ones gain nothing from block sparsity on CPU.
 TINY = 256 * 256
 NEARLY_FULL = 0.9
+
+
+class BackendModule(Protocol):
+  """What a backend's module provides (this module's docstring; `dense` has no tiles)."""
+
+  def run(self, q: jax.Array, k: jax.Array, v: jax.Array, bm: BlockMap, *,
+          scale: float | None = None, logits_soft_cap: float | None = None,
+          sinks: ArrayLike | None = None, interpret: bool | None = None) -> jax.Array: ...
+
+  def default_blocks(self, q_len: int, kv_len: int) -> tuple[int, int]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +70,8 @@ class Backend:
   module: str
   description: str = ""
 
-  def load(self) -> types.ModuleType:
-    return importlib.import_module(self.module)
+  def load(self) -> BackendModule:
+    return cast(BackendModule, importlib.import_module(self.module))
 
 
 BACKENDS: Mapping[str, Backend] = types.MappingProxyType({
@@ -107,9 +119,9 @@ def default_blocks(backend: str, q_len: int, kv_len: int) -> tuple[int, int]:
   return BACKENDS[backend].load().default_blocks(q_len, kv_len)
 
 
-def attention(q, k, v, bm: BlockMap, *, backend: str = "auto", scale: float | None = None,
-              logits_soft_cap: float | None = None, sinks=None,
-              interpret: bool | None = None) -> jax.Array:
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, bm: BlockMap, *, backend: str = "auto",
+              scale: float | None = None, logits_soft_cap: float | None = None,
+              sinks: ArrayLike | None = None, interpret: bool | None = None) -> jax.Array:
   """Masked multi-head attention under a compiled mask (`maskc.compile`).
 
   The kernels' entry point: it takes the compiled object only. To start from mask
@@ -155,7 +167,8 @@ def attention(q, k, v, bm: BlockMap, *, backend: str = "auto", scale: float | No
   name = _platform_backend() if auto else backend
   if auto and name == "xla" and dense_is_better(bm):
     name = "dense"
-  kw = dict(scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks, interpret=interpret)
+  kw: dict[str, Any] = dict(scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks,
+                            interpret=interpret)
   try:
     return BACKENDS[name].load().run(q, k, v, bm, **kw)
   except (BackendError, MaskValueError):

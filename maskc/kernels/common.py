@@ -12,7 +12,7 @@ the compiler found).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -20,9 +20,15 @@ import numpy as np
 
 from maskc.compiled import predicate as _predicate
 from maskc.compiled.blockmap import BlockMap
+from maskc.compiled.tiles import (  # for the backends
+  EMPTY as EMPTY,
+  FULL as FULL,
+  PARTIAL as PARTIAL,
+  Runs,
+  grid_from_runs,
+  tile_lists as _run_tile_lists,
+)
 from maskc.language.errors import MaskValueError
-from maskc.compiled.tiles import EMPTY as EMPTY, FULL as FULL, PARTIAL as PARTIAL  # for the backends
-from maskc.compiled.tiles import Runs, grid_from_runs, tile_lists as _run_tile_lists
 
 # Finite, so fully masked rows never produce inf - inf = NaN (splash and jax use the same).
 NEG = -0.7 * float(np.finfo(np.float32).max)
@@ -67,11 +73,13 @@ def qkv_arrays(q, k, v) -> tuple[jax.Array, jax.Array, jax.Array]:
   take, so every backend receives jax arrays; tracers and jax arrays pass through.
   """
   check_qkv(q, k, v)
-  return tuple(x if isinstance(x, jax.Array) else jnp.asarray(x) for x in (q, k, v))
+  q, k, v = (x if isinstance(x, jax.Array) else jnp.asarray(x) for x in (q, k, v))
+  return q, k, v
 
 
 def read_values(bm: BlockMap, u: int, *, rest: bool = False) -> _predicate.ReadValues:
-  """Mask `u`'s read values as int32 jax arrays (batch axis first; see `maskc.compiled.predicate`)."""
+  """Mask `u`'s read values as int32 jax arrays (batch axis first; see
+  `maskc.compiled.predicate`)."""
   values = bm.read_values(u, dtype=np.int32, rest=rest)
   return _predicate.ReadValues(*(jnp.asarray(a) for a in values))
 

@@ -9,7 +9,6 @@ mask is false before normalizing.
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 

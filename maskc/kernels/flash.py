@@ -44,11 +44,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from maskc.compiled import predicate as _predicate
-from maskc.language.errors import MaskValueError
 from maskc.compiled.predicate import Predicate
 from maskc.kernels import common
 from maskc.kernels.platform import platform
 from maskc.kernels.xla import NEG_LSE
+from maskc.language.errors import MaskValueError
 
 BLOCK_SIZES = (64, 64)
 
@@ -158,8 +158,13 @@ def _fwd_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, sink
   q = q_ref[...]
   ns = len(cfg.pred.scalars)
   qoff = scal_ref[ns]
-  scal = lambda r: scal_ref[r]
-  qtok = lambda r: qtok_ref[r, :]
+
+  def scal(r):
+    return scal_ref[r]
+
+  def qtok(r):
+    return qtok_ref[r, :]
+
   if cfg.has_sinks:
     sink = sink_ref[h]
     m0 = jnp.full((bq,), sink, jnp.float32)
@@ -213,8 +218,12 @@ def _dq_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, q_ref
   lse, delta = lse_ref[...], delta_ref[...]
   ns = len(cfg.pred.scalars)
   qoff = scal_ref[ns]
-  scal = lambda r: scal_ref[r]
-  qtok = lambda r: qtok_ref[r, :]
+
+  def scal(r):
+    return scal_ref[r]
+
+  def qtok(r):
+    return qtok_ref[r, :]
 
   def visit(partial: bool, base: int):
     def body(t, dq):
@@ -251,8 +260,12 @@ def _dkv_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, q_re
   k, v = k_ref[...], v_ref[...]
   ns = len(cfg.pred.scalars)
   qoff = scal_ref[ns]
-  scal = lambda r: scal_ref[r]
-  ktok = lambda r: ktok_ref[r, :]
+
+  def scal(r):
+    return scal_ref[r]
+
+  def ktok(r):
+    return ktok_ref[r, :]
 
   def visit(partial: bool, base: int):
     def body(t, carry):
@@ -332,9 +345,13 @@ class _ReadArrays(NamedTuple):
 def _read_specs(cfg: _Config, arrays: _ReadArrays, line: str):
   """BlockSpecs of the read inputs for a grid `(b, h, line)` over q tiles or key tiles."""
   bq, bk = cfg.block_q, cfg.block_kv
-  tok = lambda b_: _b(cfg, b_)
-  whole = lambda a: pl.BlockSpec((None,) + a.shape[1:],
-                                 lambda b_, h_, n: (tok(b_),) + (0,) * (a.ndim - 1))
+
+  def tok(b_):
+    return _b(cfg, b_)
+
+  def whole(a):
+    return pl.BlockSpec((None,) + a.shape[1:], lambda b_, h_, n: (tok(b_),) + (0,) * (a.ndim - 1))
+
   npair = arrays.pair.shape[1]
   if line == "q":
     qtok = pl.BlockSpec((None, arrays.qtok.shape[1], bq), lambda b_, h_, i: (tok(b_), 0, i))
@@ -384,7 +401,10 @@ def _backward(cfg: _Config, q, k, v, o, lse, do, meta_f, meta_b, reads: _ReadArr
   if dlse is not None:
     # ds = p (dp - delta) + p dlse: the kernels see delta - dlse.
     delta = delta - dlse.astype(jnp.float32)
-  tok = lambda b_: _b(cfg, b_)
+
+  def tok(b_):
+    return _b(cfg, b_)
+
   dq = pl.pallas_call(
       functools.partial(_dq_kernel, cfg=cfg), grid=(b, h, cfg.n_q_tiles),
       in_specs=[
@@ -584,7 +604,10 @@ def _attend(q, k, v, bm, u: int, *, scale, cap, sinks, interpret: bool, with_lse
                 interpret=interpret)
   # Triton loads power-of-two blocks: pad head dims (zeros change no dot product).
   d_pad, dv_pad = (max(16, 1 << (x - 1).bit_length()) for x in (d, v.shape[-1]))
-  pad = lambda x, n, m: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, m - x.shape[3])))
+
+  def pad(x, n, m):
+    return jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, m - x.shape[3])))
+
   if with_lse:
     out, lse = _flash_lse(cfg, pad(q, lq_pad, d_pad), pad(k, lkv_pad, d_pad),
                           pad(v, lkv_pad, dv_pad), jnp.asarray(meta_f), jnp.asarray(meta_b),

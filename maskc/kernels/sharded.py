@@ -36,6 +36,7 @@ all_gather, ppermute, switch and the backends' own rules.
 from __future__ import annotations
 
 import functools
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -43,12 +44,14 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from maskc.compiled.blockmap import BlockMap
-from maskc.language.errors import BackendError
 from maskc.compiled.tiles import Runs, run_lengths
 from maskc.kernels import api
+from maskc.language.errors import BackendError
 
 # Log-sum-exp of a row with no allowed key (the contract of every `run_with_lse`).
 NEG_LSE = -1e30
+
+_T = TypeVar("_T")
 
 
 def _axis_size(mesh, axis) -> int:
@@ -61,7 +64,8 @@ def _index(axis):
 
 def _pad_runs(runs: Runs, r: int) -> Runs:
   pad = [(0, 0)] * (runs.start.ndim - 1) + [(0, r - runs.start.shape[-1])]
-  return Runs(*(np.pad(np.asarray(a), pad) for a in runs[:3]), np.asarray(runs.count))
+  start, stop, state = (np.pad(np.asarray(a), pad) for a in runs[:3])
+  return Runs(start, stop, state, np.asarray(runs.count))
 
 
 def _bounds(maps) -> tuple:
@@ -92,11 +96,11 @@ class _Stacked:
     self.aux, self.leaves = aux, leaves
 
   @staticmethod
-  def build(maps) -> "_Stacked | None":
+  def build(maps) -> _Stacked | None:
     r = max(bm.rows.start.shape[-1] for bm in maps)
     rc = max(bm.cols.start.shape[-1] for bm in maps)
     bounds = _bounds(maps)
-    flat = []
+    flat: list[tuple[list[Any], jax.tree_util.PyTreeDef]] = []
     for bm in maps:
       norm = BlockMap(bm.masks, bm.head_index, bm.q_len, bm.kv_len, bm.q_offset, bm.block_q,
                       bm.block_kv, bm.batch, _pad_runs(bm.rows, r), bm.operands,
@@ -183,8 +187,9 @@ def run(q, k, v, plan, *, mesh, batch_axis=None, head_axis=None, seq_axis=None,
   def cell(d, r, c=None):
     return d * s + r if c is None else (d * s + r) * s + c
 
-  # Static per-cell choices, built once outside the trace.
-  choices = {}
+  # Static per-cell choices, built once outside the trace: `(m, g)` -> a `_Choice` (all_gather),
+  # `(m, g, t)` -> `(_Choice, live cells)` (ring).
+  choices: dict[tuple[int, ...], Any] = {}
   if not plan.traced:
     for m, groups in enumerate(plan.groups):
       for gi, g in enumerate(groups):
@@ -286,7 +291,10 @@ def run(q, k, v, plan, *, mesh, batch_axis=None, head_axis=None, seq_axis=None,
           elif (m, gi, t) in choices:
             choice, live = choices[m, gi, t]
             idx = cell(d, r)
-            run_step = lambda q, k, v, ch=choice, i=idx, f=step: ch.call(i, f, q, k, v)
+
+            def run_step(q, k, v, ch=choice, i=idx, f=step):
+              return ch.call(i, f, q, k, v)
+
             if live.all():
               o, lse = run_step(qg, kg, vg)
             else:
@@ -322,7 +330,8 @@ def run(q, k, v, plan, *, mesh, batch_axis=None, head_axis=None, seq_axis=None,
   return jax.jit(placed)(q, k, v, sink_arr, *op_vals)
 
 
-def whole_sequence(x, mesh, batch_axis=None, head_axis=None):
+def whole_sequence(x: _T, mesh: jax.sharding.Mesh, batch_axis: str | None = None,
+                   head_axis: str | None = None) -> _T:
   """`[B, L, H, D]` `x` with its sequence axis whole, for the layout's permutations.
 
   On an `Explicit` mesh an array's sharding travels in its type, and a gather

@@ -43,12 +43,12 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 
 from maskc.compiled.blockmap import BlockMap
-from maskc.language.errors import BackendError, MaskValueError
 from maskc.compiled.predicate import Instr, Predicate
 from maskc.compiled.tiles import FULL, PARTIAL, grid_from_runs, runs_from_grid
 from maskc.kernels import common
 from maskc.kernels.platform import platform
 from maskc.kernels.xla import NEG_LSE
+from maskc.language.errors import BackendError, MaskValueError
 
 LANES = 128
 # A sink logit that never wins against a real one but keeps empty rows at 0/1 = 0; it
@@ -270,7 +270,9 @@ def _prepare(q, k, v, bm, *, scale, logits_soft_cap, sinks, interpret) -> _Call:
   info_bm, segment = _plan(bm)
   kernel = _kernel(_padded(info_bm), logits_soft_cap, bool(interpret))
   lq_pad, lkv_pad = bm.n_q_tiles * bm.block_q, bm.n_kv_tiles * bm.block_kv
-  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
+
+  def pad(x, n):
+    return jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
 
   qh = jnp.swapaxes(pad(q * jnp.asarray(scale, q.dtype), lq_pad), 1, 2)   # [B, H, Lq_pad, D]
   kh, vh = jnp.swapaxes(pad(k, lkv_pad), 1, 2), jnp.swapaxes(pad(v, lkv_pad), 1, 2)
@@ -299,7 +301,7 @@ class _LseStatic:
   block_sizes: sk.BlockSizes
   mask_value: float
   cap: float | None
-  mask_function: object
+  mask_function: sk.MaskFunctionType | None
   interpret: bool
 
 

@@ -215,8 +215,10 @@ def _attend(q, k, v, bm, u: int, *, scale: float, cap, sinks, with_lse: bool = F
             (jnp.full((b, n_seg, hkv, g, bq), common.NEG, f32),
              jnp.zeros((b, n_seg, hkv, g, bq), f32), jnp.zeros((b, n_seg, hkv, g, bq, dv), f32)))
     partial = state == common.PARTIAL
-    (_, _, _, (bm_, bl, bacc)), _ = jax.lax.scan(
-        lambda c, x, p=partial: step(c, x, p), init, xs)
+    def body(c, x, p=partial):
+      return step(c, x, p)
+
+    (_, _, _, (bm_, bl, bacc)), _ = jax.lax.scan(body, init, xs)
     seg_m.append(bm_)
     seg_l.append(bl)
     seg_acc.append(bacc)

@@ -6,10 +6,13 @@ Each prelude mask has a builder of the same name (`global_` for `global`).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
-from maskc.language import ir
-from maskc.language import printer  # noqa: F401  (the docstrings below print bodies)
+from maskc.language import (
+  ir,
+  printer,  # noqa: F401  (the docstrings below print bodies)
+)
 from maskc.language.parse import prelude
 
 q = ir.Pos("q")
@@ -18,21 +21,21 @@ k = ir.Pos("k")
 
 def scalar(name: str) -> ir.Scalar:
   """A runtime scalar operand (shape `[]` or `[B]`): `maskc.ir.k < maskc.scalar("kv_len")`."""
-  return ir.term(name)
+  return cast(ir.Scalar, ir.term(name))  # a name makes a Scalar
 
 
 class _Indexable:
-  def __init__(self, name: str, runs: bool):
+  def __init__(self, name: str, runs: bool) -> None:
     self.name, self.runs = name, runs
 
-  def __getitem__(self, idx):
+  def __getitem__(self, idx: Any) -> ir.Read | ir.PairRead:
     if isinstance(idx, tuple):
       if self.runs or len(idx) != 2:
         raise ir.MaskTypeError("runs(x) takes one index; operands take one or two")
       return ir.pair_read(self.name, idx[0], idx[1])
     return ir.read(self.name, idx, self.runs)
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return f"maskc.{'runs' if self.runs else 'operand'}({self.name!r})"
 
 
@@ -68,11 +71,11 @@ def maximum(*args: Any) -> ir.Term:
   return ir.fn("max", args)
 
 
-def _builder(name: str):
+def _builder(name: str) -> Callable[..., ir.Mask]:
   definition = prelude()[name]
 
   def build(*args: Any) -> ir.Mask:
-    return ir.call(definition, args)
+    return cast(ir.Mask, ir.call(definition, args))  # a mask's definition makes a Call
 
   params = ", ".join(definition.params)
   build.__name__ = build.__qualname__ = name if name != "global" else "global_"

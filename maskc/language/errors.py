@@ -57,6 +57,10 @@ class MaskError(Exception):
     hint: what to write instead, when there is a clear fix.
   """
 
+  # Errors about a config's mask text also carry its key path and file (`maskc.config`).
+  path: str | None
+  file: str | None
+
   def __init__(self, message: str, *, span: Span | None = None, hint: str | None = None,
                source: str | None = None):
     self.message = message
@@ -87,7 +91,7 @@ class MaskError(Exception):
   def __str__(self) -> str:
     return self._render()
 
-  def with_source(self, source: str) -> "MaskError":
+  def with_source(self, source: str | None) -> MaskError:
     """The same error, naming where the text came from (a file, a config key)."""
     self.source = source
     self.args = (self._render(),)
@@ -97,7 +101,7 @@ class MaskError(Exception):
 class MaskSyntaxError(MaskError, SyntaxError):
   """The text is not in the mask language."""
 
-  def __init__(self, message: str, **kw):
+  def __init__(self, message: str, **kw: Any) -> None:
     MaskError.__init__(self, message, **kw)
 
   def __str__(self) -> str:
@@ -167,7 +171,7 @@ def config_where(file: str | None, path: str | None) -> str | None:
 class _ShortRepr(reprlib.Repr):
   """`reprlib.Repr` that also survives integers too long for `repr`."""
 
-  def __init__(self):
+  def __init__(self) -> None:
     super().__init__()
     self.maxlevel, self.maxstring, self.maxother, self.maxlong = 3, 80, 80, 60
     self.maxdict = self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = 6

@@ -25,10 +25,17 @@ import contextvars
 import dataclasses
 import difflib
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, dataclass_transform
 
-from maskc.language.errors import (MaskLimitError, MaskNameError, MaskTypeError, MaskValueError,
-                           OperandError, Span)
+from maskc.language.errors import (
+  MaskLimitError,
+  MaskNameError,
+  MaskTypeError,
+  MaskValueError,
+  OperandError,
+  Span,
+)
 
 if TYPE_CHECKING:
   import numpy as np
@@ -37,11 +44,17 @@ if TYPE_CHECKING:
 
 CompareOp = Literal["<", "<=", "==", "!=", ">=", ">"]
 ArithOp = Literal["+", "-", "*", "//", "%"]
+FnName = Literal["abs", "min", "max"]
+OperandKind = Literal["scalar", "token", "pair"]
 COMPARE_OPS = ("<", "<=", "==", "!=", ">=", ">")
 NEGATED_OP = {"<": ">=", "<=": ">", "==": "!=", "!=": "==", ">=": "<", ">": "<="}
 
 
-def _node(cls):
+_N = TypeVar("_N", bound="Node")
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
+def _node(cls: type[_N]) -> type[_N]:
   """Makes `cls` a frozen slotted dataclass with a cached structural hash."""
   cls = dataclasses.dataclass(frozen=True, slots=True, repr=False)(cls)
   generated_hash = cls.__hash__
@@ -64,8 +77,9 @@ def _node(cls):
       return False
     return generated_eq(self, other)
 
-  cls.__hash__ = __hash__
-  cls.__eq__ = __eq__
+  target: Any = cls  # the generated methods are replaced on purpose
+  target.__hash__ = __hash__
+  target.__eq__ = __eq__
   return cls
 
 
@@ -83,10 +97,11 @@ class Node:
 
   __slots__ = ("_h",)
 
-  def children(self) -> tuple["Node", ...]:
+  def children(self) -> tuple[Node, ...]:
     """The IR nodes directly below this one (not a Call's expansion)."""
     out = []
-    for name in _field_names(type(self)):
+    cls: type = type(self)
+    for name in _field_names(cls):
       v = getattr(self, name)
       if isinstance(v, Node):
         out.append(v)
@@ -115,6 +130,7 @@ class Term(Node):
   """
 
   __slots__ = ()
+  span: Span | None  # every term has one (a field of each node class)
 
   def __add__(self, other): return arith("+", self, other)
   def __radd__(self, other): return arith("+", other, self)
@@ -141,11 +157,11 @@ class Term(Node):
   def __rxor__(self, other): return xor((mask(other), mask(self)))
   def __invert__(self): return not_(mask(self))
 
-  def eq(self, other) -> "Compare":
+  def eq(self, other) -> Compare:
     """`self == other` as a mask (Python's `==` stays structural equality)."""
     return compare((self, other), ("==",))
 
-  def ne(self, other) -> "Compare":
+  def ne(self, other) -> Compare:
     """`self != other` as a mask."""
     return compare((self, other), ("!=",))
 
@@ -167,6 +183,7 @@ class Mask(Node):
   """
 
   __slots__ = ()
+  span: Span | None  # every mask has one (a field of each node class)
 
   def __and__(self, other): return and_((self, _as_mask(other)))
   def __rand__(self, other): return and_((_as_mask(other), self))
@@ -184,11 +201,11 @@ class Mask(Node):
              "`(a < b) & (b <= c)`.")
 
   @property
-  def operands(self) -> tuple["OperandSpec", ...]:
+  def operands(self) -> tuple[OperandSpec, ...]:
     """The runtime operands the mask needs, sorted by name."""
     return collect_operands(self)
 
-  def simplify(self) -> "Mask":
+  def simplify(self) -> Mask:
     """An equivalent mask in canonical simplified form (`maskc.language.simplify`).
 
     >>> import maskc
@@ -199,7 +216,7 @@ class Mask(Node):
 
   def bind(self, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
            operands: Mapping[str, Any] | None = None, q_positions: Any = None,
-           kv_positions: Any = None) -> "ComputableMask":
+           kv_positions: Any = None) -> ComputableMask:
     """This mask at a shape with static operands (and positions): a lazy `ComputableMask`
     (`maskc.semantics.bind`).
 
@@ -213,7 +230,7 @@ class Mask(Node):
 
   def to_dense(self, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
                operands: Mapping[str, Any] | None = None, q_positions: Any = None,
-               kv_positions: Any = None) -> "np.ndarray":
+               kv_positions: Any = None) -> np.ndarray:
     """The mask as a NumPy bool array `[..., q_len, kv_len]`.
 
     >>> import maskc
@@ -340,7 +357,7 @@ class Arith(Term):
 @_node
 class Fn(Term):
   """`abs(t)`, `min(a, b, ...)` or `max(a, b, ...)`."""
-  name: Literal["abs", "min", "max"]
+  name: FnName
   args: tuple[Term, ...]
   span: Span | None = _span_field()
 
@@ -373,7 +390,7 @@ class Compare(Mask):
 @_node
 class Truth(Mask):
   """A boolean operand read used as a mask: `img[q]`, `allowed[q, k]` (nonzero is true)."""
-  read: Term
+  read: Read | PairRead
   span: Span | None = _span_field()
 
 
@@ -443,7 +460,7 @@ class OperandSpec:
     boolean: whether it is read as a truth value (`img[q]`, `runs(img)`).
   """
   name: str
-  kind: Literal["scalar", "token", "pair"]
+  kind: OperandKind
   boolean: bool = False
 
 
@@ -529,7 +546,7 @@ def is_run_ids_key(key: str) -> bool:
   return key.startswith("runs(")
 
 
-def array_key(r: "Read") -> str:
+def array_key(r: Read) -> str:
   """The operand-table key a per-token read indexes: the operand, or its run ids."""
   return run_ids_key(r.operand.name) if r.runs else r.operand.name
 
@@ -540,7 +557,7 @@ def positions_of(t: Node) -> frozenset[str]:
   part and subterm, several times per compile)."""
   if isinstance(t, Pos):
     return frozenset(t.axis)
-  out = frozenset()
+  out: frozenset[str] = frozenset()
   for c in t.children():
     if not isinstance(c, Operand):
       out |= positions_of(c)
@@ -644,7 +661,7 @@ def fn(name: str, args: Sequence[Any], span: Span | None = None) -> Term:
     vals = [a.value for a in args]
     return _const(abs(vals[0]) if name == "abs" else (min(vals) if name == "min" else max(vals)),
                   span)
-  return Fn(name, args, span)
+  return Fn(cast(FnName, name), args, span)
 
 
 def compare(terms: Sequence[Any], ops: Sequence[str], span: Span | None = None) -> Compare:
@@ -653,7 +670,7 @@ def compare(terms: Sequence[Any], ops: Sequence[str], span: Span | None = None) 
   ops = tuple(ops)
   if len(terms) != len(ops) + 1 or len(ops) < 1 or any(o not in COMPARE_OPS for o in ops):
     raise MaskTypeError(f"malformed comparison {quote(terms)} {quote(ops)}", span=span)
-  return Compare(terms, ops, span)
+  return Compare(terms, cast(tuple[CompareOp, ...], ops), span)
 
 
 def truth(value: Any, span: Span | None = None) -> Truth:
@@ -666,12 +683,12 @@ def truth(value: Any, span: Span | None = None) -> Truth:
   return Truth(value, span)
 
 
-def _flatten(cls, items: Sequence[Any], span) -> tuple[Mask, ...]:
-  out = []
+def _flatten(cls: type[Mask], items: Sequence[Any], span: Span | None) -> tuple[Mask, ...]:
+  out: list[Mask] = []
   for it in items:
     it = mask(it, span)
     if type(it) is cls:
-      out.extend(it.items)
+      out.extend(cast(And | Or | Xor, it).items)
     else:
       out.append(it)
   return tuple(out)
@@ -770,8 +787,8 @@ def const_truth(m: Node) -> bool | None:
   if isinstance(m, BoolConst):
     return m.value
   if isinstance(m, Compare) and all(isinstance(t, Const) for t in m.terms):
-    vals = [t.value for t in m.terms]
-    return all(_CMP[o](a, b) for o, a, b in zip(m.ops, vals, vals[1:]))
+    values = [t.value for t in m.terms if isinstance(t, Const)]  # all of them
+    return all(_CMP[o](a, b) for o, a, b in zip(m.ops, values, values[1:]))
   if isinstance(m, Not):
     v = const_truth(m.item)
     return None if v is None else not v
@@ -995,9 +1012,10 @@ def collect_operands(m: Mask) -> tuple[OperandSpec, ...]:
 
   Memoized: lowering asks for the operands of each part of a mask several times.
   """
-  kinds: dict[str, str] = {}
+  kinds: dict[str, OperandKind] = {}
   boolean: dict[str, bool] = {}
-  spans = {}
+  spans: dict[str, Span | None] = {}
+  kind: OperandKind
   for n in walk(m):
     if isinstance(n, Scalar):
       name, kind, is_bool = n.name, "scalar", False

@@ -11,14 +11,24 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal, cast, overload
 
 import lark
 
-from maskc.language import ir
-from maskc.language.errors import (MaskError, MaskLimitError, MaskNameError, MaskRecursionError,
-                           MaskSyntaxError, MaskTypeError, MaskValueError, Span, short_repr)
 from maskc.grammar import grammar_text, prelude_text
+from maskc.language import ir
+from maskc.language.errors import (
+  MaskError,
+  MaskLimitError,
+  MaskNameError,
+  MaskRecursionError,
+  MaskSyntaxError,
+  MaskTypeError,
+  MaskValueError,
+  Span,
+  short_repr,
+)
 
 MAX_TEXT_CHARS = 100_000
 MAX_NESTING = 128
@@ -92,7 +102,7 @@ _TOKEN_TEXT = {"LPAR": "(", "RPAR": ")", "LSQB": "[", "RSQB": "]", "COMMA": ",",
                "STRING": "a quoted message", "_SEP": "a new line or `;`", "$END": "the end"}
 
 
-def _describe_expected(expected) -> str:
+def _describe_expected(expected: Iterable[str]) -> str:
   names = []
   for e in sorted(expected):
     text = _TOKEN_TEXT.get(e)
@@ -116,16 +126,19 @@ def _span(text: str, line: int, column: int, start: int, end: int) -> Span:
 
 
 def _syntax_error(text: str, err: lark.exceptions.UnexpectedInput) -> MaskSyntaxError:
-  pos = getattr(err, "pos_in_stream", None)
-  line, column = getattr(err, "line", None), getattr(err, "column", None)
+  # Lark sets these per error class, some not at all, some to -1 or "?" where unknown.
+  pos: Any = getattr(err, "pos_in_stream", None)
+  line: Any = getattr(err, "line", None)
+  column: Any = getattr(err, "column", None)
   if isinstance(err, lark.exceptions.UnexpectedEOF) or line in (None, -1):
     stripped = text.rstrip()
     line = stripped.count("\n") + 1
     column = len(stripped) - (stripped.rfind("\n") + 1) + 1
     pos = len(stripped)
+    expected_at_end = getattr(err, "expected", None)
     return MaskSyntaxError(
-        "the mask ends too early" + (f"; expected {_describe_expected(err.expected)}"
-                                     if getattr(err, "expected", None) else ""),
+        "the mask ends too early" + (f"; expected {_describe_expected(expected_at_end)}"
+                                     if expected_at_end else ""),
         span=_span(text, line, column, pos, pos + 1),
         hint="Close every bracket and finish the last operator's operand.")
   if isinstance(err, lark.exceptions.UnexpectedCharacters):
@@ -133,7 +146,7 @@ def _syntax_error(text: str, err: lark.exceptions.UnexpectedInput) -> MaskSyntax
     return MaskSyntaxError(f"unexpected character {ch!r}",
                            span=_span(text, line, column, pos or 0, (pos or 0) + 1),
                            hint=_char_hint(ch))
-  tok = err.token
+  tok = cast(lark.exceptions.UnexpectedToken, err).token  # the third kind of UnexpectedInput
   start = tok.start_pos if tok.start_pos is not None else (pos or 0)
   end = tok.end_pos if tok.end_pos is not None else start + 1
   shown = "end of the mask" if tok.type == "$END" else (
@@ -150,7 +163,7 @@ def _char_hint(ch: str) -> str | None:
           "&": None}.get(ch, "Masks use `& | ^ ~`, comparisons, `+ - * // %` and calls.")
 
 
-def _token_hint(tok) -> str | None:
+def _token_hint(tok: lark.Token) -> str | None:
   if tok == "=":
     return "Comparison is `==`; `name = mask` defines a name on its own line."
   if tok in ("and", "or", "not"):
@@ -158,7 +171,7 @@ def _token_hint(tok) -> str | None:
   return None
 
 
-def parse_tree(text: str) -> lark.Tree:
+def parse_tree(text: str) -> lark.Tree[lark.Token]:
   """The syntax tree of `text`, after the size and nesting limits."""
   if not isinstance(text, str):
     raise MaskTypeError(f"a mask text must be a str, got {type(text).__name__}")
@@ -210,7 +223,7 @@ def _offset_span(text: str, start: int, end: int) -> Span:
   return _span(text, line, column, start, end)
 
 
-def _check_nesting(tree: lark.Tree, text: str) -> None:
+def _check_nesting(tree: lark.Tree[lark.Token], text: str) -> None:
   stack = [(tree, 1)]
   while stack:
     node, depth = stack.pop()
@@ -225,16 +238,28 @@ def _check_nesting(tree: lark.Tree, text: str) -> None:
 
 nearest = ir.nearest  # the candidate closest to a name, for hints
 
+# A node of lark's syntax tree. Lark types a tree's children as trees or tokens; which of
+# the two stands where follows from the grammar (maskc/grammar/maskc.lark), not the types.
+_Syntax = Any
+
+_ARITH_OPS: dict[str, ir.ArithOp] = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//",
+                                     "mod": "%"}
+
 
 class _Runs:
   """`runs(x)` before it is indexed."""
 
-  def __init__(self, operand, span):
+  def __init__(self, operand: ir.Operand | ir.Param, span: Span | None) -> None:
     self.operand, self.span = operand, span
 
 
+# What an expression elaborates to: IR, or `runs(x)` waiting for its index.
+_Value = ir.Node | _Runs
+
+
 class _Pending:
-  def __init__(self, name, params, body, requirements, span):
+  def __init__(self, name: str, params: tuple[str, ...], body: _Syntax,
+               requirements: list[_Syntax], span: Span | None) -> None:
     self.name, self.params, self.body = name, params, body
     self.requirements, self.span = requirements, span
 
@@ -254,9 +279,10 @@ class _Program:
 
   # ---------------------------------------------------------------- positions
 
-  def span(self, node) -> Span | None:
-    if isinstance(node, lark.Token):
-      return _span(self.text, node.line, node.column, node.start_pos, node.end_pos)
+  def span(self, node: _Syntax) -> Span | None:
+    if isinstance(node, lark.Token):  # the lexer sets every position of the tokens it makes
+      return _span(self.text, cast(int, node.line), cast(int, node.column),
+                   cast(int, node.start_pos), cast(int, node.end_pos))
     m = node.meta
     if m.empty:
       return None
@@ -264,12 +290,19 @@ class _Program:
 
   # ---------------------------------------------------------------- program
 
-  def program(self, tree: lark.Tree, *, library_only: bool = False) -> ir.Mask | None:
+  @overload
+  def program(self, tree: lark.Tree[lark.Token], *,
+              library_only: Literal[False] = False) -> ir.Mask: ...
+
+  @overload
+  def program(self, tree: lark.Tree[lark.Token], *, library_only: Literal[True]) -> None: ...
+
+  def program(self, tree: lark.Tree[lark.Token], *, library_only: bool = False) -> ir.Mask | None:
     # Expanding definitions may build at most this many nodes in all: bounded work for any text.
     with ir.build_budget(MAX_BUILT_NODES):
       return self._program(tree, library_only=library_only)
 
-  def _program(self, tree: lark.Tree, *, library_only: bool) -> ir.Mask | None:
+  def _program(self, tree: lark.Tree[lark.Token], *, library_only: bool) -> ir.Mask | None:
     statements = tree.children
     for i, st in enumerate(statements):
       last = i == len(statements) - 1
@@ -296,7 +329,7 @@ class _Program:
     ir.collect_operands(result)  # raises on an operand used as two kinds
     return result
 
-  def _lhs(self, node) -> tuple[str, tuple[str, ...], tuple]:
+  def _lhs(self, node: _Syntax) -> tuple[str, tuple[str, ...], tuple[_Syntax, ...]]:
     if isinstance(node, lark.Tree) and node.data == "name":
       return str(node.children[0]), (), ()
     if isinstance(node, lark.Tree) and node.data == "call":
@@ -312,7 +345,7 @@ class _Program:
                           span=self.span(node),
                           hint="Comparison is `==`; a definition reads `name = mask`.")
 
-  def _declare(self, st: lark.Tree) -> None:
+  def _declare(self, st: lark.Tree[lark.Token]) -> None:
     lhs, body, *reqs = st.children
     name, params, param_tokens = self._lhs(lhs)
     where = self.span(lhs)
@@ -368,7 +401,7 @@ class _Program:
 
   # ---------------------------------------------------------------- expressions
 
-  def _mask(self, value, node) -> ir.Mask:
+  def _mask(self, value: _Value, node: _Syntax) -> ir.Mask:
     span = self.span(node) if node is not None else None
     if isinstance(value, ir.Operand):
       guess = nearest(value.name, self.known_names())
@@ -382,13 +415,13 @@ class _Program:
       return ir.truth(value, span)
     return ir.mask(value, span)
 
-  def _term(self, value, node) -> ir.Term:
+  def _term(self, value: _Value, node: _Syntax) -> ir.Term:
     if isinstance(value, _Runs):
       raise MaskTypeError("`runs(x)` is a per-token value; index it", span=value.span,
                           hint="`runs(x)[q]`.")
     return ir.term(value, self.span(node))
 
-  def expr(self, node, env: dict[str, ir.Param]):
+  def expr(self, node: _Syntax, env: dict[str, ir.Param]) -> _Value:
     kind = node.data
     ch = node.children
     span = self.span(node)
@@ -401,8 +434,7 @@ class _Program:
       terms = [self._term(self.expr(c, env), c) for c in ch[0::2]]
       return ir.compare(terms, [str(o) for o in ch[1::2]], span)
     if kind in ("add", "sub", "mul", "floordiv", "mod"):
-      op = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}[kind]
-      return ir.arith(op, self._term(self.expr(ch[0], env), ch[0]),
+      return ir.arith(_ARITH_OPS[kind], self._term(self.expr(ch[0], env), ch[0]),
                       self._term(self.expr(ch[1], env), ch[1]), span)
     if kind == "neg":
       return ir.neg(self._term(self.expr(ch[0], env), ch[0]), span)
@@ -423,11 +455,11 @@ class _Program:
       raise MaskSyntaxError("a keyword argument outside a call", span=span)
     raise MaskSyntaxError(f"unexpected `{kind}`", span=span)
 
-  def name(self, name: str, span: Span | None, env):
+  def name(self, name: str, span: Span | None, env: dict[str, ir.Param]) -> ir.Node:
     if name in env:
       return env[name]
     if name in ("q", "k"):
-      return ir.Pos(name, span)
+      return ir.Pos(cast(Literal["q", "k"], name), span)
     if name in ("true", "false"):
       return ir.BoolConst(name == "true", span)
     if name in self.params:
@@ -443,11 +475,12 @@ class _Program:
       raise MaskTypeError(f"`{name}` is a function", span=span, hint=f"Call it: `{name}(...)`.")
     return ir.Operand(name, span)
 
-  def call(self, node: lark.Tree, env):
+  def call(self, node: lark.Tree[lark.Token], env: dict[str, ir.Param]) -> _Value:
     name_tok, args = node.children[0], node.children[1:]
     name = str(name_tok)
     span = self.span(node)
-    positional, keywords = [], {}
+    positional: list[tuple[_Value, _Syntax]] = []
+    keywords: dict[str, tuple[_Value, _Syntax]] = {}
     for a in args:
       if isinstance(a, lark.Tree) and a.data == "kwarg":
         key = str(a.children[0])
@@ -481,7 +514,7 @@ class _Program:
                           hint=f"Did you mean `{guess}`?" if guess else
                           "Define it first: `name(a, b) = ...`.")
     values = [v for v, _ in positional]
-    for key, (v, a) in keywords.items():
+    for key, (_, a) in keywords.items():
       if key not in d.params:
         raise MaskTypeError(f"`{name}` has no parameter `{key}`", span=self.span(a),
                             hint=f"Its parameters are ({', '.join(d.params)}).")
@@ -500,7 +533,7 @@ class _Program:
     values = [v.operand if isinstance(v, _Runs) else v for v in values]
     return ir.call(d, values, span)
 
-  def index(self, node: lark.Tree, env):
+  def index(self, node: lark.Tree[lark.Token], env: dict[str, ir.Param]) -> ir.Term:
     base = self.expr(node.children[0], env)
     idx = [self._term(self.expr(c, env), c) for c in node.children[1:]]
     span = self.span(node)
@@ -518,7 +551,7 @@ class _Program:
     raise MaskTypeError(f"operands take one or two indices, got {len(idx)}", span=span)
 
 
-def _param_value(name: str, value: Any, span: Span | None):
+def _param_value(name: str, value: Any, span: Span | None) -> ir.Node:
   if isinstance(value, bool):
     return ir.BoolConst(value, span)
   if isinstance(value, int) or (hasattr(value, "__index__") and not isinstance(value, str)):
@@ -554,7 +587,7 @@ def known_mask_names() -> list[str]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _parse_cached(text: str, params: tuple) -> ir.Mask:
+def _parse_cached(text: str, params: tuple[tuple[str, Any], ...]) -> ir.Mask:
   program = _Program(text, prelude(), dict(params))
   return program.program(parse_tree(text))
 

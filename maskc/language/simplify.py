@@ -10,18 +10,21 @@ up to commutativity print and hash the same. Named masks stay as leaves.
 from __future__ import annotations
 
 import functools
+from typing import cast
 
-from maskc.language import ir
-from maskc.language import printer  # noqa: F401  (`_key` sorts by `str`, which the printer gives)
+from maskc.language import (
+  ir,
+  printer,  # noqa: F401  (`_key` sorts by `str`, which the printer gives)
+)
 from maskc.language.parse import prelude
 
 
 def _full() -> ir.Mask:
-  return ir.call(prelude()["full"], ())
+  return cast(ir.Mask, ir.call(prelude()["full"], ()))  # a mask's definition makes a Call
 
 
 def _empty() -> ir.Mask:
-  return ir.call(prelude()["empty"], ())
+  return cast(ir.Mask, ir.call(prelude()["empty"], ()))
 
 
 def _const(m: ir.Mask) -> bool | None:
@@ -79,7 +82,7 @@ def _complement(m: ir.Mask) -> ir.Mask:
 def _parts(item: ir.Mask, dual) -> tuple[ir.Mask, ...]:
   """The operands of `item` under the dual operation (a chain's links under `&`)."""
   if type(item) is dual:
-    return tuple(p for child in item.items for p in _parts(child, dual))
+    return tuple(p for child in cast(ir.And | ir.Or, item).items for p in _parts(child, dual))
   if dual is ir.And and isinstance(item, ir.Compare) and len(item.ops) > 1:
     return tuple(_simplify(ir.compare(item.terms[i:i + 2], (op,)), False)
                  for i, op in enumerate(item.ops))
@@ -92,7 +95,7 @@ def _combine(cls, items: list[ir.Mask]) -> ir.Mask:
   flat: list[ir.Mask] = []
   for it in items:
     if type(it) is cls:
-      flat.extend(it.items)
+      flat.extend(cast(ir.And | ir.Or, it).items)
     else:
       flat.append(it)
   unique: dict[ir.Mask, None] = {}

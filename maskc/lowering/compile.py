@@ -18,37 +18,40 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike, DTypeLike
 
-from maskc.language import ir
-from maskc.lowering import rules as lowering_rules
-from maskc.semantics.bind import Operands, Shape, _int, as_mask, prepare_operands
-from maskc.compiled.blockmap import BlockMap
 from maskc.analysis.linear import conjuncts, segment_conjunct
+from maskc.compiled.blockmap import BlockMap
+from maskc.compiled.predicate import Predicate
 from maskc.compiled.predicate_compiler import compile_predicate
+from maskc.compiled.tiles import Runs, run_lengths
+from maskc.language import ir
 from maskc.language.errors import MaskTypeError, MaskValueError
-from maskc.lowering.traced import compile_dynamic
+from maskc.lowering import rules as lowering_rules
+from maskc.lowering.grid.refine import MEMORY_BUDGET, Budget
 from maskc.lowering.static import compile_static
+from maskc.lowering.traced import compile_dynamic
+from maskc.semantics.bind import MasksLike, Operands, Shape, _int, as_mask, prepare_operands
 from maskc.semantics.operand_arrays import OperandArrays
 from maskc.semantics.operand_runs import RunForm
-from maskc.lowering.grid.refine import MEMORY_BUDGET, Budget
-from maskc.compiled.tiles import Runs, run_lengths
 
 # compiled static maps, with the lowering rules that made them (`maskc.lowering.rules.taken`)
 _CACHE: collections.OrderedDict[Any, tuple[BlockMap, frozenset[str]]] = collections.OrderedDict()
 _CACHE_SIZE = 32
 
 
-def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 128,
+def compile(mask: MasksLike, q_len: int, kv_len: int | None = None, *, block_q: int = 128,
             block_kv: int = 128, q_offset: int | None = None,
-            operands: dict[str, Any] | None = None, exact: bool = False,
+            operands: Mapping[str, ArrayLike] | None = None, exact: bool = False,
             refine_budget: int | None = None, memory_budget: int | None = None,
-            q_positions: Any = None, kv_positions: Any = None) -> BlockMap:
+            q_positions: ArrayLike | None = None,
+            kv_positions: ArrayLike | None = None) -> BlockMap:
   """Lowers a mask to block-sparsity metadata.
 
   The tiles are always sound: a FULL tile holds only allowed pairs, an EMPTY tile
@@ -106,6 +109,7 @@ def compile(mask: Any, q_len: int, kv_len: int | None = None, *, block_q: int = 
          tuple(p.static_bytes() for p in bound.prepared),
          tuple(None if p is None else p.tobytes()
                for p in (bound.shape.q_positions, bound.shape.kv_positions)))
+  rules: Collection[str]
   if key in _CACHE:
     _CACHE.move_to_end(key)
     bm, rules = _CACHE[key]
@@ -158,8 +162,8 @@ class Binding:
     return self.shape.q_offset
 
 
-def bind_masks(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: Any = None,
-               operands: dict[str, Any] | None = None, q_positions: Any = None,
+def bind_masks(mask: MasksLike, q_len: int, kv_len: int | None = None, *, q_offset: Any = None,
+               operands: Mapping[str, Any] | None = None, q_positions: Any = None,
                kv_positions: Any = None) -> Binding:
   """Binds a mask (text, Mask or a per-head sequence) to a shape and checks its operands.
 
@@ -177,7 +181,7 @@ def bind_masks(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: An
   head_index = [unique.setdefault(m, len(unique)) for m in masks]
   uniq = tuple(unique)
   prepared = tuple(prepare_operands(m, shape, operands, xp=jnp if traced else np) for m in uniq)
-  batches = ({p.batch for p in prepared} | {shape.positions_batch}) - {None}
+  batches = {b for b in {p.batch for p in prepared} | {shape.positions_batch} if b is not None}
   if len(batches) > 1:
     raise MaskValueError(f"the heads' operands (and positions) disagree on the batch size: "
                          f"{sorted(batches)}")
@@ -203,8 +207,11 @@ def _merge_operands(prepared: list[Operands], batch: int | None) -> OperandArray
       shape = p.arrays.shape(n)
       if batch is not None and shape[0] == 1:
         shape = (batch,) + shape[1:]
-        out[n] = p.arrays.later(n, lambda a, xp=p.xp, shape=shape: xp.broadcast_to(a, shape),
-                                shape)
+
+        def broadcast(a: Any, xp: Any = p.xp, shape: tuple[int, ...] = shape) -> Any:
+          return xp.broadcast_to(a, shape)
+
+        out[n] = p.arrays.later(n, broadcast, shape)
       else:
         out[n] = p.arrays.later(n)
   return OperandArrays(out)
@@ -214,7 +221,7 @@ def _merge_forms(prepared: list[Operands], batch: int | None) -> dict[str, RunFo
   return {n: f.broadcast(batch or 1) for p in prepared for n, f in p.forms.items()}
 
 
-def _predicates(bound: Binding, block_q: int, block_kv: int):
+def _predicates(bound: Binding, block_q: int, block_kv: int) -> tuple[Predicate, ...]:
   """The compiled predicate of each distinct mask (pairwise reads per tile where they can be)."""
   out = []
   shape = bound.shape
@@ -233,14 +240,15 @@ def _predicates(bound: Binding, block_q: int, block_kv: int):
 
 
 @functools.lru_cache(maxsize=256)
-def _predicate(m: ir.Mask, kv_len: int, block_q: int, block_kv: int, positions_read: bool):
+def _predicate(m: ir.Mask, kv_len: int, block_q: int, block_kv: int,
+               positions_read: bool) -> Predicate:
   """`compile_predicate` without static positions, remembered (a frozen `Predicate`)."""
   return compile_predicate(m, kv_len=kv_len, block_q=block_q, block_kv=block_kv,
                            positions_read=positions_read)
 
 
 def _segment_split(bound: Binding, block_q: int, block_kv: int,
-                   predicates) -> BlockMap | None:
+                   predicates: tuple[Predicate, ...]) -> BlockMap | None:
   """The static map of the masks without their segment conjuncts, for splash's SegmentIds.
 
   Only when it is needed (the map is batched or traced), every distinct mask has a
@@ -277,14 +285,15 @@ def _positions_of(shape: Shape) -> dict[str, Any]:
   return out
 
 
-def _line_bounds(bound: Binding, block_q: int, block_kv: int):
+def _line_bounds(bound: Binding, block_q: int,
+                 block_kv: int) -> tuple[tuple[int, int, int, int] | None, ...]:
   """Static bounds on a traced map's non-empty tiles, from each mask's operand-free conjuncts.
 
   A mask `a & b & ...` has no more non-empty tiles than its conjuncts that read no
   operands, which compile statically. Per mask: `(fwd_max, fwd_total, bwd_max,
   bwd_total)`, or None when the mask has no such conjunct (or the offset is traced).
   """
-  out = []
+  out: list[tuple[int, int, int, int] | None] = []
   for m in bound.masks:
     static = [i for i in conjuncts(m) if not i.operands]
     if not static or not bound.shape.static:
@@ -304,14 +313,16 @@ def _int_range(bound: Binding) -> tuple[int, int] | None:
   """`term_bounds` of the masks and their operands, from their checks when bound (the
   same pass over the same values: broadcasting to the batch changes none; a term unknown
   there, traced, is unknown here)."""
-  ranges = [p.int_range for p in bound.prepared]
-  if any(r is None for r in ranges):
+  ranges = [p.int_range for p in bound.prepared if p.int_range is not None]
+  if len(ranges) < len(bound.prepared):  # one unknown
     return None
   return min(r[0] for r in ranges), max(r[1] for r in ranges)
 
 
-def _blockmap(bound: Binding, block_q: int, block_kv: int, *, rows: Runs, col_runs=None,
-              backward=None, line_bounds=None) -> BlockMap:
+def _blockmap(bound: Binding, block_q: int, block_kv: int, *, rows: Runs,
+              col_runs: Runs | None = None, backward: Callable[[], Runs] | None = None,
+              line_bounds: tuple[tuple[int, int, int, int] | None, ...] | None = None
+              ) -> BlockMap:
   predicates = _predicates(bound, block_q, block_kv)
   return BlockMap(masks=bound.masks, head_index=bound.head_index, q_len=bound.q_len,
                   kv_len=bound.kv_len, q_offset=bound.q_offset, block_q=block_q,
@@ -323,8 +334,8 @@ def _blockmap(bound: Binding, block_q: int, block_kv: int, *, rows: Runs, col_ru
                   q_positions=bound.shape.q_positions, kv_positions=bound.shape.kv_positions)
 
 
-def bind_map(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: Any = None,
-             operands: dict[str, Any] | None = None, q_positions: Any = None,
+def bind_map(mask: MasksLike, q_len: int, kv_len: int | None = None, *, q_offset: Any = None,
+             operands: Mapping[str, Any] | None = None, q_positions: Any = None,
              kv_positions: Any = None) -> BlockMap:
   """A map of one tile covering the whole mask, marked PARTIAL, without analysis.
 
@@ -335,7 +346,10 @@ def bind_map(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: Any 
                      q_positions=q_positions, kv_positions=kv_positions)
   nb, u = bound.batch or 1, len(bound.masks)
   xp = jnp if bound.traced else np
-  one = lambda v, t: xp.full((nb, u, 1, 1), v, t)
+
+  def one(v: int, t: DTypeLike) -> Any:
+    return xp.full((nb, u, 1, 1), v, t)
+
   rows = Runs(one(0, np.int32), one(1, np.int32), one(1, np.int8),
               xp.ones((nb, u, 1), np.int32))
   return _blockmap(bound, bound.q_len, bound.kv_len, rows=rows, col_runs=rows)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import types
-from typing import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from maskc.language.errors import MaskValueError
 
@@ -36,13 +36,15 @@ RULES: Mapping[str, str] = types.MappingProxyType({
     "one_axis": "a mask that reads one position only (`g[k]`, `sink(4)`): one line of tiles "
                 "decides each axis (maskc.lowering.closed_forms.axis_reads)",
     "equal_reads": "`x[q + s] == x[k + t]` where each value of x is one run (`document(seg)`, "
-                   "`bidirectional(img)`): binary searches per line (maskc.lowering.closed_forms.equal_reads)",
+                   "`bidirectional(img)`): binary searches per line "
+                   "(maskc.lowering.closed_forms.equal_reads)",
     "parts": "an `&` / `|` whose parts lower apart, their runs combined (static), or whose "
              "operand-free items lower at trace time (traced)",
     "band": "a band of `q - k` (`causal`, `sliding(w)`, `local(l, r)`) in an `&` / `|`, in "
             "closed form (maskc.lowering.closed_forms.band_runs)",
     "widened_band": "a band joined with equal reads into one interval per row (`causal | "
-                    "bidirectional(img)`), static and traced (maskc.lowering.closed_forms.widened_band, "
+                    "bidirectional(img)`), static and traced "
+                    "(maskc.lowering.closed_forms.widened_band, "
                     "maskc.lowering.closed_forms.widened_traced)",
     "met_bounds": "equal reads `&` a band (or a widened band), met as bounds per line "
                   "(`causal & document(seg)`)",
@@ -52,7 +54,8 @@ RULES: Mapping[str, str] = types.MappingProxyType({
     "tile_cover": "the analysis starts from the rectangles where the operands' runs allow "
                   "a true pair (maskc.lowering.closed_forms.tile_cover)",
     "same_run_ids": "`runs(x)[a] == runs(x)[b]` beside `x[a]` analysed by ids of x's runs of "
-                    "zeros and nonzeros (static) or by run labels (traced, maskc.lowering.closed_forms.same_run)",
+                    "zeros and nonzeros (static) or by run labels (traced, "
+                    "maskc.lowering.closed_forms.same_run)",
     "diagonal_truth": "tiles PARTIAL in two parts of an `&` that the diagonal crosses, in a "
                       "mask true at every q == k, mixed with no pair evaluated "
                       "(maskc.analysis.diagonal_truth)",
@@ -64,7 +67,7 @@ _TAKEN: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar(
     "maskc_taken_rules", default=None)
 
 
-def _check(names) -> frozenset[str]:
+def _check(names: Iterable[str]) -> frozenset[str]:
   unknown = sorted(set(names) - set(RULES))
   if unknown:
     raise MaskValueError(f"unknown lowering rule(s) {', '.join(map(repr, unknown))}",

@@ -37,36 +37,72 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
-from maskc.language import ir
-from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables
-from maskc.lowering.closed_forms.axis_reads import bare_reads_only, read_tile_states
-from maskc.lowering.closed_forms.band_runs import (BandRuns, Intervals, band_fits, clipped_pieces, keyed_band_runs,
-                              met_bounds_pieces)
-from maskc.semantics.bind import Shape
-from maskc.analysis.linear import exact_band
 from maskc.analysis.diagonal_period import diagonal_period
 from maskc.analysis.diagonal_truth import true_on_diagonal
-from maskc.semantics.evaluate import Env, evaluate_mask
-from maskc.lowering.closed_forms.equal_reads import (equal_read_bounds, equal_read_runs, equal_reads_where,
-                                unique_runs)
-from maskc.semantics.operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
-from maskc.lowering.closed_forms.pattern_lines import spliced_pattern
-from maskc.lowering.rules import enabled, took
+from maskc.analysis.linear import exact_band
 from maskc.arrays.ragged import ranges
-from maskc.lowering.grid.run_lists import (expand_in_order, expand_leaves, interleaved, keyed, lines_of,
-                              marked, meeting_mask, merge_keyed, merge_runs, on_lines,
-                              on_lines_mask, overlapping, pack_keyed, pack_runs, split_keys,
-                              stack_runs, unpacked)
-from maskc.lowering.closed_forms.tile_cover import tile_cover
-from maskc.lowering.grid.geometry import TileGeometry
-from maskc.lowering.grid.refine import (EVAL_CHUNK, MEMORY_BUDGET, NODE_BYTES, PIECE_CHUNK,
-                                 Budget, analysis_bytes, evaluate_tiles, subdivide)
 from maskc.compiled.tiles import Runs
+from maskc.language import ir
+from maskc.lowering.closed_forms.axis_reads import bare_reads_only, read_tile_states
+from maskc.lowering.closed_forms.band_runs import (
+  BandRuns,
+  Intervals,
+  band_fits,
+  clipped_pieces,
+  keyed_band_runs,
+  met_bounds_pieces,
+)
+from maskc.lowering.closed_forms.equal_reads import (
+  equal_read_bounds,
+  equal_read_runs,
+  equal_reads_where,
+  unique_runs,
+)
+from maskc.lowering.closed_forms.pattern_lines import spliced_pattern
+from maskc.lowering.closed_forms.tile_cover import tile_cover
 from maskc.lowering.closed_forms.widened_band import widened_bounds
+from maskc.lowering.grid.geometry import TileGeometry
+from maskc.lowering.grid.refine import (
+  EVAL_CHUNK,
+  MEMORY_BUDGET,
+  NODE_BYTES,
+  PIECE_CHUNK,
+  Budget,
+  analysis_bytes,
+  evaluate_tiles,
+  subdivide,
+)
+from maskc.lowering.grid.run_lists import (
+  FlatRuns,
+  LineRuns,
+  expand_in_order,
+  expand_leaves,
+  interleaved,
+  keyed,
+  lines_of,
+  marked,
+  meeting_mask,
+  merge_keyed,
+  merge_runs,
+  on_lines,
+  on_lines_mask,
+  overlapping,
+  pack_keyed,
+  pack_runs,
+  split_keys,
+  stack_runs,
+  unpacked,
+)
+from maskc.lowering.rules import enabled, took
+from maskc.semantics.bind import Shape
+from maskc.semantics.evaluate import Env, evaluate_mask
+from maskc.semantics.operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables
 
 
 def _combine_pieces(item, n_items: int, state, certain):
@@ -436,7 +472,7 @@ class _StaticRuns:
     self.leaves = _hold_leaves(_decided_leaves(m, geo, tables, batch, refine, self.budget,
                                                self.pieces, hints, start), self.budget)
 
-  def merged(self, along_rows: bool):
+  def merged(self, along_rows: bool) -> LineRuns:
     """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
     _, i0, i1, j0, j1, _ = self.leaves
     runs = int(((i1 - i0) if along_rows else (j1 - j0)).sum())
@@ -555,7 +591,7 @@ class _AxisRuns:
     """Whether the runs along these lines are the pattern, the same on every line."""
     return (self.axis == "k") == along_rows
 
-  def merged(self, along_rows: bool):
+  def merged(self, along_rows: bool) -> LineRuns:
     """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
     geo = self.geo
     n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
@@ -583,7 +619,8 @@ class _AxisRuns:
 class _EqualRuns:
   """The runs of `x[q + s] == x[k + t]` where each value of x is one run of its batch row
   (sorted segment ids; the ids of an image mask's runs): found by binary searches over
-  the runs each line reads, exactly, with no analysis (`maskc.lowering.closed_forms.equal_reads`)."""
+  the runs each line reads, exactly, with no analysis
+  (`maskc.lowering.closed_forms.equal_reads`)."""
 
   def __init__(self, table: RunTable, shifts: tuple[int, int], on: np.ndarray | None,
                geo: TileGeometry, batch: int | None, budget: Budget):
@@ -595,7 +632,8 @@ class _EqualRuns:
   @classmethod
   def of(cls, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
          budget: Budget) -> _EqualRuns | None:
-    """The equal reads of `m` (`maskc.lowering.closed_forms.equal_reads.equal_reads_where`), where they apply."""
+    """The equal reads of `m` (`maskc.lowering.closed_forms.equal_reads.equal_reads_where`),
+    where they apply."""
     found = None if geo.positions or not enabled("equal_reads") else equal_reads_where(m)
     if found is None:
       return None
@@ -621,8 +659,9 @@ class _EqualRuns:
     return equal_read_runs(self.table, geo, nb, *self.shifts, along_rows, self.on, self._lines)
 
   def bounds(self, along_rows: bool) -> np.ndarray | None:
-    """The tiles as a band's bounds per flat line (`maskc.lowering.closed_forms.equal_reads.equal_read_bounds`),
-    where no truth read stands beside the equal reads; else None."""
+    """The tiles as a band's bounds per flat line
+    (`maskc.lowering.closed_forms.equal_reads.equal_read_bounds`), where no truth read stands
+    beside the equal reads; else None."""
     if self.on is not None:
       return None
     nb, geo = self.batch or 1, self.geo
@@ -631,8 +670,8 @@ class _EqualRuns:
 
   def widened(self, intervals: Intervals, along_rows: bool):
     """The bounds of `intervals | self` per line, where they are a band's
-    (`maskc.lowering.closed_forms.widened_band`); else None. Remembered: a spread that cannot use them in
-    closed form asks again."""
+    (`maskc.lowering.closed_forms.widened_band`); else None. Remembered: a spread that cannot
+    use them in closed form asks again."""
     if not enabled("widened_band"):
       return None
     key = (intervals.lo, intervals.hi, intervals.chunk, along_rows)
@@ -646,7 +685,7 @@ class _EqualRuns:
       took("widened_band")
     return self._widened[key]
 
-  def flat(self, along_rows: bool):
+  def flat(self, along_rows: bool) -> FlatRuns:
     """The runs as sorted, merged flat runs (`keyed`), from their flat lines directly."""
     f, a, z, state = self._lines_runs(along_rows)
     base = f * ((self.geo.nk if along_rows else self.geo.nq) + 1)
@@ -658,7 +697,8 @@ class _EqualRuns:
 
 
 class _PeriodicRuns:
-  """The runs of a mask without operands that has a diagonal period (`maskc.analysis.diagonal_period`).
+  """The runs of a mask without operands that has a diagonal period
+  (`maskc.analysis.diagonal_period`).
 
   With `T = lcm(P, bq, bk)`, tile `(i + T / bq, j + T / bk)` has the state of tile
   `(i, j)` wherever both are whole tiles, so one period of rows is classified over
@@ -699,7 +739,7 @@ class _PeriodicRuns:
     """Leaves of `geo` (or of rectangles `start`), ambiguous tiles refined, EMPTY ones dropped."""
     return _decided_leaves(self.m, geo, self.tables, None, self.refine, self.budget, start=start)
 
-  def _merged_row(self, along_rows: bool):
+  def _merged_row(self, along_rows: bool) -> LineRuns:
     """The runs of one batch row as sorted, merged `(b, line, a, z, state)` arrays."""
     geo, shape = self.geo, self.geo.shape
     n_lines, n_span = (self.nq, self.nk) if along_rows else (self.nk, self.nq)
@@ -729,19 +769,21 @@ class _PeriodicRuns:
     if self.edges is not None:
       parts.append(expand_leaves(self.edges, along_rows))
     if not parts:
-      parts.append(tuple(np.zeros(0, np.int64) for _ in range(4)) + (np.zeros(0, np.int8),))
+      b, line, a, z = (np.zeros(0, np.int64) for _ in range(4))
+      parts.append((b, line, a, z, np.zeros(0, np.int8)))
     # The repeats come line by line, each line's runs in order: only the edges need a sort.
-    return merge_runs(*(np.concatenate(x) for x in zip(*parts)),
-                      in_order=self.edges is None)
+    b, line, a, z, st = (np.concatenate(x) for x in zip(*parts))
+    return merge_runs(b, line, a, z, st, in_order=self.edges is None)
 
-  def merged(self, along_rows: bool):
+  def merged(self, along_rows: bool) -> LineRuns:
     """The runs of every batch row as sorted, merged `(b, line, a, z, state)` arrays."""
     one = self._merged_row(along_rows)
     nb = self.batch or 1
     if nb == 1:
       return one
     b = np.repeat(np.arange(nb, dtype=np.int64), one[0].size)
-    return (b,) + tuple(np.tile(x, nb) for x in one[1:])
+    line, a, z, state = (np.tile(x, nb) for x in one[1:])
+    return b, line, a, z, state
 
   def runs(self, along_rows: bool) -> Runs:
     runs = pack_runs(*self._merged_row(along_rows), 1,
@@ -928,8 +970,9 @@ def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
 
 def _band_part(m: ir.Mask, geo: TileGeometry, batch: int | None) -> BandRuns | None:
   """A part of an `&` or `|` that is exactly a band of `q - k` (`causal`, `sliding(w)`,
-  `local(64, 64)`), in closed form (`maskc.lowering.closed_forms.band_runs`): an `&` clips the other parts'
-  runs to it, an `|` combines them with its runs, no period analysed. None otherwise."""
+  `local(64, 64)`), in closed form (`maskc.lowering.closed_forms.band_runs`): an `&` clips the
+  other parts' runs to it, an `|` combines them with its runs, no period analysed. None
+  otherwise."""
   band = _clip_band(m, geo)
   if band is None:
     return None
@@ -1037,8 +1080,8 @@ class _CombinedRuns:
     others = [p for p in others if not any(p is q for q, _ in distributed)]
     if distributed and not (whole or others or bands):
       others.append(distributed.pop(0)[0])
-    spread = [(p, self._band_or(p)) for p in others]
-    spread = [(p, x) for p, x in spread if x is not None]
+    band_ors = [(p, self._band_or(p)) for p in others]
+    spread = [(p, x) for p, x in band_ors if x is not None]
     others = [p for p in others if not any(p is q for q, _ in spread)]
     if not (whole or others):
       if bands:
@@ -1097,7 +1140,7 @@ class _CombinedRuns:
         return None
       spread = spread[1:]
     took("met_bounds")
-    x_bounds = part.bounds(along_rows)
+    x_bounds = cast(np.ndarray, part.bounds(along_rows))  # not None: `part.on` is None
     lines = x_bounds.shape[1]
     chunk = max(1, min(lines, self.budget.items(MET_LINE_BYTES), COMBINE_CHUNK // 3))
     self.budget.charge(min(lines, chunk) * MET_LINE_BYTES, "meeting bounds")
@@ -1110,14 +1153,14 @@ class _CombinedRuns:
   def _widened(self, order: list, along_rows: bool, n_lines: int, n_span: int):
     """`(flat runs, the other parts)` of this `|` where a band (or a band inside chunks)
     and equal reads among `order` join into one interval per row (`causal & chunk(8192)
-    | bidirectional(img)`: `maskc.lowering.closed_forms.widened_band`), their runs written from bounds with
-    nothing combined; else None."""
+    | bidirectional(img)`: `maskc.lowering.closed_forms.widened_band`), their runs written from
+    bounds with nothing combined; else None."""
     equal = next((p for p in order if isinstance(p, _EqualRuns)), None)
     if equal is None:
       return None
     band, intervals = next(((p, x) for p, x in ((p, _intervals(p, self.geo)) for p in order)
                             if x is not None), (None, None))
-    if band is None:
+    if band is None or intervals is None:  # both None or neither
       return None
     bounds = equal.widened(intervals, along_rows)
     if bounds is None:
@@ -1158,7 +1201,7 @@ class _CombinedRuns:
     return self._combine_by_lines(x, _flat_runs(part, along_rows, n_lines, n_span), along_rows,
                                   n_lines, n_span, exact_part=exact or _exact_runs(part))
 
-  def _band_or(self, part):
+  def _band_or(self, part) -> tuple[BandRuns, Any] | None:
     """`(band, rest)` where `part` of this `&` is `band | rest` (`causal |
     bidirectional(img)`), its band in closed form; else None.
 
@@ -1181,8 +1224,9 @@ class _CombinedRuns:
   def _spread(self, x, band: BandRuns, rest, along_rows: bool, n_lines: int, n_span: int,
               exact_x: bool = False):
     """Flat runs `x` of this `&`'s other parts, `& (band | rest)`. Where the rest is equal
-    reads that widen the band to one interval per row (`maskc.lowering.closed_forms.widened_band`), `x`
-    clipped at the widened band's bounds; else, on lines where the rest has no runs,
+    reads that widen the band to one interval per row
+    (`maskc.lowering.closed_forms.widened_band`), `x` clipped at the widened band's bounds;
+    else, on lines where the rest has no runs,
     `x` clipped at the band, and on the rest's lines (few: an image's rows), `x` met
     with the band's runs joined with the rest's.
 
@@ -1271,9 +1315,10 @@ class _CombinedRuns:
     return mid, lines, lo, hi
 
   def _spliced_lines(self, x, part: _AxisRuns, along_rows: bool, n_lines: int, n_span: int):
-    """The packed runs of `x | part` (`maskc.lowering.closed_forms.pattern_lines.spliced_pattern`): each line
-    the pattern's runs before those met (`_spliced_met`), the combined ones, those after;
-    a line without runs in `x`, the pattern.
+    """The packed runs of `x | part`
+    (`maskc.lowering.closed_forms.pattern_lines.spliced_pattern`): each line the pattern's runs
+    before those met (`_spliced_met`), the combined ones, those after; a line without runs in
+    `x`, the pattern.
 
     The combined runs are merged, and never touch a kept run in its state: a pattern run
     that touches the span of x is among those met, so a kept one ends before the first
@@ -1355,7 +1400,8 @@ class _CombinedRuns:
 
   def _clip_lines(self, x, bounds, along_rows: bool, n_lines: int, n_span: int):
     """Flat runs `x` of an `&` with a band whose lines have bounds `bounds`
-    (`maskc.lowering.closed_forms.band_runs`): cut at them, PARTIAL with PARTIAL decided tile by tile."""
+    (`maskc.lowering.closed_forms.band_runs`): cut at them, PARTIAL with PARTIAL decided tile
+    by tile."""
     def pieces_of(x):
       return clipped_pieces(x, bounds, n_lines, n_span)
 
@@ -1377,7 +1423,8 @@ class _CombinedRuns:
     self.budget.charge(min(total, per_chunk) * per_run, "combining runs")
     all_lines = (self.batch or 1) * n_lines
     cuts = (np.arange(chunks + 1, dtype=np.int64) * all_lines // chunks) * (n_span + 1)
-    out, waiting = [], []
+    out: list[tuple[np.ndarray, ...]] = []
+    waiting: list[tuple[np.ndarray, ...]] = []  # pieces `(lo, hi, sx, sy)` not decided yet
 
     def decide_waiting():
       if waiting:
@@ -1501,9 +1548,9 @@ def _diagonal_pairs(geo: TileGeometry, i, j):
 
 
 def _intervals(part, geo: TileGeometry) -> Intervals | None:
-  """A part's one interval per row (`maskc.lowering.closed_forms.band_runs.Intervals`): a band's, or a band's
-  inside chunks (`causal & chunk(8192)`, lowered by its period) in the closed form's
-  range (`band_fits`)."""
+  """A part's one interval per row (`maskc.lowering.closed_forms.band_runs.Intervals`): a
+  band's, or a band's inside chunks (`causal & chunk(8192)`, lowered by its period) in the
+  closed form's range (`band_fits`)."""
   if isinstance(part, BandRuns):
     return Intervals(*part.band)
   if not isinstance(part, _PeriodicRuns):
@@ -1653,8 +1700,8 @@ MET_LINE_BYTES = 9 * 64  # per line of bounds met: nine pieces, their keys, stat
 WAITING_PIECE_BYTES = 40  # per piece waiting to be decided with others, and their concatenation
 
 
-def compile_static(masks, shape: Shape, operands: dict, batch: int | None, block_q: int,
-                   block_kv: int, refine: list[bool], budget: Budget | None = None,
+def compile_static(masks, shape: Shape, operands: Mapping[str, Any], batch: int | None,
+                   block_q: int, block_kv: int, refine: list[bool], budget: Budget | None = None,
                    forms: dict[str, RunForm] | None = None):
   """Per-q-tile runs `[B, U, nq, R]` of the masks, and the memo computing the per-key-tile runs.
 

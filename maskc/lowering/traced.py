@@ -70,24 +70,45 @@ from __future__ import annotations
 
 import copy
 from collections import ChainMap
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskc.language import ir
-from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
-from maskc.semantics.bind import Shape
 from maskc.arrays.bit_words import WORD, bit_words, prefix_sums
-from maskc.lowering.static import compile_static
-from maskc.lowering.rules import enabled, took
-from maskc.semantics.operand_runs import reads_at, unit_read
-from maskc.lowering.closed_forms.same_run import SameRun, label_key, labels, run_ids, same_run_truth, same_runs
-from maskc.lowering.grid.geometry import TileGeometry
-from maskc.lowering.grid.refine import (EVAL_CHUNK, ITEM_BYTES, MEMORY_BUDGET, PIECE_CHUNK, Budget,
-                                 decide_parts, evaluate_tiles, subdivide)
 from maskc.compiled.tiles import Runs, expand_runs
-from maskc.lowering.closed_forms.widened_traced import bounds_runs, widened_bounds_traced, widened_parts
+from maskc.language import ir
+from maskc.lowering.closed_forms.same_run import (
+  SameRun,
+  label_key,
+  labels,
+  run_ids,
+  same_run_truth,
+  same_runs,
+)
+from maskc.lowering.closed_forms.widened_traced import (
+  bounds_runs,
+  widened_bounds_traced,
+  widened_parts,
+)
+from maskc.lowering.grid.geometry import TileGeometry
+from maskc.lowering.grid.refine import (
+  EVAL_CHUNK,
+  ITEM_BYTES,
+  MEMORY_BUDGET,
+  PIECE_CHUNK,
+  Budget,
+  decide_parts,
+  evaluate_tiles,
+  subdivide,
+)
+from maskc.lowering.rules import enabled, took
+from maskc.lowering.static import compile_static
+from maskc.semantics.bind import Shape
+from maskc.semantics.operand_runs import reads_at, unit_read
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
 
 MAX_CUTS = 4  # operand changes a tile line may be cut at
 SUB_PARTS = 4  # and equal parts it is cut into
@@ -503,13 +524,14 @@ def _combine(fixed, state, certain, union: bool):
 # analysis and the refinement's rounds) and the runs along both axes (18 bytes);
 # `tests/test_memory_budget.py` checks it against that analysis.
 TILE_BYTES = 64
-# Of the widened band (`maskc.lowering.closed_forms.widened_traced`): both axes' runs, 18 bytes a tile, and their
-# slots padded once (5 by XLA's memory analysis); its lines' reductions need 32 bytes a token.
+# Of the widened band (`maskc.lowering.closed_forms.widened_traced`): both axes' runs, 18 bytes a
+# tile, and their slots padded once (5 by XLA's memory analysis); its lines' reductions need 32
+# bytes a token.
 WIDENED_TILE_BYTES = 32
 
 
 def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
-                  budget: int | None, memory: Budget, same: list[SameRun] = ()):
+                  budget: int | None, memory: Budget, same: Sequence[SameRun] = ()):
   """The tile grid `[nb, nq, nk]` of one mask; `same`: its places decided from run labels."""
   nb = batch or 1
   memory.charge(nb * geo.nq * geo.nk * TILE_BYTES, "the traced analysis of the tile grid")
@@ -546,7 +568,8 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   split = _static_part(m, geo, refine, memory)
   analyzer = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b, geo.pos_ok,
                       spans={"q": geo.bq, "k": geo.bk} if spans else None, known=known)
-  for p in same:  # exact verdicts from the labels the lines read (`maskc.lowering.closed_forms.same_run`)
+  # exact verdicts from the labels the lines read (`maskc.lowering.closed_forms.same_run`)
+  for p in same:
     on_q, on_k = (p.key, "q", p.s), (p.key, "k", p.t)
     if geo.pos_ok is True and on_q in known and on_k in known:
       analyzer.memo[p.node] = same_run_truth(jnp, *known[on_q], *known[on_k])
@@ -603,17 +626,18 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   return flat.reshape(full_shape)
 
 
-def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, block_q: int,
-                    block_kv: int, refine: list[bool], budget: int | None,
+def compile_dynamic(masks, shape: Shape, operands: Mapping[str, Any], batch: int | None,
+                    block_q: int, block_kv: int, refine: list[bool], budget: int | None,
                     memory: Budget | None = None):
   """Per-q-tile and per-key-tile runs `[B, U, n, R]` of the masks, traced."""
   geo = TileGeometry(shape, block_q, block_kv, xp=jnp)
   memory = memory or Budget(MEMORY_BUDGET)
   # bidirectional's body, decided from run labels
   expanded = [same_runs(m) if enabled("same_run_ids") else (m, []) for m in masks]
-  widened = [widened_parts(m, geo, same) if enabled("widened_band") else None
-             for m, same in expanded]
-  if all(w is not None for w in widened):  # `causal & chunk(8192) | bidirectional(img)`
+  found = [widened_parts(m, geo, same) if enabled("widened_band") else None
+           for m, same in expanded]
+  widened = [w for w in found if w is not None]
+  if len(widened) == len(found):  # `causal & chunk(8192) | bidirectional(img)`
     took("widened_band")
     nb = batch or 1
     memory.charge(nb * len(masks) * geo.nq * geo.nk * WIDENED_TILE_BYTES + sum(
@@ -625,14 +649,15 @@ def compile_dynamic(masks, shape: Shape, operands: dict, batch: int | None, bloc
   labelled = {p.operand for _, found in expanded for p in found}
   if labelled:
     took("same_run_ids")
-  arrays = operands
+  arrays: Mapping[str, Any] = operands
   if labelled:  # the labels, and run ids from them: one prefix sum (kernels) for both
     derived = {}
     for n in labelled:
       ids = ir.run_ids_key(n)
       derived[label_key(n)] = lab = labels(jnp, operands[n], operands[ids].dtype)
       derived[ids] = run_ids(jnp, lab)
-    arrays = ChainMap(derived, operands)
+    # ChainMap writes to its first map only: the operands are read, never written
+    arrays = ChainMap(derived, cast(MutableMapping[str, Any], operands))
   tables = Tables(jnp, arrays)
   for name, a in arrays.items():
     if a.ndim == 2:  # per-token: its lines' tokens, parts and pieces, or blocked range tables

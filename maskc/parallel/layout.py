@@ -26,15 +26,20 @@ chunks in natural order: what `balance` reports is what a kernel visits.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Mapping
+from typing import TypeVar, cast
 
 import jax
 import numpy as np
+from jax.typing import ArrayLike
 
-from maskc.semantics.bind import _int
+from maskc.compiled.tiles import FULL, PARTIAL, run_lengths
 from maskc.language.errors import MaskValueError
 from maskc.lowering.compile import compile as compile_
-from maskc.compiled.tiles import FULL, PARTIAL, run_lengths
+from maskc.semantics.bind import MasksLike, _int
+
+# An array the layout permutes along its sequence axis: NumPy in, NumPy out; jax, jax.
+_Array = TypeVar("_Array", bound=ArrayLike)
 
 METHODS = ("contiguous", "zigzag", "balanced")
 PARTIAL_COST = 1.5  # a PARTIAL tile evaluates the mask on every position: costlier than FULL
@@ -92,11 +97,11 @@ class Layout:
     """The natural positions of shard `r`'s tokens, in stored order."""
     return self.positions[r * self.per_shard:(r + 1) * self.per_shard]
 
-  def permute(self, x, axis: int = 1):
+  def permute(self, x: _Array, axis: int = 1) -> _Array:
     """`x` (natural token order along `axis`) in the layout's stored order."""
     return _take(x, self.positions, axis)
 
-  def unpermute(self, x, axis: int = 1):
+  def unpermute(self, x: _Array, axis: int = 1) -> _Array:
     """`x` in stored order back to natural token order along `axis`."""
     return _take(x, self.token_inverse, axis)
 
@@ -105,14 +110,15 @@ class Layout:
             f"chunk={self.chunk}, imbalance={self.imbalance:.3f})")
 
 
-def _take(x, idx, axis: int):
+def _take(x: _Array, idx: np.ndarray, axis: int) -> _Array:
   if isinstance(x, np.ndarray):
-    return np.take(x, idx, axis=axis)
+    return cast(_Array, np.take(x, idx, axis=axis))
   import jax.numpy as jnp
-  return jnp.take(x, jnp.asarray(idx), axis=axis)
+  return cast(_Array, jnp.take(x, jnp.asarray(idx), axis=axis))
 
 
-def tile_costs(mask: Any, seq_len: int, *, block: int, operands: dict | None = None,
+def tile_costs(mask: MasksLike, seq_len: int, *, block: int,
+               operands: Mapping[str, ArrayLike] | None = None,
                partial_cost: float = PARTIAL_COST) -> np.ndarray:
   """Work of each row tile of `mask` at `seq_len` (`[seq_len / block]`), from compiled runs.
 
@@ -126,15 +132,18 @@ def tile_costs(mask: Any, seq_len: int, *, block: int, operands: dict | None = N
   full = np.asarray(run_lengths(bm.rows, FULL), np.float64)      # [B', U, nq]
   part = np.asarray(run_lengths(bm.rows, PARTIAL), np.float64)
   per_mask = full + partial_cost * part
+  heads: np.ndarray
   if bm.head_index is None:
     heads = np.ones(per_mask.shape[1])
   else:
     heads = np.bincount(np.asarray(bm.head_index), minlength=per_mask.shape[1])
-  return np.einsum("bun,u->n", per_mask, heads.astype(np.float64))
+  costs: np.ndarray = np.einsum("bun,u->n", per_mask, heads.astype(np.float64))
+  return costs
 
 
-def balance(mask: Any, seq_len: int, shards: int, *, block: int,
-            operands: dict | None = None, method: str = "balanced", chunk: int | None = None,
+def balance(mask: MasksLike, seq_len: int, shards: int, *, block: int,
+            operands: Mapping[str, ArrayLike] | None = None, method: str = "balanced",
+            chunk: int | None = None,
             partial_cost: float = PARTIAL_COST) -> Layout:
   """A layout of the sequence over `shards` context-parallel shards, balanced for `mask`.
 
@@ -210,7 +219,8 @@ def _layout_from_costs(costs: np.ndarray, seq_len: int, shards: int, block: int,
   return _make(order, costs, seq_len, shards, block, chunk, method, partial_cost)
 
 
-def _make(order, costs, seq_len, shards, block, chunk, method, partial_cost) -> Layout:
+def _make(order: ArrayLike, costs: np.ndarray, seq_len: int, shards: int, block: int,
+          chunk: int, method: str, partial_cost: float) -> Layout:
   order = np.asarray(order, np.int64)
   n_chunks = order.size
   inverse = np.empty_like(order)

@@ -27,19 +27,19 @@ This module is compiler-side: it builds `BlockMap`s and imports no kernel.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import jax
 import numpy as np
 
-from maskc.language import ir
-from maskc.semantics.bind import as_mask
 from maskc.compiled.blockmap import BlockMap
-from maskc.language.errors import MaskTypeError, MaskValueError, OperandError
-from maskc.parallel.layout import Layout
-from maskc.lowering.compile import compile as compile_
 from maskc.compiled.tiles import run_lengths
+from maskc.language import ir
+from maskc.language.errors import MaskTypeError, MaskValueError, OperandError
+from maskc.lowering.compile import compile as compile_
+from maskc.parallel.layout import Layout
+from maskc.semantics.bind import as_mask
 
 STRATEGIES = ("all_gather", "ring")
 _NDIM = {"scalar": 0, "token": 1, "pair": 2}
@@ -90,7 +90,7 @@ class ShardPlan:
     return len(self.groups)
 
   @property
-  def maps(self) -> tuple:
+  def maps(self) -> tuple | None:
     """The maps of the only group (one mask for every head): `maps[d][r]` or `maps[d][r][s]`."""
     return self._only().maps
 
@@ -109,7 +109,8 @@ class ShardPlan:
     when it has no tile (the step is skipped)."""
     g = self._only() if group is None else group
     c = (r - t) % self.layout.shards
-    return g.maps[d][r][c] if g.nonempty[d][r][c] else None
+    maps, nonempty = cast(tuple, g.maps), cast(tuple, g.nonempty)  # a static ring plan's
+    return maps[d][r][c] if nonempty[d][r][c] else None
 
   def empty_steps(self) -> list[int]:
     """Ring steps no device has a tile in (skipped entirely); none are known when traced
@@ -122,7 +123,7 @@ class ShardPlan:
         for d in range(self.data_shards) for r in range(s))]
 
   def traced_map(self, group: HeadGroup, q_positions, kv_positions, kv_len: int,
-                 operands: dict[str, Any]) -> BlockMap:
+                 operands: Mapping[str, Any]) -> BlockMap:
     """A shard's map compiled on the device from traced positions and operands.
 
     Args:
@@ -137,14 +138,14 @@ class ShardPlan:
                     operands=operands)
 
 
-def is_traced(operands: dict[str, Any] | None) -> bool:
+def is_traced(operands: Mapping[str, Any] | None) -> bool:
   """Whether any operand value is a tracer (the caller is inside a jax transformation)."""
   return any(isinstance(v, jax.core.Tracer) for v in (operands or {}).values())
 
 
 def operand_kinds(masks: Sequence[ir.Mask]) -> dict[str, str]:
   """`{operand name: kind}` over every mask (`"scalar"`, `"token"` or `"pair"`)."""
-  out = {}
+  out: dict[str, str] = {}
   for m in masks:
     out.update({s.name: s.kind for s in m.operands})
   return out
@@ -155,7 +156,7 @@ def is_batched(kinds: dict[str, str], name: str, value: Any) -> bool:
   return name in kinds and np.ndim(value) == _NDIM[kinds[name]] + 1
 
 
-def split_operands(mask: ir.Mask | Sequence[ir.Mask], operands: dict[str, Any] | None,
+def split_operands(mask: ir.Mask | Sequence[ir.Mask], operands: Mapping[str, Any] | None,
                    batch: int, data_shards: int) -> list[dict[str, Any]]:
   """Operands per data shard: batched ones cut along their batch axis, the rest shared."""
   operands = dict(operands or {})
@@ -164,7 +165,7 @@ def split_operands(mask: ir.Mask | Sequence[ir.Mask], operands: dict[str, Any] |
                        hint="Use maskc.sharded_attention, which compiles the maps on the "
                             "devices when the operands are traced.")
   kinds = operand_kinds([mask] if isinstance(mask, ir.Mask) else mask)
-  out = [{} for _ in range(data_shards)]
+  out: list[dict[str, Any]] = [{} for _ in range(data_shards)]
   for name, value in operands.items():
     arr = np.asarray(value)
     if is_batched(kinds, name, arr) and data_shards > 1:
@@ -201,7 +202,7 @@ def head_groups(mask: Any, heads: int | None, head_shards: int) -> list[list[tup
   if len(masks) % head_shards:
     raise MaskValueError(f"{len(masks)} head masks do not divide over {head_shards} head shards")
   per = len(masks) // head_shards
-  out = []
+  out: list[list[tuple[ir.Mask, tuple[int, ...] | None]]] = []
   for m in range(head_shards):
     local = masks[m * per:(m + 1) * per]
     distinct: list[ir.Mask] = []
@@ -222,7 +223,7 @@ def _same(a: list[tuple], b: list[tuple]) -> bool:
 
 
 def plan(mask: Any, layout: Layout, *, strategy: str = "all_gather", block_q: int,
-         block_kv: int, operands: dict[str, Any] | None = None, batch: int = 1,
+         block_kv: int, operands: Mapping[str, Any] | None = None, batch: int = 1,
          data_shards: int = 1, heads: int | None = None, head_shards: int = 1) -> ShardPlan:
   """Compiles the per-shard maps of `mask` under `layout` (see the module docstring).
 
@@ -262,7 +263,8 @@ def _group(m: ir.Mask, heads, layout: Layout, strategy: str, block_q: int, block
            per_data: list[dict[str, Any]]) -> HeadGroup:
   s, n = layout.shards, layout.seq_len
   names = {o.name for o in m.operands}
-  maps, nonempty = [], []
+  maps: list[tuple[Any, ...]] = []
+  nonempty: list[tuple[tuple[bool, ...], ...]] = []
   for all_ops in per_data:
     ops = {k: v for k, v in all_ops.items() if k in names}
     if strategy == "all_gather":

@@ -12,24 +12,28 @@ import dataclasses
 import functools
 import hashlib
 import operator
-from typing import Any, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _splash
+from jax.typing import ArrayLike, DTypeLike
 
-from maskc.language import ir
-from maskc.semantics.ranges import Analyzer, Tables
 from maskc.arrays.bit_words import count_through
+from maskc.language import ir
 from maskc.language.errors import MaskLimitError, MaskTypeError, MaskValueError, OperandError
+from maskc.language.parse import parse
 from maskc.semantics.evaluate import Env, evaluate, evaluate_mask
 from maskc.semantics.operand_arrays import OperandArrays, Unwritten
 from maskc.semantics.operand_runs import RunForm
 from maskc.semantics.overflow import check_fits
-from maskc.language.parse import parse
+from maskc.semantics.ranges import Analyzer, Tables
 
 MaskLike = ir.Mask | str
+MasksLike = MaskLike | Sequence[MaskLike]  # one mask, or one per head (`maskc.MaskLike`)
 MAX_DENSE_ELEMENTS = 1 << 32
 MAX_DENSE_LENGTH = (1 << 31) - 1  # the longest q_len or kv_len a dense mask may have
 _DENSE_CHUNK = 1 << 22  # elements a NumPy dense evaluation computes at once
@@ -74,7 +78,7 @@ class Shape:
 
   @staticmethod
   def of(q_len: Any, kv_len: Any = None, q_offset: Any = None, *, q_positions: Any = None,
-         kv_positions: Any = None) -> "Shape":
+         kv_positions: Any = None) -> Shape:
     q_len = _int("q_len", q_len, minimum=1)
     kv_len = q_len if kv_len is None else _int("kv_len", kv_len, minimum=1)
     if q_positions is not None and q_offset is not None:
@@ -107,14 +111,14 @@ class Shape:
                            f"{sorted(sizes)}")
     return sizes.pop() if sizes else None
 
-  def rows(self, xp, dtype=None):
+  def rows(self, xp: ModuleType, dtype: DTypeLike | None = None) -> Any:
     """Query positions of every row, `[B', q_len]`."""
     if self.q_positions is not None:
       return self.q_positions if dtype is None else self.q_positions.astype(dtype)
     dtype = dtype or (np.int64 if xp is np else jnp.int32)
     return (xp.arange(self.q_len, dtype=dtype) + xp.asarray(self.q_offset, dtype))[None]
 
-  def cols(self, xp, dtype=None):
+  def cols(self, xp: ModuleType, dtype: DTypeLike | None = None) -> Any:
     """Key positions of every column, `[B', kv_len]`."""
     if self.kv_positions is not None:
       return self.kv_positions if dtype is None else self.kv_positions.astype(dtype)
@@ -133,7 +137,7 @@ class Shape:
     return int(self.kv_positions.min()), int(self.kv_positions.max())
 
 
-def _positions(name: str, value: Any, length: int):
+def _positions(name: str, value: Any, length: int) -> Any:
   """Checked positions `[L]` or `[B, L]` as `[B', L]`: int64 NumPy, or int32 when traced."""
   if value is None:
     return None
@@ -156,7 +160,7 @@ def _positions(name: str, value: Any, length: int):
 def _digest(a: np.ndarray) -> bytes:
   """A digest of an array's bytes (SHA-256, hardware-accelerated on common CPUs): cache keys
   hold it instead of a copy of the array."""
-  return hashlib.sha256(memoryview(np.ascontiguousarray(a)).cast("B"),
+  return hashlib.sha256(np.ascontiguousarray(a).data.cast("B"),
                         usedforsecurity=False).digest()
 
 
@@ -167,15 +171,16 @@ def is_traced(value: Any) -> bool:
 
 def jax_int_bits() -> int:
   """The width of the integers the jax.numpy path computes in: 64 with `jax_enable_x64`, else 32."""
-  return 64 if jax.config.jax_enable_x64 else 32
+  # jax's config sets its options as attributes at runtime: the read follows `jax.enable_x64`.
+  return 64 if jax.config.jax_enable_x64 else 32  # type: ignore[attr-defined]
 
 
-def jax_int():
+def jax_int() -> Any:
   """The integer dtype of the jax.numpy path (see `jax_int_bits`)."""
   return jnp.int64 if jax_int_bits() == 64 else jnp.int32
 
 
-def runs_of(xp, x, dtype=None):
+def runs_of(xp: ModuleType, x: Any, dtype: DTypeLike | None = None) -> Any:
   """`runs(x)` along the last axis: 1-based index of each run of true values, 0 outside.
 
   Run ids are at most `(L + 1) // 2`; they are int64 with NumPy (the type the
@@ -189,7 +194,7 @@ def runs_of(xp, x, dtype=None):
   return xp.where(x, count_through(xp, starts, dtype), 0).astype(dtype)
 
 
-def nonzero_run_starts(xp, x):
+def nonzero_run_starts(xp: ModuleType, x: Any) -> tuple[Any, Any]:
   """`(x != 0, starts)`: where x is nonzero, and where a run of nonzeros starts, along the
   last axis (array form; a prefix sum of the starts numbers the runs)."""
   x = x != 0
@@ -197,7 +202,7 @@ def nonzero_run_starts(xp, x):
   return x, xp.logical_and(x, xp.logical_not(prev))
 
 
-def _runs_of_numpy(x: np.ndarray, dtype) -> np.ndarray:
+def _runs_of_numpy(x: np.ndarray, dtype: DTypeLike) -> np.ndarray:
   """`runs_of` from the runs of `x`: memory and time follow the output, not a cumsum's
   temporaries."""
   shape = x.shape
@@ -229,20 +234,20 @@ class Operands:
   forms: dict[str, RunForm] = dataclasses.field(default_factory=dict)
   int_range: tuple[int, int] | None = None
 
-  def static_bytes(self) -> tuple:
+  def static_bytes(self) -> tuple[tuple[str, tuple[int, ...], str, bytes], ...]:
     """A hashable digest of static operand values, for caches.
 
     A per-token operand is digested in run form (its runs determine it), which
     costs the number of runs rather than the number of tokens.
     """
-    def digest(n):
+    def digest(n: str) -> bytes:
       return self.forms[n].digest() if n in self.forms else _digest(self.arrays[n])
     return tuple(sorted((n, self.arrays.shape(n), str(self.arrays.dtype(n)), digest(n))
                         for n in self.arrays if not ir.is_run_ids_key(n)))
 
 
-def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
-                     *, allow_traced: bool = True, xp=None) -> Operands:
+def prepare_operands(m: ir.Mask, shape: Shape, operands: Mapping[str, Any] | None,
+                     *, allow_traced: bool = True, xp: ModuleType | None = None) -> Operands:
   """Checks `operands` against what `m` reads at `shape` and normalizes them.
 
   Integer terms are computed in one wide type: int64 on the NumPy path, the
@@ -344,12 +349,12 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: dict[str, Any] | None,
         arrays[key] = _unwritten(forms[key])
       else:
         arrays[key] = runs_of(xp, arrays[n.operand.name])
-  arrays = OperandArrays(arrays)
-  check_requirements(m, arrays, batch)
+  prepared = OperandArrays(arrays)
+  check_requirements(m, prepared, batch)
   what = "the NumPy evaluation" if xp is np else "the jax.numpy evaluation"
-  int_range = check_fits(m, shape, arrays, bits=bits, what=what, hint=_overflow_hint(xp),
+  int_range = check_fits(m, shape, prepared, bits=bits, what=what, hint=_overflow_hint(xp),
                          forms=forms)
-  result = Operands(arrays, batch, xp, forms, int_range)
+  result = Operands(prepared, batch, xp, forms, int_range)
   if has_reads:
     _check_reads(m, shape, result)
   return result
@@ -361,7 +366,7 @@ def _unwritten(form: RunForm) -> Unwritten:
                    lambda: form.to_array(np.int64))
 
 
-def _overflow_hint(xp) -> str:
+def _overflow_hint(xp: ModuleType) -> str:
   hint = ("Renumber operand ids to a smaller range (e.g. `np.unique(seg, return_inverse=True)"
           "[1]`), use smaller literals, or a smaller q_offset")
   if xp is not np and jax_int_bits() == 32:
@@ -370,7 +375,7 @@ def _overflow_hint(xp) -> str:
   return hint + "."
 
 
-def _outside_type(name: str, bits: int, xp) -> OperandError:
+def _outside_type(name: str, bits: int, xp: ModuleType) -> OperandError:
   where = "NumPy computes in" if xp is np else \
       "JAX computes in" + (" (with jax_enable_x64 off)" if bits == 32 else "")
   hint = "Renumber the values to fit in int32." if bits == 32 else \
@@ -379,7 +384,7 @@ def _outside_type(name: str, bits: int, xp) -> OperandError:
                       hint=hint)
 
 
-def check_requirements(m: ir.Mask, arrays: dict[str, Any], batch: int | None) -> None:
+def check_requirements(m: ir.Mask, arrays: Mapping[str, Any], batch: int | None) -> None:
   """Checks the `where` requirements of calls whose arguments are static runtime scalars.
 
   The parser checks requirements on literal arguments (`sliding(0)` is refused
@@ -410,7 +415,8 @@ def check_requirements(m: ir.Mask, arrays: dict[str, Any], batch: int | None) ->
 
 
 @functools.lru_cache(maxsize=1024)
-def _scalar_requirements(m: ir.Mask) -> tuple:
+def _scalar_requirements(
+    m: ir.Mask) -> tuple[tuple[ir.Call, ir.Mask, str, ir.Node, list[str]], ...]:
   """`(call, requirement, message, instantiated requirement, scalar names)` of every `where`
   requirement in `m` that depends on scalar operands alone: what `check_requirements`
   evaluates, found once per mask."""
@@ -432,11 +438,15 @@ def _scalar_requirements(m: ir.Mask) -> tuple:
   return tuple(found)
 
 
+# `(index, operand, axis of the operand it indexes, which index for messages)`
+_ReadCheck = tuple[ir.Term, str, int, str]
+
+
 @functools.lru_cache(maxsize=1024)
-def _reads_of(m: ir.Mask) -> tuple[tuple[ir.Node, tuple], ...]:
+def _reads_of(m: ir.Mask) -> tuple[tuple[ir.Node, tuple[_ReadCheck, ...]], ...]:
   """Each read of `m` with the checks `_check_reads` makes of it: `(index, operand, axis of
   the operand it indexes, which index for messages)`, found once per mask."""
-  reads = []
+  reads: list[tuple[ir.Node, tuple[_ReadCheck, ...]]] = []
   for n in ir.walk(m):
     if isinstance(n, ir.Read):
       reads.append((n, ((n.index, n.operand.name, -1, ""),)))
@@ -484,14 +494,14 @@ def _position_reads_fit(m: ir.Mask, q_len: int, kv_len: int, q_offset: int,
   return True
 
 
-def _reads_fit(m: ir.Mask, shape: Shape, lengths: tuple[int, ...], scalars: dict,
-               batch) -> None:
+def _reads_fit(m: ir.Mask, shape: Shape, lengths: tuple[int, ...], scalars: dict[str, Any],
+               batch: Any) -> None:
   """`_check_reads` of `m`'s reads (`_reads_of`, in order) into operands of `lengths` on the
   axes they index, with static `scalars` for batch rows `batch`."""
   (q0, q1), (k0, k1) = shape.q_hull(), shape.k_hull()
   analyzer = Analyzer(np, Tables(np, scalars), q0, q1, k0, k1, batch)
   checks = [(n,) + c for n, cs in _reads_of(m) for c in cs]
-  for (n, index, name, axis, which), length in zip(checks, lengths):
+  for (n, index, name, _axis, which), length in zip(checks, lengths):
     axes = ir.positions_of(index)
     bounds = _index_bounds(analyzer, index)
     if bounds is not None and bounds[0] >= 0 and bounds[1] < length:
@@ -510,7 +520,7 @@ def _reads_fit(m: ir.Mask, shape: Shape, lengths: tuple[int, ...], scalars: dict
                if lo >= 0 else "Indices below 0 cannot be read; check the offset.")
 
 
-def _index_bounds(analyzer, index: ir.Term) -> tuple[int, int, bool] | None:
+def _index_bounds(analyzer: Analyzer, index: ir.Term) -> tuple[int, int, bool] | None:
   """`(lo, hi, attained)` of an index over the shape by range analysis, or None if unknown."""
   try:
     with np.errstate(over="ignore", invalid="ignore"):
@@ -523,7 +533,8 @@ def _index_bounds(analyzer, index: ir.Term) -> tuple[int, int, bool] | None:
   return (int(np.min(t.lo)), int(np.max(t.hi)), bool(np.all(np.asarray(t.tight))))
 
 
-def _evaluated_bounds(index: ir.Term, shape: Shape, axes, scalars, batch,
+def _evaluated_bounds(index: ir.Term, shape: Shape, axes: frozenset[str],
+                      scalars: dict[str, Any], batch: Any,
                       chunk: int = 1 << 20) -> tuple[int, int]:
   """Exact min and max of an index over the positions of its axis, evaluated in chunks."""
   every = shape.rows(np) if "q" in axes else shape.cols(np)
@@ -537,7 +548,7 @@ def _evaluated_bounds(index: ir.Term, shape: Shape, axes, scalars, batch,
     values = np.asarray(evaluate(index, Env(np, pos, pos, scalars, b)))
     lo = int(values.min()) if lo is None else min(lo, int(values.min()))
     hi = int(values.max()) if hi is None else max(hi, int(values.max()))
-  return lo, hi
+  return cast(int, lo), cast(int, hi)  # not None: the lengths are positive
 
 
 class ComputableMask(_splash.Mask):
@@ -561,8 +572,9 @@ class ComputableMask(_splash.Mask):
   """
 
   def __init__(self, mask: MaskLike, q_len: int, kv_len: int | None = None, *,
-               q_offset: int | None = None, operands: dict[str, Any] | None = None,
-               q_positions=None, kv_positions=None):
+               q_offset: int | None = None, operands: Mapping[str, ArrayLike] | None = None,
+               q_positions: ArrayLike | None = None,
+               kv_positions: ArrayLike | None = None) -> None:
     self.mask = as_mask(mask)
     if any(is_traced(p) for p in (q_positions, kv_positions)):
       raise MaskTypeError("a ComputableMask needs static positions (NumPy arrays)",
@@ -582,14 +594,14 @@ class ComputableMask(_splash.Mask):
 
   @property
   def q_offset(self) -> int:
-    return self.bound.q_offset
+    return int(self.bound.q_offset)  # an int: a ComputableMask is static
 
   @property
   def shape(self) -> tuple[int, ...]:
     lead = () if self._batch is None else (self._batch,)
     return lead + (self.bound.q_len, self.bound.kv_len)
 
-  def __getitem__(self, idx) -> np.ndarray:
+  def __getitem__(self, idx: Any) -> np.ndarray:
     if not isinstance(idx, tuple):
       idx = (idx,)
     if len(idx) > len(self.shape):
@@ -598,6 +610,7 @@ class ComputableMask(_splash.Mask):
     *lead, qi, ki = idx
     rows = _index_array(qi, self.bound.q_len)
     cols = _index_array(ki, self.bound.kv_len)
+    batch: np.ndarray | int
     if self._batch is None:
       batch = 0
     else:
@@ -629,7 +642,8 @@ class ComputableMask(_splash.Mask):
     return np.array(np.concatenate(parts, axis=-1 - k.ndim) if len(parts) > 1 else parts[0],
                     dtype=bool)
 
-  def _at_positions(self, batch, rows, cols) -> np.ndarray:
+  def _at_positions(self, batch: np.ndarray | int, rows: np.ndarray | int,
+                    cols: np.ndarray | int) -> np.ndarray:
     """`__getitem__` for explicit positions: rows and columns read their positions."""
     b = batch if np.isscalar(batch) or np.ndim(batch) == 0 else np.asarray(batch)[:, None, None]
     qp, kp = self.bound.rows(np), self.bound.cols(np)
@@ -656,7 +670,7 @@ class ComputableMask(_splash.Mask):
     return np.arange(self.bound.q_len, dtype=np.int32)
 
   @property
-  def mask_function(self):
+  def mask_function(self) -> Callable[[Any, Any], Any]:
     """`f(q_ids, kv_ids)`: the mask at row and column indices (NumPy or jax.numpy arrays).
 
     NumPy ids are evaluated in int64 like the tiles; JAX ids (as inside splash's
@@ -667,9 +681,9 @@ class ComputableMask(_splash.Mask):
     self._require_in_kernel()
     mask, shape, arrays = self.mask, self.bound, self.ops.arrays
     offset = shape.q_offset if _uses_q(mask) else 0
-    checked = []
+    checked: list[bool] = []
 
-    def mask_function(q_ids, kv_ids):
+    def mask_function(q_ids: Any, kv_ids: Any) -> Any:
       if not (is_traced(q_ids) or is_traced(kv_ids)):
         q = np.asarray(q_ids, dtype=np.int64) + offset
         return evaluate_mask(mask, Env(np, q, np.asarray(kv_ids, dtype=np.int64), arrays, 0))
@@ -679,8 +693,8 @@ class ComputableMask(_splash.Mask):
         checked.append(True)
       dtype = jax_int()
       scalars = {n: jnp.asarray(a).astype(dtype) for n, a in arrays.items()}
-      q = jnp.asarray(q_ids).astype(dtype) + offset
-      return evaluate_mask(mask, Env(jnp, q, jnp.asarray(kv_ids).astype(dtype), scalars, 0))
+      qt = jnp.asarray(q_ids).astype(dtype) + offset
+      return evaluate_mask(mask, Env(jnp, qt, jnp.asarray(kv_ids).astype(dtype), scalars, 0))
 
     return mask_function
 
@@ -690,7 +704,7 @@ class ComputableMask(_splash.Mask):
     if self.bound.has_positions:
       raise AttributeError("a mask with explicit positions has no in-kernel mask_function")
 
-  def _key(self):
+  def _key(self) -> tuple[Any, ...]:
     pos = tuple(None if p is None else p.tobytes()
                 for p in (self.bound.q_positions, self.bound.kv_positions))
     return (self.mask, self.bound.q_len, self.bound.kv_len, self.bound.q_offset,
@@ -704,7 +718,7 @@ class ComputableMask(_splash.Mask):
   def __hash__(self) -> int:
     return hash(self._key())
 
-  def __bool__(self):
+  def __bool__(self) -> bool:
     raise MaskTypeError("a ComputableMask has no truth value",
                         hint="Slice it (`cm[:, :]`) for the dense array.")
 
@@ -723,7 +737,7 @@ def _batch_of(ops_batch: int | None, shape: Shape) -> int | None:
   return ops_batch if ops_batch is not None else pb
 
 
-def _index_array(i, n: int) -> np.ndarray | int:
+def _index_array(i: Any, n: int) -> np.ndarray | int:
   if isinstance(i, slice):
     return np.arange(*i.indices(n))
   if isinstance(i, (int, np.integer)):
@@ -747,9 +761,10 @@ def _masks(mask: Any) -> tuple[list[ir.Mask], bool]:
   raise MaskTypeError(f"expected a mask, mask text or a sequence of them, got {mask!r}")
 
 
-def materialize(mask: Any, q_len: int, kv_len: int | None = None, *,
-                q_offset: int | None = None, operands: dict[str, Any] | None = None,
-                q_positions=None, kv_positions=None):
+def materialize(mask: MasksLike, q_len: int, kv_len: int | None = None, *,
+                q_offset: int | None = None, operands: Mapping[str, ArrayLike] | None = None,
+                q_positions: ArrayLike | None = None,
+                kv_positions: ArrayLike | None = None) -> np.ndarray | jax.Array:
   """The mask as a dense bool array `[..., q_len, kv_len]`.
 
   Works under `jax.jit` with traced operands (per-token `[L]` / `[B, L]`, scalars
@@ -815,10 +830,12 @@ def materialize(mask: Any, q_len: int, kv_len: int | None = None, *,
     outs.append(evaluate_mask(m, Env(jnp, q[:, None], k[None, :], ops.arrays, batch)))
   xp = jnp if any(is_traced(o) for o in outs) else np
   if multi:
-    lead = max((o.ndim for o in outs))
+    lead = max(o.ndim for o in outs)
     outs = [xp.broadcast_to(o, outs[[p.ndim for p in outs].index(lead)].shape) for o in outs]
-    return xp.stack(outs, axis=-3)
-  return outs[0]
+    dense: np.ndarray | jax.Array = xp.stack(outs, axis=-3)
+  else:
+    dense = outs[0]
+  return dense
 
 
 def _check_dense(q_len: int, kv_len: int, count: int, multi: bool) -> None:
@@ -856,14 +873,14 @@ def _dense_numpy(m: ir.Mask, shape: Shape, ops: Operands) -> np.ndarray:
   return out
 
 
-def _evaluate_at_positions(m: ir.Mask, shape: Shape, ops: Operands):
+def _evaluate_at_positions(m: ir.Mask, shape: Shape, ops: Operands) -> Any:
   """The dense mask with rows and columns at explicit positions, `[B?, Lq, Lkv]`."""
   traced = ops.xp is jnp or not shape.static
   xp = jnp if traced else np
   int_t = jnp.int32 if traced else np.int64
   q = xp.asarray(shape.rows(xp, int_t))
   k = xp.asarray(shape.cols(xp, int_t))
-  arrays = ops.arrays
+  arrays: Mapping[str, Any] = ops.arrays
   if traced:
     arrays = {n: jnp.asarray(a) for n, a in arrays.items()}
   batch = _batch_of(ops.batch, shape)
@@ -872,9 +889,10 @@ def _evaluate_at_positions(m: ir.Mask, shape: Shape, ops: Operands):
   return out if batch is not None else out[0]
 
 
-def additive_bias(mask: Any, q_len: int, kv_len: int | None = None, *,
-                  q_offset: int | None = None, operands: dict[str, Any] | None = None,
-                  dtype=jnp.float32, q_positions=None, kv_positions=None) -> jax.Array:
+def additive_bias(mask: MasksLike, q_len: int, kv_len: int | None = None, *,
+                  q_offset: int | None = None, operands: Mapping[str, ArrayLike] | None = None,
+                  dtype: DTypeLike = jnp.float32, q_positions: ArrayLike | None = None,
+                  kv_positions: ArrayLike | None = None) -> jax.Array:
   """The mask as an additive attention bias: 0 where allowed, a large negative elsewhere.
 
   The negative is `-0.7 * finfo(dtype).max`, finite so that fully masked rows

@@ -9,11 +9,18 @@ so the caller picks the layout: `[Lq, 1]` × `[1, Lk]` for a dense mask,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from maskc.language import ir
+
+
+class OperandReads(Protocol):
+  """What evaluation reads operands from: a dict, an `OperandArrays`, or a view that reads
+  some through their runs."""
+
+  def __getitem__(self, name: str, /) -> Any: ...
 
 
 class Env:
@@ -29,7 +36,7 @@ class Env:
     batch: batch indices broadcastable with `q` and `k`, or 0 when unbatched.
   """
 
-  def __init__(self, xp, q, k, operands: dict[str, Any], batch: Any = 0):
+  def __init__(self, xp, q, k, operands: OperandReads, batch: Any = 0):
     self.xp, self.q, self.k, self.operands, self.batch = xp, q, k, operands, batch
     self.memo = ir.NodeMemo()
 

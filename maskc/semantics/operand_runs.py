@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -93,8 +93,8 @@ class RunForm:
   def digest(self) -> bytes:
     """SHA-256 of the form (equal starts and values: equal operands of this shape)."""
     h = hashlib.sha256(usedforsecurity=False)
-    h.update(np.ascontiguousarray(self.starts))
-    h.update(np.ascontiguousarray(self.values))
+    h.update(np.ascontiguousarray(self.starts).data)
+    h.update(np.ascontiguousarray(self.values).data)
     return h.digest()
 
   def broadcast(self, batch: int) -> RunForm:
@@ -203,7 +203,7 @@ class RunTable:
     index_bytes: at most how many bytes an index of each token's run may take.
   """
 
-  def __init__(self, form: RunForm, others: "Iterable[RunTable]" = (), index_bytes: int = 0):
+  def __init__(self, form: RunForm, others: Iterable[RunTable] = (), index_bytes: int = 0):
     length = form.length
     self.length, self.batch = length, form.batch
     starts = form.starts
@@ -214,7 +214,7 @@ class RunTable:
                                     np.array_equal(other.starts, starts)):
         starts, self._search = other.starts, other._search
         break
-    self.starts = starts
+    self.starts: np.ndarray = starts
     values = form.values
     self.values = values
     self.row = starts // max(length, 1)

@@ -17,7 +17,8 @@ reach) and nothing per position. The module is independent of
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -69,7 +70,7 @@ def _hull(all_bounds) -> tuple[int, int] | None:
   return lo, hi
 
 
-def check_fits(masks: Any, shape, arrays: dict[str, Any], *, bits: int, what: str,
+def check_fits(masks: Any, shape, arrays: Mapping[str, Any], *, bits: int, what: str,
                hint: str | None = None, batch: Any = None,
                forms: dict[str, Any] | None = None) -> tuple[int, int] | None:
   """Raises `MaskValueError` when a known integer sub-term can leave the signed `bits`-bit type.
@@ -113,7 +114,7 @@ def check_fits(masks: Any, shape, arrays: dict[str, Any], *, bits: int, what: st
 # ----------------------------------------------------------------------------- intervals
 
 
-def _sub_terms(masks: Any, shape, arrays: dict[str, Any], batch: Any,
+def _sub_terms(masks: Any, shape, arrays: Mapping[str, Any], batch: Any,
                forms: dict[str, Any] | None = None) -> Iterator[tuple[ir.Node, Interval | None]]:
   """Each distinct integer sub-term (post-order) with its bounds, None when unknown."""
   if isinstance(masks, ir.Node):
@@ -139,7 +140,7 @@ def _rows(batch: Any, size: int) -> Any:
 class _Context:
   """Interval evaluation of one mask family at one shape, memoized by node identity."""
 
-  def __init__(self, shape, arrays: dict[str, Any], batch: Any,
+  def __init__(self, shape, arrays: Mapping[str, Any], batch: Any,
                forms: dict[str, Any] | None = None):
     self.arrays, self.batch, self.forms = arrays, batch, forms or {}
     offset = shape.q_offset
@@ -185,8 +186,8 @@ class _Context:
       return self._values(name, (child[id(n.index)],))
     if isinstance(n, ir.PairRead):
       return self._values(n.operand.name, (child[id(n.q_index)], child[id(n.k_index)]))
-    args = [child[id(c)] for c in n.children()]
-    if any(a is None for a in args):
+    args = [a for a in (child[id(c)] for c in n.children()) if a is not None]
+    if len(args) < len(n.children()):  # a child without bounds
       return None
     if isinstance(n, ir.Neg):
       (lo, hi), = args
@@ -209,9 +210,13 @@ class _Context:
     """Bounds of an operand's entries at (clipped) indices in the given intervals."""
     form = self.forms.get(name)  # a per-token operand's runs: its tokens need not be written out
     arr = None if form is not None else self.arrays.get(name)
-    if form is None and arr is None:
+    shape: tuple[int, ...]
+    if form is not None:
+      shape = (form.batch, form.length)
+    elif arr is not None:
+      shape = tuple(arr.shape)
+    else:
       return None
-    shape = (form.batch, form.length) if form is not None else tuple(arr.shape)
     length = shape[-1] if len(shape) > 1 else 1
     if ir.is_run_ids_key(name) and isinstance(arr, jax.core.Tracer):
       return 0, (length + 1) // 2

@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskc.language import ir
 from maskc.arrays.bit_words import count_through
+from maskc.language import ir
 from maskc.language.errors import MaskLimitError
 from maskc.semantics.operand_runs import RunForm, RunTable, floor_log2, may_index, unit_read
 
@@ -77,7 +78,7 @@ class Tables:
       rectangles than the traced path's analysis does.
   """
 
-  def __init__(self, xp, arrays: dict[str, Any], forms: dict[str, RunForm] | None = None,
+  def __init__(self, xp, arrays: Mapping[str, Any], forms: dict[str, RunForm] | None = None,
                budget: Any = None, same_runs: bool = False):
     self.xp = xp
     self.arrays = arrays
@@ -384,7 +385,8 @@ class Analyzer:
     self.spans = spans or {}
     self.known = known or {}
     self.info = np.iinfo(xp.asarray(0).dtype)  # int64, or int32 under jit without x64
-    # verdicts by node; callers may seed exact ones (`maskc.lowering.closed_forms.same_run` under `jit`)
+    # verdicts by node; callers may seed exact ones (`maskc.lowering.closed_forms.same_run`
+    # under `jit`)
     self.memo = ir.NodeMemo()
 
   def truth(self, m: ir.Mask) -> Truth3:
@@ -491,7 +493,7 @@ class Analyzer:
                       _and(xp, True, a.ok, b.ok, ok_lo, ok_hi))
     if t.op == "*":
       const, other = (t.lhs, b) if isinstance(t.lhs, ir.Const) else (t.rhs, a)
-      c = const.value
+      c = cast(ir.Const, const).value  # `*` has a constant side (`ir.arith`)
       if c == 0:
         return Interval(0, 0, True, True, other.axes)
       if not self._fits(c):
@@ -501,7 +503,7 @@ class Analyzer:
       lo, hi = (other.lo * c, other.hi * c) if c >= 0 else (other.hi * c, other.lo * c)
       return Interval(lo, hi, other.tight, _and(xp, abs(c) <= 1, other.dense), other.axes, None,
                       ok)
-    c = t.rhs.value
+    c = cast(ir.Const, t.rhs).value  # `//` and `%` divide by a constant (`ir.arith`)
     if t.op == "//":
       if not self._fits(c):  # |c| beyond every value: the quotient is -1 or 0
         return Interval(-1, 0, False, False, a.axes)
@@ -696,7 +698,9 @@ def same_runs(items: tuple[ir.Mask, ...]) -> tuple[ir.Mask, ...]:
     name = next((n for w in items if (n := same_run_read(i, w)) is not None), None)
     if name is not None:
       same = ir.Operand(f"{_SAME_RUN}{name})")
-      i = ir.Compare(tuple(ir.Read(same, t.index) for t in i.terms), i.ops, i.span)
+      eq = cast(ir.Compare, i)  # `same_run_read`: a comparison of reads
+      i = ir.Compare(tuple(ir.Read(same, cast(ir.Read, t).index) for t in eq.terms), eq.ops,
+                     eq.span)
     out.append(i)
   return tuple(out)
 
@@ -712,7 +716,7 @@ def same_run_read(eq: ir.Mask, truth: ir.Mask) -> str | None:
   name = truth.read.operand.name
   if all(isinstance(t, ir.Read) and t.runs and isinstance(t.operand, ir.Operand) and
          t.operand.name == name for t in eq.terms) and \
-      truth.read.index in (t.index for t in eq.terms):
+      truth.read.index in (t.index for t in eq.terms if isinstance(t, ir.Read)):
     return name
   return None
 

@@ -31,19 +31,21 @@ import dataclasses
 import functools
 import time
 import warnings
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import jax
 import numpy as np
+from jax.typing import ArrayLike
 
-from maskc.language import ir
-from maskc.lowering import compile as _lower
-from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables
-from maskc.semantics.bind import Shape, _int, as_mask
-from maskc.language.errors import MaskTypeError, MaskValueError, OperandError
-from maskc.semantics.evaluate import Env, evaluate_mask
-from maskc.lowering.grid.run_lists import unpacked
 from maskc.compiled.tiles import runs_from_grid
+from maskc.language import ir
+from maskc.language.errors import MaskTypeError, MaskValueError, OperandError
+from maskc.lowering import compile as _lower
+from maskc.lowering.grid.run_lists import unpacked
+from maskc.semantics.bind import Shape, _int, as_mask
+from maskc.semantics.evaluate import Env, evaluate_mask
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables
 
 _LEAF = 1024  # rectangles of at most this many positions are evaluated, not split further
 _EVAL_CHUNK = 1 << 21  # positions evaluated at once
@@ -51,6 +53,9 @@ _TILE_CHUNK = 1 << 26  # positions of undecided tiles analyzed at once
 _MAX_EXPANDED = 20_000  # nodes; larger masks skip the expanded symbolic check
 
 _STATE_NAME = {EMPTY: "EMPTY", PARTIAL: "PARTIAL", FULL: "FULL"}
+
+# What `equivalent` compares: a mask, its text, or a dense bool array.
+MaskOrDense = ir.Mask | str | np.ndarray | jax.Array
 
 
 class UnsoundBlockMapWarning(RuntimeWarning):
@@ -157,9 +162,10 @@ class Equivalence:
 # ----------------------------------------------------------------------------- entry point
 
 
-def equivalent(a: Any, b: Any, q_len: int | None = None, kv_len: int | None = None, *,
-               q_offset: int | None = None, operands: dict[str, Any] | None = None,
-               block_q: int = 128, block_kv: int = 128) -> Equivalence:
+def equivalent(a: MaskOrDense, b: MaskOrDense, q_len: int | None = None,
+               kv_len: int | None = None, *, q_offset: int | None = None,
+               operands: Mapping[str, ArrayLike] | None = None, block_q: int = 128,
+               block_kv: int = 128) -> Equivalence:
   """Whether two masks agree, at every shape (symbolically) or at one shape.
 
   Without a shape, only a symbolic proof is attempted: the masks are equivalent
@@ -206,8 +212,8 @@ def equivalent(a: Any, b: Any, q_len: int | None = None, kv_len: int | None = No
   da, db = _dense(a, "a"), _dense(b, "b")
   ma = None if da is not None else as_mask(a)
   mb = None if db is not None else as_mask(b)
-  text_a = str(ma) if ma is not None else _describe(da)
-  text_b = str(mb) if mb is not None else _describe(db)
+  text_a = _describe(da) if da is not None else str(ma)
+  text_b = _describe(db) if db is not None else str(mb)
   if ma is not None and mb is not None:
     proof = _symbolic(ma, mb)
     if proof is not None:
@@ -240,8 +246,9 @@ def equivalent(a: Any, b: Any, q_len: int | None = None, kv_len: int | None = No
   if not shape.static or any(isinstance(v, jax.core.Tracer) for v in (operands or {}).values()):
     raise OperandError("equivalent needs static operand values and q_offset, got traced values",
                        hint="Call it outside jax.jit, with NumPy arrays or ints.")
+  # each side is an array or a mask
   sides = [_DenseSide(d, shape, bq, bk) if d is not None else
-           _MaskSide(m, shape, bq, bk, operands) for d, m in ((da, ma), (db, mb))]
+           _MaskSide(cast(ir.Mask, m), shape, bq, bk, operands) for d, m in ((da, ma), (db, mb))]
   batch = _common_batch(sides)
   result = _decide(sides, shape, bq, bk, batch, trust=True)
   if result["counterexample"] is not None and result["counterexample"].a == \
@@ -339,7 +346,8 @@ def _expanded(m: ir.Mask) -> ir.Mask | None:
 class _MaskSide:
   """A mask at the shape: its block map, and range analysis or evaluation of rectangles."""
 
-  def __init__(self, mask: ir.Mask, shape: Shape, bq: int, bk: int, operands):
+  def __init__(self, mask: ir.Mask, shape: Shape, bq: int, bk: int,
+               operands: Mapping[str, ArrayLike] | None) -> None:
     self.mask, self.shape = mask, shape
     bm = _lower.compile(mask, shape.q_len, shape.kv_len, block_q=bq, block_kv=bk,
                   q_offset=shape.q_offset, operands=operands)
@@ -348,25 +356,27 @@ class _MaskSide:
     self.runs = tuple(np.asarray(x)[:, 0] for x in bm.rows[:3])  # [B', n_q_tiles, R]
     self.tables = Tables(np, self.arrays)
 
-  def _b(self, b):
+  def _b(self, b: np.ndarray | int) -> np.ndarray | int:
     return b if self.batch is not None else 0
 
-  def states(self, b, r0, r1, c0, c1) -> np.ndarray:
+  def states(self, b: np.ndarray | int, r0: np.ndarray, r1: np.ndarray, c0: np.ndarray,
+             c1: np.ndarray) -> np.ndarray:
     """EMPTY/PARTIAL/FULL of the rectangles `rows [r0, r1) × cols [c0, c1)` by range analysis."""
     off = self.shape.q_offset
     t = Analyzer(np, self.tables, r0 + off, r1 - 1 + off, c0, c1 - 1, self._b(b)).truth(self.mask)
     return np.broadcast_to(np.asarray(t.state, np.int8), r0.shape)
 
-  def values(self, b, rows, cols) -> np.ndarray:
+  def values(self, b: np.ndarray | int, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """The mask at broadcastable `rows`, `cols` (and batch rows `b`)."""
     env = Env(np, rows + self.shape.q_offset, cols, self.arrays, self._b(b))
-    return evaluate_mask(self.mask, env)
+    out: np.ndarray = evaluate_mask(self.mask, env)
+    return out
 
 
 class _DenseSide:
   """A dense reference array: exact rectangle states from 2-D prefix sums."""
 
-  def __init__(self, arr: np.ndarray, shape: Shape, bq: int, bk: int):
+  def __init__(self, arr: np.ndarray, shape: Shape, bq: int, bk: int) -> None:
     self.arr = arr if arr.ndim == 3 else arr[None]
     self.batch = arr.shape[0] if arr.ndim == 3 else None
     c = np.cumsum(np.cumsum(self.arr, axis=-1, dtype=np.int64), axis=-2)
@@ -378,22 +388,27 @@ class _DenseSide:
                        np.minimum((j + 1) * bk, shape.kv_len))
     self.runs = tuple(np.asarray(x) for x in runs_from_grid(np, np.asarray(grid, np.int8)))[:3]
 
-  def _b(self, b):
+  def _b(self, b: np.ndarray | int) -> np.ndarray | int:
     return b if self.batch is not None else 0
 
-  def states(self, b, r0, r1, c0, c1) -> np.ndarray:
+  def states(self, b: np.ndarray | int, r0: np.ndarray, r1: np.ndarray, c0: np.ndarray,
+             c1: np.ndarray) -> np.ndarray:
     """Exact EMPTY/PARTIAL/FULL of the rectangles `rows [r0, r1) × cols [c0, c1)`."""
     p, bb = self.prefix, self._b(b)
     count = p[bb, r1, c1] - p[bb, r0, c1] - p[bb, r1, c0] + p[bb, r0, c0]
     area = (r1 - r0) * (c1 - c0)
     return np.where(count == 0, EMPTY, np.where(count == area, FULL, PARTIAL)).astype(np.int8)
 
-  def values(self, b, rows, cols) -> np.ndarray:
-    return self.arr[self._b(b), rows, cols]
+  def values(self, b: np.ndarray | int, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    out: np.ndarray = self.arr[self._b(b), rows, cols]
+    return out
 
 
-def _common_batch(sides) -> int | None:
-  batches = {s.batch for s in sides} - {None}
+_Side = _MaskSide | _DenseSide
+
+
+def _common_batch(sides: Sequence[_Side]) -> int | None:
+  batches = {s.batch for s in sides if s.batch is not None}
   if len(batches) > 1:
     raise MaskValueError(f"the two masks disagree on the batch size: {sorted(batches)}",
                          hint="Give both the same batch of operands (or dense rows).")
@@ -403,7 +418,7 @@ def _common_batch(sides) -> int | None:
 # ----------------------------------------------------------------------------- deciding
 
 
-def _lookup(flat, g: np.ndarray) -> np.ndarray:
+def _lookup(flat: tuple[np.ndarray, np.ndarray, np.ndarray], g: np.ndarray) -> np.ndarray:
   """The state at global positions `g` of flattened runs (EMPTY outside every run)."""
   gs, ge, st = flat
   if gs.size == 0:
@@ -414,7 +429,8 @@ def _lookup(flat, g: np.ndarray) -> np.ndarray:
   return np.where(inside, st[safe], EMPTY).astype(np.int8)
 
 
-def _segments(sides, nb: int, nq: int, nk: int):
+def _segments(sides: Sequence[_Side], nb: int, nq: int,
+              nk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """Elementary segments of tiles on which both maps are constant, with both states."""
   flats = [unpacked(s.runs, nb, nq, nk) for s in sides]
   points = np.unique(np.concatenate([x for f in flats for x in f[:2]]))
@@ -429,7 +445,8 @@ def _segments(sides, nb: int, nq: int, nk: int):
   return key, j0, j1, _lookup(flats[0], g0), _lookup(flats[1], g0)
 
 
-def _decide(sides, shape: Shape, bq: int, bk: int, batch: int | None, *, trust: bool) -> dict:
+def _decide(sides: Sequence[_Side], shape: Shape, bq: int, bk: int, batch: int | None, *,
+            trust: bool) -> dict[str, Any]:
   """The first differing position (or none) and statistics; see the module docstring."""
   nb = batch or 1
   q_len, kv_len = shape.q_len, shape.kv_len
@@ -439,8 +456,9 @@ def _decide(sides, shape: Shape, bq: int, bk: int, batch: int | None, *, trust: 
   definite = (sa != PARTIAL) & (sb != PARTIAL) & (sa != sb)
   undecided = ~agree & ~definite if trust else ~agree
   n_tiles = nb * nq * nk
-  stats = {"tiles": n_tiles, "tiles_definite": int((j1 - j0)[definite].sum()) if trust else 0,
-           "tiles_evaluated": 0, "rectangles_analyzed": 0, "positions_evaluated": 0}
+  stats: dict[str, Any] = {
+      "tiles": n_tiles, "tiles_definite": int((j1 - j0)[definite].sum()) if trust else 0,
+      "tiles_evaluated": 0, "rectangles_analyzed": 0, "positions_evaluated": 0}
   search = _Search(sides, shape, batch, stats)
   if trust and definite.any():
     kb, ki = key[definite] // nq, key[definite] % nq
@@ -465,17 +483,18 @@ def _decide(sides, shape: Shape, bq: int, bk: int, batch: int | None, *, trust: 
               f"{stats['tiles_evaluated']} tiles checked by range analysis and "
               f"{stats['positions_evaluated']} evaluated positions")
   else:
-    ti, tj = cx.tile
-    state_a = _tile_state(sides[0], cx.batch, ti, tj)
-    state_b = _tile_state(sides[1], cx.batch, ti, tj)
-    reason = (f"differ at {where}: tile ({ti}, {tj}) is {state_a} in a's block map and "
+    ci, cj = cx.tile
+    state_a = _tile_state(sides[0], cx.batch, ci, cj)
+    state_b = _tile_state(sides[1], cx.batch, ci, cj)
+    reason = (f"differ at {where}: tile ({ci}, {cj}) is {state_a} in a's block map and "
               f"{state_b} in b's" + ("" if {state_a, state_b} == {"FULL", "EMPTY"} else
                                       f"; found after {stats['positions_evaluated']} evaluated "
                                       f"positions"))
   return {"counterexample": cx, "reason": reason, "stats": stats}
 
 
-def _tiles(key, j0, lengths, per_chunk: int):
+def _tiles(key: np.ndarray, j0: np.ndarray, lengths: np.ndarray,
+           per_chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """Yields the tiles of segments `(key, j0, j0 + length)` in order, `per_chunk` at a time."""
   ends = np.cumsum(lengths)
   total = int(ends[-1]) if ends.size else 0
@@ -490,7 +509,7 @@ def _tiles(key, j0, lengths, per_chunk: int):
     yield kk[keep], jj[keep]
 
 
-def _tile_state(side, batch, ti: int, tj: int) -> str:
+def _tile_state(side: _Side, batch: int | None, ti: int, tj: int) -> str:
   start, stop, state = side.runs
   b = 0 if side.batch is None else (batch or 0)
   hit = (start[b, ti] <= tj) & (tj < stop[b, ti]) & (state[b, ti] != EMPTY)
@@ -500,19 +519,21 @@ def _tile_state(side, batch, ti: int, tj: int) -> str:
 class _Search:
   """Tracks the first differing position while rectangles are analyzed and evaluated."""
 
-  def __init__(self, sides, shape: Shape, batch: int | None, stats: dict):
+  def __init__(self, sides: Sequence[_Side], shape: Shape, batch: int | None,
+               stats: dict[str, Any]) -> None:
     self.sides, self.shape, self.batch, self.stats = sides, shape, batch, stats
     self.best = np.iinfo(np.int64).max
 
-  def order(self, b, row, col):
+  def order(self, b: Any, row: Any, col: Any) -> Any:
     """Row-major rank of `(batch, row, col)`: smaller is earlier."""
     return (b * self.shape.q_len + row) * self.shape.kv_len + col
 
-  def offer(self, b, row, col) -> None:
+  def offer(self, b: np.ndarray, row: np.ndarray, col: np.ndarray) -> None:
     if len(b):
       self.best = min(self.best, int(self.order(b, row, col).min()))
 
-  def rectangles(self, b, r0, r1, c0, c1, *, analyze: bool) -> None:
+  def rectangles(self, b: np.ndarray, r0: np.ndarray, r1: np.ndarray, c0: np.ndarray,
+                 c1: np.ndarray, *, analyze: bool) -> None:
     """Decides rectangles: split and analyze until small, then evaluate the small ones."""
     leaves = []
     fresh = False  # the tiles themselves are already known undecided
@@ -541,7 +562,8 @@ class _Search:
     b, r0, r1, c0, c1 = (np.concatenate(x) for x in zip(*leaves))
     self._evaluate(b, r0, r1, c0, c1)
 
-  def _evaluate(self, b, r0, r1, c0, c1) -> None:
+  def _evaluate(self, b: np.ndarray, r0: np.ndarray, r1: np.ndarray, c0: np.ndarray,
+                c1: np.ndarray) -> None:
     """Evaluates both masks on rectangles, earliest first, in chunks of `_EVAL_CHUNK`."""
     if not b.size:
       return

@@ -8,15 +8,17 @@ as the compiled tile map (`maskc.compiled.render`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from jax.typing import ArrayLike
 
 from maskc.compiled import render
-from maskc.semantics.bind import materialize
 from maskc.compiled.blockmap import EMPTY, FULL, PARTIAL, BlockMap
 from maskc.language.errors import MaskTypeError
 from maskc.lowering.compile import compile as compile_
+from maskc.semantics.bind import MasksLike, materialize
 
 MAX_ELEMENT_ROWS = 256
 MAX_ELEMENT_COLS = 512
@@ -32,9 +34,9 @@ LEGEND = ((ALLOWED[FULL], "allowed, full tile"), (ALLOWED[PARTIAL], "allowed, pa
           (TILE_TINTS[PARTIAL], "masked, partial tile"), (TILE_TINTS[EMPTY], "empty tile"))
 
 
-def show(mask: Any, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
-         operands: dict[str, Any] | None = None, block_q: int | None = None,
-         block_kv: int | None = None) -> MaskView:
+def show(mask: MasksLike, q_len: int, kv_len: int | None = None, *,
+         q_offset: int | None = None, operands: Mapping[str, ArrayLike] | None = None,
+         block_q: int | None = None, block_kv: int | None = None) -> MaskView:
   """Draws a mask at a shape: every element with the tile grid over it, or the tile map.
 
   For shapes up to 256 × 512 the picture shows each `(q, k)` element and the
@@ -98,7 +100,7 @@ class MaskView:
       views; None when the shape is too large to draw element by element.
   """
 
-  def __init__(self, blockmap: BlockMap, dense: np.ndarray | None = None):
+  def __init__(self, blockmap: BlockMap, dense: np.ndarray | None = None) -> None:
     if not isinstance(blockmap, BlockMap):
       raise MaskTypeError(f"MaskView needs a BlockMap, got {type(blockmap).__name__}")
     self.blockmap = blockmap
@@ -111,19 +113,19 @@ class MaskView:
 
   def to_text(self, width: int = 80, *, ascii: bool = False) -> str:
     """Text art: elements with tile boundaries, or the tile map downsampled to `width`."""
-    if self.elements:
+    if self.dense is not None:  # `elements`
       return element_text(self.blockmap, self.dense, ascii=ascii)
     return render.render_text(self.blockmap, width=width, ascii=ascii)
 
   def to_svg(self) -> str:
     """A self-contained SVG picture."""
-    if self.elements:
+    if self.dense is not None:
       return element_svg(self.blockmap, self.dense)
     return render.render_svg(self.blockmap)
 
-  def plot(self, ax=None):
+  def plot(self, ax: Any = None) -> Any:
     """Draws with matplotlib (the `plot` extra) and returns the axes."""
-    if self.elements:
+    if self.dense is not None:
       return element_plot(self.blockmap, self.dense, ax=ax)
     return render.plot(self.blockmap, ax=ax)
 
@@ -140,13 +142,13 @@ class MaskView:
 # ----------------------------------------------------------------------------- element views
 
 
-def _planes(bm: BlockMap, dense: np.ndarray):
+def _planes(bm: BlockMap, dense: np.ndarray) -> list[tuple[render.Panel, np.ndarray, np.ndarray]]:
   """`(panel, elements [q, k], tiles [nq, nk])` per panel (batch row × distinct mask)."""
   grid = np.asarray(bm.grid)
   out = []
   for p in render.panels(bm):
     idx: tuple[int, ...] = ()
-    if bm.batch is not None:
+    if p.batch is not None:  # the map has a batch
       idx += (p.batch,)
     if p.heads is not None:
       idx += (p.heads[0],)
@@ -182,7 +184,8 @@ def element_text(bm: BlockMap, dense: np.ndarray, *, ascii: bool = False,
   return "\n".join(lines) + "\n"
 
 
-def _element_panel(bm: BlockMap, el: np.ndarray, tiles: np.ndarray, glyphs, box) -> list[str]:
+def _element_panel(bm: BlockMap, el: np.ndarray, tiles: np.ndarray,
+                   glyphs: Mapping[tuple[int, bool], str], box: Mapping[str, str]) -> list[str]:
   q_len, kv_len = el.shape
   bq, bk = bm.block_q, bm.block_kv
   off = int(bm.q_offset)
@@ -194,7 +197,7 @@ def _element_panel(bm: BlockMap, el: np.ndarray, tiles: np.ndarray, glyphs, box)
                   zip(col_starts, widths))
   ruler = " ".join(ruler[sum(widths[:t]):sum(widths[:t + 1])] for t in range(len(widths)))
 
-  def border(left, mid, right):
+  def border(left: str, mid: str, right: str) -> str:
     return f"{'':>{lw}} {left}" + mid.join(box["h"] * w for w in widths) + right
 
   corner = "q \\ k"
@@ -242,8 +245,8 @@ def element_svg(bm: BlockMap, dense: np.ndarray, *, max_panels: int = render.MAX
       hidden=len(planes) - len(shown), max_panels=max_panels, min_width=legend_end, lines=head)
 
 
-def _element_cells(s, bm: BlockMap, el: np.ndarray, tiles: np.ndarray, x0: float, y0: float,
-                   cell: float) -> None:
+def _element_cells(s: render._Svg, bm: BlockMap, el: np.ndarray, tiles: np.ndarray, x0: float,
+                   y0: float, cell: float) -> None:
   q_len, kv_len = el.shape
   xs = x0 + cell * np.minimum(np.arange(tiles.shape[1] + 1) * bm.block_kv, kv_len)
   ys = y0 + cell * np.minimum(np.arange(tiles.shape[0] + 1) * bm.block_q, q_len)
@@ -272,7 +275,7 @@ def _tile_of(bm: BlockMap, el: np.ndarray, tiles: np.ndarray) -> np.ndarray:
                np.arange(el.shape[1])[None, :] // bm.block_kv]
 
 
-def element_plot(bm: BlockMap, dense: np.ndarray, ax=None, *, panel: int = 0):
+def element_plot(bm: BlockMap, dense: np.ndarray, ax: Any = None, *, panel: int = 0) -> Any:
   """Draws one panel's elements over tinted tiles with matplotlib; returns the axes."""
   from matplotlib import colors as mcolors
   _, patches = render._matplotlib()

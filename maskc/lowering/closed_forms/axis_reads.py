@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from maskc.compiled.tiles import EMPTY, FULL, PARTIAL
 from maskc.language import ir
 from maskc.semantics.evaluate import Env, evaluate_mask
-from maskc.compiled.tiles import EMPTY, FULL, PARTIAL
 
 
 def bare_reads_only(m: ir.Node) -> bool:

@@ -15,19 +15,19 @@ the other runs alone. Only tiles PARTIAL in both stay to be decided, as in any
 The bounds follow from the least and greatest ends of the rows' intervals
 (`line_bounds`), for any mask that holds on one interval per row whose union over
 a line is one interval too (`Intervals`: a band, or a band inside chunks that
-holds the diagonal); `maskc.lowering.closed_forms.widened_band` and `maskc.lowering.closed_forms.widened_traced` widen them
-by equal reads.
+holds the diagonal); `maskc.lowering.closed_forms.widened_band` and
+`maskc.lowering.closed_forms.widened_traced` widen them by equal reads.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from maskc.language import ir
 from maskc.analysis.linear import conjuncts, exact_band
-from maskc.lowering.grid.run_lists import keyed, merge_keyed, merge_runs
-from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import FULL, PARTIAL
+from maskc.language import ir
+from maskc.lowering.grid.geometry import TileGeometry
+from maskc.lowering.grid.run_lists import LineRuns, keyed, merge_keyed, merge_runs
 
 # Positions, lengths and offsets beyond this stay off the closed form (sums of three
 # of them must stay in int64).
@@ -144,14 +144,14 @@ def _chunk(m: ir.Mask) -> int | None:
   """`c` where `m` is `q // c == k // c` (`chunk(c)`), c >= 1."""
   if not (isinstance(m, ir.Compare) and m.ops == ("==",)):
     return None
-  found = {}
+  found: dict[str, int] = {}
   for t in m.terms:
     if not (isinstance(t, ir.Arith) and t.op == "//" and isinstance(t.lhs, ir.Pos) and
             isinstance(t.rhs, ir.Const)):
       return None
     found[t.lhs.axis] = t.rhs.value
   c = found.get("q")
-  return c if len(found) == 2 and c == found.get("k") and c >= 1 else None
+  return c if len(found) == 2 and c is not None and c == found.get("k") and c >= 1 else None
 
 
 def band_fits(geo: TileGeometry, band) -> bool:
@@ -170,7 +170,7 @@ class BandRuns:
 
   def __init__(self, geo: TileGeometry, band: tuple[int | None, int | None], nb: int):
     self.geo, self.band, self.nb = geo, band, nb
-    self._bounds = {}
+    self._bounds: dict[bool, np.ndarray] = {}
 
   def bounds(self, along_rows: bool) -> np.ndarray:
     """`band_bounds` along rows or columns, computed once."""
@@ -178,13 +178,14 @@ class BandRuns:
       self._bounds[along_rows] = band_bounds(self.geo, *self.band, along_rows)
     return self._bounds[along_rows]
 
-  def merged(self, along_rows: bool):
+  def merged(self, along_rows: bool) -> LineRuns:
     """The runs as sorted, merged `(b, line, a, z, state)` arrays (where the band is all an
     `&` has: no other runs to clip)."""
     line, a, z, state = line_runs(self.bounds(along_rows))
     b = np.repeat(np.arange(self.nb, dtype=np.int64), line.size)
+    line, a, z, state = (np.tile(x, self.nb) for x in (line, a, z, state))
     # an empty FULL run leaves two PARTIAL ones side by side: merged into one
-    return merge_runs(b, *(np.tile(x, self.nb) for x in (line, a, z, state)), in_order=True)
+    return merge_runs(b, line, a, z, state, in_order=True)
 
 
 def line_runs(bounds: np.ndarray):
@@ -216,9 +217,9 @@ def keyed_band_runs(bounds: np.ndarray, lines: np.ndarray | None, n_lines: int, 
 
 
 def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):
-  """Flat sorted runs `x = (start key, stop key, state)` (`maskc.lowering.grid.run_lists.keyed`) cut at
-  their lines' band bounds (`[4, n_lines]`, the same for every batch row, or `[4, batch *
-  n_lines]` by flat line: s, f, g, e), the parts outside the band dropped: `(lo, hi, x's
+  """Flat sorted runs `x = (start key, stop key, state)` (`maskc.lowering.grid.run_lists.keyed`)
+  cut at their lines' band bounds (`[4, n_lines]`, the same for every batch row, or `[4, batch
+  * n_lines]` by flat line: s, f, g, e), the parts outside the band dropped: `(lo, hi, x's
   state, the band's state)`, in order."""
   key, end, state = x
   stride = n_span + 1
@@ -238,13 +239,13 @@ def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):
 
 
 def met_bounds_pieces(x_bounds: np.ndarray, first: int, bounds: np.ndarray, n_lines: int,
-                      n_span: int):
+                      n_span: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """The pieces of flat lines `first, first + 1, ...` whose tiles are both band-shaped
   bounds, `x_bounds` (`[4, n]`, of those lines: equal reads of runs,
-  `maskc.lowering.closed_forms.equal_reads.equal_read_bounds`) and `bounds` (`[4, n_lines]` for every batch
-  row, or by flat line): each of x's three runs cut at the other's, as `clipped_pieces`
-  gives them, with no runs written first: `(lo, hi, x's state, the other's state)`, flat
-  keys in order, the parts outside either dropped."""
+  `maskc.lowering.closed_forms.equal_reads.equal_read_bounds`) and `bounds` (`[4, n_lines]`
+  for every batch row, or by flat line): each of x's three runs cut at the other's, as
+  `clipped_pieces` gives them, with no runs written first: `(lo, hi, x's state, the other's
+  state)`, flat keys in order, the parts outside either dropped."""
   n = x_bounds.shape[1]
   flat = np.arange(first, first + n, dtype=np.int64)
   line = flat % n_lines if bounds.shape[1] == n_lines else flat

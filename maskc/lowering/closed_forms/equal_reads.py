@@ -16,15 +16,17 @@ count: a line then meets one range per such run it reads.
 
 from __future__ import annotations
 
+from typing import Literal, cast
+
 import numpy as np
 
-from maskc.language import ir
-from maskc.semantics.ranges import same_runs
-from maskc.lowering.closed_forms.band_runs import line_runs
-from maskc.semantics.operand_runs import RunTable, unit_shift
 from maskc.arrays.ragged import group_ends, ranges
-from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import FULL, PARTIAL
+from maskc.language import ir
+from maskc.lowering.closed_forms.band_runs import line_runs
+from maskc.lowering.grid.geometry import TileGeometry
+from maskc.semantics.operand_runs import RunTable, unit_shift
+from maskc.semantics.ranges import same_runs
 
 
 def equal_reads(m: ir.Mask) -> tuple[str, int, int] | None:
@@ -32,7 +34,7 @@ def equal_reads(m: ir.Mask) -> tuple[str, int, int] | None:
   if not (isinstance(m, ir.Compare) and m.ops == ("==",) and
           all(isinstance(x, ir.Read) for x in m.terms)):
     return None
-  a, b = m.terms
+  a, b = cast(tuple[ir.Read, ir.Read], m.terms)  # two reads: checked above
   if ir.array_key(a) != ir.array_key(b):
     return None
   for x, y in ((a, b), (b, a)):
@@ -109,7 +111,7 @@ class _Sorted:
       self.below = np.zeros(width + 1, np.int64)  # below[x]: the entries under first + x
       np.cumsum(np.bincount(a - a[0], minlength=width), out=self.below[1:])
 
-  def search(self, v: np.ndarray, side: str) -> np.ndarray:
+  def search(self, v: np.ndarray, side: Literal["left", "right"]) -> np.ndarray:
     if self.below is None:
       return np.searchsorted(self.a, v, side)
     return self.below[np.clip(v - self.first + (side == "right"), 0, self.below.size - 1)]
@@ -133,10 +135,10 @@ def _searches(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift
 def equal_read_bounds(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift: int,
                       along_rows: bool, memo: dict | None = None) -> np.ndarray:
   """The tiles of `x[q + s] == x[k + t]` as bounds `[4, nb * n_lines]` per flat line (`b *
-  n_lines + line`), a band's (`maskc.lowering.closed_forms.band_runs.band_bounds`: `[j0, f0)` and `[f1, j1)`
-  PARTIAL, `[f0, f1)` FULL): the span's lines meeting the runs a line reads, FULL inside
-  where it reads one run. For an operand whose values are one run each (`unique_runs`),
-  with 1 or `nb` batch rows; `memo` as in `equal_read_runs`."""
+  n_lines + line`), a band's (`maskc.lowering.closed_forms.band_runs.band_bounds`: `[j0, f0)`
+  and `[f1, j1)` PARTIAL, `[f0, f1)` FULL): the span's lines meeting the runs a line reads,
+  FULL inside where it reads one run. For an operand whose values are one run each
+  (`unique_runs`), with 1 or `nb` batch rows; `memo` as in `equal_read_runs`."""
   r0, r1, c0, c1, _ = _searches(table, geo, nb, q_shift, k_shift, along_rows, None, memo)
   n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
   base = np.arange(nb * n_lines, dtype=np.int64) // n_lines * n_span

@@ -15,9 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from maskc.lowering.grid.refine import Budget
 from maskc.compiled.tiles import Runs
-
+from maskc.lowering.grid.refine import Budget
 
 SLOT_BYTES = 16  # per slot of the packed rows: start, stop, state, and a flag, with room
 

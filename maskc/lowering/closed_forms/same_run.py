@@ -22,12 +22,13 @@ The static path has its own exact form of this mask (`maskc.lowering.closed_form
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
-from maskc.language import ir
-from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Truth3, same_run_read
-from maskc.semantics.bind import nonzero_run_starts
 from maskc.arrays.bit_words import count_through
+from maskc.language import ir
+from maskc.semantics.bind import nonzero_run_starts
 from maskc.semantics.operand_runs import unit_shift
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Truth3, same_run_read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +108,8 @@ def _pattern(m: ir.And) -> SameRun | None:
     name = same_run_read(eq, truth)
     if name is None:
       continue
-    for a, b in (eq.terms, eq.terms[::-1]):
+    reads = cast(tuple[ir.Read, ir.Read], cast(ir.Compare, eq).terms)  # `same_run_read`
+    for a, b in (reads, reads[::-1]):
       s, t = unit_shift(a.index, "q"), unit_shift(b.index, "k")
       if s is not None and t is not None:
         return SameRun(m, name, s, t)

@@ -28,15 +28,15 @@ Anything else (and any axis with explicit positions) has none: the whole grid.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
 from maskc.language import ir
-from maskc.semantics.ranges import Tables
-from maskc.semantics.operand_runs import RunTable, reads_at, unit_shift
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget
+from maskc.semantics.operand_runs import RunTable, reads_at, unit_shift
+from maskc.semantics.ranges import Tables
 
 
 class _Cover(NamedTuple):
@@ -93,7 +93,8 @@ def _cover(m: ir.Mask, geo: TileGeometry, tables: Tables, nb: int) -> _Cover | N
   if isinstance(m, ir.Call):
     return _cover(ir.expand(m), geo, tables, nb)
   if isinstance(m, ir.BoolConst) and not m.value:
-    return _Cover(*(np.zeros(0, np.int64) for _ in range(4)), 1)
+    lo, hi, c_lo, c_hi = (np.zeros(0, np.int64) for _ in range(4))
+    return _Cover(lo, hi, c_lo, c_hi, 1)
   if isinstance(m, (ir.And, ir.Or)):
     known = [c for c in (_cover(x, geo, tables, nb) for x in m.items) if c is not None]
     union = isinstance(m, ir.Or)
@@ -111,7 +112,7 @@ def _cover(m: ir.Mask, geo: TileGeometry, tables: Tables, nb: int) -> _Cover | N
     return _from_runs(t, geo, shift, None, t.values != 0)
   if isinstance(m, ir.Compare) and m.ops == ("==",) and all(isinstance(x, ir.Read)
                                                            for x in m.terms):
-    a, b = m.terms
+    a, b = cast(tuple[ir.Read, ir.Read], m.terms)  # two reads: checked above
     if ir.array_key(a) != ir.array_key(b):
       return None
     shifts = [(unit_shift(x.index, "q"), unit_shift(x.index, "k")) for x in (a, b)]

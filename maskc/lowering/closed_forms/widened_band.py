@@ -27,20 +27,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from maskc.arrays.ragged import ranges
 from maskc.lowering.closed_forms.band_runs import FAR, Intervals, line_bounds, span_tiles
 from maskc.lowering.closed_forms.equal_reads import _lines_read
-from maskc.semantics.operand_runs import RunTable
-from maskc.arrays.ragged import ranges
 from maskc.lowering.grid.geometry import TileGeometry
+from maskc.semantics.operand_runs import RunTable
+
 
 def widened_bounds(geo: TileGeometry, intervals: Intervals, table: RunTable,
                    shifts: tuple[int, int], on: np.ndarray | None, along_rows: bool,
                    memo: dict | None = None) -> np.ndarray | None:
-  """Bounds `[4, table.batch * n_lines]` (`maskc.lowering.closed_forms.band_runs.band_bounds`: s, f, g, e per
-  flat line of each operand row) of `intervals | x[q + s] == x[k + t] [& w[q + s]]`, on
-  consecutive positions with a static offset (`band_fits`), where each value of x is
-  one run of its row (`unique_runs`) and `on` says per run whether w holds there (None:
-  no w).
+  """Bounds `[4, table.batch * n_lines]` (`maskc.lowering.closed_forms.band_runs.band_bounds`:
+  s, f, g, e per flat line of each operand row) of `intervals | x[q + s] == x[k + t]
+  [& w[q + s]]`, on consecutive positions with a static offset (`band_fits`), where each
+  value of x is one run of its row (`unique_runs`) and `on` says per run whether w holds
+  there (None: no w).
 
   None where the band is empty or some row's block neither meets nor touches its
   interval: that row's union is two intervals.

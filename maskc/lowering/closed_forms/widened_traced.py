@@ -26,12 +26,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from maskc.compiled.tiles import Runs
 from maskc.language import ir
-from maskc.semantics.ranges import FULL, PARTIAL, reduce_many
 from maskc.lowering.closed_forms.band_runs import Intervals, line_bounds, span_tiles
 from maskc.lowering.closed_forms.same_run import SameRun
 from maskc.lowering.grid.geometry import TileGeometry
-from maskc.compiled.tiles import Runs
+from maskc.semantics.ranges import FULL, PARTIAL, reduce_many
 
 _FAR = 1 << 29  # beyond any position on this path (int32 under jit)
 
@@ -63,9 +63,9 @@ def widened_parts(m: ir.Mask, geo: TileGeometry, same: list[SameRun]):
 
 
 def widened_bounds_traced(x, intervals: Intervals, geo: TileGeometry, along_rows: bool):
-  """Bounds `(s, f, g, e)`, each `[B', n_lines]` (`maskc.lowering.closed_forms.band_runs.band_bounds`), of
-  `intervals | bidirectional(x)` along rows or columns, for operand `x` (`[B', size]`),
-  exact (`widened_parts` holds)."""
+  """Bounds `(s, f, g, e)`, each `[B', n_lines]`
+  (`maskc.lowering.closed_forms.band_runs.band_bounds`), of `intervals | bidirectional(x)`
+  along rows or columns, for operand `x` (`[B', size]`), exact (`widened_parts` holds)."""
   shape = geo.shape
   if along_rows:  # q tiles: positions from the offset
     offset, count, block, n_lines = int(shape.q_offset), shape.q_len, geo.bq, geo.nq

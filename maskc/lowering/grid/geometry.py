@@ -7,6 +7,8 @@ covers the hull of its positions, which keeps every analysis over it sound.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -40,7 +42,9 @@ class Axis:
     ok = (tiles == self.first[..., None] + step) | (rows >= length)
     self.dense_tiles = ok.all(axis=-1)
     self.many = pos.shape[0] > 1
-    self._mins, self._maxs = [self.tmin], [self.tmax]
+    # the levels' minima and maxima: a list, stacked into one array on the static path
+    self._mins: Any = [self.tmin]
+    self._maxs: Any = [self.tmax]
     if xp is np:
       span = 1
       while 2 * span <= n:

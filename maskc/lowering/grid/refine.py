@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from maskc.language import ir
-from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
 from maskc.language.errors import MaskLimitError
-from maskc.semantics.evaluate import Env, evaluate_mask
 from maskc.lowering.grid.geometry import TileGeometry
+from maskc.semantics.evaluate import Env, evaluate_mask
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
 
 EVAL_CHUNK = 1 << 18  # elements evaluated at once when refining tiles
 PIECE_CHUNK = 1 << 16  # rectangles analysed at once when refining tiles
@@ -76,7 +76,10 @@ def part_verdicts(xp, t, real):
   shape = real.shape
   state = xp.broadcast_to(xp.asarray(t.state, xp.int8), shape)
   certain = xp.broadcast_to(xp.asarray(t.certain, bool), shape) & (state == PARTIAL)
-  flag = lambda x, bit: x.astype(xp.int8) * xp.int8(bit)
+
+  def flag(x, bit):
+    return x.astype(xp.int8) * xp.int8(bit)
+
   bits = (flag((state == FULL) | certain, 1) | flag((state == EMPTY) | certain, 2) |
           flag(state != FULL, 4) | flag(state != EMPTY, 8))
   bits = xp.bitwise_or.reduce(xp.where(real, bits, xp.int8(0)), axis=(1, 2))

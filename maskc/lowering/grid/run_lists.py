@@ -16,10 +16,17 @@ import numpy as np
 from maskc.arrays.ragged import group_ends, ranges
 from maskc.compiled.tiles import EMPTY, Runs
 
+# Runs `(b, line, a, z, state)`, one entry per run (this module's docstring).
+LineRuns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+# Flat runs `(start key, stop key, state)` (`keyed`).
+FlatRuns = tuple[np.ndarray, np.ndarray, np.ndarray]
 
-def keyed(merged, n_lines: int, n_span: int):
-  """Sorted runs `(b, line, a, z, state)` as `(start key, stop key, state)`, where a tile's
-  key is `(b * n_lines + line) * (n_span + 1) + position`: one sorted axis for all lines."""
+
+def keyed(merged: tuple[np.ndarray | int, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+          n_lines: int, n_span: int) -> FlatRuns:
+  """Sorted runs `(b, line, a, z, state)` (`b` may be one row for all) as `(start key, stop
+  key, state)`, where a tile's key is `(b * n_lines + line) * (n_span + 1) + position`: one
+  sorted axis for all lines."""
   b, line, a, z, state = merged
   base = (np.asarray(b, np.int64) * n_lines + line) * (n_span + 1)
   return base + a, base + z, np.asarray(state, np.int8)
@@ -35,7 +42,7 @@ def split_keys(key, n_lines: int, n_span: int, batched: bool):
   return b, line, pos
 
 
-def merge_keyed(key, end, state):
+def merge_keyed(key: np.ndarray, end: np.ndarray, state: np.ndarray) -> FlatRuns:
   """Sorted flat runs `(start key, stop key, state)` (`keyed`) with EMPTY ones dropped and
   neighbours of one state merged: keys of different lines never touch."""
   keep = state != EMPTY
@@ -112,7 +119,8 @@ def interleaved(x, y):
   return out
 
 
-def merge_runs(b, line, a, z, state, in_order: bool = False):
+def merge_runs(b: np.ndarray, line: np.ndarray, a: np.ndarray, z: np.ndarray, state: np.ndarray,
+               in_order: bool = False) -> LineRuns:
   """Runs of non-empty tiles sorted by (b, line, a), adjacent runs of one state merged.
 
   `in_order`: the runs come sorted already.
@@ -136,7 +144,7 @@ def merge_runs(b, line, a, z, state, in_order: bool = False):
   return b, line, a, z, state
 
 
-def expand_leaves(leaves, along_rows: bool):
+def expand_leaves(leaves: tuple[np.ndarray, ...], along_rows: bool) -> LineRuns:
   """Leaves `(b, i0, i1, j0, j1, state)` as runs `(b, line, a, z, state)` of single lines."""
   b, i0, i1, j0, j1, state = leaves
   lo, hi, a, z = (i0, i1, j0, j1) if along_rows else (j0, j1, i0, i1)
@@ -147,7 +155,7 @@ def expand_leaves(leaves, along_rows: bool):
           state[item])
 
 
-def expand_in_order(leaves, along_rows: bool, n_lines: int):
+def expand_in_order(leaves: tuple[np.ndarray, ...], along_rows: bool, n_lines: int) -> LineRuns:
   """`expand_leaves`, sorted by `(b, line, a)`.
 
   The leaves are ordered by their first position `a`, so that expanding them
@@ -165,7 +173,8 @@ def expand_in_order(leaves, along_rows: bool, n_lines: int):
   order = np.argsort(runs[1].astype(np.uint16), kind="stable")
   if nb > 1:
     order = order[np.argsort(runs[0][order].astype(np.uint16), kind="stable")]
-  return tuple(x[order] for x in runs)
+  b, line, a, z, state = (x[order] for x in runs)
+  return b, line, a, z, state
 
 
 def pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
@@ -231,6 +240,6 @@ def stack_runs(runs: list[Runs]) -> Runs:
   r = max(x.start.shape[-1] for x in runs)
   def pad(arr):
     return np.pad(arr, [(0, 0)] * (arr.ndim - 1) + [(0, r - arr.shape[-1])])
-  return Runs(*(np.stack([pad(getattr(x, f)) for x in runs], axis=1) for f in ("start", "stop",
-                                                                                "state")),
-              np.stack([x.count for x in runs], axis=1))
+  start, stop, state = (np.stack([pad(getattr(x, f)) for x in runs], axis=1)
+                        for f in ("start", "stop", "state"))
+  return Runs(start, stop, state, np.stack([x.count for x in runs], axis=1))
