@@ -16,7 +16,7 @@ from maskc.lowering.closed_forms.band_runs import Intervals
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
 from maskc.lowering.rules import taken
-from helpers import tile_states
+from helpers import assert_exact, tile_states
 
 BANDS = ["causal", "sliding(W)", "local(L, R)", "q - k >= A & q - k <= B", "k - q >= A",
          "q - k >= A", "causal & chunk(C)", "chunk(C)", "local(L, R) & chunk(C)",
@@ -284,3 +284,18 @@ def test_the_traced_widened_band_is_taken(monkeypatch):
   np.testing.assert_array_equal(np.asarray(grid).reshape(expected.shape), expected)
   cols = np.asarray(grid_from_runs(np, jax.tree.map(np.asarray, cols), expected.shape[-2]))[:, 0]
   np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)
+
+
+def test_a_chunk_beside_something_that_is_no_band_is_not_widened():
+  # `Intervals.of` unpacked `exact_band` of the chunk's other conjuncts, which is None for
+  # `causal & k < 30`: the traced lowering raised a TypeError.
+  img = np.zeros(32, bool)
+  img[5:12] = True
+  text = "causal & chunk(8) & k < 30 | bidirectional(img)"
+  assert Intervals.of(maskc.parse("causal & chunk(8) & k < 30")) is None
+  dense = np.asarray(maskc.materialize(text, 32, operands={"img": img}))
+  static = maskc.compile(text, 32, block_q=4, block_kv=4, operands={"img": img})
+  traced = jax.jit(lambda img: maskc.compile(text, 32, block_q=4, block_kv=4,
+                                             operands={"img": img}).grid)(img)
+  assert_exact(np.asarray(static.grid), dense, 4, 4)
+  np.testing.assert_array_equal(np.asarray(traced), np.asarray(static.grid))

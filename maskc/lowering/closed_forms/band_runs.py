@@ -114,8 +114,10 @@ class Intervals:
     if len(chunks) != 1:
       return None
     rest = [x for x in items if _chunk(x) is None]
-    lo, hi = exact_band(ir.and_(rest)) if rest else (None, None)  # type: ignore[misc]
-    found = cls(lo, hi, chunks[0])
+    band = exact_band(ir.and_(rest)) if rest else (None, None)
+    if band is None:  # beside the chunk stands something that is no band (`k < 30`)
+      return None
+    found = cls(*band, chunks[0])
     # a row's interval could miss its diagonal, and end before the next one starts
     return found if found.holds_diagonal else None
 
