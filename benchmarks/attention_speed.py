@@ -11,7 +11,7 @@ whatever the mask, so the baselines are timed once per length and reused.
     python benchmarks/attention_speed.py --lengths 4096 8192  # quicker
     python benchmarks/attention_speed.py --heads 2 --head-dim 128 --block 256
 
-DESIGN.md §6 target: `sliding(1024)` at 16K at least 8x faster than dense.
+Target: `sliding(1024)` at 16K at least 8x faster than dense.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Parse errors: every bad input raises a located, actionable `maskc.MaskError` (DESIGN.md §7).
+"""Parse errors: every bad input raises a located, actionable `maskc.MaskError` (the error rule
+of docs/contributing.md).
 
 Checks the error class, the message, and that the caret sits under the
 offending token; then fuzzes the parser with junk and mutated masks, which

@@ -1,6 +1,6 @@
 """The prelude and the language's examples, each against an independent NumPy formula.
 
-Every reference here is written from the mask's definition in DESIGN.md §2-3
+Every reference here is written from the mask's definition in docs/design.md ("The language", "Positions")
 (row `i` has `q = q_offset + i`, column `j` has `k = j`, `q_offset` defaults to
 `kv_len - q_len`) or from the formula of the code it reproduces (MaxText,
 splash), never from maskc's own evaluator.
@@ -19,7 +19,7 @@ SHAPES = [(8, 8, None), (5, 12, None), (12, 5, None), (1, 9, None), (4, 10, 2), 
 
 
 def positions(q_len, kv_len=None, q_offset=None):
-  """Query and key positions of a mask of this shape, per DESIGN.md §3."""
+  """Query and key positions of a mask of this shape, per docs/design.md ("Positions")."""
   kv_len = q_len if kv_len is None else kv_len
   q_offset = kv_len - q_len if q_offset is None else q_offset
   return np.arange(q_len) + q_offset, np.arange(kv_len)
@@ -272,7 +272,7 @@ def test_batched_and_unbatched_operands_mix():
 
 
 # ----------------------------------------------------------------------------- language examples
-# DESIGN.md §2: the language expresses every mask in use today in a few lines.
+# docs/design.md ("The language"): the language expresses every mask in use today in a few lines.
 
 
 @pytest.mark.parametrize("w,d", [(3, 2), (4, 3), (2, 1)])

@@ -58,7 +58,7 @@ class BlockMap:
   Attributes:
     masks: the distinct masks, one per unique head (IR data, for printing).
     head_index: for each head, its index into `masks` (None for one mask).
-    q_len, kv_len, q_offset: the bound shape (see DESIGN.md §3).
+    q_len, kv_len, q_offset: the bound shape (see docs/design.md, "Positions").
     block_q, block_kv: tile sizes.
     batch: the batch size when an operand is batched, else None.
     rows: `Runs` per q tile over key tiles (forward and dq), `[B', U, n_q_tiles, R]`.

@@ -1,6 +1,6 @@
 """Binding a mask to a shape and operands: `ComputableMask`, `materialize`, `additive_bias`.
 
-Positions follow DESIGN.md §3: row `i` has `q = q_offset + i`, column `j` has
+Positions follow docs/design.md ("Positions"): row `i` has `q = q_offset + i`, column `j` has
 `k = j`, and `q_offset` defaults to `kv_len - q_len` (bottom-right alignment).
 Operands are checked here once, against the kinds the mask reads and the
 positions it reads them at, so evaluation never indexes out of bounds.
