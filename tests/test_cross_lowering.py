@@ -239,3 +239,37 @@ class TestFlashLowersForCuda:
     case = ("causal", jnp.float32, 64, (2, 2), False, False, (64, 64))
     fwd, _ = lowered("flash", "cuda", case, self.length, interpret=True)
     assert count_triton(fwd) == 0
+
+
+# The Triton deprecation (jax >= 0.11): maskc silences it once flash is loaded, and only it.
+QUIET_THEN_LOUD = """
+import warnings, jax, jax.numpy as jnp, maskc
+from maskc.kernels import attention, compat
+def lower(n):
+  bm = maskc.compile("causal", n, block_q=64, block_kv=64)
+  x = jax.ShapeDtypeStruct((1, n, 2, 64), jnp.bfloat16)
+  f = lambda q, k, v: attention(q, k, v, bm, backend="flash", interpret=False)
+  return jax.jit(f).trace(x, x, x).lower(lowering_platforms=("cuda",)).as_text()
+assert "xla.gpu.triton" in lower(128)            # -W error::DeprecationWarning: no warning
+warnings.filterwarnings("error", message=compat.TRITON_DEPRECATION)
+try:
+  lower(192)
+except DeprecationWarning as e:
+  print("LOUD:", e)
+"""
+
+
+@pytest.mark.lowering
+@pytest.mark.usefixtures("cuda_plugin")
+def test_triton_deprecation_is_silenced_only_by_maskc():
+  """Under `-W error::DeprecationWarning` flash lowers; the warning is JAX's, and it is there."""
+  import subprocess
+  import sys
+  run = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", QUIET_THEN_LOUD],
+                       capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  from jax._src import deprecations
+  if "jax-pallas-triton" in getattr(deprecations, "_registered_deprecations", {}):
+    assert "LOUD: The Pallas Triton backend is deprecated" in run.stdout, run.stdout
+  else:                                       # jax 0.10: the backend is not deprecated yet
+    assert "LOUD" not in run.stdout, run.stdout

@@ -41,16 +41,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from maskc.compiled import predicate as _predicate
 from maskc.compiled.predicate import Predicate
-from maskc.kernels import common
+from maskc.kernels import common, compat
 from maskc.kernels.platform import platform
 from maskc.kernels.xla import NEG_LSE
-from maskc.language.errors import MaskValueError
+from maskc.language.errors import BackendError, MaskValueError
 
 BLOCK_SIZES = (64, 64)
+
+# JAX 0.11+ deprecates the Triton backend; maskc knows (see `compat`).
+compat.quiet_triton_deprecation()
 
 
 def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
@@ -123,7 +125,7 @@ def _meta(bm, u: int, transpose: bool):
 
 
 def _scores(q, k, cfg: _Config):
-  s = plgpu.dot(q, k, trans_b=True, precision=_precision(q)) * cfg.scale
+  s = compat.dot(q, k, trans_b=True, precision=_precision(q)) * cfg.scale
   t = None
   if cfg.cap is not None:
     t = jnp.tanh(s / cfg.cap)
@@ -192,7 +194,7 @@ def _fwd_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, sink
       alpha = jnp.exp(m - m_new)
       p = jnp.exp(s - m_new[:, None])
       l = alpha * l + p.sum(axis=1)
-      acc = alpha[:, None] * acc + plgpu.dot(p.astype(v.dtype), v, precision=_precision(v))
+      acc = alpha[:, None] * acc + compat.dot(p.astype(v.dtype), v, precision=_precision(v))
       return m_new, l, acc
     return body
 
@@ -239,11 +241,11 @@ def _dq_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, q_ref
       p = jnp.exp(s - lse[:, None])
       if allowed is not None:
         p = jnp.where(allowed, p, 0.0)
-      dp = plgpu.dot(do, v, trans_b=True, precision=_precision(v))
+      dp = compat.dot(do, v, trans_b=True, precision=_precision(v))
       ds = p * (dp - delta[:, None])
       if tanh is not None:
         ds = ds * (1.0 - tanh * tanh)
-      return dq + plgpu.dot(ds.astype(k.dtype), k, precision=_precision(k))
+      return dq + compat.dot(ds.astype(k.dtype), k, precision=_precision(k))
     return body
 
   dq = jnp.zeros(q.shape, jnp.float32)
@@ -284,12 +286,12 @@ def _dkv_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, q_re
       p = jnp.exp(s - lse[:, None])
       if allowed is not None:
         p = jnp.where(allowed, p, 0.0)
-      dv = dv + plgpu.dot(p.astype(do.dtype), do, trans_a=True, precision=_precision(do))
-      dp = plgpu.dot(do, v, trans_b=True, precision=_precision(v))
+      dv = dv + compat.dot(p.astype(do.dtype), do, trans_a=True, precision=_precision(do))
+      dp = compat.dot(do, v, trans_b=True, precision=_precision(v))
       ds = p * (dp - delta[:, None])
       if tanh is not None:
         ds = ds * (1.0 - tanh * tanh)
-      dk = dk + plgpu.dot(ds.astype(q.dtype), q, trans_a=True, precision=_precision(q))
+      dk = dk + compat.dot(ds.astype(q.dtype), q, trans_a=True, precision=_precision(q))
       return dk, dv
     return body
 
@@ -330,7 +332,7 @@ def _compiler(cfg: _Config, d: int, kernel: str):
   if cfg.interpret:
     return None
   warps, stages = launch_params(kernel, d, cfg.block_q, cfg.block_kv)
-  return plgpu.CompilerParams(num_warps=warps, num_stages=stages)
+  return compat.triton_compiler_params(warps, stages)
 
 
 class _ReadArrays(NamedTuple):
@@ -582,6 +584,10 @@ def _check_interpret(bm, interpret) -> bool:
   if interpret is None:
     interpret = platform() != "gpu"
   if not interpret:
+    if (why := compat.triton_unavailable()) is not None:
+      raise BackendError(f"the flash kernel is written for Pallas Triton, and {why}",
+                         hint="Use backend='xla' (any platform), or run flash with "
+                              "interpret=True.")
     for name, t in (("block_q", bm.block_q), ("block_kv", bm.block_kv)):
       if t < 16 or t & (t - 1):
         raise MaskValueError(f"the Triton flash kernel needs power-of-two tiles >= 16, got "
