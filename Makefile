@@ -1,17 +1,21 @@
 # The README's quick start: `make demo` and `make test`. Each creates .venv if missing.
+# PYTHON and the venv directories can be overridden: `make test-current` reruns `test` and
+# `test-lowering` with the newest Python and JAX in venvs of their own.
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# `tokamax` installs on Python >= 3.12 only (the extra's marker skips it on 3.11).
+EXTRAS ?= test,plot,lint,tokamax
 
-.PHONY: demo test lint test-slow test-lowering test-gpu bench wheel-test clean
+.PHONY: demo test lint test-slow test-lowering test-current versions test-gpu bench clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e ".[test,plot,lint]"
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -33,7 +37,7 @@ lint: $(STAMP)
 # Cross-lowering checks (tests/test_cross_lowering.py): flash -> Triton for cuda needs JAX's CUDA
 # plugin, which prints errors when imported on a machine without CUDA, so it lives in its own
 # venv, never in .venv. Its two wheels are installed without their CUDA libraries (~460 MB).
-LVENV := .venv-lowering
+LVENV ?= .venv-lowering
 LPY := $(LVENV)/bin/python
 LSTAMP := $(LVENV)/.installed
 
@@ -42,7 +46,7 @@ $(LVENV)/bin/python:
 	$(LPY) -m pip install -q --upgrade pip
 
 $(LSTAMP): pyproject.toml | $(LVENV)/bin/python
-	$(LPY) -m pip install -q -e ".[test]"
+	$(LPY) -m pip install -q -e ".[test,tokamax]"
 	JAX_VERSION=$$($(LPY) -c "import jax; print(jax.__version__)") && \
 	  $(LPY) -m pip install -q --no-deps "jax-cuda12-plugin==$$JAX_VERSION" \
 	    "jax-cuda12-pjrt==$$JAX_VERSION"
@@ -51,6 +55,22 @@ $(LSTAMP): pyproject.toml | $(LVENV)/bin/python
 test-lowering: $(LSTAMP)
 	JAX_PLATFORMS=cpu $(LPY) -m pytest -q -p no:cacheprovider -m lowering \
 	  tests/test_cross_lowering.py
+
+# The newest end of the supported range: Python >= 3.12 (jax 0.11+ needs it) with the newest
+# jax and tokamax, in .venv-current and .venv-lowering-current. PYTHON_CURRENT defaults to
+# pyenv's newest 3.12, else `python3.12` on the PATH.
+PYTHON_CURRENT ?= $(or $(lastword $(sort $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12*/bin/python3))),$(shell command -v python3.12 2>/dev/null))
+
+test-current:
+	@test -n "$(PYTHON_CURRENT)" || { echo "test-current needs Python 3.12+: set PYTHON_CURRENT"; exit 1; }
+	$(MAKE) test test-lowering PYTHON=$(PYTHON_CURRENT) VENV=.venv-current \
+	  LVENV=.venv-lowering-current
+	$(MAKE) versions PYTHON=$(PYTHON_CURRENT) VENV=.venv-current
+
+# What a venv runs on: Python, jax, jaxlib and tokamax versions.
+versions: $(STAMP)
+	@$(PY) --version
+	@$(PY) -m pip list --disable-pip-version-check 2>/dev/null | grep -E "^(jax|jaxlib|tokamax) "
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
@@ -68,4 +88,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/compile_speed.py
 
 clean:
-	rm -rf $(VENV) $(LVENV) build dist *.egg-info
+	rm -rf .venv .venv-lowering .venv-current .venv-lowering-current build dist *.egg-info

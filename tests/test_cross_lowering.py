@@ -29,7 +29,9 @@ records the limit, so a JAX that lifts it shows up here).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -91,6 +93,22 @@ def case_id(case) -> str:
           f"{'sinks|' if sinks else ''}{bq}x{bk}")
 
 
+# jax 0.12's Triton lowering asks the device for its GPU generation; with no GPU present
+# the target is named by an abstract device (jax 0.10.2 accepts it too, and needs none).
+CUDA_TARGET = jax.sharding.AbstractMesh(
+    (1,), ("x",), (jax.sharding.AxisType.Auto,),
+    abstract_device=jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3",
+                                                num_cores=None, platform="gpu"))
+
+
+def lower_for(platform: str, fn, *args) -> str:
+  """The module text of `jit(fn)` lowered for `platform` ("cuda": for an H100) on this CPU."""
+  target = (jax.sharding.use_abstract_mesh(CUDA_TARGET) if platform == "cuda"
+            else contextlib.nullcontext())
+  with target:
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
 def lowered(backend: str, platform: str, case, length: int, interpret: bool = False) -> str:
   """The lowered module text of forward and of forward+backward for one case."""
   mask, dtype, d, (h, hkv), cap, sinks, (bq, bk) = case
@@ -109,8 +127,7 @@ def lowered(backend: str, platform: str, case, length: int, interpret: bool = Fa
   def bwd(q, k, v):
     return jax.grad(lambda q, k, v: fwd(q, k, v).astype(jnp.float32).sum(), (0, 1, 2))(q, k, v)
 
-  return tuple(jax.jit(f).trace(qs, ks, ks).lower(lowering_platforms=(platform,)).as_text()
-               for f in (fwd, bwd))
+  return tuple(lower_for(platform, f, qs, ks, ks) for f in (fwd, bwd))
 
 
 def count_triton(text: str) -> int:
@@ -146,7 +163,7 @@ class TestSplashLowersForTpu:
                        operands={"seg": seg})
     qs = jax.ShapeDtypeStruct((2, 512, 2, 128), jnp.bfloat16)
     f = lambda q, k, v: attention(q, k, v, bm, backend="splash", interpret=False)
-    text = jax.jit(f).trace(qs, qs, qs).lower(lowering_platforms=("tpu",)).as_text()
+    text = lower_for("tpu", f, qs, qs, qs)
     assert text.count("tpu_custom_call") == 1
 
   def test_interpret_mode_lowers_no_kernel(self):
@@ -171,7 +188,7 @@ def traced_lowering_text(platform: str, mask: str = "(q - k) % 2 == 0 | bidirect
     return maskc.compile(mask, 2048, block_q=16, block_kv=16, operands={"img": img}).rows
 
   spec = jax.ShapeDtypeStruct((2, 2048), jnp.int32)
-  return jax.jit(rows).trace(spec).lower(lowering_platforms=(platform,)).as_text()
+  return lower_for(platform, rows, spec)
 
 
 def test_traced_lowering_lowers_for_tpu():
@@ -228,10 +245,10 @@ class TestFlashLowersForCuda:
       return maskc.attention(q, k, v, mask, operands={"anc": anc, "sel": sel, "seg": seg},
                              backend="flash", interpret=False, block_q=64, block_kv=64)
 
-    g = lambda *a: jax.grad(lambda q, *r: f(q, *r).astype(jnp.float32).sum())(*a)
+    g = lambda *a: jax.grad(lambda q, k, v, *r: f(q, k, v, *r).astype(jnp.float32).sum(),
+                            (0, 1, 2))(*a)
     for fn, calls in ((f, 1), (g, 3)):
-      text = jax.jit(fn).trace(qs, ks, ks, anc, sel, seg).lower(
-          lowering_platforms=("cuda",)).as_text()
+      text = lower_for("cuda", fn, qs, ks, ks, anc, sel, seg)
       assert count_triton(text) == calls
 
   def test_interpret_mode_lowers_no_kernel(self):
@@ -245,11 +262,12 @@ class TestFlashLowersForCuda:
 QUIET_THEN_LOUD = """
 import warnings, jax, jax.numpy as jnp, maskc
 from maskc.kernels import attention, compat
+from test_cross_lowering import lower_for
 def lower(n):
   bm = maskc.compile("causal", n, block_q=64, block_kv=64)
   x = jax.ShapeDtypeStruct((1, n, 2, 64), jnp.bfloat16)
   f = lambda q, k, v: attention(q, k, v, bm, backend="flash", interpret=False)
-  return jax.jit(f).trace(x, x, x).lower(lowering_platforms=("cuda",)).as_text()
+  return lower_for("cuda", f, x, x, x)
 assert "xla.gpu.triton" in lower(128)            # -W error::DeprecationWarning: no warning
 warnings.filterwarnings("error", message=compat.TRITON_DEPRECATION)
 try:
@@ -266,7 +284,8 @@ def test_triton_deprecation_is_silenced_only_by_maskc():
   import subprocess
   import sys
   run = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", QUIET_THEN_LOUD],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).parent)
   assert run.returncode == 0, run.stderr[-3000:]
   from jax._src import deprecations
   if "jax-pallas-triton" in getattr(deprecations, "_registered_deprecations", {}):
