@@ -204,7 +204,7 @@ def sharded_attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike,
   else:
     dq, dk = api.default_blocks(name, max(1, lq // shards), lkv)
     bq, bk = block_q or math.gcd(dq, chunk), block_kv or math.gcd(dk, chunk)
-    if name == "splash" and bk % 128:
+    if name in api.SPLASH and bk % 128:
       raise MaskValueError(
           f"splash needs key tiles of 128 tokens, but the layout's chunks of {chunk} tokens "
           f"allow tiles of {bk}",
