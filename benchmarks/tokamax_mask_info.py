@@ -112,8 +112,8 @@ def main() -> None:
         slowest = max(slowest, secs)
         t_s, ratio = fmt(secs), f"{secs / total:,.0f}×"
       shown = text.replace("|", "\\|")                      # inside a Markdown table
-      print(f"| {label} (`{shown}`) | {n // 1024}K | {fmt(total)} | {fmt(info)} | {t_s} | {ratio} |",
-            flush=True)
+      print(f"| {label} (`{shown}`) | {n // 1024}K | {fmt(total)} | {fmt(info)} | {t_s} "
+            f"| {ratio} |", flush=True)
 
 
 if __name__ == "__main__":
