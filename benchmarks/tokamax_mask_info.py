@@ -58,7 +58,7 @@ CASES = [
     ("packed documents 1K-8K", "causal & document(seg)",
      lambda n: {"seg": packed_segments(n)}, None),
     ("chunk 8192, an image of 256-4096 per 8K", "causal & chunk(8192) | bidirectional(img)",
-     lambda n: {"img": image_spans(n, n // 8192, 256, 4096)}, None),
+     lambda n: {"img": image_spans(n, max(1, n // 8192), 256, min(4096, n // 4))}, None),
 ]
 
 
