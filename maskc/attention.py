@@ -46,7 +46,8 @@ def attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike, v: jax.typing.Ar
     operands: values of the runtime operands the mask reads (NumPy or jax arrays).
     backend: `"auto"` (see `maskc.kernels.api.choose_backend`: splash on TPU, flash
       on GPU, xla on CPU, dense when the mask is tiny or nearly full), or one of
-      `maskc.kernels.BACKENDS`: `dense`, `xla`, `flash`, `splash`.
+      `maskc.kernels.BACKENDS`: `dense`, `xla`, `flash`, `splash` (tokamax's kernel
+      where tokamax imports, else JAX's), `splash_tokamax`, `splash_jax`.
     block_q, block_kv: tile sizes (default: the backend's).
     scale: logit scale (default `1 / sqrt(D)`).
     logits_soft_cap: if set, logits become `cap * tanh(logits / cap)`.
@@ -204,7 +205,7 @@ def sharded_attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike,
   else:
     dq, dk = api.default_blocks(name, max(1, lq // shards), lkv)
     bq, bk = block_q or math.gcd(dq, chunk), block_kv or math.gcd(dk, chunk)
-    if name == "splash" and bk % 128:
+    if name in api.SPLASH and bk % 128:
       raise MaskValueError(
           f"splash needs key tiles of 128 tokens, but the layout's chunks of {chunk} tokens "
           f"allow tiles of {bk}",

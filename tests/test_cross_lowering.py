@@ -138,13 +138,16 @@ def count_triton(text: str) -> int:
 
 
 class TestSplashLowersForTpu:
-  """Splash (our MaskInfo, JAX's kernel) → Mosaic `tpu_custom_call`, fwd and bwd."""
+  """JAX's splash (`splash_jax`, our MaskInfo) → Mosaic `tpu_custom_call`, fwd and bwd.
+
+  tokamax's kernel (fused backward: two calls) is lowered in tests/test_tokamax_splash.py.
+  """
 
   length = 512
 
   @pytest.mark.parametrize("case", matrix(((128, 128), (256, 128), (128, 256))), ids=case_id)
   def test_lowers_to_mosaic(self, case):
-    fwd, bwd = lowered("splash", "tpu", case, self.length)
+    fwd, bwd = lowered("splash_jax", "tpu", case, self.length)
     assert fwd.count("tpu_custom_call") == 1, case_id(case)
     assert bwd.count("tpu_custom_call") == 3, case_id(case)       # fwd, dq, dkv
 
@@ -153,7 +156,7 @@ class TestSplashLowersForTpu:
   def test_ragged_lengths_lower(self, mask):
     """Lengths off the tiles: the adapter pads them, and the padded kernel lowers."""
     case = (mask, jnp.bfloat16, 128, (4, 2), False, True, (128, 128))
-    fwd, bwd = lowered("splash", "tpu", case, 400)
+    fwd, bwd = lowered("splash_jax", "tpu", case, 400)
     assert fwd.count("tpu_custom_call") == 1
     assert bwd.count("tpu_custom_call") == 3
 
@@ -162,20 +165,20 @@ class TestSplashLowersForTpu:
     bm = maskc.compile("causal & document(seg)", 512, block_q=128, block_kv=128,
                        operands={"seg": seg})
     qs = jax.ShapeDtypeStruct((2, 512, 2, 128), jnp.bfloat16)
-    f = lambda q, k, v: attention(q, k, v, bm, backend="splash", interpret=False)
+    f = lambda q, k, v: attention(q, k, v, bm, backend="splash_jax", interpret=False)
     text = lower_for("tpu", f, qs, qs, qs)
     assert text.count("tpu_custom_call") == 1
 
   def test_interpret_mode_lowers_no_kernel(self):
     """The check can fail: interpret mode lowers to plain HLO, with no custom call."""
     case = ("causal", jnp.float32, 128, (2, 2), False, False, (128, 128))
-    fwd, _ = lowered("splash", "tpu", case, self.length, interpret=True)
+    fwd, _ = lowered("splash_jax", "tpu", case, self.length, interpret=True)
     assert "tpu_custom_call" not in fwd
 
   def test_chunked_needs_a_tpu_generation(self):
     case = ("causal & chunk(128)", jnp.bfloat16, 128, (2, 2), False, False, (128, 128))
     with pytest.raises(ValueError, match="TPU device kind"):
-      lowered("splash", "tpu", case, self.length)
+      lowered("splash_jax", "tpu", case, self.length)
 
 
 def traced_lowering_text(platform: str, mask: str = "(q - k) % 2 == 0 | bidirectional(img)"

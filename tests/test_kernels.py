@@ -8,6 +8,8 @@ mask materialized by `maskc.materialize`.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 
 import hypothesis.strategies as st
@@ -438,6 +440,21 @@ def test_unknown_backend_names_the_known_ones():
     maskc.attention(x, x, x, "causal", backend="cuda")
 
 
+def test_splash_names_which_kernel_runs():
+  """`splash` is tokamax's kernel where tokamax imports, JAX's otherwise; both are named."""
+  have_tokamax = importlib.util.find_spec("tokamax") is not None
+  assert api.BACKENDS["splash"].resolved() == ("splash_tokamax" if have_tokamax else "splash_jax")
+  assert api.BACKENDS["splash_jax"].load() is splash
+  assert api.choose_backend("splash_jax", 512, 512) == "splash_jax"
+  if not have_tokamax:
+    assert api.BACKENDS["splash"].load() is splash
+    with pytest.raises(maskc.BackendError, match=r"maskc\[tokamax\]"):
+      api.BACKENDS["splash_tokamax"].load()
+  x = jnp.ones((1, 8, 1, 8))
+  with pytest.raises(maskc.BackendError, match="splash, splash_tokamax, splash_jax"):
+    maskc.attention(x, x, x, "causal", backend="cuda")
+
+
 def test_bad_shapes_raise_mask_value_error():
   x = jnp.ones((1, 8, 3, 8))
   k = jnp.ones((1, 8, 2, 8))
@@ -474,7 +491,8 @@ def fake_platform(monkeypatch, name: str, real=()):
   """
   from maskc.kernels import flash
   from maskc.kernels import platform as _platform
-  for mod in (_platform, api, flash, splash):
+  # "splash" is tokamax's module where tokamax imports, JAX's otherwise.
+  for mod in {_platform, api, flash, splash, api.BACKENDS["splash"].load()}:
     monkeypatch.setattr(mod, "platform", lambda: name)
   calls: list[str] = []
   for backend in ("dense", "xla", "flash", "splash"):
@@ -557,9 +575,10 @@ def test_auto_falls_back_to_xla_where_the_native_kernel_cannot_run(monkeypatch):
 
 def test_auto_on_a_faked_tpu_runs_ragged_lengths_on_splash(monkeypatch):
   """End to end: `auto` on TPU takes a length off the tiles and matches dense."""
-  from maskc.kernels import flash, splash as splash_mod
+  from maskc.kernels import flash
   from maskc.kernels import platform as _platform
-  for mod in (_platform, api, flash, splash_mod):
+  splash_mod = api.BACKENDS["splash"].load()          # tokamax's where it imports, else JAX's
+  for mod in {_platform, api, flash, splash, splash_mod}:
     monkeypatch.setattr(mod, "platform", lambda: "tpu")
   calls = []
   real_run = splash_mod.run
@@ -578,7 +597,8 @@ def test_registry_is_immutable():
 
 
 class TestSplash(KernelTests):
-  backend = "splash"
+  """JAX's splash kernel (`splash_jax`; `splash` is tokamax's where tokamax imports)."""
+  backend = "splash_jax"
   blocks = (128,)
   max_len = 256
   max_examples = 4
@@ -666,6 +686,65 @@ class TestSplash(KernelTests):
     allowed = np.asarray(padded.to_dense())
     np.testing.assert_array_equal(allowed[..., lkv:], False)
     np.testing.assert_array_equal(allowed[..., :lq, :lkv], np.asarray(bm.to_dense()))
+
+
+def _slow(test):
+  """A copy of a base-class test marked slow (the base's own marks stay as they are)."""
+  @functools.wraps(test)
+  def copy(*args, **kwargs):
+    return test(*args, **kwargs)
+  return pytest.mark.slow(copy)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tokamax") is None,
+                    reason="tokamax is not installed (it needs Python >= 3.12, jax >= 0.11.1)")
+class TestSplashTokamax(TestSplash):
+  """tokamax's splash kernel (`splash_tokamax`, what `splash` runs where tokamax imports).
+
+  The whole matrix of TestSplash; each case compiles tokamax's forward and fused backward in
+  interpret mode (3-8 s on 2 cores), so the default run takes the drawn float32 examples,
+  empty rows, GQA with soft cap and sinks and traced (batched) segment ids, and `-m slow`
+  the rest (tests/test_tokamax_splash.py has the MaskInfo, lse and lowering tests).
+  """
+  backend = "splash_tokamax"
+
+  test_matches_dense_bfloat16 = _slow(TestSplash.test_matches_dense_bfloat16)
+  test_numpy_and_mixed_inputs = _slow(TestSplash.test_numpy_and_mixed_inputs)
+  test_mqa_and_cross_lengths = _slow(TestSplash.test_mqa_and_cross_lengths)
+  test_q_longer_than_kv_has_empty_rows = _slow(TestSplash.test_q_longer_than_kv_has_empty_rows)
+  test_jit_grad_vmap = _slow(TestSplash.test_jit_grad_vmap)
+  test_head_dims_not_powers_of_two = _slow(TestSplash.test_head_dims_not_powers_of_two)
+  test_per_head_masks = _slow(TestSplash.test_per_head_masks)
+  test_ragged_lengths_match_dense = _slow(TestSplash.test_ragged_lengths_match_dense)
+  test_batched_segment_ids = _slow(TestSplash.test_batched_segment_ids)  # traced ones run
+
+  # Each mask compiles two tokamax kernels with their gradients: all run in `-m slow`.
+  @pytest.mark.slow
+  @pytest.mark.parametrize("name", ["causal", "local", "chunked"])
+  def test_matches_splash_built_from_its_own_mask(self, name):
+    """Against tokamax's kernel built by tokamax itself (`process_mask` on its own masks)."""
+    from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as tk
+    from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_mask as tm
+    lq = lkv = 256
+    text, their = {
+        "causal": ("causal", tm.CausalMask((lq, lkv))),
+        "local": ("local(100, 20)", tm.LocalMask((lq, lkv), (100, 20), 0)),
+        "chunked": ("causal & chunk(96)", tm.ChunkedCausalMask((lq, lkv), 96)),
+    }[name]
+    q, k, v, w = qkv(8, 1, lq, lkv, 2, 2, 32)
+    config = tk.SplashConfig(block_q=128, block_kv=128, block_q_dkv=128, block_kv_dkv=128,
+                             block_kv_dkv_compute=128, interpret=True)
+    kernel = tk.make_splash_mha_single_device(their, config=config)
+    scale = 1 / math.sqrt(32)
+    ref = lambda q, k, v: jnp.swapaxes(kernel(jnp.swapaxes(q[0] * scale, 0, 1),
+                                              jnp.swapaxes(k[0], 0, 1),
+                                              jnp.swapaxes(v[0], 0, 1)), 0, 1)[None]
+    ours = lambda q, k, v: self.run(q, k, v, text, block_q=128, block_kv=128)
+    out, grads = out_and_grads(ours, q, k, v, w)
+    out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
+    assert_close(out, out_ref, F32_TOL, text)
+    for n, a, r in zip("qkv", grads, grads_ref):
+      assert_close(a, r, F32_TOL, f"d{n}, {text}")
 
 
 class TestFlash(KernelTests):

@@ -21,7 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import DTypeLike
 
-from maskc.compiled import predicate as _predicate, render as _render, splash_info as _splash_info
+from maskc.compiled import (
+  predicate as _predicate,
+  render as _render,
+  splash_info as _splash_info,
+  tokamax_info as _tokamax_info,
+)
 from maskc.compiled.predicate import Predicate, ReadValues
 from maskc.compiled.tiles import (
   EMPTY as EMPTY,
@@ -35,6 +40,7 @@ from maskc.compiled.tiles import (
 
 if TYPE_CHECKING:
   from maskc.compiled.splash_info import MaskFunction, MaskInfo
+  from maskc.compiled.tokamax_info import CompactMaskInfo
   from maskc.language.ir import Mask
 
 # What a map hands out per tile: NumPy arrays for a static map, jax arrays for a traced one.
@@ -259,6 +265,20 @@ class BlockMap:
     """
     return _splash_info.splash_mask_info(self, downcast_smem_data=downcast_smem_data,
                                          head_shards=head_shards, q_seq_shards=q_seq_shards)
+
+  def tokamax_splash(self, *, mask: int = 0, q_seq_shards: int = 1,
+                     dkv_active: bool | None = None, downcast_smem_data: bool = True,
+                     use_mask_function: bool | None = None
+                     ) -> tuple[CompactMaskInfo, CompactMaskInfo, MaskFunction | None]:
+    """`(fwd, dkv, mask_function)` in tokamax splash's compacted `MaskInfo` layout.
+
+    One 2-D mask per call (`mask` picks a per-head map's distinct mask); see
+    `maskc.compiled.tokamax_info.compact_mask_info`.
+    """
+    return _tokamax_info.compact_mask_info(self, mask=mask, q_seq_shards=q_seq_shards,
+                                           dkv_active=dkv_active,
+                                           downcast_smem_data=downcast_smem_data,
+                                           use_mask_function=use_mask_function)
 
   def to_dense(self) -> TileArray:
     """The mask this map was compiled from, dense: bool `[..., q_len, kv_len]`.

@@ -2,7 +2,9 @@
 
 `attention(q, k, v, mask, ...)` dispatches to a backend of `BACKENDS`: `dense`
 (the reference), `xla` (block-sparse jax.numpy, any platform), `flash` (Pallas,
-GPU) and `splash` (JAX's splash kernel, TPU). Backends are imported on first use.
+GPU) and the splash kernels for TPU: `splash_jax` (JAX's), `splash_tokamax`
+(tokamax's, MaxText's) and `splash` (tokamax's where it imports, else JAX's).
+Backends are imported on first use.
 """
 
 from maskc.kernels.api import BACKENDS as BACKENDS, Backend as Backend, attention as attention

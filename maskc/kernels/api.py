@@ -10,7 +10,15 @@ backend's dependencies cost nothing until then. The XLA path is always there.
 | `dense` | anywhere | materialized mask; the reference |
 | `xla` | anywhere | block-sparse jax.numpy; time tracks density |
 | `flash` | GPU (Triton); CPU with `interpret=True` | Pallas block-sparse flash attention |
-| `splash` | TPU; CPU in interpret mode | JAX's splash kernel fed our MaskInfo |
+| `splash` | TPU; CPU interpreted | `splash_tokamax` where tokamax imports, else `splash_jax` |
+| `splash_tokamax` | TPU; CPU interpreted | tokamax's splash kernel (MaxText's), our MaskInfo |
+| `splash_jax` | TPU; CPU interpreted | JAX's splash kernel fed our MaskInfo |
+
+Which splash runs is explicit: name `splash_tokamax` or `splash_jax`, or `splash`
+for MaxText's choice, tokamax's kernel when `tokamax` imports (`pip install
+maskc[tokamax]`, Python >= 3.12 with jax >= 0.11.1) and JAX's otherwise
+(`Backend.resolved()` says which). Both take the same masks; tokamax's also
+needs `block_q` to be a multiple of 128.
 
 What `backend="auto"` picks, and why:
 
@@ -65,21 +73,58 @@ class BackendModule(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
-  """A registered attention backend: its module, imported on first use."""
+  """A registered attention backend: its module, imported on first use.
+
+  `requires` names the optional package the module imports (None: jax is
+  enough). When it is missing, a backend with a `fallback` loads that backend
+  instead; one without raises `BackendError` saying what to install.
+  """
   name: str
   module: str
   description: str = ""
+  requires: str | None = None
+  fallback: str | None = None
 
   def load(self) -> BackendModule:
-    return cast(BackendModule, importlib.import_module(self.module))
+    try:
+      return cast(BackendModule, importlib.import_module(self.module))
+    except ImportError as e:
+      if self.requires is None or (e.name or "").split(".")[0] != self.requires:
+        raise
+      if self.fallback is not None:
+        return BACKENDS[self.fallback].load()
+      raise BackendError(
+          f"the {self.name} backend needs {self.requires}, which does not import here: {e}",
+          hint=f"Install it (`pip install maskc[{self.requires}]`; {self.requires} needs "
+               "Python >= 3.12 and jax >= 0.11.1), or use backend='splash_jax'.") from e
+
+  def resolved(self) -> str:
+    """The registered backend that runs for this name: itself, or its fallback."""
+    if self.fallback is None:
+      return self.name
+    try:
+      importlib.import_module(self.module)
+    except ImportError as e:
+      if self.requires is None or (e.name or "").split(".")[0] != self.requires:
+        raise
+      return BACKENDS[self.fallback].resolved()
+    return next(b.name for b in BACKENDS.values()
+                if b.module == self.module and b.fallback is None)
 
 
 BACKENDS: Mapping[str, Backend] = types.MappingProxyType({
     "dense": Backend("dense", "maskc.kernels.dense", "materialized mask (reference)"),
     "xla": Backend("xla", "maskc.kernels.xla", "block-sparse jax.numpy, any platform"),
     "flash": Backend("flash", "maskc.kernels.flash", "Pallas flash attention (GPU)"),
-    "splash": Backend("splash", "maskc.kernels.splash", "JAX splash attention (TPU)"),
+    "splash": Backend("splash", "maskc.kernels.tokamax_splash",
+                      "tokamax's splash (MaxText's) when installed, else JAX's (TPU)",
+                      requires="tokamax", fallback="splash_jax"),
+    "splash_tokamax": Backend("splash_tokamax", "maskc.kernels.tokamax_splash",
+                              "tokamax's splash attention (TPU)", requires="tokamax"),
+    "splash_jax": Backend("splash_jax", "maskc.kernels.splash", "JAX splash attention (TPU)"),
 })
+# The splash backends: static MaskInfo, key tiles of 128 (`maskc.attention`, sharding).
+SPLASH = frozenset({"splash", "splash_tokamax", "splash_jax"})
 
 
 def check_backend(backend: str) -> None:

@@ -180,7 +180,7 @@ def run(q, k, v, plan, *, mesh, batch_axis=None, head_axis=None, seq_axis=None,
   h = q.shape[2]
   sink_arr = jnp.zeros((h,), jnp.float32) if sinks is None else jnp.asarray(sinks, jnp.float32)
   kw = dict(scale=scale, logits_soft_cap=logits_soft_cap)
-  stack = backend != "splash"
+  stack = backend not in api.SPLASH
   lse_fn = _lse_runner(backend, interpret) if plan.strategy == "ring" else None
   have_sinks = sinks is not None
 

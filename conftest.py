@@ -1,0 +1,10 @@
+"""Collection of the package's doctests (`--doctest-modules` over `maskc/`).
+
+tokamax is optional (`maskc[tokamax]`, Python >= 3.12): where it does not import, the one
+module that imports it is left out of doctest collection (tests/test_tokamax_splash.py skips
+itself there too).
+"""
+
+import importlib.util
+
+collect_ignore = [] if importlib.util.find_spec("tokamax") else ["maskc/kernels/tokamax_splash.py"]
