@@ -16,7 +16,7 @@ allowed key of the row (sound), and says whether it holds only allowed keys (exa
 |---|---|---|
 | `Band(lo, hi)` | `p - hi <= k <= p - lo` | always |
 | `Chunk(c)` | the chunk of `p`: `c (p // c) <= k < c (p // c + 1)` | always |
-| `Block(x, s, t, g)` | `k` with `x[k + t]` in the run of `x[p + s]`; none where `g[p + s]` is 0 | each value one run |
+| `Block(x, s, t, g)` | `x[k + t]` in the run of `x[p + s]`, if `g[p + s]` | one run a value |
 | `Rows(pred)` | every key, or none, as the mask of `q` alone says | always |
 | `Keys(pred)` | the hull of the keys the mask of `k` alone allows | when declared an interval |
 | `Meet(items)` | the intersection | when every item is |
