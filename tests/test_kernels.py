@@ -764,3 +764,85 @@ class TestFlash(KernelTests):
     g_ref = jax.grad(lambda q: (dense_attention(q, k, v, mask, operands={"anc": anc, "sel": sel})
                                 * w).sum())
     assert_close(g(q), g_ref(q), F32_TOL, f"dq, {mask}")
+
+
+CUDNN_CASES = [  # mask, q_len, kv_len, q_offset, operands
+    ("causal", 40, 40, None, {}),
+    ("sliding(7)", 40, 40, None, {}),
+    ("local(5, 0)", 33, 33, None, {}),
+    ("k <= q & q - k < 3", 24, 24, None, {}),
+    ("full", 24, 40, None, {}),
+    ("causal", 24, 40, 0, {}),
+    ("causal & k < n", 40, 40, None, {"n": np.array([5, 0], np.int32)}),
+    ("k < n", 17, 40, None, {"n": np.int32(9)}),
+]
+
+
+class TestCudnn:
+  """The cuDNN backend's arguments, built from the map's band, checked on a CPU by the
+  identical `jax.nn.dot_product_attention` call with `implementation="xla"`."""
+
+
+  # A jit of forward and gradients per case: the default run takes five cases in float32 and
+  # one in bfloat16, `-m slow` the rest.
+  @pytest.mark.parametrize("dtype, case", [
+      pytest.param(dtype, case, id=f"{case[0]}-{np.dtype(dtype).name}",
+                   marks=() if (dtype == jnp.float32 and i in (0, 1, 4, 6, 7)) or
+                   (dtype == jnp.bfloat16 and i == 0) else pytest.mark.slow)
+      for dtype in (jnp.float32, jnp.bfloat16) for i, case in enumerate(CUDNN_CASES)])
+  def test_matches_dense(self, case, dtype):
+    from maskc.kernels import cudnn
+    text, lq, lkv, offset, ops = case
+    q, k, v, w = qkv(3, 2, lq, lkv, 4, 2, 16, dtype)
+    bm = maskc.compile(text, lq, lkv, q_offset=offset, operands=ops, block_q=16, block_kv=16)
+    ours = lambda q, k, v: cudnn.attend(q, k, v, bm, implementation="xla")
+    ref = lambda q, k, v: dense.run(q.astype(jnp.float32), k.astype(jnp.float32),
+                                    v.astype(jnp.float32), bm)
+    out, grads = out_and_grads(ours, q, k, v, w)
+    out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
+    tol = F32_TOL if dtype == jnp.float32 else BF16_TOL
+    assert_close(out, out_ref, tol, text)
+    for name, a, r in zip("qkv", grads, grads_ref):
+      assert_close(a, r, tol, f"d{name}, {text}")
+    empty = ~np.asarray(maskc.materialize(text, lq, lkv, q_offset=offset, operands=ops)).any(-1)
+    if empty.any():  # per-batch rows with no key (n == 0): zeros, zero gradients
+      np.testing.assert_array_equal(np.asarray(out, np.float32)[np.broadcast_to(
+          empty, out.shape[:2])], 0.0)
+      np.testing.assert_array_equal(np.asarray(grads[0], np.float32)[np.broadcast_to(
+          empty, out.shape[:2])], 0.0)
+
+  def test_arguments_come_from_the_band(self):
+    from maskc.kernels import cudnn
+    assert cudnn.arguments(maskc.compile("causal", 64)) == {"is_causal": True}
+    assert cudnn.arguments(maskc.compile("q - 8 < k <= q", 64)) == {
+        "is_causal": True, "local_window_size": (7, 0)}
+    assert cudnn.arguments(maskc.compile("full", 64)) == {}
+    lengths = cudnn.arguments(maskc.compile("causal & k < n", 64, operands={
+        "n": np.array([3, 9], np.int32)}))["key_value_seq_lengths"]
+    np.testing.assert_array_equal(lengths, [3, 9])
+
+  @pytest.mark.parametrize("text, lq, why", [
+      ("local(3, 2)", 64, "no top-left causal"),       # a right window without causal
+      ("causal", 32, "no top-left causal"),            # bottom-right: q_offset = 32
+      ("k < q", 64, "no top-left causal"),             # strict
+      ("causal & chunk(16)", 64, "bands only"),
+      ("causal & document(seg)", 64, "bands only"),
+      ("sliding(4) & k < n", 64, "a window with key lengths"),
+  ])
+  def test_refuses_what_it_cannot_run_and_names_flash(self, text, lq, why):
+    from maskc.kernels import cudnn
+    m = maskc.parse(text)
+    ops = {"seg": np.repeat(np.arange(4), 16).astype(np.int32), "n": np.int32(9)}
+    bm = maskc.compile(m, lq, 64, operands={s.name: ops[s.name] for s in m.operands})
+    with pytest.raises(maskc.BackendError, match=why) as err:
+      cudnn.arguments(bm)
+    assert "flash" in str(err.value)
+
+  def test_refuses_soft_cap_sinks_and_float32(self):
+    bm = maskc.compile("causal", 32, block_q=16, block_kv=16)
+    x = jnp.ones((1, 32, 2, 16), jnp.bfloat16)
+    for kw, what in ((dict(logits_soft_cap=2.0), "soft cap"), (dict(sinks=jnp.ones(2)), "sinks")):
+      with pytest.raises(maskc.BackendError, match=what):
+        maskc.kernels.attention(x, x, x, bm, backend="cudnn", **kw)
+    with pytest.raises(maskc.BackendError, match="bfloat16 and float16"):
+      maskc.kernels.attention(x.astype(jnp.float32), x, x, bm, backend="cudnn")

@@ -337,6 +337,32 @@ class BlockMap:
     stop = self._public(xp.stack(his, axis=1).astype(np.int32))
     return start, stop, exact
 
+  def band(self) -> tuple[int | None, int | None, TileArray | None] | None:
+    """`(lo, hi, kv_lengths)` when the mask of every head is exactly the band
+    `lo <= q - k <= hi` (either end None: unbounded), alone or with `& k < n`; else None.
+
+    The compiler's interval form says so (`maskc.compiled.intervals.band_of`), never the
+    mask's name: `causal`, `sliding(w)`, `local(l, r)`, `full`, `causal & k < kv_len`.
+    `kv_lengths` is None for a band alone, else int32 `[B]` (or `[1]`): the keys each batch
+    row keeps, `0..n-1`. For engines that take a band and key lengths as arguments
+    (cuDNN). None with explicit positions.
+    """
+    if not self.intervals or self.q_positions is not None or self.kv_positions is not None:
+      return None
+    found = {None if f is None else _intervals.band_of(f.form) for f in self.intervals}
+    if len(found) != 1 or (one := found.pop()) is None:
+      return None
+    band, keys = one
+    if keys is None:
+      return band.lo, band.hi, None
+    xp = self.xp if self.is_static and all(
+        isinstance(a, np.ndarray) for a in self.operands.values()) else jnp
+    int_t = np.int64 if xp is np else np.int32
+    positions = xp.arange(1, dtype=int_t) + xp.asarray(self.q_offset, int_t)
+    env = _intervals.Env(xp, positions, self.kv_len, self.operands, self.batch or 1,
+                         xp is np)
+    return band.lo, band.hi, _intervals.key_lengths(keys, env).astype(np.int32)
+
   def _tile_hull(self, xp: ModuleType) -> tuple[Any, Any]:
     """Each row's first and last key of its line's non-EMPTY tiles, `[B', U, q_len]`
     (first > last where the line has none): sound for every mask."""

@@ -300,3 +300,23 @@ def _keys(pred: Predicate, env: Env) -> Any:
                                  kv_len=env.kv_len)
   out = _predicate.evaluate(pred, xp, q[None, :, None], k[None, None, :], fetch)
   return xp.broadcast_to(out, (env.nb, 1, env.kv_len))[:, 0]
+
+
+def band_of(form: Form) -> tuple[Band, Keys | None] | None:
+  """`(band, keys)` where `form` is exactly a band of `q - k`, alone or met with an
+  interval of keys from key 0 (`causal & k < kv_len`: per-batch key lengths); else None."""
+  if isinstance(form, Band):
+    return form, None
+  if isinstance(form, Keys) and form.interval and "first" in form.anchors:
+    return Band(None, None), form
+  if isinstance(form, Meet) and len(form.items) == 2:
+    for a, b in (form.items, form.items[::-1]):
+      if isinstance(a, Band) and isinstance(b, Keys) and b.interval and "first" in b.anchors:
+        return a, b
+  return None
+
+
+def key_lengths(keys: Keys, env: Env) -> Any:
+  """How many keys from key 0 an interval of keys `keys` (`band_of`) keeps, `[B']`."""
+  allowed = _keys(keys.pred, env)
+  return env.xp.sum(allowed, axis=-1)

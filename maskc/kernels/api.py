@@ -79,6 +79,7 @@ BACKENDS: Mapping[str, Backend] = types.MappingProxyType({
     "xla": Backend("xla", "maskc.kernels.xla", "block-sparse jax.numpy, any platform"),
     "flash": Backend("flash", "maskc.kernels.flash", "Pallas flash attention (GPU)"),
     "splash": Backend("splash", "maskc.kernels.splash", "JAX splash attention (TPU)"),
+    "cudnn": Backend("cudnn", "maskc.kernels.cudnn", "cuDNN flash attention for bands (GPU)"),
 })
 
 

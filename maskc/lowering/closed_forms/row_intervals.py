@@ -68,6 +68,11 @@ def _meet(items: tuple[ir.Mask, ...], contiguous: frozenset[str]) -> iv.Form:
       parts.append(iv.Block(array, s, t, gate=ir.array_key(read), one_run=True))
       used |= {i, j}
   parts += [_form(x, contiguous) for n, x in enumerate(flat) if n not in used]
+  bands = [p for p in parts if isinstance(p, iv.Band)]
+  if len(bands) > 1:  # bands meet in one band (`k <= q & q - k < 3`)
+    lo = max((b.lo for b in bands if b.lo is not None), default=None)
+    hi = min((b.hi for b in bands if b.hi is not None), default=None)
+    parts = [iv.Band(lo, hi)] + [p for p in parts if not isinstance(p, iv.Band)]
   return parts[0] if len(parts) == 1 else iv.Meet(tuple(parts))
 
 
