@@ -477,7 +477,7 @@ def fake_platform(monkeypatch, name: str, real=()):
   for mod in (_platform, api, flash, splash):
     monkeypatch.setattr(mod, "platform", lambda: name)
   calls: list[str] = []
-  for backend in ("dense", "xla", "flash", "splash"):
+  for backend in ("dense", "xla", "flash", "splash", "cudnn", "tokamax"):
     mod = api.BACKENDS[backend].load()
     real_run = mod.run
 
@@ -846,3 +846,82 @@ class TestCudnn:
         maskc.kernels.attention(x, x, x, bm, backend="cudnn", **kw)
     with pytest.raises(maskc.BackendError, match="bfloat16 and float16"):
       maskc.kernels.attention(x.astype(jnp.float32), x, x, bm, backend="cudnn")
+
+
+# (mask, q_len, kv_len): what `choose` picks on a faked GPU at flash's tiles, bf16, head dim
+# 128, without tokamax and with it.
+CHOICES = [
+    ("causal", 1024, 1024, "cudnn", "cudnn"),
+    ("sliding(128)", 1024, 1024, "cudnn", "cudnn"),
+    ("full", 1024, 1024, "cudnn", "cudnn"),
+    ("causal & k < n", 1024, 1024, "cudnn", "cudnn"),
+    ("causal & chunk(256)", 1024, 1024, "flash", "tokamax"),
+    ("causal & document(seg)", 1024, 1024, "flash", "tokamax"),
+    ("causal | bidirectional(img)", 1024, 1024, "flash", "tokamax"),
+    ("document(seg) & (causal | bidirectional(img))", 1024, 1024, "flash", "tokamax"),
+    ("causal | prefix(100)", 1024, 1024, "flash", "tokamax"),
+    ("local(64, 64)", 1024, 1024, "flash", "tokamax"),    # a right window: no cuDNN
+    ("causal", 512, 1024, "flash", "tokamax"),            # bottom-right: no cuDNN
+    ("sink(4) | sliding(64)", 1024, 1024, "flash", "flash"),
+    ("causal & (q - k) % 3 == 0", 1024, 1024, "flash", "flash"),
+    ("causal & anc[q, k]", 256, 256, "flash", "flash"),
+]
+
+
+def _choice_map(text: str, lq: int, lkv: int):
+  rng = np.random.default_rng(0)
+  img = np.zeros(lkv, bool)
+  img[100:300] = img[600:700] = True
+  values = {"seg": np.sort(rng.integers(0, 6, lkv)).astype(np.int32), "img": img,
+            "n": np.int32(700), "anc": np.tril(np.ones((lq, lkv), bool))}
+  m = maskc.parse(text)
+  return maskc.compile(m, lq, lkv, block_q=64, block_kv=64,
+                       operands={s.name: values[s.name] for s in m.operands})
+
+
+@pytest.mark.parametrize("tokamax", [False, True])
+@pytest.mark.parametrize("text, lq, lkv, without, with_tokamax", CHOICES,
+                         ids=[f"{c[0]}-{c[1]}" for c in CHOICES])
+def test_choose_on_a_faked_gpu(monkeypatch, text, lq, lkv, without, with_tokamax, tokamax):
+  from maskc.kernels import tokamax as tokamax_mod
+  monkeypatch.setattr(tokamax_mod, "installed", lambda: tokamax)
+  bm = _choice_map(text, lq, lkv)
+  got = api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.bfloat16)
+  assert got.backend == (with_tokamax if tokamax else without), got.reason
+  assert got.reason.startswith(f"GPU: {got.backend}, estimated"), got.reason
+  # cuDNN only for bands, tokamax only for exact intervals
+  if got.backend == "cudnn":
+    assert bm.band() is not None
+  if got.backend == "tokamax":
+    assert bm.key_intervals()[2]
+  # rings need a differentiable log-sum-exp: flash then
+  assert api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.bfloat16,
+                    need_lse=True).backend == "flash"
+
+
+def test_choose_refusals_and_other_platforms(monkeypatch):
+  from maskc.kernels import tokamax as tokamax_mod
+  monkeypatch.setattr(tokamax_mod, "installed", lambda: True)
+  bm = _choice_map("causal", 1024, 1024)
+  f32 = api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.float32)
+  assert f32.backend == "tokamax" and "not cudnn: runs bfloat16" in f32.reason
+  capped = api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.bfloat16, soft_cap=True)
+  assert capped.backend == "tokamax" and "no soft cap" in capped.reason
+  sinks = api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.bfloat16, sinks=True)
+  assert sinks.backend == "flash", sinks.reason
+  assert api.choose(bm, platform="tpu", head_dim=128, dtype=jnp.bfloat16).backend == "splash"
+  cpu = api.choose(bm, platform="cpu", head_dim=128, dtype=jnp.float32)
+  assert cpu.backend == "xla" and cpu.reason
+  tiny = api.choose(_choice_map("causal", 64, 64), platform="cpu", head_dim=8,
+                    dtype=jnp.float32)
+  assert tiny.backend == "dense" and "tiny" in tiny.reason
+
+
+def test_auto_on_a_faked_gpu_falls_back_from_cudnn_to_flash(monkeypatch):
+  """cuDNN chosen for a bf16 band; on this CPU it cannot run, so `auto` moves to flash."""
+  calls = fake_platform(monkeypatch, "gpu", real=("cudnn",))
+  x = jnp.ones((1, 256, 2, 64), jnp.bfloat16)
+  with pytest.raises(_Picked):
+    maskc.attention(x, x, x, "causal")
+  monkeypatch.undo()
+  assert calls == ["cudnn", "flash"]

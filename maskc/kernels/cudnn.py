@@ -148,8 +148,12 @@ def attend(q, k, v, bm: BlockMap, *, implementation: Literal["cudnn", "xla"] = "
     empty = lengths <= 0
     kw["key_value_seq_lengths"] = jnp.maximum(lengths, 1)
   k, v = k.astype(q.dtype), v.astype(q.dtype)
-  out = jax.nn.dot_product_attention(q, k, v, scale=common.default_scale(d, scale),
-                                     implementation=implementation, **kw)
+  try:
+    out = jax.nn.dot_product_attention(q, k, v, scale=common.default_scale(d, scale),
+                                       implementation=implementation, **kw)
+  except (NotImplementedError, RuntimeError) as e:  # no cuDNN here, or a shape it refuses
+    raise BackendError(f"backend 'cudnn' cannot run here: {e}",
+                       hint="Use backend='flash' (GPU) or 'xla'.") from e
   if empty is not None:
     out = jnp.where(empty[:, None, None, None], jnp.zeros((), out.dtype), out)
   return out.astype(q.dtype)
