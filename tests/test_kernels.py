@@ -925,3 +925,12 @@ def test_auto_on_a_faked_gpu_falls_back_from_cudnn_to_flash(monkeypatch):
     maskc.attention(x, x, x, "causal")
   monkeypatch.undo()
   assert calls == ["cudnn", "flash"]
+
+
+@pytest.mark.parametrize("backend", ["cudnn", "tokamax"])
+def test_rings_refuse_engines_without_a_log_sum_exp(backend):
+  from maskc.kernels import sharded
+  assert not hasattr(api.BACKENDS[backend].load(), "run_with_lse")
+  with pytest.raises(maskc.BackendError, match="run_with_lse") as err:
+    sharded._lse_runner(backend, None)
+  assert "flash" in str(err.value)
