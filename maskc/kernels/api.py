@@ -172,9 +172,7 @@ def choose(bm: BlockMap, *, platform: str | None = None, head_dim: int,
     if dense_is_better(bm):
       return Choice("dense", "CPU: a tiny or nearly full mask, where dense attention is "
                              "cheaper than block bookkeeping")
-    return Choice("xla", f"CPU: block-sparse jax.numpy, work tracks the density "
-                         f"({bm.density:.2f})" if bm.is_static else
-                  "CPU: block-sparse jax.numpy (a traced map)")
+    return Choice("xla", "CPU: block-sparse jax.numpy, whose work tracks the density")
   refused: dict[str, str] = {}
   costs: dict[str, float] = {}
   for name in ("cudnn", "tokamax", "flash"):
