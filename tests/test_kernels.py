@@ -786,7 +786,7 @@ class TestCudnn:
   # A jit of forward and gradients per case: the default run takes five cases in float32 and
   # one in bfloat16, `-m slow` the rest.
   @pytest.mark.parametrize("dtype, case", [
-      pytest.param(dtype, case, id=f"{case[0]}-{np.dtype(dtype).name}",
+      pytest.param(dtype, case, id=f"{case[0]}-{case[1]}x{case[2]}-{np.dtype(dtype).name}",
                    marks=() if (dtype == jnp.float32 and i in (0, 1, 4, 6, 7)) or
                    (dtype == jnp.bfloat16 and i == 0) else pytest.mark.slow)
       for dtype in (jnp.float32, jnp.bfloat16) for i, case in enumerate(CUDNN_CASES)])
