@@ -1,4 +1,4 @@
-"""GPU: maskc's Pallas flash kernel against `jax.nn.dot_product_attention` (cuDNN and XLA).
+"""GPU: maskc's engines (flash, cudnn, tokamax, auto) against `jax.nn.dot_product_attention`.
 
 bf16, head_dim 128, masks `causal`, `sliding(W)`, `causal & chunk(C)`, packed
 documents (`causal & document(seg)`) and image spans (`causal | bidirectional(img)`)
@@ -10,10 +10,19 @@ counting only the unmasked work (4 · D · allowed (q, k) pairs per head forward
     python benchmarks/gpu_attention.py --lengths 16384 --heads 16 --modes fwd
     python benchmarks/gpu_attention.py --dry-run --lengths 8192   # no GPU: setup only
 
-The references get each mask in the form they take: `is_causal` and
-`local_window_size` where those express it, else a dense boolean mask
-`[1, 1, L, L]`, which costs L² bytes and fails (reported "n/a") where memory runs
-out. `--dry-run` builds every BlockMap, counts allowed pairs and traces every
+Columns (`--impls`):
+
+- `flash`: maskc's Pallas Triton kernel on the map;
+- `cudnn`, `xla`: `jax.nn.dot_product_attention` given each mask in the form it takes,
+  `is_causal` and `local_window_size` where those express it, else a dense boolean
+  mask `[1, 1, L, L]`, which costs L² bytes and fails ("n/a") where memory runs out;
+- `be-cudnn`: maskc's `cudnn` backend (bands only; other masks are refused: "n/a");
+- `tokamax`: maskc's `tokamax` backend (exact key intervals; needs tokamax installed);
+- `auto`: `backend="auto"` on the map; the `auto picks` column says what `choose` took.
+
+After the table, the rates `maskc.kernels.api.GPU_COSTS` holds are printed as measured
+here: TFLOP/s on each engine's tile work (the cost model's `_work`), forward and
+backward, the median over the rows an engine ran. `--dry-run` builds every BlockMap, counts allowed pairs and traces every
 function abstractly (`jax.eval_shape`), so the CPU-side path is checked without a
 GPU.
 
@@ -34,10 +43,11 @@ import numpy as np
 
 import maskc
 from maskc.compiled import predicate as _predicate
-from maskc.kernels import attention, flash
+from maskc.kernels import api, attention, flash
 from maskc.kernels import common as _common
 
-IMPLS = ("flash", "cudnn", "xla")
+IMPLS = ("flash", "cudnn", "xla", "be-cudnn", "tokamax", "auto")
+ENGINES = {"flash": "flash", "be-cudnn": "cudnn", "tokamax": "tokamax"}
 
 
 def masks(window: int, chunk: int) -> dict[str, str]:
@@ -135,15 +145,36 @@ def reference(impl: str, name: str, bm, window: int):
   return fn
 
 
-def cell(fn, args, flops: float, repeats: int, dry_run: bool) -> str:
+def cell(fn, args, flops: float, repeats: int, dry_run: bool) -> tuple[str, float | None]:
+  """The table's two columns for one function, and its time in ms (None: did not run)."""
   try:
     if dry_run:
       jax.eval_shape(fn, *args)
-      return f"{'traced':>12}{'-':>12}"
+      return f"{'traced':>14}{'-':>14}", None
     ms = best_ms(jax.jit(fn), *args, repeats=repeats)
-    return f"{ms:>12.2f}{flops / ms / 1e9:>12.1f}"
+    return f"{ms:>14.2f}{flops / ms / 1e9:>14.1f}", ms
   except Exception as e:  # noqa: BLE001 - report and keep going (OOM, unsupported)
-    return f"{'n/a':>12}{type(e).__name__[:11]:>12}"
+    return f"{'n/a':>14}{type(e).__name__[:13]:>14}", None
+
+
+def print_costs(times: dict, work: dict) -> None:
+  """The cost model's rates as measured: TFLOP/s on tile work, forward and backward."""
+  print("\nGPU_COSTS as measured here (TFLOP/s on tile work; median over rows run):")
+  for impl, engine in ENGINES.items():
+    fwd, bwd = [], []
+    for (name, length), w in work.items():
+      t_f, t_fb = times.get((impl, name, length, "fwd")), times.get((impl, name, length,
+                                                                      "fwd+bwd"))
+      if t_f:
+        fwd.append(w * HEADS_BATCH[0] / t_f / 1e9)
+      if t_f and t_fb and t_fb > t_f:
+        bwd.append(api.BACKWARD_WORK * w * HEADS_BATCH[0] / (t_fb - t_f) / 1e9)
+    rates = [f"{np.median(x):.0f}" if x else "-" for x in (fwd, bwd)]
+    print(f"  {engine:<8} fwd {rates[0]:>5}  bwd {rates[1]:>5}   (in code: "
+          f"{api.GPU_COSTS[engine][0]:.0f}, {api.GPU_COSTS[engine][1]:.0f})")
+
+
+HEADS_BATCH = [1]
 
 
 def main(argv=None) -> None:
@@ -174,7 +205,10 @@ def main(argv=None) -> None:
         f"B={args.batch} H={args.heads} Hkv={hkv} D={args.head_dim} bf16, flash tiles "
         f"{args.block_q}x{args.block_kv}")
   header = f"{'mode':<8}{'length':>7}  {'mask':<12}{'density':>8}" + "".join(
-      f"{n + ' ms':>12}{n + ' TF/s':>12}" for n in args.impls)
+      f"{n + ' ms':>14}{n + ' TF/s':>14}" for n in args.impls) + "  auto picks"
+  HEADS_BATCH[0] = args.heads * args.batch
+  times: dict = {}
+  work: dict = {}
   print(header)
   print("-" * len(header))
   texts = masks(args.window, args.chunk)
@@ -197,9 +231,12 @@ def main(argv=None) -> None:
       bm = maskc.compile(m, length, block_q=args.block_q, block_kv=args.block_kv,
                          operands=used)
       pairs = allowed_pairs(bm)
-      fns = {"flash": lambda q, k, v, bm=bm: attention(q, k, v, bm, backend="flash")}
+      fns = {impl: (lambda q, k, v, bm=bm, b=b: attention(q, k, v, bm, backend=b))
+             for impl, b in list(ENGINES.items()) + [("auto", "auto")]}
       for impl in ("cudnn", "xla"):
         fns[impl] = reference(impl, name, bm, args.window)
+      pick = api.choose(bm, platform="gpu", head_dim=args.head_dim, dtype=jnp.bfloat16)
+      work[name, length] = api._work("flash", bm, args.head_dim)
       for mode in args.modes:
         factor = 3.5 if mode == "fwd+bwd" else 1.0
         flops = 4 * args.head_dim * pairs * args.batch * args.heads * factor
@@ -209,8 +246,12 @@ def main(argv=None) -> None:
           if mode == "fwd+bwd":
             fn = jax.grad(lambda q, k, v, fn=fn: fn(q, k, v).astype(jnp.float32).sum(),
                           (0, 1, 2))
-          row += cell(fn, (q, k, v), flops, args.repeats, args.dry_run)
-        print(row, flush=True)
+          text, ms = cell(fn, (q, k, v), flops, args.repeats, args.dry_run)
+          row += text
+          times[impl, name, length, mode] = ms
+        print(row + f"  {pick.backend}", flush=True)
+  if not args.dry_run:
+    print_costs(times, work)
 
 
 if __name__ == "__main__":

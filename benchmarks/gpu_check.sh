@@ -6,9 +6,14 @@
 #   1. `make test-gpu`'s tests (tests/test_gpu.py): the Triton-compiled kernels against
 #      float64 NumPy and the dense reference, and the traced lowering on the device;
 #   2. benchmarks/traced_lowering.py with the traced path compiled for the GPU;
-#   3. benchmarks/gpu_attention.py at 8K and 32K, flash against cuDNN.
-# Logs go to $OUT (or /tmp/gpu_check); the last lines are a summary. TEST_S, TRACED_S and
-# ATTENTION_S are each step's limit in seconds; 0 skips the step.
+#   3. benchmarks/gpu_attention.py at 8K and 32K: flash, jax's cuDNN, and maskc's cudnn,
+#      tokamax and auto engines, forward and forward+backward, then the cost model's rates
+#      as measured (maskc.kernels.api.GPU_COSTS);
+#   4. the same at 128K for causal and packed documents, forward only.
+# tokamax (optional) comes from .whl/tokamax/: its wheel and the dependencies its attention
+# imports, each installed with --no-deps so that pip never touches the machine's jax.
+# Logs go to $OUT (or /tmp/gpu_check); the last lines are a summary. TEST_S, TRACED_S,
+# ATTENTION_S and LONG_S are each step's limit in seconds; 0 skips the step.
 #
 #   bash benchmarks/gpu_check.sh
 set -u
@@ -21,29 +26,43 @@ SITE=/tmp/maskc_site
 if [ -d .whl ]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
 fi
+if [ -d .whl/tokamax ]; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" \
+    .whl/tokamax/*.whl || echo "cannot install tokamax's wheels"
+fi
 $PY -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$SITE" . \
   2>/dev/null || { echo "cannot install maskc"; exit 1; }
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 (cd /tmp && $PY -c "import jax, maskc; print('jax', jax.__version__, jax.devices())") \
   | tee -a "$OUT/gpu.txt"
+(cd /tmp && timeout 120 $PY -c "
+from tokamax._src.ops.attention import pallas_mosaic_gpu; import tokamax
+print('tokamax', tokamax.__version__)" 2>&1 | tail -1) | tee -a "$OUT/gpu.txt"
 
 # Run from tests/ (its conftest and reference module), importing the installed maskc.
-touch "$OUT/test_gpu.log" "$OUT/traced_lowering.log"
-if [ "${TEST_S:-300}" != 0 ]; then
-  (cd tests && MASKC_TEST_GPU=1 timeout "${TEST_S:-300}" $PY -m pytest -q -p no:cacheprovider \
+touch "$OUT/test_gpu.log" "$OUT/traced_lowering.log" "$OUT/gpu_attention.log" \
+  "$OUT/gpu_attention_long.log"
+if [ "${TEST_S:-180}" != 0 ]; then
+  (cd tests && MASKC_TEST_GPU=1 timeout "${TEST_S:-180}" $PY -m pytest -q -p no:cacheprovider \
     -m gpu --rootdir=. -c /dev/null -o 'markers=gpu' test_gpu.py 2>&1) | tee "$OUT/test_gpu.log"
 fi
-if [ "${TRACED_S:-150}" != 0 ]; then
-  timeout "${TRACED_S:-150}" $PY benchmarks/traced_lowering.py --repeat 5 2>&1 \
+if [ "${TRACED_S:-0}" != 0 ]; then
+  timeout "${TRACED_S}" $PY benchmarks/traced_lowering.py --repeat 5 2>&1 \
     | tee "$OUT/traced_lowering.log"
 fi
-if [ "${ATTENTION_S:-200}" != 0 ]; then
-  timeout "${ATTENTION_S:-200}" $PY benchmarks/gpu_attention.py --lengths 8192 32768 \
-    --impls flash cudnn --repeats 3 2>&1 | tee "$OUT/gpu_attention.log"
+if [ "${ATTENTION_S:-240}" != 0 ]; then
+  timeout "${ATTENTION_S:-240}" $PY benchmarks/gpu_attention.py --lengths 8192 32768 \
+    --impls flash cudnn be-cudnn tokamax auto --repeats 3 2>&1 | tee "$OUT/gpu_attention.log"
+fi
+if [ "${LONG_S:-60}" != 0 ]; then
+  timeout "${LONG_S:-60}" $PY benchmarks/gpu_attention.py --lengths 131072 --modes fwd \
+    --masks causal documents --impls flash be-cudnn tokamax auto --repeats 2 2>&1 \
+    | tee "$OUT/gpu_attention_long.log"
 fi
 
 echo "== summary"
 cat "$OUT/gpu.txt"
 grep -E "(passed|failed|error|skipped) in" "$OUT/test_gpu.log"
 grep '^|' "$OUT/traced_lowering.log"
+grep -A4 "GPU_COSTS as measured" "$OUT/gpu_attention.log"

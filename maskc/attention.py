@@ -31,7 +31,8 @@ def attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike, v: jax.typing.Ar
               scale: float | None = None, logits_soft_cap: float | None = None,
               sinks: jax.typing.ArrayLike | None = None, q_offset: int | None = None,
               interpret: bool | None = None, q_positions: jax.typing.ArrayLike | None = None,
-              kv_positions: jax.typing.ArrayLike | None = None) -> jax.Array:
+              kv_positions: jax.typing.ArrayLike | None = None,
+              contiguous: Sequence[str] = ()) -> jax.Array:
   """Masked multi-head attention: compiles `mask` and runs it on an attention backend.
 
   Works under `jit`, `grad` and `vmap`. Static masks compile once (`maskc.compile`
@@ -44,10 +45,11 @@ def attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike, v: jax.typing.Ar
     mask: mask text, a `Mask`, a sequence of them (one per query head), or a
       compiled `BlockMap` (whose tiles, offset and operands are then used).
     operands: values of the runtime operands the mask reads (NumPy or jax arrays).
-    backend: `"auto"` (see `maskc.kernels.api.choose_backend`: splash on TPU, flash
-      on GPU, xla on CPU, dense when the mask is tiny or nearly full), or one of
-      `maskc.kernels.BACKENDS`: `dense`, `xla`, `flash`, `splash` (tokamax's kernel
-      where tokamax imports, else JAX's), `splash_tokamax`, `splash_jax`.
+    backend: `"auto"` (see `maskc.kernels.api.choose`: splash on TPU; cudnn, tokamax
+      or flash on GPU by a cost model on the compiled map; xla on CPU, dense when the
+      mask is tiny or nearly full), or one of `maskc.kernels.BACKENDS`: `dense`, `xla`,
+      `flash`, `splash` (tokamax's splash kernel where tokamax imports, else JAX's),
+      `splash_tokamax`, `splash_jax`, `cudnn`, `tokamax` (tokamax's Mosaic GPU kernel).
     block_q, block_kv: tile sizes (default: the backend's).
     scale: logit scale (default `1 / sqrt(D)`).
     logits_soft_cap: if set, logits become `cap * tanh(logits / cap)`.
@@ -58,6 +60,9 @@ def attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike, v: jax.typing.Ar
     q_positions, kv_positions: the mask position of each query row / key column,
       `[L]` or `[B, L]` (NumPy or traced), instead of `q_offset + i` and `j`: for
       sequences stored out of order (zigzag or striped context-parallel layouts).
+    contiguous: operands whose every id is one run of each batch row (packed
+      documents), as `maskc.compile` takes them: under `jit` it lets `auto` run
+      `causal & document(seg)` on an engine that reads key intervals (tokamax).
 
   Returns:
     `[B, Lq, H, Dv]` in q's dtype. Rows with no allowed key are zero, with zero
@@ -101,7 +106,7 @@ def attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike, v: jax.typing.Ar
   bq, bk = api.default_blocks(name, lq, lkv)
   bm = compile(mask, lq, lkv, block_q=block_q or bq, block_kv=block_kv or bk,
                q_offset=q_offset, operands=operands, q_positions=q_positions,
-               kv_positions=kv_positions)
+               kv_positions=kv_positions, contiguous=contiguous)
   return api.attention(q, k, v, bm, backend=backend, **kw)
 
 

@@ -258,3 +258,86 @@ def test_attention_with_traced_operands_on_gpu():
 
 def test_auto_picks_flash_on_gpu():
   assert api.choose_backend("auto", 4096, 4096) == "flash"
+
+
+# (id, engine, mask, q_len, kv_len, heads, kv heads, head dim, dtype, soft cap, q_offset,
+#  operands): cuDNN for bands, tokamax for exact intervals of keys.
+ENGINE_CASES = [
+    ("cudnn-causal", "cudnn", "causal", 1024, 1024, 4, 2, 128, "bfloat16", None, None, None),
+    ("cudnn-sliding-d64", "cudnn", "sliding(300)", 1000, 1000, 2, 1, 64, "bfloat16", None,
+     None, None),
+    ("cudnn-full-cross", "cudnn", "full", 384, 1024, 2, 2, 128, "float16", None, None, None),
+    ("cudnn-causal-offset0", "cudnn", "causal", 512, 1024, 2, 1, 128, "bfloat16", None, 0, None),
+    ("cudnn-key-lengths-empty", "cudnn", "causal & k < n", 512, 512, 2, 1, 128, "bfloat16", None,
+     None, "n"),
+    ("tokamax-chunk", "tokamax", "causal & chunk(256)", 1024, 1024, 4, 2, 128, "bfloat16", None,
+     None, None),
+    ("tokamax-documents-f32", "tokamax", "causal & document(seg)", 1024, 1024, 2, 1, 64,
+     "float32", None, None, "seg"),
+    ("tokamax-documents-batched", "tokamax", "causal & document(seg)", 777, 777, 2, 1, 128,
+     "bfloat16", None, None, "seg-batched"),
+    ("tokamax-images", "tokamax", "causal | bidirectional(img)", 1024, 1024, 2, 2, 128,
+     "bfloat16", None, None, "img"),
+    ("tokamax-documents-images", "tokamax", "document(seg) & (causal | bidirectional(img))", 640,
+     640, 2, 1, 64, "float32", None, None, "seg+img"),
+    ("tokamax-local-cap", "tokamax", "local(100, 20)", 512, 512, 2, 1, 128, "bfloat16", 30.0,
+     None, None),
+    ("tokamax-empty-rows", "tokamax", "sliding(50) & q >= 100", 512, 512, 2, 1, 64, "float32",
+     None, None, None),
+    ("tokamax-offset", "tokamax", "causal | prefix(100)", 300, 1000, 2, 2, 128, "bfloat16",
+     None, None, None),
+]
+
+
+def _tokamax_ok() -> bool:
+  from maskc.kernels import tokamax
+  return tokamax.installed()
+
+
+@pytest.mark.parametrize("case", ENGINE_CASES, ids=[c[0] for c in ENGINE_CASES])
+def test_engines_on_gpu_match_references(case):
+  name, engine, mask, lq, lkv, h, hkv, d, dtype, cap, offset, kind = case
+  if engine == "tokamax" and not _tokamax_ok():
+    pytest.skip("tokamax is not installed")
+  dtype = jnp.dtype(dtype)
+  if kind == "n":
+    ops = {"n": np.array([300, 0], np.int32)}        # batch row 1: every row empty
+  else:
+    ops = case_operands(kind, lkv, len(name))
+  q, k, v, w = inputs(len(name), 2, lq, lkv, h, hkv, d, dtype)
+  bm = maskc.compile(mask, lq, lkv, block_q=64, block_kv=64, operands=ops, q_offset=offset)
+
+  def ours(q, k, v):
+    return api.attention(q, k, v, bm, backend=engine, logits_soft_cap=cap)
+
+  def dense(q, k, v):
+    return maskc.attention(q, k, v, mask, backend="dense", logits_soft_cap=cap, operands=ops,
+                           q_offset=offset)
+
+  out, grads = vjp_on(GPU, ours, q, k, v, w, dtype)
+  out_ref, grads_ref = vjp_on(CPU, dense, q, k, v, w, jnp.float32)
+  tol = F32_TOL if dtype == jnp.float32 else BF16_TOL
+  if engine == "tokamax" and dtype == jnp.float32:
+    tol = 1e-3  # tokamax runs float32 matmuls at TF32 unless asked otherwise
+  allowed = np.asarray(maskc.materialize(mask, lq, lkv, operands=ops, q_offset=offset))
+  allowed = allowed[:, None] if bm.batch is not None else allowed
+  out64, _ = numpy_reference(q, k, v, allowed, 1 / np.sqrt(d), cap)
+  assert_norm_close(out, out64, tol, f"{name}: out vs float64 NumPy")
+  assert_norm_close(out, out_ref, tol, f"{name}: out vs dense")
+  for g, r, n in zip(grads, grads_ref, "qkv"):
+    assert_norm_close(g, r, tol, f"{name}: d{n} vs dense")
+  empty = ~np.broadcast_to(allowed.any(-1), (2, 1, lq) if allowed.ndim == 4 else (lq,))
+  if empty.any():  # rows with no key: zeros, and zero query gradients
+    rows = np.broadcast_to(empty.reshape(-1, lq) if empty.ndim > 1 else empty, (2, lq))
+    assert np.all(out[rows] == 0) and np.all(grads[0][rows] == 0), name
+  assert np.isfinite(out).all() and all(np.isfinite(g).all() for g in grads), name
+
+
+def test_auto_on_gpu_chooses_on_the_compiled_map():
+  q, k, v, _ = inputs(5, 1, 1024, 1024, 2, 2, 128, jnp.bfloat16)
+  q, k, v = (jax.device_put(jnp.asarray(x, jnp.bfloat16), GPU) for x in (q, k, v))
+  bm = maskc.compile("causal", 1024, block_q=64, block_kv=64)
+  assert api.choose(bm, head_dim=128, dtype=jnp.bfloat16).backend == "cudnn"
+  out = maskc.attention(q, k, v, "causal")
+  ref = api.attention(q, k, v, bm, backend="cudnn")
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))

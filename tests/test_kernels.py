@@ -495,7 +495,7 @@ def fake_platform(monkeypatch, name: str, real=()):
   for mod in {_platform, api, flash, splash, api.BACKENDS["splash"].load()}:
     monkeypatch.setattr(mod, "platform", lambda: name)
   calls: list[str] = []
-  for backend in ("dense", "xla", "flash", "splash"):
+  for backend in ("dense", "xla", "flash", "splash", "cudnn", "tokamax"):
     mod = api.BACKENDS[backend].load()
     real_run = mod.run
 
@@ -843,3 +843,173 @@ class TestFlash(KernelTests):
     g_ref = jax.grad(lambda q: (dense_attention(q, k, v, mask, operands={"anc": anc, "sel": sel})
                                 * w).sum())
     assert_close(g(q), g_ref(q), F32_TOL, f"dq, {mask}")
+
+
+CUDNN_CASES = [  # mask, q_len, kv_len, q_offset, operands
+    ("causal", 40, 40, None, {}),
+    ("sliding(7)", 40, 40, None, {}),
+    ("local(5, 0)", 33, 33, None, {}),
+    ("k <= q & q - k < 3", 24, 24, None, {}),
+    ("full", 24, 40, None, {}),
+    ("causal", 24, 40, 0, {}),
+    ("causal & k < n", 40, 40, None, {"n": np.array([5, 0], np.int32)}),
+    ("k < n", 17, 40, None, {"n": np.int32(9)}),
+]
+
+
+class TestCudnn:
+  """The cuDNN backend's arguments, built from the map's band, checked on a CPU by the
+  identical `jax.nn.dot_product_attention` call with `implementation="xla"`."""
+
+
+  # A jit of forward and gradients per case: the default run takes five cases in float32 and
+  # one in bfloat16, `-m slow` the rest.
+  @pytest.mark.parametrize("dtype, case", [
+      pytest.param(dtype, case, id=f"{case[0]}-{case[1]}x{case[2]}-{np.dtype(dtype).name}",
+                   marks=() if (dtype == jnp.float32 and i in (0, 1, 4, 6, 7)) or
+                   (dtype == jnp.bfloat16 and i == 0) else pytest.mark.slow)
+      for dtype in (jnp.float32, jnp.bfloat16) for i, case in enumerate(CUDNN_CASES)])
+  def test_matches_dense(self, case, dtype):
+    from maskc.kernels import cudnn
+    text, lq, lkv, offset, ops = case
+    q, k, v, w = qkv(3, 2, lq, lkv, 4, 2, 16, dtype)
+    bm = maskc.compile(text, lq, lkv, q_offset=offset, operands=ops, block_q=16, block_kv=16)
+    ours = lambda q, k, v: cudnn.attend(q, k, v, bm, implementation="xla")
+    ref = lambda q, k, v: dense.run(q.astype(jnp.float32), k.astype(jnp.float32),
+                                    v.astype(jnp.float32), bm)
+    out, grads = out_and_grads(ours, q, k, v, w)
+    out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
+    tol = F32_TOL if dtype == jnp.float32 else BF16_TOL
+    assert_close(out, out_ref, tol, text)
+    for name, a, r in zip("qkv", grads, grads_ref):
+      assert_close(a, r, tol, f"d{name}, {text}")
+    empty = ~np.asarray(maskc.materialize(text, lq, lkv, q_offset=offset, operands=ops)).any(-1)
+    if empty.any():  # per-batch rows with no key (n == 0): zeros, zero gradients
+      np.testing.assert_array_equal(np.asarray(out, np.float32)[np.broadcast_to(
+          empty, out.shape[:2])], 0.0)
+      np.testing.assert_array_equal(np.asarray(grads[0], np.float32)[np.broadcast_to(
+          empty, out.shape[:2])], 0.0)
+
+  def test_arguments_come_from_the_band(self):
+    from maskc.kernels import cudnn
+    assert cudnn.arguments(maskc.compile("causal", 64)) == {"is_causal": True}
+    assert cudnn.arguments(maskc.compile("q - 8 < k <= q", 64)) == {
+        "is_causal": True, "local_window_size": (7, 0)}
+    assert cudnn.arguments(maskc.compile("full", 64)) == {}
+    lengths = cudnn.arguments(maskc.compile("causal & k < n", 64, operands={
+        "n": np.array([3, 9], np.int32)}))["key_value_seq_lengths"]
+    np.testing.assert_array_equal(lengths, [3, 9])
+
+  @pytest.mark.parametrize("text, lq, why", [
+      ("local(3, 2)", 64, "no top-left causal"),       # a right window without causal
+      ("causal", 32, "no top-left causal"),            # bottom-right: q_offset = 32
+      ("k < q", 64, "no top-left causal"),             # strict
+      ("causal & chunk(16)", 64, "bands only"),
+      ("causal & document(seg)", 64, "bands only"),
+      ("sliding(4) & k < n", 64, "a window with key lengths"),
+  ])
+  def test_refuses_what_it_cannot_run_and_names_flash(self, text, lq, why):
+    from maskc.kernels import cudnn
+    m = maskc.parse(text)
+    ops = {"seg": np.repeat(np.arange(4), 16).astype(np.int32), "n": np.int32(9)}
+    bm = maskc.compile(m, lq, 64, operands={s.name: ops[s.name] for s in m.operands})
+    with pytest.raises(maskc.BackendError, match=why) as err:
+      cudnn.arguments(bm)
+    assert "flash" in str(err.value)
+
+  def test_refuses_soft_cap_sinks_and_float32(self):
+    bm = maskc.compile("causal", 32, block_q=16, block_kv=16)
+    x = jnp.ones((1, 32, 2, 16), jnp.bfloat16)
+    for kw, what in ((dict(logits_soft_cap=2.0), "soft cap"), (dict(sinks=jnp.ones(2)), "sinks")):
+      with pytest.raises(maskc.BackendError, match=what):
+        maskc.kernels.attention(x, x, x, bm, backend="cudnn", **kw)
+    with pytest.raises(maskc.BackendError, match="bfloat16 and float16"):
+      maskc.kernels.attention(x.astype(jnp.float32), x, x, bm, backend="cudnn")
+
+
+# (mask, q_len, kv_len): what `choose` picks on a faked GPU at flash's tiles, bf16, head dim
+# 128, without tokamax and with it.
+CHOICES = [
+    ("causal", 1024, 1024, "cudnn", "cudnn"),
+    ("sliding(128)", 1024, 1024, "cudnn", "cudnn"),
+    ("full", 1024, 1024, "cudnn", "cudnn"),
+    ("causal & k < n", 1024, 1024, "cudnn", "cudnn"),
+    ("causal & chunk(256)", 1024, 1024, "flash", "tokamax"),
+    ("causal & document(seg)", 1024, 1024, "flash", "tokamax"),
+    ("causal | bidirectional(img)", 1024, 1024, "flash", "tokamax"),
+    ("document(seg) & (causal | bidirectional(img))", 1024, 1024, "flash", "tokamax"),
+    ("causal | prefix(100)", 1024, 1024, "flash", "tokamax"),
+    ("local(64, 64)", 1024, 1024, "flash", "tokamax"),    # a right window: no cuDNN
+    ("causal", 512, 1024, "flash", "tokamax"),            # bottom-right: no cuDNN
+    ("sink(4) | sliding(64)", 1024, 1024, "flash", "flash"),
+    ("causal & (q - k) % 3 == 0", 1024, 1024, "flash", "flash"),
+    ("causal & anc[q, k]", 256, 256, "flash", "flash"),
+]
+
+
+def _choice_map(text: str, lq: int, lkv: int):
+  rng = np.random.default_rng(0)
+  img = np.zeros(lkv, bool)
+  img[100:300] = img[600:700] = True
+  values = {"seg": np.sort(rng.integers(0, 6, lkv)).astype(np.int32), "img": img,
+            "n": np.int32(700), "anc": np.tril(np.ones((lq, lkv), bool))}
+  m = maskc.parse(text)
+  return maskc.compile(m, lq, lkv, block_q=64, block_kv=64,
+                       operands={s.name: values[s.name] for s in m.operands})
+
+
+@pytest.mark.parametrize("tokamax", [False, True])
+@pytest.mark.parametrize("text, lq, lkv, without, with_tokamax", CHOICES,
+                         ids=[f"{c[0]}-{c[1]}" for c in CHOICES])
+def test_choose_on_a_faked_gpu(monkeypatch, text, lq, lkv, without, with_tokamax, tokamax):
+  from maskc.kernels import tokamax as tokamax_mod
+  monkeypatch.setattr(tokamax_mod, "installed", lambda: tokamax)
+  bm = _choice_map(text, lq, lkv)
+  got = api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.bfloat16)
+  assert got.backend == (with_tokamax if tokamax else without), got.reason
+  assert got.reason.startswith(f"GPU: {got.backend}, estimated"), got.reason
+  # cuDNN only for bands, tokamax only for exact intervals
+  if got.backend == "cudnn":
+    assert bm.band() is not None
+  if got.backend == "tokamax":
+    assert bm.key_intervals()[2]
+  # rings need a differentiable log-sum-exp: flash then
+  assert api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.bfloat16,
+                    need_lse=True).backend == "flash"
+
+
+def test_choose_refusals_and_other_platforms(monkeypatch):
+  from maskc.kernels import tokamax as tokamax_mod
+  monkeypatch.setattr(tokamax_mod, "installed", lambda: True)
+  bm = _choice_map("causal", 1024, 1024)
+  f32 = api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.float32)
+  assert f32.backend == "tokamax" and "not cudnn: runs bfloat16" in f32.reason
+  capped = api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.bfloat16, soft_cap=True)
+  assert capped.backend == "tokamax" and "no soft cap" in capped.reason
+  sinks = api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.bfloat16, sinks=True)
+  assert sinks.backend == "flash", sinks.reason
+  assert api.choose(bm, platform="tpu", head_dim=128, dtype=jnp.bfloat16).backend == "splash"
+  cpu = api.choose(bm, platform="cpu", head_dim=128, dtype=jnp.float32)
+  assert cpu.backend == "xla" and cpu.reason
+  tiny = api.choose(_choice_map("causal", 64, 64), platform="cpu", head_dim=8,
+                    dtype=jnp.float32)
+  assert tiny.backend == "dense" and "tiny" in tiny.reason
+
+
+def test_auto_on_a_faked_gpu_falls_back_from_cudnn_to_flash(monkeypatch):
+  """cuDNN chosen for a bf16 band; on this CPU it cannot run, so `auto` moves to flash."""
+  calls = fake_platform(monkeypatch, "gpu", real=("cudnn",))
+  x = jnp.ones((1, 256, 2, 64), jnp.bfloat16)
+  with pytest.raises(_Picked):
+    maskc.attention(x, x, x, "causal")
+  monkeypatch.undo()
+  assert calls == ["cudnn", "flash"]
+
+
+@pytest.mark.parametrize("backend", ["cudnn", "tokamax"])
+def test_rings_refuse_engines_without_a_log_sum_exp(backend):
+  from maskc.kernels import sharded
+  assert not hasattr(api.BACKENDS[backend].load(), "run_with_lse")
+  with pytest.raises(maskc.BackendError, match="run_with_lse") as err:
+    sharded._lse_runner(backend, None)
+  assert "flash" in str(err.value)

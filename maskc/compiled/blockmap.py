@@ -22,11 +22,13 @@ import numpy as np
 from jax.typing import DTypeLike
 
 from maskc.compiled import (
+  intervals as _intervals,
   predicate as _predicate,
   render as _render,
   splash_info as _splash_info,
   tokamax_info as _tokamax_info,
 )
+from maskc.compiled.intervals import KeyIntervals
 from maskc.compiled.predicate import Predicate, ReadValues
 from maskc.compiled.tiles import (
   EMPTY as EMPTY,
@@ -83,6 +85,9 @@ class BlockMap:
     q_positions, kv_positions: explicit positions of the rows / columns, `[B', L]`
       (None: `q_offset + row` and `col`). The predicates then read positions as
       per-token reads (`read_values` gathers them), never the bare `q`/`k`.
+    intervals: per distinct mask, its interval form (`maskc.compiled.intervals`: one
+      interval of keys per row, proved from the mask's structure), or None (explicit
+      positions, or a map built without them); read by `key_intervals()`.
 
   Leading axes of every per-tile array it hands out are `[B, H]`, each present
   only when the mask has a batch (operands with a batch axis) or heads (a
@@ -111,6 +116,7 @@ class BlockMap:
   int_range: tuple[int, int] | None = None
   q_positions: Any = None
   kv_positions: Any = None
+  intervals: tuple[KeyIntervals | None, ...] | None = None
 
   @property
   def cols(self) -> Runs:
@@ -132,17 +138,17 @@ class BlockMap:
                 self.kv_positions)
     aux = (self.masks, self.head_index, self.q_len, self.kv_len, self.block_q, self.block_kv,
            self.batch, self.predicates, self.backward, self.line_bounds, self.segment_split,
-           self.int_range)
+           self.int_range, self.intervals)
     return children, aux
 
   @classmethod
   def tree_unflatten(cls, aux: tuple[Any, ...], children: tuple[Any, ...]) -> BlockMap:
     q_offset, rows, col_runs, operands, q_positions, kv_positions = children
     (masks, head_index, q_len, kv_len, block_q, block_kv, batch, predicates, backward,
-     line_bounds, segment_split, int_range) = aux
+     line_bounds, segment_split, int_range, intervals) = aux
     return cls(masks, head_index, q_len, kv_len, q_offset, block_q, block_kv, batch, rows,
                operands, predicates, col_runs, backward, line_bounds, segment_split, int_range,
-               q_positions, kv_positions)
+               q_positions, kv_positions, intervals)
 
   # ------------------------------------------------------------------ shape
 
@@ -298,6 +304,97 @@ class BlockMap:
       out = _predicate.evaluate(pred, xp, q, k, fetch)
       outs.append(xp.broadcast_to(out, ((self.batch or 1), self.q_len, self.kv_len)))
     return self._public(xp.stack(outs, axis=1))
+
+  def key_intervals(self) -> tuple[TileArray, TileArray, bool]:
+    """`(start, stop, exact)`: one interval of keys per query row.
+
+    `start` and `stop` are int32 `[..., q_len]` (leading `[B, H]` axes as the map has
+    them): every allowed key of row `i` lies in `[start[i], stop[i])`, and a row with no
+    allowed key has `start == stop` wherever `exact`. `exact` is a Python bool: True when
+    every key in those ranges is allowed, for every value the operands could take (under
+    `jit` too), so a kernel needs no mask evaluation. The intervals come from the mask's
+    structure as the compiler proved it (`maskc.compiled.intervals`: bands, chunks, runs
+    of equal reads, masks of one position, joined where they share a key), never from its
+    name; where that proves nothing they are each row's hull of the non-EMPTY tiles, with
+    `exact=False`. Segment ids are one interval per row only when each document is one
+    run: proved on static values, declared under `jit` (`maskc.compile(...,
+    contiguous=["seg"])`).
+
+    >>> import maskc
+    >>> start, stop, exact = maskc.compile("causal & chunk(4)", 8).key_intervals()
+    >>> start.tolist(), stop.tolist(), exact
+    ([0, 0, 0, 0, 4, 4, 4, 4], [1, 2, 3, 4, 5, 6, 7, 8], True)
+    """
+    xp = self.xp
+    static = self.is_static and all(isinstance(a, np.ndarray) for a in (
+        list(self.operands.values()) + self._positions()))
+    if not static:
+      xp = jnp
+    int_t = np.int64 if xp is np else np.int32
+    nb = self.batch or 1
+    hull_lo, hull_hi = self._tile_hull(xp)
+    los, his, exact = [], [], True
+    for u, form in enumerate(self.intervals or (None,) * len(self.predicates)):
+      if form is None or self.q_positions is not None or self.kv_positions is not None:
+        lo, hi, ok = hull_lo[:, u], hull_hi[:, u], False
+      else:
+        positions = xp.arange(self.q_len, dtype=int_t) + xp.asarray(self.q_offset, int_t)
+        env = _intervals.Env(xp, positions, self.kv_len, self.operands, nb, static)
+        lo, hi, ok = _intervals.evaluate(form.form, env)
+        if not ok:  # the tiles may say more
+          lo, hi = xp.maximum(lo, hull_lo[:, u]), xp.minimum(hi, hull_hi[:, u])
+      exact = exact and ok
+      lo = xp.broadcast_to(lo, (nb, self.q_len))
+      hi = xp.broadcast_to(hi, (nb, self.q_len))
+      stop = xp.maximum(hi + 1, lo)
+      los.append(xp.minimum(lo, stop))
+      his.append(stop)
+    start = self._public(xp.stack(los, axis=1).astype(np.int32))
+    stop = self._public(xp.stack(his, axis=1).astype(np.int32))
+    return start, stop, exact
+
+  def band(self) -> tuple[int | None, int | None, TileArray | None] | None:
+    """`(lo, hi, kv_lengths)` when the mask of every head is exactly the band
+    `lo <= q - k <= hi` (either end None: unbounded), alone or with `& k < n`; else None.
+
+    The compiler's interval form says so (`maskc.compiled.intervals.band_of`), never the
+    mask's name: `causal`, `sliding(w)`, `local(l, r)`, `full`, `causal & k < kv_len`.
+    `kv_lengths` is None for a band alone, else int32 `[B]` (or `[1]`): the keys each batch
+    row keeps, `0..n-1`. For engines that take a band and key lengths as arguments
+    (cuDNN). None with explicit positions.
+    """
+    if not self.intervals or self.q_positions is not None or self.kv_positions is not None:
+      return None
+    found = {None if f is None else _intervals.band_of(f.form) for f in self.intervals}
+    if len(found) != 1 or (one := found.pop()) is None:
+      return None
+    band, keys = one
+    if keys is None:
+      return band.lo, band.hi, None
+    xp = self.xp if self.is_static and all(
+        isinstance(a, np.ndarray) for a in self.operands.values()) else jnp
+    int_t = np.int64 if xp is np else np.int32
+    positions = xp.arange(1, dtype=int_t) + xp.asarray(self.q_offset, int_t)
+    env = _intervals.Env(xp, positions, self.kv_len, self.operands, self.batch or 1,
+                         xp is np)
+    return band.lo, band.hi, _intervals.key_lengths(keys, env).astype(np.int32)
+
+  def _tile_hull(self, xp: ModuleType) -> tuple[Any, Any]:
+    """Each row's first and last key of its line's non-EMPTY tiles, `[B', U, q_len]`
+    (first > last where the line has none): sound for every mask."""
+    runs = self.rows
+    count = xp.asarray(runs.count)
+    if runs.start.shape[-1] == 0:  # no run anywhere
+      empty = xp.zeros(count.shape[:-1] + (self.q_len,), np.int64 if xp is np else np.int32)
+      return empty + self.kv_len, empty - 1
+    first = xp.asarray(runs.start)[..., 0] * self.block_kv
+    last_run = xp.clip(count - 1, 0, None)[..., None]
+    last = xp.take_along_axis(xp.asarray(runs.stop), last_run, axis=-1)[..., 0] * self.block_kv
+    last = xp.minimum(last, self.kv_len) - 1
+    first = xp.where(count > 0, first, self.kv_len)
+    last = xp.where(count > 0, last, -1)
+    rows = np.arange(self.q_len) // self.block_q
+    return first[..., rows], last[..., rows]
 
   # ------------------------------------------------------------------ statistics
 

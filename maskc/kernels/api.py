@@ -13,6 +13,8 @@ backend's dependencies cost nothing until then. The XLA path is always there.
 | `splash` | TPU; CPU interpreted | `splash_tokamax` where tokamax imports, else `splash_jax` |
 | `splash_tokamax` | TPU; CPU interpreted | tokamax's splash kernel (MaxText's), our MaskInfo |
 | `splash_jax` | TPU; CPU interpreted | JAX's splash kernel fed our MaskInfo |
+| `cudnn` | GPU | cuDNN through `jax.nn.dot_product_attention`, for bands |
+| `tokamax` | GPU, with tokamax installed | tokamax's Mosaic GPU kernel, for exact key intervals |
 
 Which splash runs is explicit: name `splash_tokamax` or `splash_jax`, or `splash`
 for MaxText's choice, tokamax's kernel when `tokamax` imports (`pip install
@@ -20,24 +22,25 @@ maskc[tokamax]`, Python >= 3.12 with jax >= 0.11.1) and JAX's otherwise
 (`Backend.resolved()` says which). Both take the same masks; tokamax's also
 needs `block_q` to be a multiple of 128.
 
-What `backend="auto"` picks, and why:
+What `backend="auto"` picks, and why (`choose`):
 
 - TPU: `splash` (Mosaic; any length, padded in the adapter). Falls back to xla
   when a mask reads batched operands other than segment ids `s[q] == s[k]`
   (splash's MaskInfo has no batch axis) or `block_kv` is not a multiple of 128.
-- GPU: `flash` (Triton; every operand kind: per-token, scalar, pairwise and
-  per-tile; any length). Falls back to xla when the tiles are not powers of two
-  >= 16.
+- GPU: the mask is compiled at flash's tiles (`choose_backend`), then `choose`
+  picks on the compiled map, by the cost model `GPU_COSTS`, among the engines that
+  can run it: `cudnn` (a band), `tokamax` (installed, and one exact interval of keys
+  per row), `flash` (every mask). Where the chosen engine refuses at run time, `auto`
+  falls back to flash, then to xla (tiles that are not powers of two >= 16).
 - CPU: `dense` when `q_len * kv_len <= TINY` or the compiled map's density is
   above `NEARLY_FULL`, else `xla`. On CPU the Pallas kernels only interpret, and
   for tiny or nearly full masks the block bookkeeping costs more than the
   skipped tiles save.
 
-On TPU and GPU the choice does not depend on the mask's size or density: the
-kernels skip EMPTY tiles and do no mask work on FULL ones, so a dense mask costs
-them what dense attention costs. `choose_backend` makes the choice from the
-platform and lengths before compiling (it decides the tile sizes); `attention`
-refines an xla choice to dense once it sees the compiled map.
+`choose_backend` makes the first choice from the platform and lengths before
+compiling (it decides the tile sizes: on a GPU, flash's, so that the map serves every
+GPU engine and the fallback); `attention` then refines it on the compiled map
+(`choose`): xla to dense on CPU, flash to cudnn or tokamax on GPU.
 """
 
 from __future__ import annotations
@@ -46,10 +49,12 @@ import dataclasses
 import importlib
 import types
 from collections.abc import Mapping
-from typing import Any, Protocol, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 import jax
-from jax.typing import ArrayLike
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike, DTypeLike
 
 from maskc.compiled.blockmap import BlockMap
 from maskc.kernels import common
@@ -122,9 +127,30 @@ BACKENDS: Mapping[str, Backend] = types.MappingProxyType({
     "splash_tokamax": Backend("splash_tokamax", "maskc.kernels.tokamax_splash",
                               "tokamax's splash attention (TPU)", requires="tokamax"),
     "splash_jax": Backend("splash_jax", "maskc.kernels.splash", "JAX splash attention (TPU)"),
+    "cudnn": Backend("cudnn", "maskc.kernels.cudnn", "cuDNN flash attention for bands (GPU)"),
+    "tokamax": Backend("tokamax", "maskc.kernels.tokamax",
+                       "tokamax Mosaic GPU flash attention for key intervals (GPU)"),
 })
 # The splash backends: static MaskInfo, key tiles of 128 (`maskc.attention`, sharding).
 SPLASH = frozenset({"splash", "splash_tokamax", "splash_jax"})
+
+# The GPU cost model: per engine, (forward TFLOP/s, backward TFLOP/s, fixed ms a call),
+# TFLOP/s counted on the tile work an engine does (`_work`). Measured on one NVIDIA H100
+# 80GB HBM3, bf16, B=1, 16 heads of 128: flash and cudnn on 2026-11-26 by
+# `python benchmarks/gpu_attention.py --lengths 8192 32768 --impls flash cudnn --repeats 3`
+# (docs/benchmarks.md, 32K rows); tokamax from its shipped autotuning data at 16K (causal,
+# issue 36). To be measured again, all three in one run, by `benchmarks/gpu_check.sh`,
+# whose attention step prints these columns.
+GPU_COSTS: Mapping[str, tuple[float, float, float]] = types.MappingProxyType({
+    "cudnn": (630.0, 575.0, 0.05),
+    "tokamax": (637.0, 452.0, 0.05),
+    "flash": (250.0, 290.0, 0.05),
+})
+GPU_COSTS_MEASURED = "2026-11-26, H100 (flash, cudnn); tokamax's autotuning data (tokamax)"
+# A backward pass does 2.5 times a forward pass's matmul work (5 matmuls against 2).
+BACKWARD_WORK = 2.5
+# Engines whose `run_with_lse` returns a differentiable log-sum-exp (rings need one).
+WITH_LSE = ("xla", "flash", "splash", "splash_tokamax", "splash_jax")
 
 
 def check_backend(backend: str) -> None:
@@ -152,6 +178,117 @@ def choose_backend(backend: str, q_len: int, kv_len: int) -> str:
   return name
 
 
+class Choice(NamedTuple):
+  """What `choose` picked, and why in one line."""
+  backend: str
+  reason: str
+
+
+def choose(bm: BlockMap, *, platform: str | None = None, head_dim: int,
+           dtype: DTypeLike, soft_cap: bool = False, sinks: bool = False,
+           need_lse: bool = False) -> Choice:
+  """The backend `auto` runs a compiled map on, and a one-line reason.
+
+  On a GPU: every engine that can run the map (`cudnn` for a band, `tokamax` when
+  installed for one exact interval of keys per row, `flash` always) is costed by
+  `GPU_COSTS` on the map's work, forward plus backward, and the cheapest wins. On a
+  TPU: splash. On a CPU: dense for tiny or nearly full maps, else xla.
+
+  Args:
+    bm: the compiled map (at flash's tiles on a GPU: `choose_backend`).
+    platform: `"gpu"`, `"tpu"` or `"cpu"` (default: where jax runs).
+    head_dim: the query/key head dimension. dtype: q's dtype.
+    soft_cap, sinks: whether the call has a logit soft cap / sink logits.
+    need_lse: only engines with a differentiable log-sum-exp (`run_with_lse`; rings).
+
+  Returns:
+    `Choice(backend, reason)`.
+
+  >>> import jax.numpy as jnp, maskc
+  >>> from maskc.kernels.api import choose
+  >>> choose(maskc.compile("causal", 4096, block_q=64, block_kv=64), platform="gpu",
+  ...        head_dim=128, dtype=jnp.bfloat16).backend
+  'cudnn'
+  """
+  where = platform_name() if platform is None else platform
+  if where == "tpu":
+    return Choice("splash", "TPU: splash attention (Mosaic), whatever the mask")
+  if where != "gpu":
+    if dense_is_better(bm):
+      return Choice("dense", "CPU: a tiny or nearly full mask, where dense attention is "
+                             "cheaper than block bookkeeping")
+    return Choice("xla", "CPU: block-sparse jax.numpy, whose work tracks the density")
+  refused: dict[str, str] = {}
+  costs: dict[str, float] = {}
+  for name in ("cudnn", "tokamax", "flash"):
+    why = _refusal(name, bm, head_dim=head_dim, dtype=dtype, soft_cap=soft_cap, sinks=sinks,
+                   need_lse=need_lse)
+    if why is not None:
+      refused[name] = why
+      continue
+    fwd, bwd, fixed = GPU_COSTS[name]
+    work = _work(name, bm, head_dim)
+    costs[name] = work / (fwd * 1e9) + BACKWARD_WORK * work / (bwd * 1e9) + 2 * fixed
+  best = min(costs, key=costs.__getitem__)
+  others = ", ".join(f"{n} {c:.3g}" for n, c in sorted(costs.items(), key=lambda x: x[1])
+                     if n != best)
+  skipped = "; ".join(f"not {n}: {w}" for n, w in refused.items())
+  return Choice(best, f"GPU: {best}, estimated {costs[best]:.3g} ms fwd+bwd per batch row "
+                      f"and head" + (f" (vs {others})" if others else "") +
+                (f"; {skipped}" if skipped else ""))
+
+
+def _refusal(name: str, bm: BlockMap, *, head_dim: int, dtype: DTypeLike, soft_cap: bool,
+             sinks: bool, need_lse: bool) -> str | None:
+  """Why engine `name` cannot run `bm` on a GPU, or None."""
+  if need_lse and name not in WITH_LSE:
+    return "no differentiable log-sum-exp"
+  if name == "flash":
+    return None
+  if name == "cudnn":
+    if soft_cap or sinks:
+      return "no soft cap or sinks"
+    if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+      return f"runs bfloat16 and float16, not {jnp.dtype(dtype)}"
+    if head_dim % 8 or head_dim > 256:
+      return f"head dim {head_dim}"
+    try:
+      BACKENDS["cudnn"].load().arguments(bm)  # type: ignore[attr-defined]
+    except BackendError:
+      return "no band cuDNN expresses"
+    return None
+  mod = BACKENDS["tokamax"].load()
+  if not mod.installed():  # type: ignore[attr-defined]
+    return "tokamax is not installed"
+  why = mod.refusal(bm, head_dim=head_dim, dtype=dtype, sinks=sinks)  # type: ignore[attr-defined]
+  return None if why is None else why.split(" (")[0]
+
+
+def _work(name: str, bm: BlockMap, head_dim: int) -> float:
+  """The forward FLOPs engine `name` spends on `bm`, per batch row and head: the non-EMPTY
+  tiles for flash and cuDNN (which skips masked tiles of its band itself), each 128-row
+  tile's hull of key intervals for tokamax (it skips the key blocks outside it)."""
+  lead = int(np.prod(bm.lead_shape or (1,)))
+  sparse = bm.attention_flops(head_dim)[0] / lead if bm.is_static else \
+      4.0 * bm.q_len * bm.kv_len * head_dim
+  if name != "tokamax" or not bm.is_static:
+    return float(sparse)
+  start, stop, _ = bm.key_intervals()
+  rows = 128
+  n = -(-bm.q_len // rows)
+  pad = n * rows - bm.q_len
+  lo = np.pad(np.asarray(start), [(0, 0)] * (start.ndim - 1) + [(0, pad)], mode="edge")
+  hi = np.pad(np.asarray(stop), [(0, 0)] * (stop.ndim - 1) + [(0, pad)], mode="edge")
+  lo = lo.reshape(lo.shape[:-1] + (n, rows)).min(-1)
+  hi = hi.reshape(hi.shape[:-1] + (n, rows)).max(-1)
+  return float(4.0 * rows * np.maximum(hi - lo, 0).sum() * head_dim / lead)
+
+
+def platform_name() -> str:
+  """Where jax runs: "gpu", "tpu" or "cpu" (`maskc.kernels.platform`)."""
+  return platform()
+
+
 def _platform_backend() -> str:
   """The block-sparse backend native to the platform jax runs on (xla on CPU)."""
   return {"tpu": "splash", "gpu": "flash"}.get(platform(), "xla")
@@ -177,10 +314,11 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, bm: BlockMap, *, backend
     q: `[B, Lq, H, D]`. k, v: `[B, Lkv, Hkv, D]` / `[B, Lkv, Hkv, Dv]` with
       `H % Hkv == 0` (GQA; `Hkv = 1` is MQA).
     bm: the compiled `BlockMap` (its tiles, offset and operands are used).
-    backend: `"auto"` or one of `BACKENDS`. `auto`: splash on TPU, flash on GPU,
-      xla on CPU, and dense instead of xla when the mask is tiny
-      (`q_len * kv_len <= TINY`) or nearly full (density > `NEARLY_FULL`); when
-      splash or flash cannot run a mask, `auto` falls back to xla.
+    backend: `"auto"` or one of `BACKENDS`. `auto` runs what `choose` picks on the
+      map: splash on TPU; cudnn, tokamax or flash on GPU by the cost model; xla on
+      CPU, or dense when the mask is tiny (`q_len * kv_len <= TINY`) or nearly full
+      (density > `NEARLY_FULL`). Where the pick cannot run the call, `auto` falls back
+      to flash (GPU), then to xla.
     scale: logit scale (default `1 / sqrt(D)`).
     logits_soft_cap: if set, logits become `cap * tanh(logits / cap)`.
     sinks: optional float `[H]` learned sink logits joining each softmax denominator.
@@ -209,9 +347,10 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, bm: BlockMap, *, backend
         hint="Compile the mask first (`maskc.compile(mask, q_len, ...)`), or call "
              "`maskc.attention`, which accepts mask text and compiles it.")
   auto = backend == "auto"
-  name = _platform_backend() if auto else backend
-  if auto and name == "xla" and dense_is_better(bm):
-    name = "dense"
+  name = backend
+  if auto:
+    name = choose(bm, head_dim=q.shape[-1], dtype=q.dtype, soft_cap=logits_soft_cap is not None,
+                  sinks=sinks is not None).backend
   kw: dict[str, Any] = dict(scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks,
                             interpret=interpret)
   try:
@@ -219,8 +358,13 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, bm: BlockMap, *, backend
   except (BackendError, MaskValueError):
     if not auto or name in ("xla", "dense"):
       raise
-    # `auto` promises an answer: the xla path runs every mask.
-    return BACKENDS["xla"].load().run(q, k, v, bm, **kw)
+  # `auto` promises an answer: flash runs every mask on a GPU, the xla path everywhere.
+  if name not in ("flash", *SPLASH):
+    try:
+      return BACKENDS["flash"].load().run(q, k, v, bm, **kw)
+    except (BackendError, MaskValueError):
+      pass
+  return BACKENDS["xla"].load().run(q, k, v, bm, **kw)
 
 
 def dense_is_better(bm: BlockMap) -> bool:

@@ -139,7 +139,8 @@ def _lse_runner(backend: str, interpret):
   fn = getattr(mod, "run_with_lse", None)
   if fn is None:
     raise BackendError(f"the {backend} backend has no run_with_lse, which ring steps need",
-                       hint="Use strategy='all_gather', or backend='xla'.")
+                       hint="Use strategy='all_gather', or backend='flash' (GPU) or 'xla'; "
+                            "backend='auto' runs rings on flash on a GPU.")
   if backend == "xla":
     return fn
   return functools.partial(fn, interpret=interpret)

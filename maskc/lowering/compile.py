@@ -28,12 +28,14 @@ from jax.typing import ArrayLike, DTypeLike
 
 from maskc.analysis.linear import conjuncts, segment_conjunct
 from maskc.compiled.blockmap import BlockMap
+from maskc.compiled.intervals import KeyIntervals, one_run_each
 from maskc.compiled.predicate import Predicate
 from maskc.compiled.predicate_compiler import compile_predicate
 from maskc.compiled.tiles import Runs, run_lengths
 from maskc.language import ir
 from maskc.language.errors import MaskTypeError, MaskValueError
 from maskc.lowering import rules as lowering_rules
+from maskc.lowering.closed_forms import row_intervals
 from maskc.lowering.grid.refine import MEMORY_BUDGET, Budget
 from maskc.lowering.static import compile_static
 from maskc.lowering.traced import compile_dynamic
@@ -51,7 +53,8 @@ def compile(mask: MasksLike, q_len: int, kv_len: int | None = None, *, block_q: 
             operands: Mapping[str, ArrayLike] | None = None, exact: bool = False,
             refine_budget: int | None = None, memory_budget: int | None = None,
             q_positions: ArrayLike | None = None,
-            kv_positions: ArrayLike | None = None) -> BlockMap:
+            kv_positions: ArrayLike | None = None,
+            contiguous: Collection[str] = ()) -> BlockMap:
   """Lowers a mask to block-sparsity metadata.
 
   The tiles are always sound: a FULL tile holds only allowed pairs, an EMPTY tile
@@ -84,6 +87,10 @@ def compile(mask: MasksLike, q_len: int, kv_len: int | None = None, *, block_q: 
       `col`. Lowering is sound for any positions (a tile's positions are bounded by
       their min and max) and exact where each tile's positions are consecutive
       integers in order, as in zigzag and striped layouts with block-aligned chunks.
+    contiguous: names of per-token operands whose every value is one run of each batch
+      row (packed documents, each in one piece). Static values are checked; traced ones
+      are taken at their word, so that `bm.key_intervals()` can call `causal &
+      document(seg)` exact under `jit`.
 
   Returns:
     A `BlockMap`. Static results are cached by (masks, shape, tiles, operand bytes).
@@ -98,17 +105,18 @@ def compile(mask: MasksLike, q_len: int, kv_len: int | None = None, *, block_q: 
                    _int("memory_budget", memory_budget, minimum=1))
   bound = bind_masks(mask, q_len, kv_len, q_offset=q_offset, operands=operands,
                      q_positions=q_positions, kv_positions=kv_positions)
+  declared = _contiguous(bound, contiguous, operands or {})
   refine = [exact or ir.is_prelude_only(m) for m in bound.masks]
   if bound.traced:
     rows, cols = compile_dynamic(bound.masks, bound.shape, bound.operands, bound.batch, block_q,
                                  block_kv, refine, refine_budget, budget)
     return _blockmap(bound, block_q, block_kv, rows=rows, col_runs=cols,
-                     line_bounds=_line_bounds(bound, block_q, block_kv))
+                     line_bounds=_line_bounds(bound, block_q, block_kv), contiguous=declared)
   key = (bound.masks, bound.head_index, bound.q_len, bound.kv_len, bound.q_offset, block_q,
          block_kv, tuple(refine), lowering_rules.disabled_now(),
          tuple(p.static_bytes() for p in bound.prepared),
          tuple(None if p is None else p.tobytes()
-               for p in (bound.shape.q_positions, bound.shape.kv_positions)))
+               for p in (bound.shape.q_positions, bound.shape.kv_positions)), declared)
   rules: Collection[str]
   if key in _CACHE:
     _CACHE.move_to_end(key)
@@ -117,7 +125,8 @@ def compile(mask: MasksLike, q_len: int, kv_len: int | None = None, *, block_q: 
     with lowering_rules.taken() as rules:
       rows, backward = compile_static(bound.masks, bound.shape, bound.operands, bound.batch,
                                       block_q, block_kv, refine, budget, forms=bound.forms)
-    bm = _blockmap(bound, block_q, block_kv, rows=rows, backward=backward)
+      bm = _blockmap(bound, block_q, block_kv, rows=rows, backward=backward,
+                     contiguous=declared)
     _CACHE[key] = bm, frozenset(rules)
     if len(_CACHE) > _CACHE_SIZE:
       _CACHE.popitem(last=False)
@@ -319,10 +328,46 @@ def _int_range(bound: Binding) -> tuple[int, int] | None:
   return min(r[0] for r in ranges), max(r[1] for r in ranges)
 
 
+def _contiguous(bound: Binding, names: Collection[str],
+                operands: Mapping[str, Any]) -> frozenset[str]:
+  """The operands declared contiguous (`compile(contiguous=...)`), checked: each a
+  per-token operand of the masks, and where static, each value one run of each row."""
+  if isinstance(names, str):
+    names = (names,)
+  tokens = {s.name for m in bound.masks for s in m.operands if s.kind == "token"}
+  for name in names:
+    if name not in tokens:
+      raise MaskValueError(
+          f"contiguous={sorted(names)} names {name!r}, which the mask reads as no "
+          f"per-token operand (its per-token operands: {sorted(tokens) or 'none'})",
+          hint="Declare only segment ids the mask compares, as in `document(seg)`.")
+    value = operands.get(name)
+    if value is None or isinstance(value, jax.core.Tracer):
+      continue
+    rows = np.asarray(value)
+    for b, row in enumerate(rows.reshape(-1, rows.shape[-1])):
+      if not one_run_each(row):
+        raise MaskValueError(
+            f"operand {name!r} was declared contiguous, but batch row {b} holds an id in "
+            f"more than one run",
+            hint=f"Give each document one id and keep its tokens together, or leave "
+                 f"{name!r} out of contiguous=.")
+  return frozenset(names)
+
+
+def _intervals(bound: Binding, contiguous: frozenset[str]) -> tuple[KeyIntervals, ...] | None:
+  """Each distinct mask's interval form (rule `row_intervals`); None with explicit
+  positions, where rows and columns are no runs of consecutive positions."""
+  if bound.shape.has_positions or not lowering_rules.enabled("row_intervals"):
+    return None
+  lowering_rules.took("row_intervals")
+  return tuple(row_intervals.key_intervals(m, contiguous) for m in bound.masks)
+
+
 def _blockmap(bound: Binding, block_q: int, block_kv: int, *, rows: Runs,
               col_runs: Runs | None = None, backward: Callable[[], Runs] | None = None,
-              line_bounds: tuple[tuple[int, int, int, int] | None, ...] | None = None
-              ) -> BlockMap:
+              line_bounds: tuple[tuple[int, int, int, int] | None, ...] | None = None,
+              contiguous: frozenset[str] = frozenset()) -> BlockMap:
   predicates = _predicates(bound, block_q, block_kv)
   return BlockMap(masks=bound.masks, head_index=bound.head_index, q_len=bound.q_len,
                   kv_len=bound.kv_len, q_offset=bound.q_offset, block_q=block_q,
@@ -331,7 +376,8 @@ def _blockmap(bound: Binding, block_q: int, block_kv: int, *, rows: Runs,
                   line_bounds=line_bounds,
                   segment_split=_segment_split(bound, block_q, block_kv, predicates),
                   int_range=_int_range(bound),
-                  q_positions=bound.shape.q_positions, kv_positions=bound.shape.kv_positions)
+                  q_positions=bound.shape.q_positions, kv_positions=bound.shape.kv_positions,
+                  intervals=_intervals(bound, contiguous))
 
 
 def bind_map(mask: MasksLike, q_len: int, kv_len: int | None = None, *, q_offset: Any = None,

@@ -56,6 +56,9 @@ RULES: Mapping[str, str] = types.MappingProxyType({
     "same_run_ids": "`runs(x)[a] == runs(x)[b]` beside `x[a]` analysed by ids of x's runs of "
                     "zeros and nonzeros (static) or by run labels (traced, "
                     "maskc.lowering.closed_forms.same_run)",
+    "row_intervals": "one interval of keys per row for `bm.key_intervals()`, proved from "
+                     "bands, chunks, runs of equal reads and masks of one position "
+                     "(maskc.lowering.closed_forms.row_intervals)",
     "diagonal_truth": "tiles PARTIAL in two parts of an `&` that the diagonal crosses, in a "
                       "mask true at every q == k, mixed with no pair evaluated "
                       "(maskc.analysis.diagonal_truth)",
