@@ -906,6 +906,7 @@ def test_fuzzed_files_raise_only_short_mask_errors(doc, fmt, cut, junk):
       assert len(str(e)) < SHORT_ERROR
 
 
+@pytest.mark.slow      # the whole example model twice, 14 s; the forward and backward run by default
 def test_example_model_block_sparse_matches_dense_reference():
   """Through the whole model, the XLA block-sparse backend matches the dense reference."""
   pytest.importorskip("yaml")

@@ -82,7 +82,8 @@ def test_periodic_masks_take_the_repeating_path():
       bm = maskc.compile(text, n * 128, block_q=128, block_kv=128)
       assert int(bm.rows.count.sum()) == runs
       assert int(bm.cols.count.sum()) == runs
-    assert fired == {"periodic"}, (text, fired)
+    # `row_intervals` (the key intervals every compile proves) lowers no tiles.
+    assert fired - {"row_intervals"} == {"periodic"}, (text, fired)
 
 
 def test_periodic_map_with_a_batch_matches_each_row():
