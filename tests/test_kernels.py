@@ -927,6 +927,105 @@ class TestCudnn:
       maskc.kernels.attention(x.astype(jnp.float32), x, x, bm, backend="cudnn")
 
 
+def convention_op(q, k, v, k_start, k_end, *, logits_scale, logits_soft_cap):
+  """tokamax's attention with residuals, written from its convention (`base.Residuals`):
+  `(out, (m, l))`, m the row's maximum scaled (capped) logit over `k_start <= k < k_end`,
+  `l = sum exp(s - m)` there."""
+  g = q.shape[2] // k.shape[2]
+  k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
+  s = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision="highest") * logits_scale
+  if logits_soft_cap is not None:
+    s = logits_soft_cap * jnp.tanh(s / logits_soft_cap)
+  j = jnp.arange(k.shape[1])
+  inside = (j >= k_start[..., None]) & (j < k_end[..., None])      # [B, 1, Lq, Lkv]
+  m = jnp.where(inside, s, -jnp.inf).max(-1)
+  e = jnp.where(inside, jnp.exp(s - m[..., None]), 0.0)
+  l = e.sum(-1)
+  out = jnp.einsum("bhqk,bkhd->bqhd", e / l[..., None], v, precision="highest")
+  return out.astype(q.dtype), (m, l)
+
+
+def _contiguous_seg(n: int, batch: int | None = None) -> np.ndarray:
+  rng = np.random.default_rng(n)
+  rows = [np.sort(rng.integers(0, 5, n)) for _ in range(batch or 1)]
+  return np.stack(rows).astype(np.int32) if batch else rows[0].astype(np.int32)
+
+
+# (mask, q_len, kv_len, heads, kv heads, soft cap, operands, op): op "convention" is the
+# function above, "tokamax" tokamax's XLA reference (Python >= 3.12 with tokamax).
+HYBRID_CASES = [
+    ("sliding(20) & q >= 40", 96, 96, 4, 2, None, None, "convention"),     # empty rows, GQA
+    ("causal & document(seg)", 100, 100, 2, 1, 5.0, "seg-batched", "convention"),
+    ("causal | bidirectional(img)", 80, 128, 2, 2, None, "img", "tokamax"),  # bottom-right
+    ("sliding(20) & q >= 40", 96, 96, 4, 2, None, None, "tokamax"),
+]
+
+
+class TestTokamax:
+  """maskc's tokamax backend: tokamax's forward with its residuals turned into flash's
+  log-sum-exp, flash's backward (interpreted here) on the same map. tokamax's Mosaic
+  kernel needs a GPU (tests/test_gpu.py); here its forward is replaced by one returning
+  out and residuals in tokamax's convention, and the hybrid is checked against the dense
+  reference, forward and gradients."""
+
+  @pytest.mark.parametrize("case", HYBRID_CASES,
+                           ids=[f"{c[0]}-{c[1]}x{c[2]}-{c[7]}" for c in HYBRID_CASES])
+  def test_hybrid_matches_dense(self, case):
+    from attention_reference import numpy_reference
+    from maskc.kernels import tokamax as tk
+    from maskc.kernels.xla import NEG_LSE
+    text, lq, lkv, h, hkv, cap, kind, op_kind = case
+    if op_kind == "tokamax":
+      base = pytest.importorskip("tokamax._src.ops.attention.base",
+                                 reason="tokamax needs Python >= 3.12")
+      op = tk.interval_op(base.DotProductAttention())
+    else:
+      op = convention_op
+    img = np.zeros(lkv, bool)
+    img[30:50] = img[90:100] = True
+    ops = {"seg-batched": {"seg": _contiguous_seg(lkv, 2)}, "img": {"img": img},
+           None: {}}[kind]
+    q, k, v, w = qkv(7, 2, lq, lkv, h, hkv, 16)
+    bm = maskc.compile(text, lq, lkv, operands=ops, block_q=32, block_kv=32)
+    assert bm.key_intervals()[2], text
+    ours = lambda q, k, v: tk.attend(q, k, v, bm, op, logits_soft_cap=cap, interpret=True)
+    ref = lambda q, k, v: dense.run(q, k, v, bm, logits_soft_cap=cap)
+    out, grads = out_and_grads(ours, q, k, v, w)
+    out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
+    assert_close(out, out_ref, F32_TOL, text)
+    for name, a, r in zip("qkv", grads, grads_ref):
+      assert_close(a, r, F32_TOL, f"d{name}, {text}")
+    # the residuals give each row's log-sum-exp (+inf on rows with no key)
+    allowed = np.asarray(maskc.materialize(text, lq, lkv, operands=ops))
+    allowed = allowed[:, None] if allowed.ndim == 3 else allowed
+    _, lse64 = numpy_reference(np.asarray(q), np.asarray(k), np.asarray(v), allowed,
+                               1 / math.sqrt(16), cap)
+    start, stop, _ = bm.key_intervals()
+    per_batch = lambda x: jnp.asarray(x if bm.batch is not None else x[None], jnp.int32)
+    _, lse = tk._forward(op, 1 / math.sqrt(16), cap, q, k, v, per_batch(start),
+                         per_batch(stop))
+    want = np.where(lse64 == NEG_LSE, np.inf, lse64).transpose(0, 2, 1)
+    np.testing.assert_allclose(np.asarray(lse), want, rtol=1e-5, atol=1e-5)
+    empty = ~np.broadcast_to(allowed.any(-1)[:, 0] if allowed.ndim == 4 else
+                             allowed.any(-1), (2, lq))
+    if empty.any():  # rows with no key: zeros, zero query gradients
+      assert np.all(np.asarray(out)[empty] == 0) and np.all(np.asarray(grads[0])[empty] == 0)
+
+  def test_refuses_float32_sinks_and_non_intervals_naming_flash(self):
+    bm = maskc.compile("causal & chunk(16)", 32, block_q=16, block_kv=16)
+    x = jnp.ones((1, 32, 2, 16), jnp.float32)
+    with pytest.raises(maskc.BackendError, match="bfloat16 and float16, not float32") as err:
+      maskc.kernels.attention(x, x, x, bm, backend="tokamax")
+    assert "flash" in str(err.value)
+    with pytest.raises(maskc.BackendError, match="no sinks"):
+      maskc.kernels.attention(x.astype(jnp.bfloat16), x, x, bm, backend="tokamax",
+                              sinks=jnp.ones(2))
+    other = maskc.compile("causal & (q - k) % 3 == 0", 32, block_q=16, block_kv=16)
+    with pytest.raises(maskc.BackendError, match="not one exact interval") as err:
+      maskc.kernels.attention(x.astype(jnp.bfloat16), x, x, other, backend="tokamax")
+    assert "flash" in str(err.value)
+
+
 # (mask, q_len, kv_len): what `choose` picks on a faked GPU at flash's tiles, bf16, head dim
 # 128, without tokamax and with it.
 CHOICES = [
