@@ -1082,7 +1082,8 @@ def test_choose_refusals_and_other_platforms(monkeypatch):
   monkeypatch.setattr(tokamax_mod, "installed", lambda: True)
   bm = _choice_map("causal", 1024, 1024)
   f32 = api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.float32)
-  assert f32.backend == "tokamax" and "not cudnn: runs bfloat16" in f32.reason
+  assert f32.backend == "flash" and "not cudnn: runs bfloat16" in f32.reason
+  assert "not tokamax: tokamax's Mosaic GPU kernel runs bfloat16 and float16" in f32.reason
   capped = api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.bfloat16, soft_cap=True)
   assert capped.backend == "tokamax" and "no soft cap" in capped.reason
   sinks = api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.bfloat16, sinks=True)
@@ -1093,6 +1094,17 @@ def test_choose_refusals_and_other_platforms(monkeypatch):
   tiny = api.choose(_choice_map("causal", 64, 64), platform="cpu", head_dim=8,
                     dtype=jnp.float32)
   assert tiny.backend == "dense" and "tiny" in tiny.reason
+
+
+def test_gpu_cost_prices_tokamax_with_flash_backward():
+  """tokamax's gradients run flash's backward: its estimate is its forward plus flash's
+  backward on the same map, so it is below flash's exactly by the forward it saves."""
+  bm = _choice_map("causal & chunk(256)", 1024, 1024)
+  tok_f, tok_b = api.gpu_cost("tokamax", bm, 128)
+  flash_f, flash_b = api.gpu_cost("flash", bm, 128)
+  assert tok_b == flash_b and tok_f < flash_f
+  fwd, _, fixed = api.GPU_COSTS["tokamax"]
+  assert tok_f == pytest.approx(api._work("tokamax", bm, 128) / (fwd * 1e9) + fixed)
 
 
 def test_auto_on_a_faked_gpu_falls_back_from_cudnn_to_flash(monkeypatch):
