@@ -17,14 +17,15 @@ Columns (`--impls`):
   `is_causal` and `local_window_size` where those express it, else a dense boolean
   mask `[1, 1, L, L]`, which costs L² bytes and fails ("n/a") where memory runs out;
 - `be-cudnn`: maskc's `cudnn` backend (bands only; other masks are refused: "n/a");
-- `tokamax`: maskc's `tokamax` backend (exact key intervals; needs tokamax installed);
+- `tokamax`: maskc's `tokamax` backend (exact key intervals; needs tokamax installed):
+  tokamax's forward, flash's backward;
 - `auto`: `backend="auto"` on the map; the `auto picks` column says what `choose` took.
 
 After the table, the rates `maskc.kernels.api.GPU_COSTS` holds are printed as measured
 here: TFLOP/s on each engine's tile work (the cost model's `_work`), forward and
-backward, the median over the rows an engine ran. `--dry-run` builds every BlockMap, counts allowed pairs and traces every
-function abstractly (`jax.eval_shape`), so the CPU-side path is checked without a
-GPU.
+backward (tokamax's backward is flash's), the median over the rows an engine ran.
+`--dry-run` builds every BlockMap, counts allowed pairs and traces every function
+abstractly (`jax.eval_shape`), so the CPU-side path is checked without a GPU.
 
 Targets (issue 13): on an H100/H200, `causal` within 1.5× of cuDNN's time, and the
 sparse masks' time proportional to their density. Measured on an H100 (README,
@@ -158,20 +159,26 @@ def cell(fn, args, flops: float, repeats: int, dry_run: bool) -> tuple[str, floa
 
 
 def print_costs(times: dict, work: dict) -> None:
-  """The cost model's rates as measured: TFLOP/s on tile work, forward and backward."""
+  """The cost model's rates as measured: TFLOP/s on tile work, forward and backward.
+
+  An engine whose gradients run another engine's backward (`api.BACKWARD_ENGINE`: tokamax
+  runs flash's) has its backward rate measured on that engine's work and printed with it.
+  """
   print("\nGPU_COSTS as measured here (TFLOP/s on tile work; median over rows run):")
   for impl, engine in ENGINES.items():
+    back = api.BACKWARD_ENGINE.get(engine, engine)
     fwd, bwd = [], []
     for (name, length), w in work.items():
       t_f, t_fb = times.get((impl, name, length, "fwd")), times.get((impl, name, length,
                                                                       "fwd+bwd"))
       if t_f:
-        fwd.append(w * HEADS_BATCH[0] / t_f / 1e9)
+        fwd.append(w[engine] * HEADS_BATCH[0] / t_f / 1e9)
       if t_f and t_fb and t_fb > t_f:
-        bwd.append(api.BACKWARD_WORK * w * HEADS_BATCH[0] / (t_fb - t_f) / 1e9)
+        bwd.append(api.BACKWARD_WORK * w[back] * HEADS_BATCH[0] / (t_fb - t_f) / 1e9)
     rates = [f"{np.median(x):.0f}" if x else "-" for x in (fwd, bwd)]
-    print(f"  {engine:<8} fwd {rates[0]:>5}  bwd {rates[1]:>5}   (in code: "
-          f"{api.GPU_COSTS[engine][0]:.0f}, {api.GPU_COSTS[engine][1]:.0f})")
+    whose = "" if back == engine else f" ({back}'s)"
+    print(f"  {engine:<8} fwd {rates[0]:>5}  bwd {rates[1]:>5}{whose}   (in code: "
+          f"{api.GPU_COSTS[engine][0]:.0f}, {api.GPU_COSTS[back][1]:.0f})")
 
 
 HEADS_BATCH = [1]
@@ -236,7 +243,7 @@ def main(argv=None) -> None:
       for impl in ("cudnn", "xla"):
         fns[impl] = reference(impl, name, bm, args.window)
       pick = api.choose(bm, platform="gpu", head_dim=args.head_dim, dtype=jnp.bfloat16)
-      work[name, length] = api._work("flash", bm, args.head_dim)
+      work[name, length] = {e: api._work(e, bm, args.head_dim) for e in ENGINES.values()}
       for mode in args.modes:
         factor = 3.5 if mode == "fwd+bwd" else 1.0
         flops = 4 * args.head_dim * pairs * args.batch * args.heads * factor

@@ -6,16 +6,20 @@
 #   1. `make test-gpu`'s tests (tests/test_gpu.py): the Triton-compiled kernels against
 #      float64 NumPy and the dense reference, and the traced lowering on the device;
 #   2. benchmarks/traced_lowering.py with the traced path compiled for the GPU;
-#   3. benchmarks/gpu_attention.py at 8K and 32K: flash, jax's cuDNN, and maskc's cudnn,
-#      tokamax and auto engines, forward and forward+backward, then the cost model's rates
-#      as measured (maskc.kernels.api.GPU_COSTS);
+#   3. benchmarks/gpu_attention.py at 8K and 32K (or $LENGTHS): flash, jax's cuDNN, and
+#      maskc's cudnn, tokamax (tokamax's forward, flash's backward) and auto engines,
+#      forward and forward+backward, then the cost model's rates as measured
+#      (maskc.kernels.api.GPU_COSTS);
 #   4. the same at 128K for causal and packed documents, forward only.
 # tokamax (optional) comes from .whl/tokamax/: its wheel and the dependencies its attention
 # imports, each installed with --no-deps so that pip never touches the machine's jax.
 # Logs go to $OUT (or /tmp/gpu_check); the last lines are a summary. TEST_S, TRACED_S,
-# ATTENTION_S and LONG_S are each step's limit in seconds; 0 skips the step.
+# ATTENTION_S and LONG_S are each step's limit in seconds; 0 skips the step. To trim a run:
+# GPU_TESTS is a pytest `-k` expression selecting step 1's tests (e.g. `tokamax`), and
+# LENGTHS the lengths of step 3 (e.g. `32768`).
 #
 #   bash benchmarks/gpu_check.sh
+#   GPU_TESTS=tokamax LENGTHS=32768 bash benchmarks/gpu_check.sh      # about 5 minutes
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -45,14 +49,15 @@ touch "$OUT/test_gpu.log" "$OUT/traced_lowering.log" "$OUT/gpu_attention.log" \
   "$OUT/gpu_attention_long.log"
 if [ "${TEST_S:-180}" != 0 ]; then
   (cd tests && MASKC_TEST_GPU=1 timeout "${TEST_S:-180}" $PY -m pytest -q -p no:cacheprovider \
-    -m gpu --rootdir=. -c /dev/null -o 'markers=gpu' test_gpu.py 2>&1) | tee "$OUT/test_gpu.log"
+    -m gpu --rootdir=. -c /dev/null -o 'markers=gpu' ${GPU_TESTS:+-k "$GPU_TESTS"} test_gpu.py \
+    2>&1) | tee "$OUT/test_gpu.log"
 fi
 if [ "${TRACED_S:-0}" != 0 ]; then
   timeout "${TRACED_S}" $PY benchmarks/traced_lowering.py --repeat 5 2>&1 \
     | tee "$OUT/traced_lowering.log"
 fi
 if [ "${ATTENTION_S:-240}" != 0 ]; then
-  timeout "${ATTENTION_S:-240}" $PY benchmarks/gpu_attention.py --lengths 8192 32768 \
+  timeout "${ATTENTION_S:-240}" $PY benchmarks/gpu_attention.py --lengths ${LENGTHS:-8192 32768} \
     --impls flash cudnn be-cudnn tokamax auto --repeats 3 2>&1 | tee "$OUT/gpu_attention.log"
 fi
 if [ "${LONG_S:-60}" != 0 ]; then

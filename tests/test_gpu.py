@@ -261,7 +261,8 @@ def test_auto_picks_flash_on_gpu():
 
 
 # (id, engine, mask, q_len, kv_len, heads, kv heads, head dim, dtype, soft cap, q_offset,
-#  operands): cuDNN for bands, tokamax for exact intervals of keys.
+#  operands): cuDNN for bands, tokamax for exact intervals of keys (its forward, flash's
+#  backward: the gradients check the log-sum-exp made from tokamax's residuals).
 ENGINE_CASES = [
     ("cudnn-causal", "cudnn", "causal", 1024, 1024, 4, 2, 128, "bfloat16", None, None, None),
     ("cudnn-sliding-d64", "cudnn", "sliding(300)", 1000, 1000, 2, 1, 64, "bfloat16", None,
@@ -272,17 +273,17 @@ ENGINE_CASES = [
      None, "n"),
     ("tokamax-chunk", "tokamax", "causal & chunk(256)", 1024, 1024, 4, 2, 128, "bfloat16", None,
      None, None),
-    ("tokamax-documents-f32", "tokamax", "causal & document(seg)", 1024, 1024, 2, 1, 64,
-     "float32", None, None, "seg"),
+    ("tokamax-documents-d64", "tokamax", "causal & document(seg)", 1024, 1024, 2, 1, 64,
+     "bfloat16", None, None, "seg"),
     ("tokamax-documents-batched", "tokamax", "causal & document(seg)", 777, 777, 2, 1, 128,
      "bfloat16", None, None, "seg-batched"),
     ("tokamax-images", "tokamax", "causal | bidirectional(img)", 1024, 1024, 2, 2, 128,
      "bfloat16", None, None, "img"),
     ("tokamax-documents-images", "tokamax", "document(seg) & (causal | bidirectional(img))", 640,
-     640, 2, 1, 64, "float32", None, None, "seg+img"),
+     640, 2, 1, 64, "bfloat16", None, None, "seg+img"),
     ("tokamax-local-cap", "tokamax", "local(100, 20)", 512, 512, 2, 1, 128, "bfloat16", 30.0,
      None, None),
-    ("tokamax-empty-rows", "tokamax", "sliding(50) & q >= 100", 512, 512, 2, 1, 64, "float32",
+    ("tokamax-empty-rows", "tokamax", "sliding(50) & q >= 100", 512, 512, 2, 1, 64, "bfloat16",
      None, None, None),
     ("tokamax-offset", "tokamax", "causal | prefix(100)", 300, 1000, 2, 2, 128, "bfloat16",
      None, None, None),
@@ -317,8 +318,6 @@ def test_engines_on_gpu_match_references(case):
   out, grads = vjp_on(GPU, ours, q, k, v, w, dtype)
   out_ref, grads_ref = vjp_on(CPU, dense, q, k, v, w, jnp.float32)
   tol = F32_TOL if dtype == jnp.float32 else BF16_TOL
-  if engine == "tokamax" and dtype == jnp.float32:
-    tol = 1e-3  # tokamax runs float32 matmuls at TF32 unless asked otherwise
   allowed = np.asarray(maskc.materialize(mask, lq, lkv, operands=ops, q_offset=offset))
   allowed = allowed[:, None] if bm.batch is not None else allowed
   out64, _ = numpy_reference(q, k, v, allowed, 1 / np.sqrt(d), cap)
@@ -341,3 +340,49 @@ def test_auto_on_gpu_chooses_on_the_compiled_map():
   out = maskc.attention(q, k, v, "causal")
   ref = api.attention(q, k, v, bm, backend="cudnn")
   np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
+
+
+def test_tokamax_refuses_float32_on_gpu():
+  """tokamax runs float32 at TF32, which its Mosaic kernel rejects: refused up front, and
+  `choose` takes flash for float32 (cuDNN's bands apart)."""
+  if not _tokamax_ok():
+    pytest.skip("tokamax is not installed")
+  seg = case_operands("seg", 256, 0)
+  bm = maskc.compile("causal & document(seg)", 256, block_q=64, block_kv=64, operands=seg)
+  x = jax.device_put(jnp.ones((1, 256, 2, 64), jnp.float32), GPU)
+  with pytest.raises(maskc.BackendError, match="bfloat16 and float16") as err:
+    api.attention(x, x, x, bm, backend="tokamax")
+  assert "flash" in str(err.value)
+  assert api.choose(bm, head_dim=64, dtype=jnp.float32).backend == "flash"
+
+
+def test_tokamax_residuals_give_the_log_sum_exp_on_gpu():
+  """The Mosaic kernel's residuals (max and denominator), turned into the log-sum-exp
+  flash's backward takes, against float64 NumPy; +inf on rows with no key."""
+  if not _tokamax_ok():
+    pytest.skip("tokamax is not installed")
+  from tokamax._src.ops.attention import pallas_mosaic_gpu
+
+  from maskc.kernels import tokamax
+  text, n, h, d = "causal & document(seg) & q >= 100", 768, 2, 128
+  ops = case_operands("seg", n, 3)
+  q, k, v, _ = inputs(3, 1, n, n, h, h, d, jnp.bfloat16)
+  bm = maskc.compile(text, n, block_q=64, block_kv=64, operands=ops)
+  start, stop, exact = bm.key_intervals()
+  assert exact
+  op = tokamax.interval_op(pallas_mosaic_gpu.PallasMosaicGpuFlashAttention())
+  fwd = jax.jit(lambda q, k, v, a, b: tokamax._forward(op, 1 / np.sqrt(d), None, q, k, v, a, b))
+
+  def put(x, t):
+    return jax.device_put(jnp.asarray(x, t), GPU)
+
+  out, lse = fwd(put(q, jnp.bfloat16), put(k, jnp.bfloat16), put(v, jnp.bfloat16),
+                 put(np.asarray(start)[None], jnp.int32), put(np.asarray(stop)[None], jnp.int32))
+  allowed = np.asarray(maskc.materialize(text, n, operands=ops))
+  out64, lse64 = numpy_reference(q, k, v, allowed, 1 / np.sqrt(d), None)
+  empty = ~allowed.any(-1)
+  assert empty[:100].all() and not empty[100:].all()
+  lse = np.asarray(lse).transpose(0, 2, 1)                       # [B, Lq, H]
+  assert np.all(np.isposinf(lse[:, empty])), "rows with no key: lse = +inf"
+  np.testing.assert_allclose(lse[:, ~empty], lse64[:, ~empty], atol=2e-2)
+  assert_norm_close(np.asarray(out, np.float32), out64, BF16_TOL, "out vs float64 NumPy")

@@ -927,6 +927,105 @@ class TestCudnn:
       maskc.kernels.attention(x.astype(jnp.float32), x, x, bm, backend="cudnn")
 
 
+def convention_op(q, k, v, k_start, k_end, *, logits_scale, logits_soft_cap):
+  """tokamax's attention with residuals, written from its convention (`base.Residuals`):
+  `(out, (m, l))`, m the row's maximum scaled (capped) logit over `k_start <= k < k_end`,
+  `l = sum exp(s - m)` there."""
+  g = q.shape[2] // k.shape[2]
+  k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
+  s = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision="highest") * logits_scale
+  if logits_soft_cap is not None:
+    s = logits_soft_cap * jnp.tanh(s / logits_soft_cap)
+  j = jnp.arange(k.shape[1])
+  inside = (j >= k_start[..., None]) & (j < k_end[..., None])      # [B, 1, Lq, Lkv]
+  m = jnp.where(inside, s, -jnp.inf).max(-1)
+  e = jnp.where(inside, jnp.exp(s - m[..., None]), 0.0)
+  l = e.sum(-1)
+  out = jnp.einsum("bhqk,bkhd->bqhd", e / l[..., None], v, precision="highest")
+  return out.astype(q.dtype), (m, l)
+
+
+def _contiguous_seg(n: int, batch: int | None = None) -> np.ndarray:
+  rng = np.random.default_rng(n)
+  rows = [np.sort(rng.integers(0, 5, n)) for _ in range(batch or 1)]
+  return np.stack(rows).astype(np.int32) if batch else rows[0].astype(np.int32)
+
+
+# (mask, q_len, kv_len, heads, kv heads, soft cap, operands, op): op "convention" is the
+# function above, "tokamax" tokamax's XLA reference (Python >= 3.12 with tokamax).
+HYBRID_CASES = [
+    ("sliding(20) & q >= 40", 96, 96, 4, 2, None, None, "convention"),     # empty rows, GQA
+    ("causal & document(seg)", 100, 100, 2, 1, 5.0, "seg-batched", "convention"),
+    ("causal | bidirectional(img)", 80, 128, 2, 2, None, "img", "tokamax"),  # bottom-right
+    ("sliding(20) & q >= 40", 96, 96, 4, 2, None, None, "tokamax"),
+]
+
+
+class TestTokamax:
+  """maskc's tokamax backend: tokamax's forward with its residuals turned into flash's
+  log-sum-exp, flash's backward (interpreted here) on the same map. tokamax's Mosaic
+  kernel needs a GPU (tests/test_gpu.py); here its forward is replaced by one returning
+  out and residuals in tokamax's convention, and the hybrid is checked against the dense
+  reference, forward and gradients."""
+
+  @pytest.mark.parametrize("case", HYBRID_CASES,
+                           ids=[f"{c[0]}-{c[1]}x{c[2]}-{c[7]}" for c in HYBRID_CASES])
+  def test_hybrid_matches_dense(self, case):
+    from attention_reference import numpy_reference
+    from maskc.kernels import tokamax as tk
+    from maskc.kernels.xla import NEG_LSE
+    text, lq, lkv, h, hkv, cap, kind, op_kind = case
+    if op_kind == "tokamax":
+      base = pytest.importorskip("tokamax._src.ops.attention.base",
+                                 reason="tokamax needs Python >= 3.12")
+      op = tk.interval_op(base.DotProductAttention())
+    else:
+      op = convention_op
+    img = np.zeros(lkv, bool)
+    img[30:50] = img[90:100] = True
+    ops = {"seg-batched": {"seg": _contiguous_seg(lkv, 2)}, "img": {"img": img},
+           None: {}}[kind]
+    q, k, v, w = qkv(7, 2, lq, lkv, h, hkv, 16)
+    bm = maskc.compile(text, lq, lkv, operands=ops, block_q=32, block_kv=32)
+    assert bm.key_intervals()[2], text
+    ours = lambda q, k, v: tk.attend(q, k, v, bm, op, logits_soft_cap=cap, interpret=True)
+    ref = lambda q, k, v: dense.run(q, k, v, bm, logits_soft_cap=cap)
+    out, grads = out_and_grads(ours, q, k, v, w)
+    out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
+    assert_close(out, out_ref, F32_TOL, text)
+    for name, a, r in zip("qkv", grads, grads_ref):
+      assert_close(a, r, F32_TOL, f"d{name}, {text}")
+    # the residuals give each row's log-sum-exp (+inf on rows with no key)
+    allowed = np.asarray(maskc.materialize(text, lq, lkv, operands=ops))
+    allowed = allowed[:, None] if allowed.ndim == 3 else allowed
+    _, lse64 = numpy_reference(np.asarray(q), np.asarray(k), np.asarray(v), allowed,
+                               1 / math.sqrt(16), cap)
+    start, stop, _ = bm.key_intervals()
+    per_batch = lambda x: jnp.asarray(x if bm.batch is not None else x[None], jnp.int32)
+    _, lse = tk._forward(op, 1 / math.sqrt(16), cap, q, k, v, per_batch(start),
+                         per_batch(stop))
+    want = np.where(lse64 == NEG_LSE, np.inf, lse64).transpose(0, 2, 1)
+    np.testing.assert_allclose(np.asarray(lse), want, rtol=1e-5, atol=1e-5)
+    empty = ~np.broadcast_to(allowed.any(-1)[:, 0] if allowed.ndim == 4 else
+                             allowed.any(-1), (2, lq))
+    if empty.any():  # rows with no key: zeros, zero query gradients
+      assert np.all(np.asarray(out)[empty] == 0) and np.all(np.asarray(grads[0])[empty] == 0)
+
+  def test_refuses_float32_sinks_and_non_intervals_naming_flash(self):
+    bm = maskc.compile("causal & chunk(16)", 32, block_q=16, block_kv=16)
+    x = jnp.ones((1, 32, 2, 16), jnp.float32)
+    with pytest.raises(maskc.BackendError, match="bfloat16 and float16, not float32") as err:
+      maskc.kernels.attention(x, x, x, bm, backend="tokamax")
+    assert "flash" in str(err.value)
+    with pytest.raises(maskc.BackendError, match="no sinks"):
+      maskc.kernels.attention(x.astype(jnp.bfloat16), x, x, bm, backend="tokamax",
+                              sinks=jnp.ones(2))
+    other = maskc.compile("causal & (q - k) % 3 == 0", 32, block_q=16, block_kv=16)
+    with pytest.raises(maskc.BackendError, match="not one exact interval") as err:
+      maskc.kernels.attention(x.astype(jnp.bfloat16), x, x, other, backend="tokamax")
+    assert "flash" in str(err.value)
+
+
 # (mask, q_len, kv_len): what `choose` picks on a faked GPU at flash's tiles, bf16, head dim
 # 128, without tokamax and with it.
 CHOICES = [
@@ -983,7 +1082,8 @@ def test_choose_refusals_and_other_platforms(monkeypatch):
   monkeypatch.setattr(tokamax_mod, "installed", lambda: True)
   bm = _choice_map("causal", 1024, 1024)
   f32 = api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.float32)
-  assert f32.backend == "tokamax" and "not cudnn: runs bfloat16" in f32.reason
+  assert f32.backend == "flash" and "not cudnn: runs bfloat16" in f32.reason
+  assert "not tokamax: tokamax's Mosaic GPU kernel runs bfloat16 and float16" in f32.reason
   capped = api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.bfloat16, soft_cap=True)
   assert capped.backend == "tokamax" and "no soft cap" in capped.reason
   sinks = api.choose(bm, platform="gpu", head_dim=128, dtype=jnp.bfloat16, sinks=True)
@@ -994,6 +1094,17 @@ def test_choose_refusals_and_other_platforms(monkeypatch):
   tiny = api.choose(_choice_map("causal", 64, 64), platform="cpu", head_dim=8,
                     dtype=jnp.float32)
   assert tiny.backend == "dense" and "tiny" in tiny.reason
+
+
+def test_gpu_cost_prices_tokamax_with_flash_backward():
+  """tokamax's gradients run flash's backward: its estimate is its forward plus flash's
+  backward on the same map, so it is below flash's exactly by the forward it saves."""
+  bm = _choice_map("causal & chunk(256)", 1024, 1024)
+  tok_f, tok_b = api.gpu_cost("tokamax", bm, 128)
+  flash_f, flash_b = api.gpu_cost("flash", bm, 128)
+  assert tok_b == flash_b and tok_f < flash_f
+  fwd, _, fixed = api.GPU_COSTS["tokamax"]
+  assert tok_f == pytest.approx(api._work("tokamax", bm, 128) / (fwd * 1e9) + fixed)
 
 
 def test_auto_on_a_faked_gpu_falls_back_from_cudnn_to_flash(monkeypatch):

@@ -14,7 +14,7 @@ backend's dependencies cost nothing until then. The XLA path is always there.
 | `splash_tokamax` | TPU; CPU interpreted | tokamax's splash kernel (MaxText's), our MaskInfo |
 | `splash_jax` | TPU; CPU interpreted | JAX's splash kernel fed our MaskInfo |
 | `cudnn` | GPU | cuDNN through `jax.nn.dot_product_attention`, for bands |
-| `tokamax` | GPU, with tokamax installed | tokamax's Mosaic GPU kernel, for exact key intervals |
+| `tokamax` | GPU, with tokamax | key intervals: tokamax's Mosaic GPU forward, flash's backward |
 
 Which splash runs is explicit: name `splash_tokamax` or `splash_jax`, or `splash`
 for MaxText's choice, tokamax's kernel when `tokamax` imports (`pip install
@@ -29,8 +29,9 @@ What `backend="auto"` picks, and why (`choose`):
   (splash's MaskInfo has no batch axis) or `block_kv` is not a multiple of 128.
 - GPU: the mask is compiled at flash's tiles (`choose_backend`), then `choose`
   picks on the compiled map, by the cost model `GPU_COSTS`, among the engines that
-  can run it: `cudnn` (a band), `tokamax` (installed, and one exact interval of keys
-  per row), `flash` (every mask). Where the chosen engine refuses at run time, `auto`
+  can run it: `cudnn` (a band), `tokamax` (installed, bf16/f16, and one exact interval
+  of keys per row; priced as its forward plus flash's backward, which it runs),
+  `flash` (every mask). Where the chosen engine refuses at run time, `auto`
   falls back to flash, then to xla (tiles that are not powers of two >= 16).
 - CPU: `dense` when `q_len * kv_len <= TINY` or the compiled map's density is
   above `NEARLY_FULL`, else `xla`. On CPU the Pallas kernels only interpret, and
@@ -129,24 +130,30 @@ BACKENDS: Mapping[str, Backend] = types.MappingProxyType({
     "splash_jax": Backend("splash_jax", "maskc.kernels.splash", "JAX splash attention (TPU)"),
     "cudnn": Backend("cudnn", "maskc.kernels.cudnn", "cuDNN flash attention for bands (GPU)"),
     "tokamax": Backend("tokamax", "maskc.kernels.tokamax",
-                       "tokamax Mosaic GPU flash attention for key intervals (GPU)"),
+                       "tokamax's Mosaic GPU forward and flash's backward, for key "
+                       "intervals (GPU)"),
 })
 # The splash backends: static MaskInfo, key tiles of 128 (`maskc.attention`, sharding).
 SPLASH = frozenset({"splash", "splash_tokamax", "splash_jax"})
 
 # The GPU cost model: per engine, (forward TFLOP/s, backward TFLOP/s, fixed ms a call),
-# TFLOP/s counted on the tile work an engine does (`_work`). Measured on one NVIDIA H100
-# 80GB HBM3, bf16, B=1, 16 heads of 128: flash and cudnn on 2026-11-26 by
-# `python benchmarks/gpu_attention.py --lengths 8192 32768 --impls flash cudnn --repeats 3`
-# (docs/benchmarks.md, 32K rows); tokamax from its shipped autotuning data at 16K (causal,
-# issue 36). To be measured again, all three in one run, by `benchmarks/gpu_check.sh`,
-# whose attention step prints these columns.
+# TFLOP/s counted on the tile work an engine does (`_work`; the run below counted flash's
+# tiles for every engine, which for tokamax's 128-row hulls is within a few percent).
+# Measured on one NVIDIA H100 80GB HBM3 (jax 0.11.2, tokamax 0.0.17), bf16, B=1, 16
+# heads of 128, at 8K and 32K, all three engines in one run, medians over the masks each
+# ran: 2026-11-26, `bash benchmarks/gpu_check.sh` (docs/benchmarks.md). tokamax's
+# backward rate is its own kernel's, which does not skip key blocks (about 52 ms at 32K
+# for every mask); `backend="tokamax"` runs flash's backward instead (`BACKWARD_ENGINE`),
+# so the model never uses that rate.
 GPU_COSTS: Mapping[str, tuple[float, float, float]] = types.MappingProxyType({
-    "cudnn": (630.0, 575.0, 0.05),
-    "tokamax": (637.0, 452.0, 0.05),
-    "flash": (250.0, 290.0, 0.05),
+    "cudnn": (434.0, 462.0, 0.05),
+    "tokamax": (380.0, 185.0, 0.05),
+    "flash": (242.0, 297.0, 0.05),
 })
-GPU_COSTS_MEASURED = "2026-11-26, H100 (flash, cudnn); tokamax's autotuning data (tokamax)"
+GPU_COSTS_MEASURED = "2026-11-26, H100, bash benchmarks/gpu_check.sh"
+# The engine whose backward pass each engine's gradients run (tokamax: flash's, on the
+# same map; `maskc.kernels.tokamax`).
+BACKWARD_ENGINE: Mapping[str, str] = types.MappingProxyType({"tokamax": "flash"})
 # A backward pass does 2.5 times a forward pass's matmul work (5 matmuls against 2).
 BACKWARD_WORK = 2.5
 # Engines whose `run_with_lse` returns a differentiable log-sum-exp (rings need one).
@@ -190,8 +197,9 @@ def choose(bm: BlockMap, *, platform: str | None = None, head_dim: int,
   """The backend `auto` runs a compiled map on, and a one-line reason.
 
   On a GPU: every engine that can run the map (`cudnn` for a band, `tokamax` when
-  installed for one exact interval of keys per row, `flash` always) is costed by
-  `GPU_COSTS` on the map's work, forward plus backward, and the cheapest wins. On a
+  installed for one exact interval of keys per row in bf16/f16, `flash` always) is costed
+  by `GPU_COSTS` on the map's work, forward plus backward (`gpu_cost`; tokamax's backward
+  is flash's), and the cheapest wins. On a
   TPU: splash. On a CPU: dense for tiny or nearly full maps, else xla.
 
   Args:
@@ -226,9 +234,7 @@ def choose(bm: BlockMap, *, platform: str | None = None, head_dim: int,
     if why is not None:
       refused[name] = why
       continue
-    fwd, bwd, fixed = GPU_COSTS[name]
-    work = _work(name, bm, head_dim)
-    costs[name] = work / (fwd * 1e9) + BACKWARD_WORK * work / (bwd * 1e9) + 2 * fixed
+    costs[name] = sum(gpu_cost(name, bm, head_dim))
   best = min(costs, key=costs.__getitem__)
   others = ", ".join(f"{n} {c:.3g}" for n, c in sorted(costs.items(), key=lambda x: x[1])
                      if n != best)
@@ -236,6 +242,18 @@ def choose(bm: BlockMap, *, platform: str | None = None, head_dim: int,
   return Choice(best, f"GPU: {best}, estimated {costs[best]:.3g} ms fwd+bwd per batch row "
                       f"and head" + (f" (vs {others})" if others else "") +
                 (f"; {skipped}" if skipped else ""))
+
+
+def gpu_cost(name: str, bm: BlockMap, head_dim: int) -> tuple[float, float]:
+  """`(forward, backward)` ms per batch row and head that engine `name` is estimated to take
+  on `bm` by `GPU_COSTS`: its forward work at its forward rate, and the backward engine's
+  (`BACKWARD_ENGINE`) work, 2.5 times a forward's, at that engine's backward rate, each
+  with the fixed cost of a call."""
+  back = BACKWARD_ENGINE.get(name, name)
+  fwd, _, fixed = GPU_COSTS[name]
+  _, bwd, fixed_b = GPU_COSTS[back]
+  return (_work(name, bm, head_dim) / (fwd * 1e9) + fixed,
+          BACKWARD_WORK * _work(back, bm, head_dim) / (bwd * 1e9) + fixed_b)
 
 
 def _refusal(name: str, bm: BlockMap, *, head_dim: int, dtype: DTypeLike, soft_cap: bool,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -595,31 +596,121 @@ def _check_interpret(bm, interpret) -> bool:
   return bool(interpret)
 
 
-def _attend(q, k, v, bm, u: int, *, scale, cap, sinks, interpret: bool, with_lse: bool = False):
+class _Padding(NamedTuple):
+  """The tiled lengths and head dims `_backward` takes (static)."""
+  lq: int
+  lkv: int
+  d: int
+  dv: int
+
+
+def _pad(x, rows: int, dim: int):
+  return jnp.pad(x, ((0, 0), (0, rows - x.shape[1]), (0, 0), (0, dim - x.shape[3])))
+
+
+class _Launch(NamedTuple):
+  """One map's kernel inputs: the config, tile lists, reads, and the padding they expect."""
+  cfg: _Config
+  meta_f: Any
+  meta_b: Any
+  reads: _ReadArrays
+  shape: _Padding
+
+
+def _launch(q, k, v, bm, u: int, *, scale, cap, has_sinks: bool, interpret: bool) -> _Launch:
   b, lq, h, d = q.shape
   lkv, hkv = k.shape[1], k.shape[2]
   nq, nk = bm.n_q_tiles, bm.n_kv_tiles
-  lq_pad, lkv_pad = nq * bm.block_q, nk * bm.block_kv
   meta_f, fwd_width = _meta(bm, u, transpose=False)
   meta_b, bwd_width = _meta(bm, u, transpose=True)
-  reads = _read_arrays(bm, u, lq_pad, lkv_pad)
   cfg = _Config(pred=bm.predicates[u], block_q=bm.block_q, block_kv=bm.block_kv, q_len=lq,
                 kv_len=lkv, n_q_tiles=nq, n_kv_tiles=nk, groups=h // hkv, scale=scale,
-                cap=None if cap is None else float(cap), has_sinks=sinks is not None,
+                cap=None if cap is None else float(cap), has_sinks=has_sinks,
                 batched_meta=bm.batch is not None, fwd_width=fwd_width, bwd_width=bwd_width,
                 interpret=interpret)
   # Triton loads power-of-two blocks: pad head dims (zeros change no dot product).
   d_pad, dv_pad = (max(16, 1 << (x - 1).bit_length()) for x in (d, v.shape[-1]))
+  lq_pad, lkv_pad = nq * bm.block_q, nk * bm.block_kv
+  return _Launch(cfg, jnp.asarray(meta_f), jnp.asarray(meta_b),
+                 _read_arrays(bm, u, lq_pad, lkv_pad), _Padding(lq_pad, lkv_pad, d_pad, dv_pad))
 
-  def pad(x, n, m):
-    return jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, m - x.shape[3])))
 
+def _attend(q, k, v, bm, u: int, *, scale, cap, sinks, interpret: bool, with_lse: bool = False):
+  lq, dv = q.shape[1], v.shape[-1]
+  ln = _launch(q, k, v, bm, u, scale=scale, cap=cap, has_sinks=sinks is not None,
+               interpret=interpret)
+  pads = ln.shape
+  qp = _pad(q, pads.lq, pads.d)
+  kp, vp = _pad(k, pads.lkv, pads.d), _pad(v, pads.lkv, pads.dv)
   if with_lse:
-    out, lse = _flash_lse(cfg, pad(q, lq_pad, d_pad), pad(k, lkv_pad, d_pad),
-                          pad(v, lkv_pad, dv_pad), jnp.asarray(meta_f), jnp.asarray(meta_b),
-                          *reads)
-    return out[:, :lq, :, :v.shape[-1]], jnp.swapaxes(lse, 1, 2)[:, :lq]
-  sinks_in = jnp.zeros((h,), jnp.float32) if sinks is None else sinks
-  out = _flash(cfg, pad(q, lq_pad, d_pad), pad(k, lkv_pad, d_pad), pad(v, lkv_pad, dv_pad),
-               sinks_in, jnp.asarray(meta_f), jnp.asarray(meta_b), *reads)
-  return out[:, :lq, :, :v.shape[-1]]
+    out, lse = _flash_lse(ln.cfg, qp, kp, vp, ln.meta_f, ln.meta_b, *ln.reads)
+    return out[:, :lq, :, :dv], jnp.swapaxes(lse, 1, 2)[:, :lq]
+  sinks_in = jnp.zeros((q.shape[2],), jnp.float32) if sinks is None else sinks
+  out = _flash(ln.cfg, qp, kp, vp, sinks_in, ln.meta_f, ln.meta_b, *ln.reads)
+  return out[:, :lq, :, :dv]
+
+
+# ----------------------------------------------------------------------------- another forward
+
+
+def run_with_forward(forward: Callable[..., tuple[jax.Array, jax.Array]], q, k, v, bm, *,
+                     aux: tuple = (), scale=None, logits_soft_cap=None, interpret=None):
+  """Attention whose forward pass is another engine's and whose backward pass is this kernel's.
+
+  For engines with a fast forward and a slow backward (tokamax's Mosaic GPU kernel skips
+  key blocks forward but not backward): the backward pass needs only the output and each
+  row's log-sum-exp, so this kernel's backward runs on `bm`'s tile lists (EMPTY tiles
+  skipped) from what `forward` returned.
+
+  Args:
+    forward: `forward(q, k, v, *aux) -> (out, lse)`, the attention of `bm` at this scale
+      and soft cap: `out [B, Lq, H, Dv]` in q's dtype, zero on rows with no allowed key,
+      and `lse [B, H, Lq]` float32, `log sum_j exp(s_ij)` over row i's allowed keys of the
+      scaled (then soft-capped) logits `s`, `+inf` on rows with no allowed key.
+    q, k, v: as `run`. bm: a map of one mask for every head.
+    aux: arrays `forward` reads besides q, k and v (they get no gradient).
+    scale, logits_soft_cap, interpret: as `run`; the backward pass uses them.
+
+  Returns:
+    `out` as `forward` gives it; differentiable w.r.t. q, k and v by this kernel's backward.
+  """
+  b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
+  common.check_blockmap(bm, "flash", lq, lkv, b)
+  if len(set(bm.head_index or (0,))) > 1:
+    raise MaskValueError("run_with_forward takes a map of one mask for every head, got "
+                         f"head masks {bm.head_index}",
+                         hint="Run each head group separately (maskc.kernels.common.per_mask).")
+  interpret = _check_interpret(bm, interpret)
+  u = bm.head_index[0] if bm.head_index else 0
+  ln = _launch(q, k, v, bm, u, scale=common.default_scale(d, scale), cap=logits_soft_cap,
+               has_sinks=False, interpret=interpret)
+  return _foreign(forward, ln.cfg, ln.shape, q, k, v, tuple(aux), ln.meta_f, ln.meta_b,
+                  ln.reads)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _foreign(forward, cfg: _Config, shape: _Padding, q, k, v, aux, meta_f, meta_b, reads):
+  return forward(q, k, v, *aux)[0]
+
+
+def _foreign_fwd(forward, cfg, shape, q, k, v, aux, meta_f, meta_b, reads):
+  out, lse = forward(q, k, v, *aux)
+  return out, (q, k, v, out, lse, meta_f, meta_b, reads)
+
+
+def _foreign_bwd(forward, cfg, shape: _Padding, res, do):
+  del forward
+  q, k, v, out, lse, meta_f, meta_b, reads = res
+  lq, lkv = q.shape[1], k.shape[1]
+  # padded query rows get lse = +inf: zero weight, like rows with no key
+  lse = jnp.pad(lse.astype(jnp.float32), ((0, 0), (0, 0), (0, shape.lq - lq)),
+                constant_values=jnp.inf)
+  dq, dk, dv, _ = _backward(
+      cfg, _pad(q, shape.lq, shape.d), _pad(k, shape.lkv, shape.d),
+      _pad(v, shape.lkv, shape.dv), _pad(out.astype(q.dtype), shape.lq, shape.dv), lse,
+      _pad(do.astype(q.dtype), shape.lq, shape.dv), meta_f, meta_b, reads)
+  return (dq[:, :lq, :, :q.shape[-1]], dk[:, :lkv, :, :k.shape[-1]],
+          dv[:, :lkv, :, :v.shape[-1]], None, None, None, None)
+
+
+_foreign.defvjp(_foreign_fwd, _foreign_bwd)
