@@ -137,20 +137,22 @@ BACKENDS: Mapping[str, Backend] = types.MappingProxyType({
 SPLASH = frozenset({"splash", "splash_tokamax", "splash_jax"})
 
 # The GPU cost model: per engine, (forward TFLOP/s, backward TFLOP/s, fixed ms a call),
-# TFLOP/s counted on the tile work an engine does (`_work`; the run below counted flash's
-# tiles for every engine, which for tokamax's 128-row hulls is within a few percent).
-# Measured on one NVIDIA H100 80GB HBM3 (jax 0.11.2, tokamax 0.0.17), bf16, B=1, 16
-# heads of 128, at 8K and 32K, all three engines in one run, medians over the masks each
-# ran: 2026-11-26, `bash benchmarks/gpu_check.sh` (docs/benchmarks.md). tokamax's
-# backward rate is its own kernel's, which does not skip key blocks (about 52 ms at 32K
-# for every mask); `backend="tokamax"` runs flash's backward instead (`BACKWARD_ENGINE`),
-# so the model never uses that rate.
+# TFLOP/s counted on the tile work an engine does (`_work`). Measured on one NVIDIA H100
+# 80GB HBM3 (jax 0.11.2, tokamax 0.0.17), bf16, B=1, 16 heads of 128, at 32K, all three
+# engines in one run, medians over the five masks of the GPU table: 2026-11-26,
+# `GPU_TESTS=tokamax LENGTHS=32768 bash benchmarks/gpu_check.sh` (docs/benchmarks.md,
+# "with tokamax's forward and flash's backward"). At 8K every engine runs 10-30% below
+# these rates (launches weigh more); the same run's ranking holds there. tokamax's own
+# backward (185 TFLOP/s, an earlier run that day) does not skip key blocks, so
+# `backend="tokamax"` runs flash's backward instead (`BACKWARD_ENGINE`) and the model
+# never uses that rate.
 GPU_COSTS: Mapping[str, tuple[float, float, float]] = types.MappingProxyType({
-    "cudnn": (434.0, 462.0, 0.05),
-    "tokamax": (380.0, 185.0, 0.05),
-    "flash": (242.0, 297.0, 0.05),
+    "cudnn": (597.0, 540.0, 0.05),
+    "tokamax": (549.0, 185.0, 0.05),
+    "flash": (278.0, 311.0, 0.05),
 })
-GPU_COSTS_MEASURED = "2026-11-26, H100, bash benchmarks/gpu_check.sh"
+GPU_COSTS_MEASURED = ("2026-11-26, H100, `GPU_TESTS=tokamax LENGTHS=32768 bash "
+                      "benchmarks/gpu_check.sh`")
 # The engine whose backward pass each engine's gradients run (tokamax: flash's, on the
 # same map; `maskc.kernels.tokamax`).
 BACKWARD_ENGINE: Mapping[str, str] = types.MappingProxyType({"tokamax": "flash"})
