@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # `tokamax` installs on Python >= 3.12 only (the extra's marker skips it on 3.11).
-EXTRAS ?= test,plot,lint,tokamax
+EXTRAS ?= test,plot,lint,tokamax,flax
 
 .PHONY: demo test lint test-slow test-lowering test-current versions test-gpu bench clean
 
