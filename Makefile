@@ -26,7 +26,7 @@ demo: $(STAMP)
 	  --operand img=32768:0,1:1000-3000,1:20000-22048 --width 80
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15
 
 # ruff and mypy (the lint extra), configured in pyproject.toml: the public modules are
 # type-checked strictly, the rest with mypy's defaults.
