@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import maskc
 from maskc.compiled.tiles import grid_from_runs
 from maskc.lowering.rules import disabled, taken
+from sampling import PARTS, count
 from helpers import (EMPTY, FULL, assert_maximal_runs, assert_sound, runs_reference, tile_states,
                      tile_truth)
 
@@ -110,9 +111,14 @@ def test_exact_and_sound_on_run_structured_operands(case):
   np.testing.assert_array_equal(np.swapaxes(cols, -1, -2).reshape(expected.shape), expected)
 
 
-@settings(max_examples=8)
-@given(run_operands())
-def test_traced_equals_static_on_run_structured_operands(case):
+# Each example jits a compile: the default run draws a share, `-m slow` all (sampling.py).
+@pytest.mark.parametrize("part", PARTS)
+def test_traced_equals_static_on_run_structured_operands(part):
+  settings(max_examples=count(8, part), deadline=None)(given(run_operands())(
+      _check_traced_equals_static))()
+
+
+def _check_traced_equals_static(case):
   text, n, q_len, offset, bq, bk, ops = case
   ops = _ops_for(text, ops)
   static = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops)
@@ -121,11 +127,15 @@ def test_traced_equals_static_on_run_structured_operands(case):
   np.testing.assert_array_equal(np.asarray(traced), np.asarray(static.grid))
 
 
-@settings(max_examples=8, deadline=None)
-@given(run_operands())
-def test_traced_pieces_in_many_small_rounds_equal_static(case):
+@pytest.mark.parametrize("part", PARTS)
+def test_traced_pieces_in_many_small_rounds_equal_static(part):
   """The traced path cuts only a round's tiles' lines into pieces: rounds of 3 tiles (many
   rounds, lines cut again in each) give the static path's tiles."""
+  settings(max_examples=count(8, part), deadline=None)(given(run_operands())(
+      _check_traced_pieces))()
+
+
+def _check_traced_pieces(case):
   text, n, q_len, offset, bq, bk, ops = case
   ops = _ops_for(text, ops)
   static = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops)
