@@ -269,6 +269,23 @@ def _prepare(q, k, v, bm, *, scale, logits_soft_cap, sinks, interpret) -> _Call:
   scale = common.default_scale(d, scale)
   info_bm, segment = _plan(bm)
   kernel = _kernel(_padded(info_bm), logits_soft_cap, bool(interpret))
+  qh, kh, vh, ids = head_major(q, k, v, bm, scale, segment)
+  if ids is None:
+    return _Call(kernel, qh, kh, vh, None, None, sinks)
+  qs, ks, axis = ids
+  return _Call(kernel, qh, kh, vh, sk.SegmentIds(q=qs, kv=ks), axis, sinks)
+
+
+def head_major(q, k, v, bm: BlockMap, scale: float, segment):
+  """A splash kernel's inputs: `(qh, kh, vh, ids)`, shared by both splash adapters.
+
+  `qh` (q times `scale`), `kh` and `vh` are padded to whole tiles and laid out
+  `[B, H, L_pad, D]`. `ids` is None without segment conjuncts, else `(q_ids, kv_ids,
+  batch_axis)`: one id per row and per key, padded (padding ids are arbitrary: padding
+  keys are masked by `k < kv_len` and padding rows dropped), `[B, L_pad]` with
+  `batch_axis` 0 when the ids are batched, else `[L_pad]` and None.
+  """
+  b, lq, lkv = q.shape[0], q.shape[1], k.shape[1]
   lq_pad, lkv_pad = bm.n_q_tiles * bm.block_q, bm.n_kv_tiles * bm.block_kv
 
   def pad(x, n):
@@ -277,19 +294,16 @@ def _prepare(q, k, v, bm, *, scale, logits_soft_cap, sinks, interpret) -> _Call:
   qh = jnp.swapaxes(pad(q * jnp.asarray(scale, q.dtype), lq_pad), 1, 2)   # [B, H, Lq_pad, D]
   kh, vh = jnp.swapaxes(pad(k, lkv_pad), 1, 2), jnp.swapaxes(pad(v, lkv_pad), 1, 2)
   if segment is None:
-    return _Call(kernel, qh, kh, vh, None, None, sinks)
+    return qh, kh, vh, None
   # Rows and columns agree on every segment conjunct exactly when they agree on
   # all of them at once: one id per distinct combination, per batch row.
   values = common.read_values(bm, 0)
   qs, ks = _combined_ids(values, segment)                    # [B', L]
-  # Padding ids are arbitrary: padding keys are masked by `k < kv_len`, rows dropped.
   qs = jnp.pad(qs, ((0, 0), (0, lq_pad - lq)))
   ks = jnp.pad(ks, ((0, 0), (0, lkv_pad - lkv)))
-  ids = sk.SegmentIds(q=qs, kv=ks)
-  axis = 0 if qs.shape[0] == b and bm.batch is not None else None
-  if axis is None:
-    ids = sk.SegmentIds(q=ids.q[0], kv=ids.kv[0])
-  return _Call(kernel, qh, kh, vh, ids, axis, sinks)
+  if qs.shape[0] == b and bm.batch is not None:
+    return qh, kh, vh, (qs, ks, 0)
+  return qh, kh, vh, (qs[0], ks[0], None)
 
 
 # ----------------------------------------------------------------------------- log-sum-exp

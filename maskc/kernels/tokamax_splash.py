@@ -53,7 +53,7 @@ from tokamax._src.ops.experimental.tpu.splash_attention import (  # type: ignore
 from maskc.compiled.blockmap import BlockMap
 from maskc.kernels import common
 from maskc.kernels.platform import platform
-from maskc.kernels.splash import _combined_ids, _padded, _plan, default_blocks
+from maskc.kernels.splash import _padded, _plan, default_blocks, head_major
 from maskc.kernels.xla import NEG_LSE
 from maskc.language.errors import MaskValueError
 
@@ -261,23 +261,11 @@ def _prepare(q, k, v, bm, *, scale, logits_soft_cap, sinks, interpret) -> _Call:
     index = np.asarray(padded.head_index)
     groups = tuple((_kernel(padded, u, logits_soft_cap, bool(interpret)),
                     np.flatnonzero(index == u)) for u in range(len(padded.masks)))
-  lq_pad, lkv_pad = bm.n_q_tiles * bm.block_q, bm.n_kv_tiles * bm.block_kv
-
-  def pad(x, n):
-    return jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
-
-  qh = jnp.swapaxes(pad(q * jnp.asarray(scale, q.dtype), lq_pad), 1, 2)   # [B, H, Lq_pad, D]
-  kh, vh = jnp.swapaxes(pad(k, lkv_pad), 1, 2), jnp.swapaxes(pad(v, lkv_pad), 1, 2)
-  if segment is None:
+  qh, kh, vh, ids = head_major(q, k, v, bm, scale, segment)
+  if ids is None:
     return _Call(groups, qh, kh, vh, None, None, sinks)
-  values = common.read_values(bm, 0)
-  qs, ks = _combined_ids(values, segment)                    # [B', L]
-  # Padding ids are arbitrary: padding keys are masked by `k < kv_len`, rows dropped.
-  qs = jnp.pad(qs, ((0, 0), (0, lq_pad - lq)))
-  ks = jnp.pad(ks, ((0, 0), (0, lkv_pad - lkv)))
-  axis = 0 if qs.shape[0] == b and bm.batch is not None else None
-  ids = tk.SegmentIds(q=qs, kv=ks) if axis == 0 else tk.SegmentIds(q=qs[0], kv=ks[0])
-  return _Call(groups, qh, kh, vh, ids, axis, sinks)
+  qs, ks, axis = ids
+  return _Call(groups, qh, kh, vh, tk.SegmentIds(q=qs, kv=ks), axis, sinks)
 
 
 # ----------------------------------------------------------------------------- log-sum-exp
