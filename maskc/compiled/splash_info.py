@@ -371,15 +371,18 @@ def _next_in_walk(hit: np.ndarray, value: np.ndarray) -> np.ndarray:
   return value[where[pos]].astype(np.int32)
 
 
+def small(a):
+  """Splash's downcast: `a` in the smallest of int8, int16, int32 holding its values."""
+  if a is None or a.size == 0:
+    return a
+  top = int(a.max())
+  for t in (np.int8, np.int16):
+    if top <= np.iinfo(t).max:
+      return a.astype(t)
+  return a.astype(np.int32)
+
+
 def _downcast(info: MaskInfo) -> MaskInfo:
-  def small(a):
-    if a is None or a.size == 0:
-      return a
-    top = int(a.max())
-    for t in (np.int8, np.int16):
-      if top <= np.iinfo(t).max:
-        return a.astype(t)
-    return a.astype(np.int32)
   return info._replace(data_next=small(info.data_next), mask_next=small(info.mask_next),
                        block_mask=small(info.block_mask))
 

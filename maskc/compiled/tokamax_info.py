@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from maskc.compiled import predicate as _predicate
-from maskc.compiled.splash_info import MaskFunction, _check_shards, _tile_fetch, _tiles
+from maskc.compiled.splash_info import MaskFunction, _check_shards, _tile_fetch, _tiles, small
 from maskc.compiled.tiles import FULL, PARTIAL, grid_from_runs
 from maskc.language.errors import BackendError, MaskValueError
 
@@ -173,7 +173,7 @@ def compact_mask_info(bm: BlockMap, *, mask: int = 0, q_seq_shards: int = 1,
 
   def finish(info: CompactMaskInfo, part) -> CompactMaskInfo:
     if downcast_smem_data:
-      info = info._replace(**{f: _small(getattr(info, f)) for f in
+      info = info._replace(**{f: small(getattr(info, f)) for f in
                               ("mask_next", "active_rows", "active_cols", "block_mask")})
     return info._replace(mask_next=info.mask_next if stored else None,
                          partial_mask_blocks=part if stored else None, q_sequence=q_sequence)
@@ -264,17 +264,6 @@ def _next_partial(keys: np.ndarray, pkeys: np.ndarray, pids: np.ndarray) -> np.n
   pkeys, pids = pkeys[order], pids[order]
   pos = np.searchsorted(pkeys, keys, side="left")
   return pids[np.where(pos >= pkeys.size, 0, pos)].astype(np.int32)
-
-
-def _small(a):
-  """tokamax's downcast: the smallest of int8, int16, int32 holding the values (-1 allowed)."""
-  if a is None or a.size == 0:
-    return a
-  top = int(a.max())
-  for t in (np.int8, np.int16):
-    if top <= np.iinfo(t).max:
-      return a.astype(t)
-  return a.astype(np.int32)
 
 
 # ----------------------------------------------------------------------------- traced
