@@ -118,30 +118,23 @@ def test_traced_equals_static_on_run_structured_operands(part):
       _check_traced_equals_static))()
 
 
+@pytest.mark.parametrize("part", PARTS)
+def test_traced_pieces_in_many_small_rounds_equal_static(part):
+  """The traced path cuts only a round's tiles' lines into pieces: rounds of 3 tiles (many
+  rounds, lines cut again in each) give the static path's tiles."""
+  def check(case):
+    with mock.patch("maskc.lowering.traced.PIECE_ROUND", 3):
+      _check_traced_equals_static(case)
+  settings(max_examples=count(8, part), deadline=None)(given(run_operands())(check))()
+
+
 def _check_traced_equals_static(case):
+  """The grid compiled under `jit` (operands traced) equals the static compile's."""
   text, n, q_len, offset, bq, bk, ops = case
   ops = _ops_for(text, ops)
   static = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops)
   traced = jax.jit(lambda o: maskc.compile(text, q_len, n, q_offset=offset, block_q=bq,
                                            block_kv=bk, operands=o).grid)(ops)
-  np.testing.assert_array_equal(np.asarray(traced), np.asarray(static.grid))
-
-
-@pytest.mark.parametrize("part", PARTS)
-def test_traced_pieces_in_many_small_rounds_equal_static(part):
-  """The traced path cuts only a round's tiles' lines into pieces: rounds of 3 tiles (many
-  rounds, lines cut again in each) give the static path's tiles."""
-  settings(max_examples=count(8, part), deadline=None)(given(run_operands())(
-      _check_traced_pieces))()
-
-
-def _check_traced_pieces(case):
-  text, n, q_len, offset, bq, bk, ops = case
-  ops = _ops_for(text, ops)
-  static = maskc.compile(text, q_len, n, q_offset=offset, block_q=bq, block_kv=bk, operands=ops)
-  with mock.patch("maskc.lowering.traced.PIECE_ROUND", 3):
-    traced = jax.jit(lambda o: maskc.compile(text, q_len, n, q_offset=offset, block_q=bq,
-                                             block_kv=bk, operands=o).grid)(ops)
   np.testing.assert_array_equal(np.asarray(traced), np.asarray(static.grid))
 
 
