@@ -256,17 +256,9 @@ class _Call:
 
 def _prepare(q, k, v, bm, *, scale, logits_soft_cap, sinks, interpret) -> _Call:
   """Checks, the kernel for `bm` and the padded, head-major inputs (see the module doc)."""
-  b, lq, h, lkv, _, d = common.check_qkv(q, k, v)
-  common.check_blockmap(bm, "splash", lq, lkv, b)
-  if bm.heads is not None and bm.heads != h:
-    raise MaskValueError(f"the mask has {bm.heads} heads but q has {h}")
   _check_tiles(bm.block_kv)
-  if interpret is None:
-    interpret = platform() != "tpu"
-  sinks = common.check_sinks(sinks, h)
-  if sinks is None:
-    sinks = jnp.full((h,), _NO_SINK, jnp.float32)
-  scale = common.default_scale(d, scale)
+  scale, sinks, interpret = checked_inputs(q, k, v, bm, "splash", scale=scale, sinks=sinks,
+                                           interpret=interpret)
   info_bm, segment = _plan(bm)
   kernel = _kernel(_padded(info_bm), logits_soft_cap, bool(interpret))
   qh, kh, vh, ids = head_major(q, k, v, bm, scale, segment)
@@ -274,6 +266,23 @@ def _prepare(q, k, v, bm, *, scale, logits_soft_cap, sinks, interpret) -> _Call:
     return _Call(kernel, qh, kh, vh, None, None, sinks)
   qs, ks, axis = ids
   return _Call(kernel, qh, kh, vh, sk.SegmentIds(q=qs, kv=ks), axis, sinks)
+
+
+def checked_inputs(q, k, v, bm: BlockMap, backend: str, *, scale, sinks, interpret):
+  """Shapes checked against the map; `(scale, sinks, interpret)` resolved for a splash kernel.
+
+  Shared by both splash adapters. Sinks are always passed: a very negative logit per head
+  when the caller has none, which makes rows with no allowed key exactly zero.
+  """
+  b, lq, h, lkv, _, d = common.check_qkv(q, k, v)
+  common.check_blockmap(bm, backend, lq, lkv, b)
+  if bm.heads is not None and bm.heads != h:
+    raise MaskValueError(f"the mask has {bm.heads} heads but q has {h}")
+  sinks = common.check_sinks(sinks, h)
+  if sinks is None:
+    sinks = jnp.full((h,), _NO_SINK, jnp.float32)
+  interpret = platform() != "tpu" if interpret is None else bool(interpret)
+  return common.default_scale(d, scale), sinks, interpret
 
 
 def head_major(q, k, v, bm: BlockMap, scale: float, segment):

@@ -51,9 +51,8 @@ from tokamax._src.ops.experimental.tpu.splash_attention import (  # type: ignore
 )
 
 from maskc.compiled.blockmap import BlockMap
-from maskc.kernels import common
 from maskc.kernels.platform import platform
-from maskc.kernels.splash import _padded, _plan, default_blocks, head_major
+from maskc.kernels.splash import _padded, _plan, checked_inputs, default_blocks, head_major
 from maskc.kernels.xla import NEG_LSE
 from maskc.language.errors import MaskValueError
 
@@ -241,17 +240,9 @@ class _Call:
 
 def _prepare(q, k, v, bm, *, scale, logits_soft_cap, sinks, interpret) -> _Call:
   """Checks, the kernels for `bm` and the padded, head-major inputs (see the module doc)."""
-  b, lq, h, lkv, _, d = common.check_qkv(q, k, v)
-  common.check_blockmap(bm, "splash_tokamax", lq, lkv, b)
-  if bm.heads is not None and bm.heads != h:
-    raise MaskValueError(f"the mask has {bm.heads} heads but q has {h}")
   _check_tiles(bm.block_q, bm.block_kv)
-  if interpret is None:
-    interpret = platform() != "tpu"
-  sinks = common.check_sinks(sinks, h)
-  if sinks is None:
-    sinks = jnp.full((h,), _NO_SINK, jnp.float32)
-  scale = common.default_scale(d, scale)
+  scale, sinks, interpret = checked_inputs(q, k, v, bm, "splash_tokamax", scale=scale,
+                                           sinks=sinks, interpret=interpret)
   info_bm, segment = _plan(bm)
   padded = _padded(info_bm)
   groups: tuple[tuple[tk.SplashAttentionKernel, np.ndarray | None], ...]
