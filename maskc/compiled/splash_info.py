@@ -172,32 +172,41 @@ def _partial_blocks(
   Ids follow splash: masks in order, tiles row-major, a block numbered when first seen.
   Returns `(blocks bool[n, bq, bk], ids)` with `ids[u] = (i, j, id)` arrays.
   """
-  bq, bk = bm.block_q, bm.block_kv
   seen: dict[bytes, int] = {}
   blocks: list[np.ndarray] = []
   ids: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-  per_chunk = max(1, _EVAL_CHUNK // (bq * bk))
   for u, pred in enumerate(bm.predicates):
     line, other, st = _tiles(bm.rows, u)
     sel = st == PARTIAL
     i, j = line[sel], other[sel]
-    out = np.zeros(i.shape, np.int64)
-    values = bm.read_values(u)
-    for s in range(0, len(i), per_chunk):
-      ii, jj = i[s:s + per_chunk], j[s:s + per_chunk]
-      rows = ii[:, None, None] * bq + np.arange(bq)[None, :, None]
-      cols = jj[:, None, None] * bk + np.arange(bk)[None, None, :]
-      tiles = np.asarray(_predicate.evaluate(pred, np, rows + int(bm.q_offset), cols,
-                                             _tile_fetch(values, ii, jj, rows, cols)), bool)
-      for t, tile in enumerate(tiles):
-        key = np.packbits(tile).tobytes()
-        if key not in seen:
-          seen[key] = len(blocks)
-          blocks.append(tile)
-        out[s + t] = seen[key]
-    ids.append((i, j, out))
+    ids.append((i, j, numbered_tiles(bm, pred, bm.read_values(u), i, j, seen, blocks)))
   arr = np.stack(blocks) if blocks else None
   return arr, ids
+
+
+def numbered_tiles(bm: BlockMap, pred: Predicate, values, ii: np.ndarray, jj: np.ndarray,
+                   seen: dict[bytes, int], blocks: list[np.ndarray]) -> np.ndarray:
+  """Each tile `(ii, jj)`'s block id: tiles evaluated in chunks, a block numbered when first met.
+
+  `seen` (block bytes to id) and `blocks` (the distinct blocks, `bool[bq, bk]`) carry over
+  between calls, so ids can run on across masks, as splash numbers them.
+  """
+  bq, bk = bm.block_q, bm.block_kv
+  ids = np.zeros(ii.shape, np.int64)
+  per_chunk = max(1, _EVAL_CHUNK // (bq * bk))
+  for s in range(0, ii.size, per_chunk):
+    ci, cj = ii[s:s + per_chunk], jj[s:s + per_chunk]
+    rows = ci[:, None, None] * bq + np.arange(bq)[None, :, None]
+    cols = cj[:, None, None] * bk + np.arange(bk)[None, None, :]
+    tiles = np.asarray(_predicate.evaluate(pred, np, rows + int(bm.q_offset), cols,
+                                           _tile_fetch(values, ci, cj, rows, cols)), bool)
+    for t, tile in enumerate(tiles):
+      key = np.packbits(tile).tobytes()
+      if key not in seen:
+        seen[key] = len(blocks)
+        blocks.append(tile)
+      ids[s + t] = seen[key]
+  return ids
 
 
 def _tile_fetch(values, ii, jj, rows, cols):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from maskc.compiled import predicate as _predicate
-from maskc.compiled.splash_info import MaskFunction, _check_shards, _tile_fetch, _tiles, small
+from maskc.compiled.splash_info import MaskFunction, _check_shards, _tiles, numbered_tiles, small
 from maskc.compiled.tiles import FULL, PARTIAL, grid_from_runs
 from maskc.language.errors import BackendError, MaskValueError
 
@@ -187,26 +187,10 @@ def _partial_blocks(bm, u: int, i, j, st) -> tuple[np.ndarray | None, np.ndarray
 
   Tiles come row-major, so ids are tokamax's: a block numbered when first met.
   """
-  bq, bk = bm.block_q, bm.block_kv
   sel = st == PARTIAL
-  ii, jj = i[sel], j[sel]
-  ids = np.zeros(ii.shape, np.int64)
   seen: dict[bytes, int] = {}
   blocks: list[np.ndarray] = []
-  values = bm.read_values(u)
-  per_chunk = max(1, _EVAL_CHUNK // (bq * bk))
-  for s in range(0, ii.size, per_chunk):
-    ci, cj = ii[s:s + per_chunk], jj[s:s + per_chunk]
-    rows = ci[:, None, None] * bq + np.arange(bq)[None, :, None]
-    cols = cj[:, None, None] * bk + np.arange(bk)[None, None, :]
-    tiles = np.asarray(_predicate.evaluate(bm.predicates[u], np, rows + int(bm.q_offset), cols,
-                                           _tile_fetch(values, ci, cj, rows, cols)), bool)
-    for t, tile in enumerate(tiles):
-      key = np.packbits(tile).tobytes()
-      if key not in seen:
-        seen[key] = len(blocks)
-        blocks.append(tile)
-      ids[s + t] = seen[key]
+  ids = numbered_tiles(bm, bm.predicates[u], bm.read_values(u), i[sel], j[sel], seen, blocks)
   return (np.stack(blocks).astype(np.int8) if blocks else None), ids
 
 
