@@ -533,7 +533,7 @@ def picks(monkeypatch, platform: str, q_len: int, mask: str, ops=None, real=(), 
     ("gpu", 1024, "causal", ["flash"]),
     ("gpu", 64, "full", ["flash"]),
     ("gpu", 300, "causal & anc[q, k]", ["flash"]),
-    # CPU: dense when tiny (q_len * kv_len <= TINY) or nearly full, else block-sparse xla
+    # CPU: dense when tiny (api.tiny) or nearly full, else block-sparse xla
     ("cpu", 256, "sliding(8)", ["dense"]),
     ("cpu", 257, "sliding(8)", ["xla"]),
     ("cpu", 1024, "sliding(64)", ["xla"]),
@@ -555,6 +555,9 @@ def test_auto_choose_backend_per_platform(monkeypatch):
     assert api.choose_backend("auto", 4096, 4096) == want_big, name
     assert api.choose_backend("auto", 16, 16) == want_tiny, name
     assert api.choose_backend("xla", 16, 16) == "xla"             # a named backend is kept
+  # A decode row over a long cache: few pairs, but many key tiles to skip.
+  assert api.choose_backend("auto", 1, 512) == "dense"
+  assert api.choose_backend("auto", 1, 1024) == "xla"
 
 
 def test_auto_falls_back_to_xla_where_the_native_kernel_cannot_run(monkeypatch):

@@ -33,8 +33,8 @@ What `backend="auto"` picks, and why (`choose`):
   of keys per row; priced as its forward plus flash's backward, which it runs),
   `flash` (every mask). Where the chosen engine refuses at run time, `auto`
   falls back to flash, then to xla (tiles that are not powers of two >= 16).
-- CPU: `dense` when `q_len * kv_len <= TINY` or the compiled map's density is
-  above `NEARLY_FULL`, else `xla`. On CPU the Pallas kernels only interpret, and
+- CPU: `dense` for tiny masks (`tiny`: at most `TINY` pairs and `TINY_KEYS` keys) or
+  when the compiled map's density is above `NEARLY_FULL`, else `xla`. On CPU the Pallas kernels only interpret, and
   for tiny or nearly full masks the block bookkeeping costs more than the
   skipped tiles save.
 
@@ -64,7 +64,17 @@ from maskc.language.errors import BackendError, MaskValueError
 
 # Tiny masks and nearly full ones gain nothing from block sparsity on CPU.
 TINY = 256 * 256
+# Keys above which even a few query rows gain from skipping tiles: a decode row over a
+# cache of 1K keys runs in about half dense's time on xla (CPU, 2026-11-26; below 512
+# keys dense wins), though its pair count is far under TINY.
+TINY_KEYS = 512
 NEARLY_FULL = 0.9
+
+
+def tiny(q_len: int, kv_len: int) -> bool:
+  """Whether a mask is small enough that dense attention beats xla's tile bookkeeping on
+  CPU: at most `TINY` pairs and `TINY_KEYS` keys."""
+  return q_len * kv_len <= TINY and kv_len <= TINY_KEYS
 
 
 class BackendModule(Protocol):
@@ -174,15 +184,15 @@ def choose_backend(backend: str, q_len: int, kv_len: int) -> str:
 
   `"auto"` picks splash on TPU and flash on GPU, whatever the mask or length (they
   fall back to xla for a mask they cannot run; see the module's table); on CPU it
-  picks dense for tiny masks (`q_len * kv_len <= TINY`, where the block bookkeeping
-  costs more than it saves) and xla otherwise. `attention` may still move an xla
+  picks dense for tiny masks (`tiny`, where the block bookkeeping costs more than it
+  saves) and xla otherwise. `attention` may still move an xla
   choice to dense once it sees the compiled map's density.
   """
   check_backend(backend)
   if backend != "auto":
     return backend
   name = _platform_backend()
-  if name == "xla" and q_len * kv_len <= TINY:
+  if name == "xla" and tiny(q_len, kv_len):
     return "dense"
   return name
 
@@ -389,6 +399,6 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, bm: BlockMap, *, backend
 
 def dense_is_better(bm: BlockMap) -> bool:
   """Whether dense attention beats block sparsity on CPU: tiny or nearly full masks."""
-  if bm.q_len * bm.kv_len <= TINY:
+  if tiny(bm.q_len, bm.kv_len):
     return True
   return bm.is_static and bm.density > NEARLY_FULL

@@ -5,6 +5,9 @@ index lists, FULL and PARTIAL, padded to the largest count over q tiles (a stati
 number). A `lax.scan` walks the lists; each step gathers one key/value tile per q
 tile, so one step is a batched `[bq, D] x [D, bk]` matmul over all q tiles, and
 an online softmax carries the running max, denominator and output across steps.
+A traced map's lists are padded to a static bound; steps past every lane's count
+are skipped (`lax.cond`), so a decode row over a long cache visits the key tiles its
+runs name, not the whole cache.
 
 FULL tiles do no mask work: an additive bias per key column only drops padding
 slots in the lists and keys past `kv_len` in the last tile. PARTIAL tiles run
@@ -215,8 +218,16 @@ def _attend(q, k, v, bm, u: int, *, scale: float, cap, sinks, with_lse: bool = F
             (jnp.full((b, n_seg, hkv, g, bq), common.NEG, f32),
              jnp.zeros((b, n_seg, hkv, g, bq), f32), jnp.zeros((b, n_seg, hkv, g, bq, dv), f32)))
     partial = state == common.PARTIAL
-    def body(c, x, p=partial):
-      return step(c, x, p)
+    if static:
+      def body(c, x, p=partial):
+        return step(c, x, p)
+    else:
+      # A traced map's lists are padded to a static bound (every key tile, for a decode
+      # row over a whole cache). Each lane's valid steps come first, so a step where no
+      # lane is valid has nothing left to do: skipping it keeps the work at the tiles the
+      # runs name, not the bound.
+      def body(c, x, p=partial):
+        return jax.lax.cond(x[2].any(), lambda c: step(c, x, p)[0], lambda c: c, c), None
 
     (_, _, _, (bm_, bl, bacc)), _ = jax.lax.scan(body, init, xs)
     seg_m.append(bm_)
