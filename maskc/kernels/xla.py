@@ -161,8 +161,13 @@ def _attend(q, k, v, bm, u: int, *, scale: float, cap, sinks, with_lse: bool = F
   nq, nk = bm.n_q_tiles, bm.n_kv_tiles
   f32 = jnp.float32
   qt = (_pad_to(q.astype(f32), 1, nq * bq) * scale).reshape(b, nq, bq, hkv, g, d)
-  kt = _pad_to(k.astype(f32), 1, nk * bk).reshape(b, nk, bk, hkv, d)
-  vt = _pad_to(v.astype(f32), 1, nk * bk).reshape(b, nk, bk, hkv, dv)
+  if lkv % bk:
+    # Key tiles read as rows, clipped at the last key (the columns past it are masked):
+    # padding the keys would copy a whole KV cache for every decode step.
+    kt, vt = k.astype(f32), v.astype(f32)
+  else:
+    kt = k.astype(f32).reshape(b, nk, bk, hkv, d)
+    vt = v.astype(f32).reshape(b, nk, bk, hkv, dv)
   batched = bm.batch is not None
   values = common.read_values(bm, u)
   pred = bm.predicates[u]
@@ -178,8 +183,13 @@ def _attend(q, k, v, bm, u: int, *, scale: float, cap, sinks, with_lse: bool = F
     l = jnp.where(fresh, 0.0, l)
     acc = jnp.where(fresh[..., None], 0.0, acc)
     qg = _gather(qt, i, batched)                       # [B, W, bq, hkv, g, d]
-    kg = _gather(kt, j, batched)                       # [B, W, bk, hkv, d]
-    vg = _gather(vt, j, batched)
+    if lkv % bk:
+      key_rows = jnp.minimum(j[..., None] * bk + cols, lkv - 1)  # [B', W, bk]
+      kg = _gather(kt, key_rows, batched)              # [B, W, bk, hkv, d]
+      vg = _gather(vt, key_rows, batched)
+    else:
+      kg = _gather(kt, j, batched)
+      vg = _gather(vt, j, batched)
     s = jnp.einsum("bwqhgd,bwkhd->bwhgqk", qg, kg)     # [B, W, hkv, g, bq, bk]
     if cap is not None:
       s = cap * jnp.tanh(s / cap)
