@@ -4,7 +4,8 @@ The model is `examples/nnx_decoder.py`'s decoder (its masks from `gemma3.yaml` o
 `llama4.yaml`) at d_model 256, 4 query heads of 64, 2 key/value heads. Its cache holds
 `length` tokens when the timing starts; each step appends one token per row.
 
-- **maskc**: `Decoder(..., decode=True)`, one `nnx.jit`-compiled step. Layers whose mask
+- **maskc**: `Decoder(..., decode=True)`, one `nnx.jit`-compiled step that donates the
+  model, so the caches are written in place. Layers whose mask
   bounds their lookback (`causal & chunk(C)`, `sliding(W)` alone) keep a ring of that many
   slots; the others (`causal`, `sliding(W) | bidirectional(img)`, whose images may reach
   further back) attend over the whole cache. `gemma3-vouched` is Gemma 3 as its users
@@ -27,6 +28,7 @@ tests/test_nnx_decoder.py, not here.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import pathlib
 import sys
@@ -93,7 +95,7 @@ def dense_decoder(example: Any, model: Any, batch: int, length: int, capacity: i
              jnp.asarray(rng.standard_normal(shape, np.float32)))
             for _ in range(masks.num_layers)]
 
-  @nnx.jit
+  @functools.partial(nnx.jit, donate_argnums=1)  # the caches, written in place
   def step(model, caches, token, pos):
     new = list(caches)
 
@@ -149,7 +151,7 @@ def main(argv=None) -> None:
       model = build(example, config, args.backend)
       fill(model, args.batch, length, capacity, rng)
       token = jnp.zeros((args.batch, 1), jnp.int32)
-      step = nnx.jit(lambda m, t: m(t, decode=True))
+      step = nnx.jit(lambda m, t: m(t, decode=True), donate_argnums=0)
       runs = {"maskc": lambda t, m=model, step=step: step(m, t),
               "dense": dense_decoder(example, build(example, config, args.backend), args.batch,
                                      length, capacity, rng)}

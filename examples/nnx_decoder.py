@@ -245,8 +245,9 @@ def run(config: Any = "gemma3", *, steps: int = 120, batch: int = 8, length: int
   # step per token. Generated tokens are text of the prompt's last document.
   data = make_batch(rng, cfg, batch, prompt)
   model.init_cache(batch, prompt + generate)
-  prefill = nnx.jit(lambda m, t, ops: m(t, operands=ops, decode=True))
-  step = nnx.jit(lambda m, t: m(t, decode=True))
+  # Donating the model lets each step write its cache in place instead of copying it.
+  prefill = nnx.jit(lambda m, t, ops: m(t, operands=ops, decode=True), donate_argnums=0)
+  step = nnx.jit(lambda m, t: m(t, decode=True), donate_argnums=0)
   logits = [prefill(model, data.tokens, data.operands)[:, -1]]
   out = []
   for _ in range(generate):
