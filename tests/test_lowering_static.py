@@ -730,7 +730,8 @@ def test_documents_and_image_spans_cover_their_diagonal_squares():
   (its repeated run id 0 between spans is cut away by `img[q]`)."""
   from maskc.lowering.closed_forms import tile_cover as _tile_cover
   from maskc.semantics.ranges import Tables
-  from maskc.lowering.grid.refine import MEMORY_BUDGET, Budget
+  from maskc.lowering.grid.refine import Budget
+  from maskc.lowering.tuning import MEMORY_BUDGET
   budget = Budget(MEMORY_BUDGET)
   from maskc.semantics.bind import Shape
   from maskc.lowering.grid.geometry import TileGeometry

@@ -36,9 +36,10 @@ from maskc.language import ir
 from maskc.language.errors import MaskTypeError, MaskValueError
 from maskc.lowering import rules as lowering_rules
 from maskc.lowering.closed_forms import row_intervals
-from maskc.lowering.grid.refine import MEMORY_BUDGET, Budget
+from maskc.lowering.grid.refine import Budget
 from maskc.lowering.static import compile_static
 from maskc.lowering.traced import compile_dynamic
+from maskc.lowering.tuning import MEMORY_BUDGET
 from maskc.semantics.bind import MasksLike, Operands, Shape, _int, as_mask, prepare_operands
 from maskc.semantics.operand_arrays import OperandArrays
 from maskc.semantics.operand_runs import RunForm

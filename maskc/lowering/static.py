@@ -67,16 +67,7 @@ from maskc.lowering.closed_forms.pattern_lines import spliced_pattern
 from maskc.lowering.closed_forms.tile_cover import tile_cover
 from maskc.lowering.closed_forms.widened_band import widened_bounds
 from maskc.lowering.grid.geometry import TileGeometry
-from maskc.lowering.grid.refine import (
-  EVAL_CHUNK,
-  MEMORY_BUDGET,
-  NODE_BYTES,
-  PIECE_CHUNK,
-  Budget,
-  analysis_bytes,
-  evaluate_tiles,
-  subdivide,
-)
+from maskc.lowering.grid.refine import Budget, analysis_bytes, evaluate_tiles, subdivide
 from maskc.lowering.grid.run_lists import (
   FlatRuns,
   LineRuns,
@@ -99,6 +90,31 @@ from maskc.lowering.grid.run_lists import (
   unpacked,
 )
 from maskc.lowering.rules import enabled, took
+from maskc.lowering.tuning import (
+  COMBINE_CHUNK,
+  COMBINE_RUN_BYTES,
+  DECIDED_TILE_BYTES,
+  EVAL_CHUNK,
+  EXPANDED_RUN_BYTES,
+  FEW_RECTS,
+  LEAF_CHUNK,
+  MEMORY_BUDGET,
+  MET_LINE_BYTES,
+  MIN_ROUND,
+  NODE_BYTES,
+  PIECE_BYTES,
+  PIECE_CHUNK,
+  RECT_BYTES,
+  SAMPLE_BYTES,
+  SAMPLE_CHUNK,
+  SAMPLE_GROUP,
+  SIDE_PARTS,
+  SMALL_COVER,
+  SPLICE_SORTED_AFTER,
+  STRIP_PARTS,
+  WAITING_PIECE_BYTES,
+  WHOLE_AFTER,
+)
 from maskc.semantics.bind import Shape
 from maskc.semantics.evaluate import Env, evaluate_mask
 from maskc.semantics.operand_runs import Pieces, RunForm, RunTable, line_pieces, reads_at
@@ -183,14 +199,6 @@ def _decide_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, budget
     out[idx] = evaluate_tiles(m, geo, tables, np, b[idx] if not np.isscalar(b) else 0, i[idx],
                                j[idx])
   return out
-
-
-LEAF_CHUNK = 1 << 15  # rectangles analysed at a time: bounds the analysis's work arrays
-MIN_ROUND = 256  # rectangles a round must have room for (fewer when fewer are left)
-RECT_BYTES = 800  # per rectangle of a round beside its analysis: bounds, states, and up to
-# 16 children (`_split` cuts each side in 4 in a round of few rectangles) of 40 bytes
-PIECE_BYTES = 96  # per operand piece of a strip beside its analysis: its line and bounds
-EXPANDED_RUN_BYTES = 64  # per run of single lines expanded from the leaves, sorted and merged
 
 
 def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, budget: Budget,
@@ -285,11 +293,6 @@ def _hold_leaves(leaves, budget: Budget):
   """`leaves`, held in `budget` for as long as the lowering keeps them."""
   budget.hold(_nbytes(leaves), "the decided rectangles of tiles")
   return leaves
-
-
-STRIP_PARTS = 8  # parts a long strip of tiles without hints is cut into at once
-SIDE_PARTS = 4  # parts each side of a rectangle without hints is cut into, in a round of few
-FEW_RECTS = 256  # rectangles a round may have for that (its cost is then mostly fixed)
 
 
 def _split(rect, hints: tuple[_Hints, _Hints], nq: int, nk: int):
@@ -484,9 +487,6 @@ class _StaticRuns:
   def runs(self, along_rows: bool) -> Runs:
     return pack_runs(*self.merged(along_rows), self.batch or 1,
                      self.geo.nq if along_rows else self.geo.nk)
-
-
-SMALL_COVER = 4  # rectangles of the cover of at most this many tiles start as single tiles
 
 
 def _small_as_tiles(rects):
@@ -897,9 +897,6 @@ def _one_axis(m: ir.Mask, geo: TileGeometry) -> bool:
   """Whether `m` reads one position only (`g[k]`, `valid[k] & k < n`, `sink(4)`): lowered as
   `_AxisRuns`."""
   return not geo.positions and len(ir.positions_of(m)) == 1 and enabled("one_axis")
-
-
-WHOLE_AFTER = 0.25  # operand changes per tile row above which an `&` is lowered whole
 
 
 def _parts_pay(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None) -> bool:
@@ -1604,11 +1601,6 @@ def _sampled_mixed(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union
   return np.concatenate(out) if out else np.zeros(0, bool)
 
 
-SAMPLE_CHUNK = 1 << 16  # tiles sampled at a time
-SAMPLE_BYTES = 512  # working memory per tile sampled (five pairs, their positions and reads)
-SAMPLE_GROUP = 4  # pairs a tile evaluates at once, each with a value per node of the mask
-
-
 def _sampled_chunk(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union: bool):
   """`_sampled_mixed` of one chunk."""
   r0, r1, c0, c1 = _tile_corners(geo, i, j)
@@ -1689,15 +1681,6 @@ def _meeting_pieces(x, y):
   i = np.repeat(np.arange(xa.size), count)
   j = ranges(first, count)
   return (np.maximum(xa[i], ya[j]), np.minimum(xz[i], yz[j]), xs[i], ys[j])
-
-
-COMBINE_CHUNK = 1 << 15  # runs combined at a time
-DECIDED_TILE_BYTES = 128  # working memory per tile of a piece decided tile by tile
-SPLICE_SORTED_AFTER = 2  # pattern runs looked at per run of x above which `_splice` sorts
-# out those inside x's FULL runs (fewer: as fast to combine them all)
-COMBINE_RUN_BYTES = 128  # working memory per run combined: their cuts, pieces and states
-MET_LINE_BYTES = 9 * 64  # per line of bounds met: nine pieces, their keys, states, cuts
-WAITING_PIECE_BYTES = 40  # per piece waiting to be decided with others, and their concatenation
 
 
 def compile_static(masks, shape: Shape, operands: Mapping[str, Any], batch: int | None,

@@ -94,29 +94,29 @@ from maskc.lowering.closed_forms.widened_traced import (
   widened_parts,
 )
 from maskc.lowering.grid.geometry import TileGeometry
-from maskc.lowering.grid.refine import (
-  EVAL_CHUNK,
-  ITEM_BYTES,
-  MEMORY_BUDGET,
-  PIECE_CHUNK,
-  Budget,
-  decide_parts,
-  evaluate_tiles,
-  subdivide,
-)
+from maskc.lowering.grid.refine import Budget, decide_parts, evaluate_tiles, subdivide
 from maskc.lowering.rules import enabled, took
 from maskc.lowering.static import compile_static
+from maskc.lowering.tuning import (
+  BIT_LINES,
+  EVAL_CHUNK,
+  FEW_RUNS,
+  ITEM_BYTES,
+  LIST_GROUP,
+  MAX_CUTS,
+  MEMORY_BUDGET,
+  PIECE_CHUNK,
+  PIECE_ROUND,
+  STATIC_PART_TILES,
+  SUB_PARTS,
+  TILE_BYTES,
+  WIDENED_TILE_BYTES,
+)
 from maskc.semantics.bind import Shape
 from maskc.semantics.operand_runs import reads_at, unit_read
 from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
 
-MAX_CUTS = 4  # operand changes a tile line may be cut at
-SUB_PARTS = 4  # and equal parts it is cut into
 PIECES = MAX_CUTS + SUB_PARTS  # pieces a line is cut into (some may be empty)
-PIECE_ROUND = 128  # ambiguous tiles decided by pieces per round
-FEW_RUNS = 8  # runs per tile line listed without a sort where no line has more
-BIT_LINES = (128, 1024)  # tiles a line has for its runs read from bit words (4 to 32 words)
-STATIC_PART_TILES = 1 << 20  # the most tiles of an operand-free part lowered to a constant grid
 
 
 def _sort(keys):
@@ -152,9 +152,6 @@ def _sort_few(keys, fill: int, few: int):
     return jnp.concatenate([smallest[..., :few].astype(keys.dtype), rest], axis=-1)
 
   return jax.lax.cond(fits, padded, lambda: _sort(keys))
-
-
-LIST_GROUP = 32  # flags per group when listing a few of many (`_listed`)
 
 
 def _listed(flags, size: int, few: int):
@@ -517,17 +514,6 @@ def _combine(fixed, state, certain, union: bool):
   certain = ((certain & (state == PARTIAL) & (fixed == neutral)) |
              ((fixed == PARTIAL) & (state == neutral)))
   return jnp.maximum(fixed, state) if union else jnp.minimum(fixed, state), certain
-
-
-# XLA's memory per tile of a traced lowering, an upper bound: its temporaries (6-19 bytes a
-# tile by XLA's own memory analysis of the compiled lowering on a CPU, the grid's fused
-# analysis and the refinement's rounds) and the runs along both axes (18 bytes);
-# `tests/test_memory_budget.py` checks it against that analysis.
-TILE_BYTES = 64
-# Of the widened band (`maskc.lowering.closed_forms.widened_traced`): both axes' runs, 18 bytes a
-# tile, and their slots padded once (5 by XLA's memory analysis); its lines' reductions need 32
-# bytes a token.
-WIDENED_TILE_BYTES = 32
 
 
 def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,

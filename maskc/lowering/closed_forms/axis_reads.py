@@ -17,6 +17,7 @@ import numpy as np
 
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL
 from maskc.language import ir
+from maskc.lowering.tuning import CUT_BYTES
 from maskc.semantics.evaluate import Env, evaluate_mask
 
 
@@ -30,9 +31,6 @@ def bare_reads_only(m: ir.Node) -> bool:
   if isinstance(m, ir.Call):
     return bare_reads_only(ir.expand(m))
   return all(bare_reads_only(c) for c in m.children() if not isinstance(c, ir.Operand))
-
-
-CUT_BYTES = 64  # per token where a read changes: its keys, position, batch row and value
 
 
 def read_tile_states(m: ir.Mask, n: int, block: int, offset: int, nb: int, tables,

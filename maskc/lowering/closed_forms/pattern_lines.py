@@ -17,8 +17,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from maskc.compiled.tiles import Runs
 from maskc.lowering.grid.refine import Budget
-
-SLOT_BYTES = 16  # per slot of the packed rows: start, stop, state, and a flag, with room
+from maskc.lowering.tuning import SLOT_BYTES
 
 
 def spliced_pattern(pattern, nb: int, n_lines: int, lines, lo, hi, mid, budget: Budget) -> Runs:
