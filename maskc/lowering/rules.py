@@ -1,8 +1,8 @@
 """The lowering's closed forms by name: a switch to turn one off, and a record of those taken.
 
 The static and traced lowerings reach most masks by closed forms, each a faster
-way to the same tiles as the generic range analysis (`maskc.lowering.static.
-_StaticRuns`), taken where its precondition holds. A closed form that is wrong
+way to the same tiles as the generic range analysis (`maskc.lowering.
+range_analysis._StaticRuns`), taken where its precondition holds. A closed form that is wrong
 for some mask is wrong silently: the tiles still look plausible. So each can be
 turned off, and the tiles compared with the ones the lowering gives without it:
 

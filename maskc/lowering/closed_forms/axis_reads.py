@@ -38,7 +38,7 @@ def read_tile_states(m: ir.Mask, n: int, block: int, offset: int, nb: int, table
   """The states `[nb, ceil(n / block)]` of the tiles of one axis of `m` (`bare_reads_only`,
   reading positions of one axis only): `n` tokens at positions `offset + t`, tiles of
   `block`; `tables` give the operands' runs (`maskc.semantics.ranges.Tables.run_table`),
-  `reads` the operands to evaluate with (`maskc.lowering.static._RunReads`); the stretches
+  `reads` the operands to evaluate with (`maskc.lowering.sampling._RunReads`); the stretches
   are charged to `budget` (the tiles are the caller's).
   """
   names = sorted({ir.array_key(r) for r in ir.walk(m) if isinstance(r, ir.Read)})
