@@ -137,11 +137,10 @@ def _parts_pay(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None)
   range analysis (parts that need none always pay: `_unanalysed`).
 
   An `&` lowered whole prunes its operand items by its periodic ones, and
-  combining the parts' runs costs a pass over every square's runs. Measured at 1M
-  tokens, 128-tiles, for `causal & seg[q] <= seg[k] + 1 & seg[k] <= seg[q]`:
-  documents of 50-200 tokens (more than one change per four tile rows) lower 1.4
-  times faster whole, documents of 1K-8K 1.5 times faster in parts. An `|` cannot
-  prune that way: in parts always (images: 2-2.5 times faster).
+  combining the parts' runs costs a pass over every square's runs: short documents
+  (more than one change per four tile rows, `WHOLE_AFTER`) lower faster whole, long
+  ones faster in parts. An `|` cannot prune that way: in parts always. (The figures:
+  `docs/lowering.md`, "Measurements behind the design".)
   """
   if not isinstance(m, ir.And):
     return True

@@ -46,13 +46,13 @@ code keeps the kernel count down:
 - sorts instead of prefix sums (associative scans of log2(N) levels), unstable
   ones where keys are distinct but for a fill value (`_sort`: half the time);
   where few keys of a line are not the fill, `lax.top_k` of those few, with the
-  sort kept for inputs that have more (`_sort_few`: a quarter of the sort's time
-  per call, for about 0.1-0.2 s more compile); a grid's few ambiguous tiles by
+  sort kept for inputs that have more (`_sort_few`: faster per call, for a little
+  more compile); a grid's few ambiguous tiles by
   top_k over groups of tiles, then over the first groups' tiles (`_listed`);
 - counts and places of flags from flags packed into 32-bit words
   (`maskc.arrays.bit_words`): the run labels' prefix count, and a tile line's runs
-  where it has few (`_few_runs`: a third of top_k's time per call, for about
-  0.1 s more compile than top_k);
+  where it has few (`_few_runs`: faster than top_k per call, for a little more
+  compile);
 - a reduction over more than 32 elements is one variadic reduce with its siblings
   (`maskc.semantics.ranges.reduce_many`) or an argmin/argmax, never a plain one, which
   XLA's CPU compiler splits into three kernels (a tree reduction);
@@ -141,7 +141,7 @@ def _sort_few(keys, fill: int, few: int):
   if width <= few + 1 or fill >= 1 << 24:
     return _sort(keys)
   neg, _ = jax.lax.top_k(-keys.astype(jnp.float32), few + 1)
-  # Integers again at once: an argmax over the floats takes 20 times as long (NaN rules).
+  # Integers again at once: an argmax over the floats takes far longer (NaN rules).
   smallest = (-neg).astype(jnp.int32)  # ascending; slot `few` is `fill` on lines that fit
   last = smallest[..., few].reshape(-1)
   # every line fits: no slot `few` below the fill (argmin: one kernel, not a tree reduction)
@@ -161,8 +161,7 @@ def _listed(flags, size: int, few: int):
   Where at most `few` are set (a grid's ambiguous tiles: a few dozen of hundreds of
   thousands), in two small steps instead of top_k over them all: top_k over the
   groups of `LIST_GROUP` flags that hold any, then over the flags of the first `few`
-  such groups (0.15 against 1.6 ms alone for 51 of 524,288 on this CPU; documents
-  at 32K tokens, batch 8: 3.9-4.1 -> 3.0-3.1 ms a call, for one kernel more).
+  such groups: faster, for one kernel more (`docs/lowering.md`, "Measurements behind the design").
   Otherwise all of them sorted (`lax.cond`: one branch executes).
   """
   n = flags.shape[0]
@@ -663,12 +662,11 @@ def _runs(grid) -> Runs:
 
   The runs of `maskc.compiled.tiles.runs_from_grid` (`R = n` slots). Where every line has
   at most `FEW_RUNS` runs (the usual case: a diagonal tile, a document's block, an
-  image's span a line), they are read from bit words (`_few_runs`), in a quarter
-  of the time of top_k over the tiles (0.76 against 2.9 ms for 2,048 lines of 256
-  tiles on this CPU); otherwise from a sort (`lax.cond`: one branch executes). The
-  words cost about 0.1 s of compile whatever the width, so lines shorter than
-  `BIT_LINES` (top_k takes 0.3 ms for 2,048 lines of 64) or longer keep
-  `_sorted_runs` (top_k where the runs are few).
+  image's span a line), they are read from bit words (`_few_runs`), faster than
+  top_k over the tiles; otherwise from a sort (`lax.cond`: one branch executes). The
+  words cost a fixed compile time whatever the width, so lines shorter than
+  `BIT_LINES` (where top_k is cheap) or longer keep `_sorted_runs` (top_k where the
+  runs are few). (The figures: `docs/lowering.md`, "Measurements behind the design".)
   """
   n = grid.shape[-1]
   if not BIT_LINES[0] <= n <= BIT_LINES[1]:
