@@ -51,13 +51,14 @@ from maskc.analysis.linear import exact_band
 from maskc.compiled.tiles import Runs
 from maskc.language import ir
 from maskc.lowering.closed_forms.band_runs import BandRuns, band_fits
+from maskc.lowering.closed_forms.equal_reads import equal_reads_where, unique_runs
 from maskc.lowering.combined import _CombinedRuns
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget
 from maskc.lowering.grid.run_lists import stack_runs
 from maskc.lowering.part_runs import _AxisRuns, _EqualRuns, _PeriodicRuns
 from maskc.lowering.range_analysis import _StaticRuns
-from maskc.lowering.rules import enabled, took
+from maskc.lowering.rules import disabled_now, enabled, recorder, step, took
 from maskc.lowering.tuning import MEMORY_BUDGET, WHOLE_AFTER
 from maskc.semantics.bind import Shape
 from maskc.semantics.operand_runs import RunForm, reads_at
@@ -168,22 +169,36 @@ def _unanalysed(m: ir.Mask, geo: TileGeometry, tables: Tables, join) -> bool:
 
 def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
                   budget: Budget):
-  """How one mask's runs are computed: by its diagonal period where it has one; along its
-  one axis when it reads only one (`_AxisRuns`); as the `&` / `|` of parts lowered apart
-  (`_parts`); else by leaves."""
+  """How one mask's runs are computed (`_lowered`); where `maskc.explain` listens
+  (`maskc.lowering.rules.recording`), recorded as a part with the way it took."""
+  rec = recorder()
+  if rec is None:
+    return _lowered(m, geo, tables, batch, refine, budget)[0]
+  with rec.part(m) as part:
+    part.runs, part.way = _lowered(m, geo, tables, batch, refine, budget)
+    if part.way == "generic":
+      part.reason = _why_generic(m, geo, tables, batch)
+  return part.runs
+
+
+def _lowered(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
+             budget: Budget):
+  """`(runs, way)` of one mask: by its diagonal period where it has one; along its one axis
+  when it reads only one (`_AxisRuns`); as equal reads of runs; as the `&` / `|` of parts
+  lowered apart (`_parts`); else by leaves (way "generic")."""
   period = _periodic(m, geo)
   if period is not None:
     took("periodic")
-    return _PeriodicRuns(m, geo, tables, batch, refine, budget, period)
+    return _PeriodicRuns(m, geo, tables, batch, refine, budget, period), "periodic"
   if _one_axis(m, geo):
     took("one_axis")
-    return _AxisRuns(m, geo, tables, batch, refine, budget)
+    return _AxisRuns(m, geo, tables, batch, refine, budget), "one_axis"
   while isinstance(m, ir.Call):  # `document(seg)`, `streaming(w, s)`: the parts of its body
     m = ir.expand(m)
   equal = _EqualRuns.of(m, geo, tables, batch, budget)
   if equal is not None:
     took("equal_reads")
-    return equal
+    return equal, "equal_reads"
   parts = _parts(m, geo)
   if parts is not None and not _parts_pay(m, geo, tables, batch) and not all(
       _unanalysed(x, geo, tables, ir.and_ if isinstance(m, ir.And) else ir.or_)
@@ -193,8 +208,44 @@ def _runs_of_mask(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     took("parts")
     return _CombinedRuns(m, [_band_part(x, geo, batch) or
                              _runs_of_mask(x, geo, tables, batch, refine, budget)
-                             for x in parts], geo, tables, batch, refine, budget)
-  return _StaticRuns(m, geo, tables, batch, refine, budget)
+                             for x in parts], geo, tables, batch, refine, budget), "parts"
+  return _StaticRuns(m, geo, tables, batch, refine, budget), "generic"
+
+
+def _why_generic(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None) -> str:
+  """Why no rule lowered `m` and the generic range analysis did: for `maskc.explain` only
+  (it repeats the checks of `_lowered`)."""
+  off = sorted(disabled_now() & {"periodic", "one_axis", "equal_reads", "parts"})
+  note = f" (rules turned off: {', '.join(off)})" if off else ""
+  if geo.positions:
+    return "explicit positions: the closed forms need consecutive positions" + note
+  while isinstance(m, ir.Call):
+    m = ir.expand(m)
+  if not m.operands:
+    period = diagonal_period(m)
+    if period is None and not isinstance(m, (ir.And, ir.Or)):
+      return "no operands, but no diagonal period (`maskc.analysis.diagonal_period`)" + note
+    if period is not None and enabled("periodic"):
+      return (f"a diagonal period of {period} tokens, too long to repeat on this grid (more "
+              f"than a quarter of it)" + note)
+  if len(ir.positions_of(m)) == 1:
+    return "reads one position only, but rule one_axis is off" + note
+  found = equal_reads_where(m)
+  if found is not None and not unique_runs(tables.run_table(found[0])):
+    return (f"equal reads of `{found[0]}`, but some value of `{found[0]}` spans more than one "
+            f"run" + note)
+  if _parts(m, geo) is not None:
+    nb = batch or 1
+    changes = sum(tables.run_table(name).starts.size - nb for name in {n for n, _ in
+                                                                         reads_at(m, "q")})
+    return (f"an `&` whose operands change {changes / (nb * geo.nq):.2f} times per tile row "
+            f"(over {WHOLE_AFTER}), with a part that needs the analysis: faster whole than "
+            f"in parts" + note)
+  if isinstance(m, (ir.And, ir.Or)):
+    return ("an `&` / `|` with no part of a closed form (a diagonal period, one axis, a band "
+            "of an `&`, or parts of its own) to split off" + note)
+  return ("no closed form matches: no diagonal period, more than one position read, not "
+          "equal reads of runs, not an `&` / `|`" + note)
 
 
 def _band_part(m: ir.Mask, geo: TileGeometry, batch: int | None) -> BandRuns | None:
@@ -205,8 +256,14 @@ def _band_part(m: ir.Mask, geo: TileGeometry, batch: int | None) -> BandRuns | N
   band = _clip_band(m, geo)
   if band is None:
     return None
-  took("band")
-  return BandRuns(geo, band, batch or 1)
+  rec = recorder()
+  if rec is None:
+    took("band")
+    return BandRuns(geo, band, batch or 1)
+  with rec.part(m) as part:
+    took("band")
+    part.runs, part.way = BandRuns(geo, band, batch or 1), "band"
+  return part.runs
 
 
 def _clip_band(m: ir.Mask, geo: TileGeometry) -> tuple[int | None, int | None] | None:
@@ -229,7 +286,11 @@ def compile_static(masks, shape: Shape, operands: Mapping[str, Any], batch: int 
   budget = budget or Budget(MEMORY_BUDGET)
   # shared: tables are built for the operands masks read
   tables = Tables(np, operands, forms, budget=budget, same_runs=enabled("same_run_ids"))
-  per_mask = [_runs_of_mask(m, geo, tables, batch, ref, budget) for m, ref in zip(masks, refine)]
+  with step("lower"):
+    per_mask = [_runs_of_mask(m, geo, tables, batch, ref, budget)
+                for m, ref in zip(masks, refine)]
   if tables.same_runs_used:
     took("same_run_ids")
-  return stack_runs([r.runs(along_rows=True) for r in per_mask]), _Backward(per_mask)
+  with step("combine"):  # the runs packed: where parts lowered apart are combined
+    rows = stack_runs([r.runs(along_rows=True) for r in per_mask])
+  return rows, _Backward(per_mask)
