@@ -11,8 +11,9 @@ from maskc.lowering import static as _lower_static
 from maskc.lowering import combined as _combined
 from maskc.lowering import range_analysis as _range_analysis
 from maskc.semantics.ranges import Tables
-from maskc.lowering.closed_forms.band_runs import (BandRuns, band_bounds, clipped_pieces, line_runs,
-                              met_bounds_pieces)
+from maskc.lowering.closed_forms.band_runs import (BandRuns, band_bounds, clipped_pieces,
+                                                  met_bounds_pieces)
+from maskc.lowering.grid.forms import line_runs
 from maskc.semantics.bind import Shape
 from maskc.analysis.linear import exact_band
 from maskc.lowering.grid.geometry import TileGeometry

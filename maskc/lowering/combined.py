@@ -24,25 +24,27 @@ from maskc.lowering.closed_forms.band_runs import (
   Intervals,
   band_fits,
   clipped_pieces,
-  keyed_band_runs,
   met_bounds_pieces,
 )
 from maskc.lowering.closed_forms.pattern_lines import spliced_pattern
+from maskc.lowering.grid.forms import (
+  keyed,
+  keyed_band_runs,
+  merge_keyed,
+  pack_keyed,
+  split_keys,
+  unpacked,
+)
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget
 from maskc.lowering.grid.run_lists import (
   interleaved,
-  keyed,
   lines_of,
   marked,
   meeting_mask,
-  merge_keyed,
   on_lines,
   on_lines_mask,
   overlapping,
-  pack_keyed,
-  split_keys,
-  unpacked,
 )
 from maskc.lowering.part_runs import _AxisRuns, _EqualRuns, _PeriodicRuns
 from maskc.lowering.range_analysis import _decide_tiles, _pieces, _StaticRuns
@@ -117,7 +119,7 @@ class _CombinedRuns:
     return merge_keyed(*flat)
 
   def runs(self, along_rows: bool) -> Runs:
-    """The runs packed (`maskc.lowering.grid.run_lists.pack_keyed`); an `|` that ends with a pattern
+    """The runs packed (`maskc.lowering.grid.forms.pack_keyed`); an `|` that ends with a pattern
     (`local(64, 64) | g[q] | g[k]`) packs its lines as it splices them, not through flat
     keys of every run: 269,000 runs at 1M."""
     geo = self.geo

@@ -25,7 +25,7 @@ from maskc.language import ir
 from maskc.language.errors import MaskValueError
 from maskc.lowering import rules as lowering_rules
 from maskc.lowering.compile import compile as compile_
-from maskc.lowering.grid.run_lists import pack_runs
+from maskc.lowering.grid.forms import pack_runs
 from maskc.semantics.bind import MasksLike, as_mask
 
 

@@ -29,17 +29,10 @@ from maskc.lowering.closed_forms.equal_reads import (
   unique_runs,
 )
 from maskc.lowering.closed_forms.widened_band import widened_bounds
+from maskc.lowering.grid.forms import FlatRuns, LineBounds, LineRuns, pack_keyed, pack_runs
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget
-from maskc.lowering.grid.run_lists import (
-  FlatRuns,
-  LineRuns,
-  expand_in_order,
-  expand_leaves,
-  merge_runs,
-  pack_keyed,
-  pack_runs,
-)
+from maskc.lowering.grid.run_lists import expand_in_order, expand_leaves, merge_runs
 from maskc.lowering.range_analysis import _decided_leaves, _hold_leaves, _leaves_and_exactness
 from maskc.lowering.rules import enabled, took
 from maskc.lowering.sampling import _RunReads
@@ -106,7 +99,8 @@ class _AxisRuns:
       item = np.repeat(np.arange(n.size), n)
       line = (a - (np.cumsum(n) - n))[item] + np.arange(item.size)
       self.budget.charge(item.size * 48, "the packed runs")
-      return b[item], line, np.zeros_like(line), np.full_like(line, n_span), state[item]
+      return LineRuns(b[item], line, np.zeros_like(line), np.full_like(line, n_span),
+                      state[item])
     # every line repeats its batch row's pattern
     nb = self.batch or 1
     count = np.bincount(b, minlength=nb)
@@ -114,7 +108,7 @@ class _AxisRuns:
     first = np.cumsum(count) - count
     p = np.concatenate([np.tile(np.arange(f, f + c), n_lines) for f, c in zip(first, count)])
     line = np.concatenate([np.repeat(np.arange(n_lines), c) for c in count])
-    return b[p], line, a[p], z[p], state[p]
+    return LineRuns(b[p], line, a[p], z[p], state[p])
 
   def runs(self, along_rows: bool) -> Runs:
     return pack_runs(*self.merged(along_rows), self.batch or 1,
@@ -163,7 +157,7 @@ class _EqualRuns:
                        "the runs of equal reads")
     return equal_read_runs(self.table, geo, nb, *self.shifts, along_rows, self.on, self._lines)
 
-  def bounds(self, along_rows: bool) -> np.ndarray | None:
+  def bounds(self, along_rows: bool) -> LineBounds | None:
     """The tiles as a band's bounds per flat line
     (`maskc.lowering.closed_forms.equal_reads.equal_read_bounds`), where no truth read stands
     beside the equal reads; else None."""
@@ -194,7 +188,7 @@ class _EqualRuns:
     """The runs as sorted, merged flat runs (`keyed`), from their flat lines directly."""
     f, a, z, state = self._lines_runs(along_rows)
     base = f * ((self.geo.nk if along_rows else self.geo.nq) + 1)
-    return base + a, base + z, state
+    return FlatRuns(base + a, base + z, state)
 
   def runs(self, along_rows: bool) -> Runs:
     n_lines, n_span = (self.geo.nq, self.geo.nk) if along_rows else (self.geo.nk, self.geo.nq)
@@ -288,7 +282,7 @@ class _PeriodicRuns:
       return one
     b = np.repeat(np.arange(nb, dtype=np.int64), one[0].size)
     line, a, z, state = (np.tile(x, nb) for x in one[1:])
-    return b, line, a, z, state
+    return LineRuns(b, line, a, z, state)
 
   def runs(self, along_rows: bool) -> Runs:
     runs = pack_runs(*self._merged_row(along_rows), 1,

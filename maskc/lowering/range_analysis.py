@@ -21,9 +21,10 @@ from maskc.arrays.ragged import ranges
 from maskc.compiled.tiles import Runs
 from maskc.language import ir
 from maskc.lowering.closed_forms.tile_cover import tile_cover
+from maskc.lowering.grid.forms import LineRuns, pack_runs
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget, analysis_bytes, evaluate_tiles, subdivide
-from maskc.lowering.grid.run_lists import LineRuns, expand_in_order, merge_runs, pack_runs
+from maskc.lowering.grid.run_lists import expand_in_order, merge_runs
 from maskc.lowering.rules import enabled, took
 from maskc.lowering.tuning import (
   EVAL_CHUNK,

@@ -23,7 +23,7 @@ import numpy as np
 from maskc.arrays.ragged import group_ends, ranges
 from maskc.compiled.tiles import FULL, PARTIAL
 from maskc.language import ir
-from maskc.lowering.closed_forms.band_runs import line_runs
+from maskc.lowering.grid.forms import LineBounds, line_runs
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.semantics.operand_runs import RunTable, unit_shift
 from maskc.semantics.ranges import same_runs
@@ -133,7 +133,7 @@ def _searches(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift
 
 
 def equal_read_bounds(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift: int,
-                      along_rows: bool, memo: dict | None = None) -> np.ndarray:
+                      along_rows: bool, memo: dict | None = None) -> LineBounds:
   """The tiles of `x[q + s] == x[k + t]` as bounds `[4, nb * n_lines]` per flat line (`b *
   n_lines + line`), a band's (`maskc.lowering.closed_forms.band_runs.band_bounds`: `[j0, f0)`
   and `[f1, j1)` PARTIAL, `[f0, f1)` FULL): the span's lines meeting the runs a line reads,

@@ -30,13 +30,14 @@ import numpy as np
 from maskc.arrays.ragged import ranges
 from maskc.lowering.closed_forms.band_runs import FAR, Intervals, line_bounds, span_tiles
 from maskc.lowering.closed_forms.equal_reads import _lines_read
+from maskc.lowering.grid.forms import LineBounds
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.semantics.operand_runs import RunTable
 
 
 def widened_bounds(geo: TileGeometry, intervals: Intervals, table: RunTable,
                    shifts: tuple[int, int], on: np.ndarray | None, along_rows: bool,
-                   memo: dict | None = None) -> np.ndarray | None:
+                   memo: dict | None = None) -> LineBounds | None:
   """Bounds `[4, table.batch * n_lines]` (`maskc.lowering.closed_forms.band_runs.band_bounds`:
   s, f, g, e per flat line of each operand row) of `intervals | x[q + s] == x[k + t]
   [& w[q + s]]`, on consecutive positions with a static offset (`band_fits`), where each
