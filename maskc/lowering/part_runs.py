@@ -128,11 +128,13 @@ class _EqualRuns:
     self._lines: dict = {}  # the runs each line reads, for both directions
     self._widened: dict = {}  # bounds of a band widened by these reads (`widened`)
 
-  @classmethod
-  def of(cls, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
-         budget: Budget) -> _EqualRuns | None:
-    """The equal reads of `m` (`maskc.lowering.closed_forms.equal_reads.equal_reads_where`),
-    where they apply."""
+  @staticmethod
+  def match(m: ir.Mask, geo: TileGeometry,
+            tables: Tables) -> tuple[RunTable, tuple[int, int], np.ndarray | None] | None:
+    """Rule `equal_reads`'s precondition, building nothing: `(x's runs, (s, t), on)` where
+    `m` is equal reads of x (`maskc.lowering.closed_forms.equal_reads.equal_reads_where`),
+    each value of x one run, and a truth read beside them (`on`, else None) constant on
+    x's runs; else None."""
     found = None if geo.positions or not enabled("equal_reads") else equal_reads_where(m)
     if found is None:
       return None
@@ -146,7 +148,14 @@ class _EqualRuns:
       if not (w_table.starts is table.starts or np.array_equal(w_table.starts, table.starts)):
         return None
       on = w_table.values != 0
-    return cls(table, (s, t), on, geo, batch, budget)
+    return table, (s, t), on
+
+  @classmethod
+  def of(cls, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
+         budget: Budget) -> _EqualRuns | None:
+    """The equal reads of `m` (`match`), where they apply."""
+    found = cls.match(m, geo, tables)
+    return None if found is None else cls(*found, geo, batch, budget)
 
   def _lines_runs(self, along_rows: bool):
     """The runs as sorted, merged `(flat line, a, z, state)` arrays."""

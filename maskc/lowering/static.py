@@ -160,7 +160,7 @@ def _unanalysed(m: ir.Mask, geo: TileGeometry, tables: Tables, join) -> bool:
     m = ir.expand(m)
   if (_periodic(m, geo) is not None or _one_axis(m, geo) or
       (join is ir.and_ and _clip_band(m, geo) is not None) or
-      _EqualRuns.of(m, geo, tables, None, Budget(0)) is not None):
+      _EqualRuns.match(m, geo, tables) is not None):
     return True
   parts = _parts(m, geo)
   inner = ir.and_ if isinstance(m, ir.And) else ir.or_
