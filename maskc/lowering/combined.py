@@ -121,7 +121,7 @@ class _CombinedRuns:
   def runs(self, along_rows: bool) -> Runs:
     """The runs packed (`maskc.lowering.grid.forms.pack_keyed`); an `|` that ends with a pattern
     (`local(64, 64) | g[q] | g[k]`) packs its lines as it splices them, not through flat
-    keys of every run: 269,000 runs at 1M."""
+    keys of every run (hundreds of thousands on long grids)."""
     geo = self.geo
     n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
     flat, patterns = self._unspliced(along_rows)
@@ -347,7 +347,7 @@ class _CombinedRuns:
     Of those looked at, only the ones that meet a PARTIAL run of `x` or cross the edge
     of a FULL one are combined with `x` (`_combine_by_lines`): one inside a FULL run is
     kept as it is under `&` and covered under `|`, one between the runs is dropped
-    under `&` and kept under `|` (`causal | g[k]` at 1M: the pattern's runs left of the
+    under `&` and kept under `|` (`causal | g[k]`: the pattern's runs left of the
     diagonal, not combined). Tiles PARTIAL in both are sampled where the pattern is
     exact (`_exact_runs`).
     """
@@ -443,7 +443,8 @@ class _CombinedRuns:
     Where one list has runs on few lines (an image's rows, a pattern's meeting), only
     the other's runs that overlap them are combined: elsewhere a union keeps the other
     list's runs as they are, and an intersection drops them (`causal & ~img[k] |
-    bidirectional(img)` at 1M: 63 of 523K runs, where the images' lines hold 78K).
+    bidirectional(img)`: a few dozen of half a million runs, `docs/lowering.md`,
+    "Measurements behind the design").
     `union`: whether to join as `|` (default: as the mask does). `exact_part`: one of the
     lists is exact as it stands (`_pieces_decided`).
     """
@@ -489,7 +490,7 @@ class _CombinedRuns:
     (`total`): runs never cross a line, so the groups are independent, and the
     working memory stays bounded. The pieces of small groups wait to be decided
     together, up to a group's worth: deciding a few tiles at a time costs more than
-    the tiles (`causal & document(seg)` at 1M: once, where each of three groups was)."""
+    the tiles (`causal & document(seg)`: once, where each of several groups was)."""
     per_run = COMBINE_RUN_BYTES + WAITING_PIECE_BYTES
     per_chunk = min(COMBINE_CHUNK, self.budget.items(per_run))
     chunks = max(1, -(-total // per_chunk))
@@ -577,10 +578,11 @@ class _CombinedRuns:
     Where one part is exactly mixed there (every part when refined; a band or equal reads
     always: `exact_part`), the whole `&` lies inside it and is not FULL, the whole `|`
     holds it and is not EMPTY, so one sampled pair of the other value proves the tile
-    PARTIAL (`causal & document(seg) & ~pad[k]`, not refined: its diagonal tiles, 7,000
-    for documents of 50-200 tokens at 1M, were each analysed by pieces). An `&` true at
-    every pair `q == k` (`causal & document(seg)`: `maskc.analysis.diagonal_truth`) has that pair
-    in every tile the diagonal crosses, with no pair evaluated.
+    PARTIAL (`causal & document(seg) & ~pad[k]`, not refined: its diagonal tiles,
+    thousands for short documents, were each analysed by pieces: `docs/lowering.md`,
+    "Measurements behind the design"). An `&` true at every pair `q == k` (`causal &
+    document(seg)`: `maskc.analysis.diagonal_truth`) has that pair in every tile the
+    diagonal crosses, with no pair evaluated.
     """
     bb, line, pos = split_keys(tile, self.geo.nq if along_rows else self.geo.nk, n_span,
                                True)
@@ -629,8 +631,8 @@ def _exact_runs(part) -> bool:
 
 def _flat_runs(part, along_rows: bool, n_lines: int, n_span: int):
   """A part's runs as flat runs (`keyed`): a part that is itself an `&` / `|` hands them
-  over as it combined them (`causal & ~img[k] | bidirectional(img)` at 1M: 523K runs not
-  split into lines and keyed again), equal reads as they find them, by flat line."""
+  over as it combined them (`causal & ~img[k] | bidirectional(img)`: half a million runs
+  not split into lines and keyed again), equal reads as they find them, by flat line."""
   if isinstance(part, (_CombinedRuns, _EqualRuns)):
     return part.flat(along_rows)
   return keyed(part.merged(along_rows), n_lines, n_span)

@@ -231,14 +231,14 @@ def _split(rect, hints: tuple[_Hints, _Hints], nq: int, nk: int):
   A strip one tile thick and at least `STRIP_PARTS` long, without hints, is cut
   into `STRIP_PARTS` equal parts instead: a boundary crosses it at few places,
   so most parts are decided at once, and the rounds (each a pass of the analysis
-  over the mask) drop by a factor of three. `causal`'s period, one row of tiles
-  over every column, takes 6 rounds instead of 14 at 1M tokens.
+  over the mask) drop by a factor of three (`causal`'s period, one row of tiles over
+  every column: `docs/lowering.md`, "Measurements behind the design").
 
   In a round of at most `FEW_RECTS` rectangles, whose cost is mostly fixed,
   rectangles without hints are cut into `SIDE_PARTS` x `SIDE_PARTS` instead of
   halved: a boundary is followed down to single tiles in half the rounds, for
-  more rectangles analysed per round (`causal & chunk(8192)`'s period at 1M
-  tokens, 64 rows of tiles by 16K columns: 7 rounds instead of 11).
+  more rectangles analysed per round (`causal & chunk(8192)`'s period: `docs/lowering.md`,
+  "Measurements behind the design").
   """
   b, i0, i1, j0, j1 = rect
   cut_q, n_q = _median_hint(hints[0], b, i0, i1, nq)

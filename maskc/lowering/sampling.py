@@ -44,8 +44,8 @@ def _sampled_mixed(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union
   pair of the other value decides the tile PARTIAL, with no pieces and no analysis
   of sub-rectangles. Without explicit positions, the first sample of an `&` is where
   the tile's rows and columns meet on the diagonal `q == k`, true for `causal &
-  document(seg)`'s diagonal tiles, the common case (documents of 50-200 tokens at
-  1M: about 7,000); then the corners of the tiles not decided yet. An `|` samples
+  document(seg)`'s diagonal tiles, the common case (thousands of them for short
+  documents); then the corners of the tiles not decided yet. An `|` samples
   the corners first: a band in it (`causal & chunk(8192) | bidirectional(img)`)
   holds on the diagonal, its false pairs lie at corners off it. Pairs are
   evaluated with per-token operands read through their runs (`_RunReads`), a bounded

@@ -7,8 +7,8 @@ between the tokens where one of the operands read starts a run. One evaluation
 per such stretch gives its value; a tile is FULL or EMPTY where one value covers
 it and PARTIAL where the value changes inside it, exactly. The cost follows the
 operands' runs plus the tiles of one axis, where the analysis of each tile costs a
-pass over the mask per tile (`local(64, 64) | g[q] | g[k]` at 1M: two such parts,
-8,192 tiles each).
+pass over the mask per tile (`local(64, 64) | g[q] | g[k]`: two such parts, every
+tile of each axis).
 """
 
 from __future__ import annotations
