@@ -69,6 +69,11 @@ from maskc.language.errors import (
 from maskc.language.ir import Mask as Mask
 from maskc.language.parse import parse as parse
 from maskc.lowering.compile import compile as compile
+from maskc.lowering.explain import (
+  Explanation as Explanation,
+  PartReport as PartReport,
+  explain as explain,
+)
 from maskc.parallel.layout import Layout as Layout, balance as balance
 from maskc.semantics.bind import (
   ComputableMask as ComputableMask,
@@ -82,7 +87,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     # verbs
-    "parse", "compile", "materialize", "additive_bias", "attention", "sharded_attention",
+    "parse", "compile", "explain", "materialize", "additive_bias", "attention", "sharded_attention",
     "balance", "equivalent", "load_config", "show", "mask_field",
     # the prelude and term builders
     "bidirectional", "causal", "chunk", "compare", "document", "empty", "full", "global_",
@@ -94,7 +99,7 @@ __all__ = [
     "ConfigWarning", "Span",
     # types public functions take and return
     "Mask", "MaskLike", "ComputableMask", "BlockMap", "MaskConfig", "OperandDecl", "MaskSpec",
-    "MaskView", "Equivalence", "Layout",
+    "MaskView", "Equivalence", "Layout", "Explanation", "PartReport",
     # modules
     "ir", "kernels",
 ]

@@ -8,9 +8,12 @@ from hypothesis import strategies as st
 import maskc
 from maskc.lowering import compile as _lower
 from maskc.lowering import static as _lower_static
+from maskc.lowering import combined as _combined
+from maskc.lowering import range_analysis as _range_analysis
 from maskc.semantics.ranges import Tables
-from maskc.lowering.closed_forms.band_runs import (BandRuns, band_bounds, clipped_pieces, line_runs,
-                              met_bounds_pieces)
+from maskc.lowering.closed_forms.band_runs import (BandRuns, band_bounds, clipped_pieces,
+                                                  met_bounds_pieces)
+from maskc.lowering.grid.forms import line_runs
 from maskc.semantics.bind import Shape
 from maskc.analysis.linear import exact_band
 from maskc.lowering.grid.geometry import TileGeometry
@@ -233,9 +236,10 @@ def test_tiles_partial_in_exact_parts_are_sampled_unrefined(monkeypatch):
   ops = {"seg": seg, "pad": np.arange(4000) >= 3984}
   text = "document(seg) & causal & ~pad[k]"
   analysed = []
-  decide = _lower_static._decide_tiles
-  monkeypatch.setattr(_lower_static, "_decide_tiles",
-                      lambda *a, **k: analysed.append(np.size(a[4])) or decide(*a, **k))
+  decide = _range_analysis._decide_tiles
+  for module in (_range_analysis, _combined):  # its callers
+    monkeypatch.setattr(module, "_decide_tiles",
+                        lambda *a, **k: analysed.append(np.size(a[4])) or decide(*a, **k))
   _lower._CACHE.clear()
   bm = maskc.compile(text, 4000, block_q=16, block_kv=16, operands=ops)
   assert not analysed
@@ -254,9 +258,10 @@ def test_tiles_partial_in_two_exact_parts_of_one_axis_are_sampled_unrefined(monk
   g[[5, 300, 301, 777, 1000]] = True  # inside tiles: no corner pair of a tile reads them
   ops = {"g": g, "w": np.arange(1024) % 7}
   analysed, parts = [], []
-  decide, axis_runs = _lower_static._decide_tiles, _lower_static._AxisRuns.__init__
-  monkeypatch.setattr(_lower_static, "_decide_tiles",
-                      lambda *a, **k: analysed.append(np.size(a[4])) or decide(*a, **k))
+  decide, axis_runs = _range_analysis._decide_tiles, _lower_static._AxisRuns.__init__
+  for module in (_range_analysis, _combined):  # its callers
+    monkeypatch.setattr(module, "_decide_tiles",
+                        lambda *a, **k: analysed.append(np.size(a[4])) or decide(*a, **k))
   monkeypatch.setattr(_lower_static._AxisRuns, "__init__",
                       lambda self, *a, **k: axis_runs(self, *a, **k) or parts.append(self))
   for text, exact, sampled in (("g[q] | g[k]", [True, True], True),
@@ -308,7 +313,7 @@ def test_met_bounds_pieces_are_the_clipped_runs(data, n_lines, n_span, rows, per
 def test_bounds_met_in_small_groups_of_lines(monkeypatch):
   """`causal & document(seg)` and `document(seg) & (causal | bidirectional(img))`, batched,
   lowered with the documents' bounds met a few lines at a time, give the dense tiles."""
-  monkeypatch.setattr(_lower_static, "COMBINE_CHUNK", 12)  # 4 lines at a time
+  monkeypatch.setattr(_combined, "COMBINE_CHUNK", 12)  # 4 lines at a time
   rng = np.random.default_rng(5)
   seg = np.sort(rng.integers(0, 9, (2, 300)), axis=1)
   img = np.zeros((2, 300), bool)

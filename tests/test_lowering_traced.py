@@ -26,7 +26,8 @@ from maskc.arrays.bit_words import count_through
 from maskc.lowering.traced import MAX_CUTS
 from maskc.lowering.closed_forms.same_run import same_runs
 from maskc.lowering.grid.geometry import TileGeometry
-from maskc.lowering.grid.refine import MEMORY_BUDGET, Budget, evaluate_tiles, subdivide
+from maskc.lowering.grid.refine import Budget, evaluate_tiles, subdivide
+from maskc.lowering.tuning import MEMORY_BUDGET
 from helpers import runs_reference, tile_states
 
 N = 200            # keys (and queries, unless offset): not a multiple of the tiles

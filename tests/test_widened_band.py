@@ -11,6 +11,8 @@ import maskc
 from maskc.lowering import compile as _lower
 from maskc.lowering import traced as _lower_dynamic
 from maskc.lowering import static as _lower_static
+from maskc.lowering import combined as _combined
+from maskc.lowering import range_analysis as _range_analysis
 from maskc.semantics.ranges import Tables
 from maskc.lowering.closed_forms.band_runs import Intervals
 from maskc.lowering.grid.geometry import TileGeometry
@@ -199,7 +201,8 @@ def test_the_widened_band_is_taken(text, monkeypatch):
     raise AssertionError("a tile analysed")
 
   if "chunk" not in text:
-    monkeypatch.setattr(_lower_static, "_decide_tiles", no_analysis)
+    for module in (_range_analysis, _combined):  # its callers
+      monkeypatch.setattr(module, "_decide_tiles", no_analysis)
   n = 2000
   img = np.zeros(n, bool)
   for a, z in [(100, 300), (640, 641), (1000, 1500), (1900, 2000)]:

@@ -36,9 +36,10 @@ from maskc.language import ir
 from maskc.language.errors import MaskTypeError, MaskValueError
 from maskc.lowering import rules as lowering_rules
 from maskc.lowering.closed_forms import row_intervals
-from maskc.lowering.grid.refine import MEMORY_BUDGET, Budget
+from maskc.lowering.grid.refine import Budget
 from maskc.lowering.static import compile_static
 from maskc.lowering.traced import compile_dynamic
+from maskc.lowering.tuning import MEMORY_BUDGET
 from maskc.semantics.bind import MasksLike, Operands, Shape, _int, as_mask, prepare_operands
 from maskc.semantics.operand_arrays import OperandArrays
 from maskc.semantics.operand_runs import RunForm
@@ -103,9 +104,10 @@ def compile(mask: MasksLike, q_len: int, kv_len: int | None = None, *, block_q: 
   block_kv = _int("block_kv", block_kv, minimum=1)
   budget = Budget(MEMORY_BUDGET if memory_budget is None else
                    _int("memory_budget", memory_budget, minimum=1))
-  bound = bind_masks(mask, q_len, kv_len, q_offset=q_offset, operands=operands,
-                     q_positions=q_positions, kv_positions=kv_positions)
-  declared = _contiguous(bound, contiguous, operands or {})
+  with lowering_rules.step("bind"):
+    bound = bind_masks(mask, q_len, kv_len, q_offset=q_offset, operands=operands,
+                       q_positions=q_positions, kv_positions=kv_positions)
+    declared = _contiguous(bound, contiguous, operands or {})
   refine = [exact or ir.is_prelude_only(m) for m in bound.masks]
   if bound.traced:
     rows, cols = compile_dynamic(bound.masks, bound.shape, bound.operands, bound.batch, block_q,
@@ -118,15 +120,16 @@ def compile(mask: MasksLike, q_len: int, kv_len: int | None = None, *, block_q: 
          tuple(None if p is None else p.tobytes()
                for p in (bound.shape.q_positions, bound.shape.kv_positions)), declared)
   rules: Collection[str]
-  if key in _CACHE:
+  if key in _CACHE and lowering_rules.recorder() is None:  # `maskc.explain` lowers anew
     _CACHE.move_to_end(key)
     bm, rules = _CACHE[key]
   else:
     with lowering_rules.taken() as rules:
       rows, backward = compile_static(bound.masks, bound.shape, bound.operands, bound.batch,
                                       block_q, block_kv, refine, budget, forms=bound.forms)
-      bm = _blockmap(bound, block_q, block_kv, rows=rows, backward=backward,
-                     contiguous=declared)
+      with lowering_rules.step("assemble"):
+        bm = _blockmap(bound, block_q, block_kv, rows=rows, backward=backward,
+                       contiguous=declared)
     _CACHE[key] = bm, frozenset(rules)
     if len(_CACHE) > _CACHE_SIZE:
       _CACHE.popitem(last=False)
@@ -369,12 +372,14 @@ def _blockmap(bound: Binding, block_q: int, block_kv: int, *, rows: Runs,
               line_bounds: tuple[tuple[int, int, int, int] | None, ...] | None = None,
               contiguous: frozenset[str] = frozenset()) -> BlockMap:
   predicates = _predicates(bound, block_q, block_kv)
+  with lowering_rules.unrecorded():  # its own compile is no part of the mask explained
+    split = _segment_split(bound, block_q, block_kv, predicates)
   return BlockMap(masks=bound.masks, head_index=bound.head_index, q_len=bound.q_len,
                   kv_len=bound.kv_len, q_offset=bound.q_offset, block_q=block_q,
                   block_kv=block_kv, batch=bound.batch, rows=rows, operands=bound.operands,
                   predicates=predicates, col_runs=col_runs, backward=backward,
                   line_bounds=line_bounds,
-                  segment_split=_segment_split(bound, block_q, block_kv, predicates),
+                  segment_split=split,
                   int_range=_int_range(bound),
                   q_positions=bound.shape.q_positions, kv_positions=bound.shape.kv_positions,
                   intervals=_intervals(bound, contiguous))

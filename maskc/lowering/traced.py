@@ -46,13 +46,13 @@ code keeps the kernel count down:
 - sorts instead of prefix sums (associative scans of log2(N) levels), unstable
   ones where keys are distinct but for a fill value (`_sort`: half the time);
   where few keys of a line are not the fill, `lax.top_k` of those few, with the
-  sort kept for inputs that have more (`_sort_few`: a quarter of the sort's time
-  per call, for about 0.1-0.2 s more compile); a grid's few ambiguous tiles by
+  sort kept for inputs that have more (`_sort_few`: faster per call, for a little
+  more compile); a grid's few ambiguous tiles by
   top_k over groups of tiles, then over the first groups' tiles (`_listed`);
 - counts and places of flags from flags packed into 32-bit words
   (`maskc.arrays.bit_words`): the run labels' prefix count, and a tile line's runs
-  where it has few (`_few_runs`: a third of top_k's time per call, for about
-  0.1 s more compile than top_k);
+  where it has few (`_few_runs`: faster than top_k per call, for a little more
+  compile);
 - a reduction over more than 32 elements is one variadic reduce with its siblings
   (`maskc.semantics.ranges.reduce_many`) or an argmin/argmax, never a plain one, which
   XLA's CPU compiler splits into three kernels (a tree reduction);
@@ -94,29 +94,29 @@ from maskc.lowering.closed_forms.widened_traced import (
   widened_parts,
 )
 from maskc.lowering.grid.geometry import TileGeometry
-from maskc.lowering.grid.refine import (
-  EVAL_CHUNK,
-  ITEM_BYTES,
-  MEMORY_BUDGET,
-  PIECE_CHUNK,
-  Budget,
-  decide_parts,
-  evaluate_tiles,
-  subdivide,
-)
+from maskc.lowering.grid.refine import Budget, decide_parts, evaluate_tiles, subdivide
 from maskc.lowering.rules import enabled, took
 from maskc.lowering.static import compile_static
+from maskc.lowering.tuning import (
+  BIT_LINES,
+  EVAL_CHUNK,
+  FEW_RUNS,
+  ITEM_BYTES,
+  LIST_GROUP,
+  MAX_CUTS,
+  MEMORY_BUDGET,
+  PIECE_CHUNK,
+  PIECE_ROUND,
+  STATIC_PART_TILES,
+  SUB_PARTS,
+  TILE_BYTES,
+  WIDENED_TILE_BYTES,
+)
 from maskc.semantics.bind import Shape
 from maskc.semantics.operand_runs import reads_at, unit_read
 from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
 
-MAX_CUTS = 4  # operand changes a tile line may be cut at
-SUB_PARTS = 4  # and equal parts it is cut into
 PIECES = MAX_CUTS + SUB_PARTS  # pieces a line is cut into (some may be empty)
-PIECE_ROUND = 128  # ambiguous tiles decided by pieces per round
-FEW_RUNS = 8  # runs per tile line listed without a sort where no line has more
-BIT_LINES = (128, 1024)  # tiles a line has for its runs read from bit words (4 to 32 words)
-STATIC_PART_TILES = 1 << 20  # the most tiles of an operand-free part lowered to a constant grid
 
 
 def _sort(keys):
@@ -141,7 +141,7 @@ def _sort_few(keys, fill: int, few: int):
   if width <= few + 1 or fill >= 1 << 24:
     return _sort(keys)
   neg, _ = jax.lax.top_k(-keys.astype(jnp.float32), few + 1)
-  # Integers again at once: an argmax over the floats takes 20 times as long (NaN rules).
+  # Integers again at once: an argmax over the floats takes far longer (NaN rules).
   smallest = (-neg).astype(jnp.int32)  # ascending; slot `few` is `fill` on lines that fit
   last = smallest[..., few].reshape(-1)
   # every line fits: no slot `few` below the fill (argmin: one kernel, not a tree reduction)
@@ -154,9 +154,6 @@ def _sort_few(keys, fill: int, few: int):
   return jax.lax.cond(fits, padded, lambda: _sort(keys))
 
 
-LIST_GROUP = 32  # flags per group when listing a few of many (`_listed`)
-
-
 def _listed(flags, size: int, few: int):
   """The places of `flags` (`[N]`) that are set, ascending, then `N` up to `size` entries:
   `_sort_few` of the keys `where(flags, place, N)`.
@@ -164,8 +161,7 @@ def _listed(flags, size: int, few: int):
   Where at most `few` are set (a grid's ambiguous tiles: a few dozen of hundreds of
   thousands), in two small steps instead of top_k over them all: top_k over the
   groups of `LIST_GROUP` flags that hold any, then over the flags of the first `few`
-  such groups (0.15 against 1.6 ms alone for 51 of 524,288 on this CPU; documents
-  at 32K tokens, batch 8: 3.9-4.1 -> 3.0-3.1 ms a call, for one kernel more).
+  such groups: faster, for one kernel more (`docs/lowering.md`, "Measurements behind the design").
   Otherwise all of them sorted (`lax.cond`: one branch executes).
   """
   n = flags.shape[0]
@@ -519,17 +515,6 @@ def _combine(fixed, state, certain, union: bool):
   return jnp.maximum(fixed, state) if union else jnp.minimum(fixed, state), certain
 
 
-# XLA's memory per tile of a traced lowering, an upper bound: its temporaries (6-19 bytes a
-# tile by XLA's own memory analysis of the compiled lowering on a CPU, the grid's fused
-# analysis and the refinement's rounds) and the runs along both axes (18 bytes);
-# `tests/test_memory_budget.py` checks it against that analysis.
-TILE_BYTES = 64
-# Of the widened band (`maskc.lowering.closed_forms.widened_traced`): both axes' runs, 18 bytes a
-# tile, and their slots padded once (5 by XLA's memory analysis); its lines' reductions need 32
-# bytes a token.
-WIDENED_TILE_BYTES = 32
-
-
 def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
                   budget: int | None, memory: Budget, same: Sequence[SameRun] = ()):
   """The tile grid `[nb, nq, nk]` of one mask; `same`: its places decided from run labels."""
@@ -677,12 +662,11 @@ def _runs(grid) -> Runs:
 
   The runs of `maskc.compiled.tiles.runs_from_grid` (`R = n` slots). Where every line has
   at most `FEW_RUNS` runs (the usual case: a diagonal tile, a document's block, an
-  image's span a line), they are read from bit words (`_few_runs`), in a quarter
-  of the time of top_k over the tiles (0.76 against 2.9 ms for 2,048 lines of 256
-  tiles on this CPU); otherwise from a sort (`lax.cond`: one branch executes). The
-  words cost about 0.1 s of compile whatever the width, so lines shorter than
-  `BIT_LINES` (top_k takes 0.3 ms for 2,048 lines of 64) or longer keep
-  `_sorted_runs` (top_k where the runs are few).
+  image's span a line), they are read from bit words (`_few_runs`), faster than
+  top_k over the tiles; otherwise from a sort (`lax.cond`: one branch executes). The
+  words cost a fixed compile time whatever the width, so lines shorter than
+  `BIT_LINES` (where top_k is cheap) or longer keep `_sorted_runs` (top_k where the
+  runs are few). (The figures: `docs/lowering.md`, "Measurements behind the design".)
   """
   n = grid.shape[-1]
   if not BIT_LINES[0] <= n <= BIT_LINES[1]:

@@ -42,7 +42,7 @@ from maskc.compiled.tiles import runs_from_grid
 from maskc.language import ir
 from maskc.language.errors import MaskTypeError, MaskValueError, OperandError
 from maskc.lowering import compile as _lower
-from maskc.lowering.grid.run_lists import unpacked
+from maskc.lowering.grid.forms import unpacked
 from maskc.semantics.bind import Shape, _int, as_mask
 from maskc.semantics.evaluate import Env, evaluate_mask
 from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables

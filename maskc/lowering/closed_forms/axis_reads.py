@@ -7,8 +7,8 @@ between the tokens where one of the operands read starts a run. One evaluation
 per such stretch gives its value; a tile is FULL or EMPTY where one value covers
 it and PARTIAL where the value changes inside it, exactly. The cost follows the
 operands' runs plus the tiles of one axis, where the analysis of each tile costs a
-pass over the mask per tile (`local(64, 64) | g[q] | g[k]` at 1M: two such parts,
-8,192 tiles each).
+pass over the mask per tile (`local(64, 64) | g[q] | g[k]`: two such parts, every
+tile of each axis).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL
 from maskc.language import ir
+from maskc.lowering.tuning import CUT_BYTES
 from maskc.semantics.evaluate import Env, evaluate_mask
 
 
@@ -32,15 +33,12 @@ def bare_reads_only(m: ir.Node) -> bool:
   return all(bare_reads_only(c) for c in m.children() if not isinstance(c, ir.Operand))
 
 
-CUT_BYTES = 64  # per token where a read changes: its keys, position, batch row and value
-
-
 def read_tile_states(m: ir.Mask, n: int, block: int, offset: int, nb: int, tables,
                      reads, budget) -> np.ndarray:
   """The states `[nb, ceil(n / block)]` of the tiles of one axis of `m` (`bare_reads_only`,
   reading positions of one axis only): `n` tokens at positions `offset + t`, tiles of
   `block`; `tables` give the operands' runs (`maskc.semantics.ranges.Tables.run_table`),
-  `reads` the operands to evaluate with (`maskc.lowering.static._RunReads`); the stretches
+  `reads` the operands to evaluate with (`maskc.lowering.sampling._RunReads`); the stretches
   are charged to `budget` (the tiles are the caller's).
   """
   names = sorted({ir.array_key(r) for r in ir.walk(m) if isinstance(r, ir.Read)})

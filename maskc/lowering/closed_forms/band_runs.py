@@ -24,17 +24,16 @@ from __future__ import annotations
 import numpy as np
 
 from maskc.analysis.linear import conjuncts, exact_band
-from maskc.compiled.tiles import FULL, PARTIAL
 from maskc.language import ir
+from maskc.lowering.grid.forms import BAND_STATES, LineBounds, LineRuns, line_runs
 from maskc.lowering.grid.geometry import TileGeometry
-from maskc.lowering.grid.run_lists import LineRuns, keyed, merge_keyed, merge_runs
+from maskc.lowering.grid.run_lists import merge_runs
 
 # Positions, lengths and offsets beyond this stay off the closed form (sums of three
 # of them must stay in int64).
 _LIMIT = 1 << 60
 FAR = 1 << 61  # beyond any position (`band_fits`): an unbounded end
-_BAND_STATES = np.array([PARTIAL, FULL, PARTIAL], np.int8)  # of [s, f), [f, g), [g, e)
-_X_STATES, _Y_STATES = np.repeat(_BAND_STATES, 3), np.tile(_BAND_STATES, 3)  # of 9 pieces
+_X_STATES, _Y_STATES = np.repeat(BAND_STATES, 3), np.tile(BAND_STATES, 3)  # of 9 pieces
 
 
 class _Tiles:
@@ -78,7 +77,8 @@ def line_bounds(tiles: _Tiles, least_lo, most_lo, least_hi, most_hi):
   return s, f, g, e
 
 
-def band_bounds(geo: TileGeometry, lo: int | None, hi: int | None, along_rows: bool):
+def band_bounds(geo: TileGeometry, lo: int | None, hi: int | None,
+                along_rows: bool) -> LineBounds:
   """Per line (a q tile row, or a key tile column), `[4, n_lines]` int64 bounds `s <= f
   <= g <= e` on the other axis' tiles: `[s, f)` and `[g, e)` PARTIAL, `[f, g)` FULL, the
   rest EMPTY, for the band `lo <= q - k <= hi` (None: unbounded). The ends of a band's
@@ -174,7 +174,7 @@ class BandRuns:
     self.geo, self.band, self.nb = geo, band, nb
     self._bounds: dict[bool, np.ndarray] = {}
 
-  def bounds(self, along_rows: bool) -> np.ndarray:
+  def bounds(self, along_rows: bool) -> LineBounds:
     """`band_bounds` along rows or columns, computed once."""
     if along_rows not in self._bounds:
       self._bounds[along_rows] = band_bounds(self.geo, *self.band, along_rows)
@@ -190,36 +190,8 @@ class BandRuns:
     return merge_runs(b, line, a, z, state, in_order=True)
 
 
-def line_runs(bounds: np.ndarray):
-  """The runs of lines with band bounds `bounds` (`[4, n]`: s, f, g, e), empty ones
-  dropped: `(the line's index in bounds, a, z, state)`, in order."""
-  s, f, g, e = bounds
-  a = np.stack([s, f, g], axis=1).reshape(-1)
-  z = np.stack([f, g, e], axis=1).reshape(-1)
-  keep = np.flatnonzero(z > a)
-  return keep // 3, a[keep], z[keep], _BAND_STATES[keep % 3]
-
-
-def keyed_band_runs(bounds: np.ndarray, lines: np.ndarray | None, n_lines: int, n_span: int,
-                    nb: int = 1):
-  """The band's runs on sorted distinct flat lines `lines` (`b * n_lines + line`; None:
-  every line of `nb` batch rows, with no lines picked), given its bounds `bounds`
-  (`band_bounds`: per line of every batch row, or per flat line, as a widened band's), as
-  flat runs (`maskc.lowering.grid.run_lists.keyed`)."""
-  if lines is None:
-    at, a, z, state = line_runs(bounds if bounds.shape[1] == nb * n_lines else
-                                np.tile(bounds, nb))
-    flat = at
-  else:
-    at, a, z, state = line_runs(bounds[:, lines % bounds.shape[1]])
-    flat = lines[at]
-  # flat lines as lines of batch row 0: the same keys; an empty FULL run leaves two
-  # PARTIAL ones side by side, merged into one
-  return merge_keyed(*keyed((0, flat, a, z, state), n_lines, n_span))
-
-
-def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):
-  """Flat sorted runs `x = (start key, stop key, state)` (`maskc.lowering.grid.run_lists.keyed`)
+def clipped_pieces(x, bounds: LineBounds, n_lines: int, n_span: int):
+  """Flat sorted runs `x = (start key, stop key, state)` (`maskc.lowering.grid.forms.keyed`)
   cut at their lines' band bounds (`[4, n_lines]`, the same for every batch row, or `[4, batch
   * n_lines]` by flat line: s, f, g, e), the parts outside the band dropped: `(lo, hi, x's
   state, the band's state)`, in order."""
@@ -236,11 +208,10 @@ def clipped_pieces(x, bounds: np.ndarray, n_lines: int, n_span: int):
   lo = np.stack([np.maximum(key, s), np.maximum(key, f), np.maximum(key, g)], 1).reshape(-1)
   hi = np.stack([np.minimum(end, f), np.minimum(end, g), np.minimum(end, e)], 1).reshape(-1)
   keep = np.flatnonzero(hi > lo)
-  return lo[keep], hi[keep], state[keep // 3], _BAND_STATES[keep % 3]
+  return lo[keep], hi[keep], state[keep // 3], BAND_STATES[keep % 3]
 
 
-
-def met_bounds_pieces(x_bounds: np.ndarray, first: int, bounds: np.ndarray, n_lines: int,
+def met_bounds_pieces(x_bounds: LineBounds, first: int, bounds: LineBounds, n_lines: int,
                       n_span: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """The pieces of flat lines `first, first + 1, ...` whose tiles are both band-shaped
   bounds, `x_bounds` (`[4, n]`, of those lines: equal reads of runs,

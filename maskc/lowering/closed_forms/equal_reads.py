@@ -23,7 +23,7 @@ import numpy as np
 from maskc.arrays.ragged import group_ends, ranges
 from maskc.compiled.tiles import FULL, PARTIAL
 from maskc.language import ir
-from maskc.lowering.closed_forms.band_runs import line_runs
+from maskc.lowering.grid.forms import LineBounds, line_runs
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.semantics.operand_runs import RunTable, unit_shift
 from maskc.semantics.ranges import same_runs
@@ -70,8 +70,8 @@ def unique_runs(table: RunTable) -> bool:
   return not np.any((v[1:] == v[:-1]) & (r[1:] == r[:-1]))
 
 
-def _lines_read(table: RunTable, geo: TileGeometry, along_rows: bool, shift: int,
-                memo: dict | None = None):
+def lines_read(table: RunTable, geo: TileGeometry, along_rows: bool, shift: int,
+               memo: dict | None = None):
   """First and last run read by each line of tiles of each row of the operand,
   `[table.batch * n_lines]`: global run indices, nondecreasing in that order.
 
@@ -119,11 +119,11 @@ class _Sorted:
 
 def _searches(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift: int,
               along_rows: bool, on: np.ndarray | None, memo: dict | None):
-  """The runs each line reads, first and last (`_lines_read`), over `nb` batch rows, those
+  """The runs each line reads, first and last (`lines_read`), over `nb` batch rows, those
   its span's lines read, ready to search (`_Sorted`), and `on` over them."""
   shifts = (q_shift, k_shift) if along_rows else (k_shift, q_shift)
-  r0, r1 = _lines_read(table, geo, along_rows, shifts[0], memo)
-  c0, c1 = _lines_read(table, geo, not along_rows, shifts[1], memo)
+  r0, r1 = lines_read(table, geo, along_rows, shifts[0], memo)
+  c0, c1 = lines_read(table, geo, not along_rows, shifts[1], memo)
   runs = table.values.size
   if table.batch == 1 and nb > 1:  # one operand row read by every batch row
     r0, r1, c0, c1 = (np.tile(x, nb) + np.repeat(np.arange(nb) * runs, x.size)
@@ -133,7 +133,7 @@ def _searches(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift
 
 
 def equal_read_bounds(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k_shift: int,
-                      along_rows: bool, memo: dict | None = None) -> np.ndarray:
+                      along_rows: bool, memo: dict | None = None) -> LineBounds:
   """The tiles of `x[q + s] == x[k + t]` as bounds `[4, nb * n_lines]` per flat line (`b *
   n_lines + line`), a band's (`maskc.lowering.closed_forms.band_runs.band_bounds`: `[j0, f0)`
   and `[f1, j1)` PARTIAL, `[f0, f1)` FULL): the span's lines meeting the runs a line reads,
@@ -159,7 +159,7 @@ def equal_read_runs(table: RunTable, geo: TileGeometry, nb: int, q_shift: int, k
 
   `on`: per run of x, whether a truth read beside it at `q + s` holds there
   (`& w[q + s]`, where w is constant on x's runs): only those runs can be true.
-  `memo`: the runs lines read, kept between calls (`_lines_read`).
+  `memo`: the runs lines read, kept between calls (`lines_read`).
   """
   if on is None:  # every line: the span's lines meeting its runs, FULL inside for one run
     return line_runs(equal_read_bounds(table, geo, nb, q_shift, k_shift, along_rows, memo))

@@ -2,8 +2,8 @@
 
 An `|` with a part of one axis (`local(64, 64) | g[q] | g[k]`) has, on every
 line, the runs of `g[k]` (a *pattern*, the same for every line of a batch row)
-except near the other parts' runs, where the two are combined. At a million
-tokens that is 269,000 runs, nearly all the pattern's. Written out run by run
+except near the other parts' runs, where the two are combined: on long grids,
+hundreds of thousands of runs, nearly all the pattern's. Written out run by run
 (an index per run, a gather, then packing), the pattern costs several passes over
 them; here each line's packed row is read from a padded copy of the pattern as
 one window (a row of a strided view), the runs before the replaced window laid
@@ -17,8 +17,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from maskc.compiled.tiles import Runs
 from maskc.lowering.grid.refine import Budget
-
-SLOT_BYTES = 16  # per slot of the packed rows: start, stop, state, and a flag, with room
+from maskc.lowering.tuning import SLOT_BYTES
 
 
 def spliced_pattern(pattern, nb: int, n_lines: int, lines, lo, hi, mid, budget: Budget) -> Runs:

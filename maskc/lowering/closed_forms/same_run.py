@@ -3,8 +3,8 @@
 `bidirectional(img)`'s body. Analysed as written, a tile line that crosses the
 start of an image span reads run ids {0, s} and `img` {0, 1}: both halves of the
 `&` are mixed, and the analysis cannot tell that they never hold together, so
-every tile of that line across text stays ambiguous and goes to refinement (about
-7,500 tiles at 32K tokens, batch 8, for 4 spans a row).
+every tile of that line across text stays ambiguous and goes to refinement
+(thousands of tiles for a few spans a row: `docs/lowering.md`, "Measurements behind the design").
 
 Label x's runs of zeros and nonzeros in order: `L = 2 c + (x == 0)`, where c
 counts the runs of nonzeros started at or before the token (nonzero run j is 2j,

@@ -29,14 +29,15 @@ import numpy as np
 
 from maskc.arrays.ragged import ranges
 from maskc.lowering.closed_forms.band_runs import FAR, Intervals, line_bounds, span_tiles
-from maskc.lowering.closed_forms.equal_reads import _lines_read
+from maskc.lowering.closed_forms.equal_reads import lines_read
+from maskc.lowering.grid.forms import LineBounds
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.semantics.operand_runs import RunTable
 
 
 def widened_bounds(geo: TileGeometry, intervals: Intervals, table: RunTable,
                    shifts: tuple[int, int], on: np.ndarray | None, along_rows: bool,
-                   memo: dict | None = None) -> np.ndarray | None:
+                   memo: dict | None = None) -> LineBounds | None:
   """Bounds `[4, table.batch * n_lines]` (`maskc.lowering.closed_forms.band_runs.band_bounds`:
   s, f, g, e per flat line of each operand row) of `intervals | x[q + s] == x[k + t]
   [& w[q + s]]`, on consecutive positions with a static offset (`band_fits`), where each
@@ -45,7 +46,7 @@ def widened_bounds(geo: TileGeometry, intervals: Intervals, table: RunTable,
 
   None where the band is empty or some row's block neither meets nor touches its
   interval: that row's union is two intervals.
-  `memo`: the runs lines read (`maskc.lowering.closed_forms.equal_reads._lines_read`).
+  `memo`: the runs lines read (`maskc.lowering.closed_forms.equal_reads.lines_read`).
   """
   lo, hi = intervals.lo, intervals.hi
   if lo is not None and hi is not None and lo > hi:
@@ -54,7 +55,7 @@ def widened_bounds(geo: TileGeometry, intervals: Intervals, table: RunTable,
   n_lines = geo.nq if along_rows else geo.nk
   t = np.arange(n_lines, dtype=np.int64)
   first, last = geo.q_bounds(t, t + 1) if along_rows else geo.k_bounds(t, t + 1)
-  r0, r1 = _lines_read(table, geo, along_rows, s_line, memo)
+  r0, r1 = lines_read(table, geo, along_rows, s_line, memo)
   rows = table.batch
   first, last = np.tile(first, rows), np.tile(last, rows)
   # the stretches of each line's rows that read one run: (line, run, first row, last row)

@@ -13,14 +13,9 @@ import numpy as np
 from maskc.language import ir
 from maskc.language.errors import MaskLimitError
 from maskc.lowering.grid.geometry import TileGeometry
+from maskc.lowering.tuning import EVAL_CHUNK, ITEM_BYTES, NODE_BYTES
 from maskc.semantics.evaluate import Env, evaluate_mask
 from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
-
-EVAL_CHUNK = 1 << 18  # elements evaluated at once when refining tiles
-PIECE_CHUNK = 1 << 16  # rectangles analysed at once when refining tiles
-MEMORY_BUDGET = 256 << 20  # default bytes a lowering may allocate beyond its operands
-ITEM_BYTES = 256  # working memory per rectangle analysed at once (intervals, flags, indices)
-NODE_BYTES = 24  # and per node of the mask analysed (see `analysis_bytes`)
 
 
 class Budget:

@@ -1,12 +1,12 @@
-"""Lists of runs of tiles in NumPy: sorted, merged, combined by keys, packed.
+"""Lists of runs of tiles in NumPy: sorted, merged, expanded from leaves, combined by keys.
 
-The static lowering describes a mask by runs `(b, line, a, z, state)`: tiles
-`[a, z)` of line `line` (a q tile row, or a key tile column for the backward
-pass) of batch row `b`, in one state, PARTIAL or FULL. Its ways of lowering
-(leaves of analysis, periodic repeats, equal reads, parts of one axis) each
-make such lists; here they are sorted and merged, given one sorted *key* per
-tile so that lists of many lines combine as one, and packed into the padded
-`Runs` arrays of a `BlockMap`.
+The static lowering describes a mask by runs `(b, line, a, z, state)`
+(`maskc.lowering.grid.forms.LineRuns`): tiles `[a, z)` of line `line` (a q tile row, or
+a key tile column for the backward pass) of batch row `b`, in one state, PARTIAL or FULL.
+Its ways of lowering (leaves of analysis, periodic repeats, equal reads, parts of one
+axis) each make such lists; here they are sorted and merged, and flat runs (one sorted
+key per tile, `maskc.lowering.grid.forms.FlatRuns`) of many lines are combined as one.
+The forms themselves and the conversions between them are in `maskc.lowering.grid.forms`.
 """
 
 from __future__ import annotations
@@ -15,49 +15,7 @@ import numpy as np
 
 from maskc.arrays.ragged import group_ends, ranges
 from maskc.compiled.tiles import EMPTY, Runs
-
-# Runs `(b, line, a, z, state)`, one entry per run (this module's docstring).
-LineRuns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-# Flat runs `(start key, stop key, state)` (`keyed`).
-FlatRuns = tuple[np.ndarray, np.ndarray, np.ndarray]
-
-
-def keyed(merged: tuple[np.ndarray | int, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-          n_lines: int, n_span: int) -> FlatRuns:
-  """Sorted runs `(b, line, a, z, state)` (`b` may be one row for all) as `(start key, stop
-  key, state)`, where a tile's key is `(b * n_lines + line) * (n_span + 1) + position`: one
-  sorted axis for all lines."""
-  b, line, a, z, state = merged
-  base = (np.asarray(b, np.int64) * n_lines + line) * (n_span + 1)
-  return base + a, base + z, np.asarray(state, np.int8)
-
-
-def split_keys(key, n_lines: int, n_span: int, batched: bool):
-  """`(b, line, position)` of flat keys (`keyed`); b is 0 where `batched` is False."""
-  line, pos = np.divmod(key, n_span + 1)
-  if batched:
-    b, line = np.divmod(line, n_lines)
-  else:
-    b = np.zeros_like(line)
-  return b, line, pos
-
-
-def merge_keyed(key: np.ndarray, end: np.ndarray, state: np.ndarray) -> FlatRuns:
-  """Sorted flat runs `(start key, stop key, state)` (`keyed`) with EMPTY ones dropped and
-  neighbours of one state merged: keys of different lines never touch."""
-  keep = state != EMPTY
-  if not keep.all():
-    key, end, state = key[keep], end[keep], state[keep]
-  if key.size < 2:
-    return key, end, state
-  new = np.empty(key.size, bool)
-  new[0] = True
-  np.not_equal(key[1:], end[:-1], out=new[1:])
-  new[1:] |= state[1:] != state[:-1]
-  if new.all():
-    return key, end, state
-  first, last = group_ends(new)  # runs are disjoint and sorted: the last ends last
-  return key[first], end[last], state[first]
+from maskc.lowering.grid.forms import LineRuns
 
 
 def lines_of(key: np.ndarray, n_span: int) -> np.ndarray:
@@ -141,7 +99,7 @@ def merge_runs(b: np.ndarray, line: np.ndarray, a: np.ndarray, z: np.ndarray, st
         a[1:] != z[:-1])
     first, last = group_ends(new)  # runs are disjoint and sorted: the last ends last
     b, line, state, a, z = b[first], line[first], state[first], a[first], z[last]
-  return b, line, a, z, state
+  return LineRuns(b, line, a, z, state)
 
 
 def expand_leaves(leaves: tuple[np.ndarray, ...], along_rows: bool) -> LineRuns:
@@ -151,8 +109,8 @@ def expand_leaves(leaves: tuple[np.ndarray, ...], along_rows: bool) -> LineRuns:
   n = hi - lo
   item = np.repeat(np.arange(n.size, dtype=np.int32), n)  # tile counts fit int32 (`Runs`)
   line = (lo - (np.cumsum(n) - n)).astype(np.int32)[item] + np.arange(item.size, dtype=np.int32)
-  return (b.astype(np.int32)[item], line, a.astype(np.int32)[item], z.astype(np.int32)[item],
-          state[item])
+  return LineRuns(b.astype(np.int32)[item], line, a.astype(np.int32)[item],
+                  z.astype(np.int32)[item], state[item])
 
 
 def expand_in_order(leaves: tuple[np.ndarray, ...], along_rows: bool, n_lines: int) -> LineRuns:
@@ -174,63 +132,7 @@ def expand_in_order(leaves: tuple[np.ndarray, ...], along_rows: bool, n_lines: i
   if nb > 1:
     order = order[np.argsort(runs[0][order].astype(np.uint16), kind="stable")]
   b, line, a, z, state = (x[order] for x in runs)
-  return b, line, a, z, state
-
-
-def pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
-  """Runs of non-empty tiles, sorted and merged (`merge_runs`), packed into
-  `[nb, n_lines, R]` arrays."""
-  count = np.bincount(b * n_lines + line if nb > 1 else line,
-                      minlength=nb * n_lines).astype(np.int32)
-  return packed_lines(a, z, state, count, nb, n_lines)
-
-
-def pack_keyed(key, end, state, nb: int, n_lines: int, n_span: int) -> Runs:
-  """Sorted, merged flat runs (`keyed`, `merge_keyed`) packed as `pack_runs` does. Where
-  lines hold many runs each, each line's runs are found by binary search for its first
-  key, not each key's line by division (269,000 runs on 8,192 lines: 1.5 against 3.1 ms
-  with the packing)."""
-  stride = n_span + 1
-  n_all = nb * n_lines
-  if key.size <= 4 * n_all:
-    line = key // stride
-    count = np.bincount(line, minlength=n_all).astype(np.int32)
-    base = line * stride
-  else:
-    bounds = np.searchsorted(key, np.arange(n_all + 1, dtype=np.int64) * stride)
-    count = np.diff(bounds).astype(np.int32)
-    base = np.repeat(np.arange(n_all, dtype=np.int64) * stride, count)
-  return packed_lines(key - base, end - base, state, count, nb, n_lines)
-
-
-def unpacked(runs, nb: int, n_lines: int, n_span: int):
-  """Packed runs (`[B', n_lines, R]` arrays, `B'` 1 or `nb`) as sorted flat runs `(start
-  key, stop key, state)` (`keyed`): the counterpart of `pack_keyed`."""
-  start, stop, state = (np.broadcast_to(x, (nb,) + x.shape[1:]) for x in runs[:3])
-  r = start.shape[-1]
-  count = (state != EMPTY).sum(-1) if r else np.zeros((nb, n_lines), np.int64)
-  valid = np.arange(r) < count[..., None]
-  line = (np.arange(nb)[:, None, None] * n_lines + np.arange(n_lines)[None, :, None])
-  base = np.broadcast_to(line, start.shape)[valid].astype(np.int64) * (n_span + 1)
-  return base + start[valid], base + stop[valid], state[valid].astype(np.int8)
-
-
-def packed_lines(a, z, state, count, nb: int, n_lines: int) -> Runs:
-  """Runs `[a, z)` in `state`, merged, line after line, each line's in order and `count` a
-  line (positions within the line), in `[nb, n_lines, R]` arrays."""
-  r = max(1, int(count.max()) if count.size else 1)
-  shape = (nb, n_lines, r)
-  # the runs come sorted by line: in row-major order, the k-th run of a line fills its
-  # slot k, so a mask of the used slots places them all (several times faster than a
-  # scatter to computed indices)
-  used = (np.arange(r, dtype=np.int32) < count[:, None]).reshape(shape)
-  start = np.zeros(shape, np.int32)
-  stop = np.zeros(shape, np.int32)
-  st = np.zeros(shape, np.int8)
-  start[used] = a
-  stop[used] = z
-  st[used] = state
-  return Runs(start, stop, st, count.reshape(nb, n_lines))
+  return LineRuns(b, line, a, z, state)
 
 
 def stack_runs(runs: list[Runs]) -> Runs:

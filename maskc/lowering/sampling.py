@@ -1,0 +1,109 @@
+"""Deciding tiles PARTIAL in two parts of an `&` / `|` by a few sampled pairs, and reading
+operands for them through their runs.
+
+Where both parts are exactly mixed in a tile, one sampled pair of the other value proves
+the whole mask PARTIAL there, with no analysis (`_sampled_mixed`). Also the operand
+reads that evaluate a few pairs without writing a per-token operand out (`_RunReads`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from maskc.language import ir
+from maskc.lowering.grid.geometry import TileGeometry
+from maskc.lowering.grid.refine import Budget
+from maskc.lowering.tuning import NODE_BYTES, SAMPLE_BYTES, SAMPLE_CHUNK, SAMPLE_GROUP
+from maskc.semantics.evaluate import Env, evaluate_mask
+from maskc.semantics.operand_runs import RunTable
+from maskc.semantics.ranges import Tables
+
+
+def _tile_corners(geo: TileGeometry, i, j):
+  """The first and last row and column `(r0, r1, c0, c1)` of tiles `(i, j)`."""
+  r0, c0 = i * geo.bq, j * geo.bk
+  return (r0, np.minimum(r0 + geo.bq, geo.shape.q_len) - 1, c0,
+          np.minimum(c0 + geo.bk, geo.shape.kv_len) - 1)
+
+
+def _diagonal_pairs(geo: TileGeometry, i, j):
+  """`(row, column, on)`: the first pair `q == k` of each tile `(i, j)` and whether the
+  diagonal crosses it at all (consecutive positions only: `geo.positions` is False)."""
+  r0, r1, c0, c1 = _tile_corners(geo, i, j)
+  off = geo.shape.q_offset
+  p = np.maximum(r0 + off, c0)
+  return p - off, p, p <= np.minimum(r1 + off, c1)
+
+
+def _sampled_mixed(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union: bool,
+                   budget: Budget):
+  """Which tiles `(b, i, j)`, PARTIAL in two exactly mixed parts, hold a true pair of the
+  `&` of them (a false one of the `|`) among a few sampled pairs: then the tile is mixed.
+
+  Both parts mixed put a false pair in the `&` (a true one in the `|`): one sampled
+  pair of the other value decides the tile PARTIAL, with no pieces and no analysis
+  of sub-rectangles. Without explicit positions, the first sample of an `&` is where
+  the tile's rows and columns meet on the diagonal `q == k`, true for `causal &
+  document(seg)`'s diagonal tiles, the common case (thousands of them for short
+  documents); then the corners of the tiles not decided yet. An `|` samples
+  the corners first: a band in it (`causal & chunk(8192) | bidirectional(img)`)
+  holds on the diagonal, its false pairs lie at corners off it. Pairs are
+  evaluated with per-token operands read through their runs (`_RunReads`), a bounded
+  chunk of tiles at a time.
+  """
+  per_tile = SAMPLE_BYTES + SAMPLE_GROUP * NODE_BYTES * ir.expanded_size(m, 1 << 12)
+  chunk = max(1, min(SAMPLE_CHUNK, budget.items(per_tile)))
+  budget.charge(min(i.size, chunk) * per_tile, "sampling pairs of tiles")
+  out = [_sampled_chunk(m, geo, tables, b if np.isscalar(b) else b[s:s + chunk],
+                        i[s:s + chunk], j[s:s + chunk], union)
+         for s in range(0, i.size, chunk)]
+  return np.concatenate(out) if out else np.zeros(0, bool)
+
+
+def _sampled_chunk(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union: bool):
+  """`_sampled_mixed` of one chunk."""
+  r0, r1, c0, c1 = _tile_corners(geo, i, j)
+  samples = [(r0, c0), (r0, c1), (r1, c0), (r1, c1)]
+  if not geo.positions:
+    row, col, on = _diagonal_pairs(geo, i, j)
+    diagonal = (np.where(on, row, r0), np.where(on, col, c0))
+    samples = samples + [diagonal] if union else [diagonal] + samples
+  reads = _RunReads(tables)
+  proved = np.zeros(i.shape, bool)
+  split = SAMPLE_GROUP if union else 1
+  for group in (samples[:split], samples[split:]):
+    todo = np.flatnonzero(~proved)
+    if not (todo.size and group):
+      break
+    rows = np.concatenate([r[todo] for r, _ in group])
+    cols = np.concatenate([c[todo] for _, c in group])
+    bb = b if np.isscalar(b) else np.tile(b[todo], len(group))
+    v = evaluate_mask(m, Env(np, geo.q_at(bb, rows), geo.k_at(bb, cols), reads, bb))
+    proof = ~v if union else v
+    proved[todo] = proof.reshape(len(group), todo.size).any(axis=0)
+  return proved
+
+
+class _RunReads:
+  """Operand arrays for evaluating a few pairs: a per-token operand not written out yet
+  (`maskc.semantics.operand_arrays`) is read through its run table instead of written out."""
+
+  def __init__(self, tables: Tables):
+    self.tables = tables
+
+  def __getitem__(self, name: str):
+    arrays = self.tables.arrays
+    if getattr(arrays, "written", lambda _: True)(name):
+      return arrays[name]
+    return _TokenReads(self.tables.run_table(name))
+
+
+class _TokenReads:
+  """`a[row, idx]` of a per-token operand `a`, read from its run table (`values_at`)."""
+
+  def __init__(self, table: RunTable):
+    self.table = table
+    self.shape = (table.batch, table.length)
+
+  def __getitem__(self, at):
+    return self.table.values_at(*at)
