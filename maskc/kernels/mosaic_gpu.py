@@ -291,21 +291,22 @@ def _forward(cfg: Config, q, k, v, sinks, ins: Inputs):
       def full(x):
         return lax.broadcast_in_dim(x, (rows, bk), ())
 
-      qoff = scal_ref[mb, ns]
-      qpos = iota(0) + (q_base + qoff)
-      q_reads = [lax.broadcast_in_dim(
-          compat.mosaic_load(qtok_ref.at[mb, r, pl.ds(q_base, rows)], row_layout),
-          (rows, bk), [0]) for r in range(len(pred.q_reads))]
+      q_first = q_base + scal_ref[mb, ns]          # the position of the first row
+      # q-side reads stay row vectors across the loop (a few registers a thread); they are
+      # broadcast to the tile where a PARTIAL tile reads them
+      q_rows = [compat.mosaic_load(qtok_ref.at[mb, r, pl.ds(q_base, rows)], row_layout)
+                for r in range(len(pred.q_reads))]
 
       def allowed(j, partial: bool):
         kpos = iota(1) + j * bk
         in_range = kpos < cfg.kv_len
         if not partial:
           return in_range if cfg.kv_len % bk else None
+        qpos = iota(0) + q_first
 
         def fetch(kind: str, slot: int):
           if kind == "q_read":
-            return q_reads[slot]
+            return lax.broadcast_in_dim(q_rows[slot], (rows, bk), [0])
           if kind == "k_read":
             row = compat.mosaic_load(ktok_ref.at[mb, slot, pl.ds(j * bk, bk)], col_layout)
             return lax.broadcast_in_dim(row, (rows, bk), [1])
