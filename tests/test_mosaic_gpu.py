@@ -77,7 +77,9 @@ def emulated_forward(cfg: mosaic_gpu.Config, q, k, v, sinks, ins: mosaic_gpu.Inp
 
 @pytest.fixture
 def emulated(monkeypatch):
+  """The kernel replaced by `emulated_forward`, and jax taken to run on a GPU."""
   monkeypatch.setattr(mosaic_gpu, "_forward", emulated_forward)
+  monkeypatch.setattr(mosaic_gpu, "platform", lambda: "gpu")
 
 
 def ops_for(n: int, seed: int = 0, batch: int | None = None) -> dict:
@@ -215,13 +217,24 @@ def test_walk_lists_full_then_partial_tiles(mask):
     (dict(d=320), "over 256"),
     (dict(interpret=True), "interpret"),
 ])
-def test_refusals_name_flash(kw, match):
+def test_refusals_name_flash(monkeypatch, kw, match):
+  monkeypatch.setattr(mosaic_gpu, "platform", lambda: "gpu")
   d = kw.get("d", 64)
   bm = maskc.compile("causal", 256, block_q=kw.get("bq", 128), block_kv=kw.get("bk", 128))
   x = jnp.zeros((1, 256, 2, d), kw.get("dtype", jnp.bfloat16))
   with pytest.raises(maskc.BackendError, match=match) as err:
     api.attention(x, x, x, bm, backend="mosaic_gpu", interpret=kw.get("interpret"))
   assert "flash" in str(err.value)
+
+
+def test_eager_calls_off_a_gpu_refuse():
+  bm = maskc.compile("causal", 256, block_q=128, block_kv=128)
+  x = jnp.zeros((1, 256, 2, 64), jnp.bfloat16)
+  for call in (lambda: api.attention(x, x, x, bm, backend="mosaic_gpu"),
+               lambda: mosaic_gpu.run_with_lse(x, x, x, bm)):
+    with pytest.raises(maskc.BackendError, match="NVIDIA GPU") as err:
+      call()
+    assert "flash" in str(err.value)
 
 
 def test_registered_but_never_chosen_by_auto():

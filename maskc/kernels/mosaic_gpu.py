@@ -78,6 +78,7 @@ from maskc.compiled import predicate as _predicate
 from maskc.compiled.blockmap import BlockMap
 from maskc.compiled.predicate import Predicate
 from maskc.kernels import common, compat, flash
+from maskc.kernels.platform import platform
 from maskc.kernels.xla import NEG_LSE
 from maskc.language.errors import BackendError, MaskValueError
 
@@ -187,6 +188,14 @@ def refusal(bm: BlockMap, *, head_dim: int, dv: int | None = None, dtype: Any = 
     return (f"two slots of {bm.block_kv}-key tiles at head dim {d} exceed the "
             f"{SMEM_BYTES // 1024} KiB of shared memory (compile with block_kv=64)")
   return None
+
+
+def _check_device(bm: BlockMap, q) -> None:
+  """Refuses an eager call off a GPU (Pallas would say only "Only interpret mode is supported
+  on CPU backend"). Under `jit` the target is unknown until lowering, which may be for cuda
+  from this machine (the cross-lowering tests), so traced calls pass."""
+  if not isinstance(q, jax.core.Tracer) and platform() != "gpu":
+    raise _refuse(bm, f"it runs on an NVIDIA GPU (sm90), and jax runs on {platform()} here")
 
 
 def _refuse(bm: BlockMap, why: str) -> BackendError:
@@ -492,6 +501,7 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
   q, k, v = common.qkv_arrays(q, k, v)
   b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
   common.check_blockmap(bm, "mosaic_gpu", lq, lkv, b)
+  _check_device(bm, q)
   sinks = common.check_sinks(sinks, h)
   scale = common.default_scale(d, scale)
 
@@ -554,6 +564,7 @@ def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=Non
     raise MaskValueError("run_with_lse takes a map of one mask for every head, got a map of "
                          f"{len(bm.head_index)} head masks",
                          hint="Compile one mask for all heads, or call it per head group.")
+  _check_device(bm, q)
   ln = _launch(q, k, v, bm, 0, scale=common.default_scale(d, scale), cap=logits_soft_cap,
                has_sinks=False, interpret=interpret)
   out, lse = _lse_forward(ln.cfg, ln.d, q, k, v, ln.ins)
