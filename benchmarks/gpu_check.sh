@@ -80,6 +80,11 @@ if [ "${SMOKE_S:-90}" != 0 ]; then
   (cd /tmp && timeout "${SMOKE_S:-90}" $PY -c "
 import jax, jax.numpy as jnp, numpy as np, maskc
 from maskc.kernels import api
+try:  # JAX's attention_mgpu.py refuses causal masks on CUDA 12.8.0-12.9.0 (a ptxas bug)
+  from jax._src.lib import cuda_versions
+  print('CUDA runtime', cuda_versions.cuda_runtime_get_version())
+except Exception as e:
+  print('CUDA runtime unknown:', e)
 bm = maskc.compile('causal', 512, block_q=128, block_kv=128)
 x = [jax.random.normal(jax.random.key(i), (1, 512, 2, 128), jnp.bfloat16) for i in range(3)]
 out = jax.jit(lambda q, k, v: api.attention(q, k, v, bm, backend='mosaic_gpu'))(*x)
@@ -104,6 +109,6 @@ cat "$OUT/gpu.txt"
 grep -E "(passed|failed|error|skipped) in" "$OUT/test_gpu.log"
 grep '^|' "$OUT/traced_lowering.log"
 grep -A4 "GPU_COSTS as measured" "$OUT/gpu_attention.log"
-grep "mosaic_gpu smoke" "$OUT/mosaic_smoke.log"
+grep -E "mosaic_gpu smoke|CUDA runtime" "$OUT/mosaic_smoke.log"
 grep -E "(passed|failed|error|skipped) in" "$OUT/test_mosaic_gpu.log"
 grep -E "^fwd|mosaic_gpu" "$OUT/gpu_attention_mosaic.log"
