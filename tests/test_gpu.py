@@ -462,10 +462,9 @@ def test_mosaic_gpu_on_gpu_matches_references(case):
   for g, r, n in zip(grads, grads_ref, "qkv"):
     assert_norm_close(g, r, BF16_TOL, f"{name}: d{n} vs dense")
   assert np.isfinite(out).all() and all(np.isfinite(g).all() for g in grads), name
-  seen = np.broadcast_to(allowed.any(-1), (2, 1, lq) if allowed.ndim == 4 else (lq,))
-  if not seen.all():                      # rows with no key: exactly zero
-    rows = np.broadcast_to(~seen.reshape(-1, lq) if seen.ndim > 1 else ~seen, (2, lq))
-    assert np.all(out[rows] == 0), name
+  # allowed is [Lq, Lkv], [H, Lq, Lkv] (per head) or [B, 1, Lq, Lkv] (batched operands)
+  empty = ~np.broadcast_to(allowed.any(-1), (2, h, lq)).transpose(0, 2, 1)   # [B, Lq, H]
+  assert np.all(out[empty] == 0), f"{name}: rows with no key are exactly zero"
 
 
 MOSAIC_LSE_CASES = [
