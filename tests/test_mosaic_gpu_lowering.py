@@ -221,3 +221,12 @@ def test_gradients_with_sinks_refuse():
 
   with pytest.raises(maskc.BackendError, match="sinks"):
     lower_for("cuda", jax.grad(g), qs, qs, qs)
+
+
+def test_lowers_without_the_ping_pong(monkeypatch):
+  """The switch a first GPU session may flip if the kernel hangs lowers too."""
+  from maskc.kernels import mosaic_gpu
+  monkeypatch.setattr(mosaic_gpu, "SCHEDULE_BARRIER", False)
+  fwd, _ = lowered(("causal & document(seg)", jnp.bfloat16, 128, (4, 2), False, False),
+                   backward=False)
+  assert count_mosaic_gpu(fwd) == 1

@@ -91,6 +91,10 @@ MAX_STAGES = 4
 SMEM_BYTES = 227 * 1024       # an H100's shared memory per block
 LOG2E = math.log2(math.e)
 DTYPES = (jnp.bfloat16, jnp.float16)
+# FA3's ping-pong between the two compute warpgroups (`Config.schedule_barrier`). A
+# module-level switch so that a first GPU session can rule it out if the kernel hangs
+# (`mosaic_gpu.SCHEDULE_BARRIER = False` before tracing); not a tuning knob.
+SCHEDULE_BARRIER = True
 
 
 def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
@@ -475,7 +479,8 @@ def _launch(q, k, v, bm: BlockMap, u: int, *, scale: float, cap, has_sinks: bool
                n_q_tiles=bm.n_q_tiles, n_kv_tiles=bm.n_kv_tiles, groups=h // hkv,
                head_dim=dp, dtype=jnp.dtype(q.dtype).name, scale=scale,
                cap=None if cap is None else float(cap), has_sinks=has_sinks,
-               batched_meta=bm.batch is not None, stages=stages_for(dp, bm.block_kv))
+               batched_meta=bm.batch is not None, stages=stages_for(dp, bm.block_kv),
+               schedule_barrier=SCHEDULE_BARRIER)
   return _Launch(cfg, inputs(bm, u), dp)
 
 
