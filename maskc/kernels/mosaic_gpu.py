@@ -58,7 +58,9 @@ not import or lacks the warpgroup API (`compat.mosaic_gpu_unavailable`), dtypes 
 bfloat16 and float16, head dims over 256, tiles other than `block_q = 128` and
 `block_kv` in (64, 128), and shapes whose shared-memory buffers do not fit in 227 KiB
 with two slots. It has no interpret mode (interpret mode does not run `wgmma` pipelines
-in jax 0.12): `interpret=True` is refused too.
+in jax 0.12): `interpret=True` is refused too, and so is an eager call where jax runs
+off a GPU (a call under `jit` is refused only when lowered, by Pallas, since it may be
+lowered for cuda from a CPU machine).
 """
 
 from __future__ import annotations
