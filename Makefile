@@ -34,9 +34,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check maskc
 	$(VENV)/bin/mypy maskc
 
-# Cross-lowering checks (tests/test_cross_lowering.py): flash -> Triton for cuda needs JAX's CUDA
-# plugin, which prints errors when imported on a machine without CUDA, so it lives in its own
-# venv, never in .venv. Its two wheels are installed without their CUDA libraries (~460 MB).
+# Cross-lowering checks (tests/test_cross_lowering.py, tests/test_mosaic_gpu_lowering.py): flash
+# -> Triton and mosaic_gpu -> Mosaic GPU for cuda need JAX's CUDA plugin, which prints errors
+# when imported on a machine without CUDA, so it lives in its own venv, never in .venv. Its two
+# wheels are installed without their CUDA libraries (~460 MB). The mosaic_gpu extra is absl-py,
+# which jax 0.10's Mosaic GPU imports. Tests also marked `slow` (the full matrix) run in
+# `make test-slow`.
+LOWERING_TESTS := tests/test_cross_lowering.py tests/test_mosaic_gpu_lowering.py
 LVENV ?= .venv-lowering
 LPY := $(LVENV)/bin/python
 LSTAMP := $(LVENV)/.installed
@@ -46,15 +50,15 @@ $(LVENV)/bin/python:
 	$(LPY) -m pip install -q --upgrade pip
 
 $(LSTAMP): pyproject.toml | $(LVENV)/bin/python
-	$(LPY) -m pip install -q -e ".[test,tokamax]"
+	$(LPY) -m pip install -q -e ".[test,tokamax,mosaic_gpu]"
 	JAX_VERSION=$$($(LPY) -c "import jax; print(jax.__version__)") && \
 	  $(LPY) -m pip install -q --no-deps "jax-cuda12-plugin==$$JAX_VERSION" \
 	    "jax-cuda12-pjrt==$$JAX_VERSION"
 	touch $(LSTAMP)
 
 test-lowering: $(LSTAMP)
-	JAX_PLATFORMS=cpu $(LPY) -m pytest -q -p no:cacheprovider -m lowering \
-	  tests/test_cross_lowering.py
+	JAX_PLATFORMS=cpu $(LPY) -m pytest -q -p no:cacheprovider -m "lowering and not slow" \
+	  $(LOWERING_TESTS)
 
 # The newest end of the supported range: Python >= 3.12 (jax 0.11+ needs it) with the newest
 # jax and tokamax, in .venv-current and .venv-lowering-current. PYTHON_CURRENT defaults to
@@ -72,8 +76,10 @@ versions: $(STAMP)
 	@$(PY) --version
 	@$(PY) -m pip list --disable-pip-version-check 2>/dev/null | grep -E "^(jax|jaxlib|tokamax) "
 
-test-slow: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m slow
+test-slow: $(STAMP) $(LSTAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not lowering"
+	JAX_PLATFORMS=cpu $(LPY) -m pytest -q -p no:cacheprovider -m "lowering and slow" \
+	  $(LOWERING_TESTS)
 
 # Kernels compiled for and run on a real NVIDIA GPU (tests/test_gpu.py). Needs a Python whose
 # jax has a CUDA plugin (jax[cuda12] or jax[cuda13]), with maskc installed in it

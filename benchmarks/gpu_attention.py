@@ -1,4 +1,4 @@
-"""GPU: maskc's engines (flash, cudnn, tokamax, auto) against `jax.nn.dot_product_attention`.
+"""GPU: maskc's engines (flash, cudnn, tokamax, mosaic_gpu, auto) against jax's attention.
 
 bf16, head_dim 128, masks `causal`, `sliding(W)`, `causal & chunk(C)`, packed
 documents (`causal & document(seg)`) and image spans (`causal | bidirectional(img)`)
@@ -19,7 +19,13 @@ Columns (`--impls`):
 - `be-cudnn`: maskc's `cudnn` backend (bands only; other masks are refused: "n/a");
 - `tokamax`: maskc's `tokamax` backend (exact key intervals; needs tokamax installed):
   tokamax's forward, flash's backward;
+- `mosaic_gpu`: maskc's `mosaic_gpu` backend (Pallas Mosaic GPU forward, flash's
+  backward) on a map of its own tiles (`--mosaic-blocks`, 128 × 128); not yet validated:
+  its first GPU run is `tests/test_gpu.py` (benchmarks/gpu_check.sh runs both);
 - `auto`: `backend="auto"` on the map; the `auto picks` column says what `choose` took.
+
+Masks: the five above by default; `--masks sliding-sink` adds `sliding(W) | sink(4)`,
+whose rows have a hole between the sink and the window.
 
 After the table, the rates `maskc.kernels.api.GPU_COSTS` holds are printed as measured
 here: TFLOP/s on each engine's tile work (the cost model's `_work`), forward and
@@ -47,7 +53,9 @@ from maskc.compiled import predicate as _predicate
 from maskc.kernels import api, attention, flash
 from maskc.kernels import common as _common
 
-IMPLS = ("flash", "cudnn", "xla", "be-cudnn", "tokamax", "auto")
+IMPLS = ("flash", "cudnn", "xla", "be-cudnn", "tokamax", "mosaic_gpu", "auto")
+DEFAULT_IMPLS = ("flash", "cudnn", "xla", "be-cudnn", "tokamax", "auto")
+DEFAULT_MASKS = ("causal", "sliding", "chunked", "documents", "image spans")
 ENGINES = {"flash": "flash", "be-cudnn": "cudnn", "tokamax": "tokamax"}
 
 
@@ -55,7 +63,8 @@ def masks(window: int, chunk: int) -> dict[str, str]:
   """Benchmark name → mask text."""
   return {"causal": "causal", "sliding": f"sliding({window})",
           "chunked": f"causal & chunk({chunk})", "documents": "causal & document(seg)",
-          "image spans": "causal | bidirectional(img)"}
+          "image spans": "causal | bidirectional(img)",
+          "sliding-sink": f"sliding({window}) | sink(4)"}
 
 
 def gpu_or_exit() -> None:
@@ -179,18 +188,33 @@ def print_costs(times: dict, work: dict) -> None:
     whose = "" if back == engine else f" ({back}'s)"
     print(f"  {engine:<8} fwd {rates[0]:>5}  bwd {rates[1]:>5}{whose}   (in code: "
           f"{api.GPU_COSTS[engine][0]:.0f}, {api.GPU_COSTS[back][1]:.0f})")
+  # mosaic_gpu is not in the cost model yet (auto never picks it): its forward rate alone,
+  # on the work of its own map (the non-EMPTY tiles at its tiles).
+  fwd = [w["mosaic_gpu"] * HEADS_BATCH[0] / t / 1e9 for (name, length), w in work.items()
+         if "mosaic_gpu" in w and (t := times.get(("mosaic_gpu", name, length, "fwd")))]
+  if fwd:
+    print(f"  {'mosaic_gpu':<8} fwd {np.median(fwd):>5.0f}  (not in the cost model)")
 
 
 HEADS_BATCH = [1]
 
 
+def _label(impl: str) -> str:
+  return "mosaic" if impl == "mosaic_gpu" else impl
+
+
+def _mosaic_blocks() -> tuple[int, int]:
+  from maskc.kernels import mosaic_gpu
+  return mosaic_gpu.BLOCK_SIZES
+
+
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384, 32768, 65536, 131072])
-  p.add_argument("--masks", nargs="+", default=list(masks(0, 0)),
+  p.add_argument("--masks", nargs="+", default=list(DEFAULT_MASKS),
                  choices=list(masks(0, 0)))
   p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
-  p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS),
+  p.add_argument("--impls", nargs="+", default=list(DEFAULT_IMPLS), choices=list(IMPLS),
                  help="which to time (xla's dense mask needs L^2 memory: drop it at 32K+)")
   p.add_argument("--batch", type=int, default=1)
   p.add_argument("--heads", type=int, default=16)
@@ -200,6 +224,8 @@ def main(argv=None) -> None:
   p.add_argument("--chunk", type=int, default=8192)
   p.add_argument("--block-q", type=int, default=flash.BLOCK_SIZES[0])
   p.add_argument("--block-kv", type=int, default=flash.BLOCK_SIZES[1])
+  p.add_argument("--mosaic-blocks", type=int, nargs=2, default=list(_mosaic_blocks()),
+                 help="the mosaic_gpu column's tiles (block_q must be 128)")
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--dry-run", action="store_true",
                  help="no GPU needed: build the maps, count pairs, trace every function")
@@ -212,7 +238,7 @@ def main(argv=None) -> None:
         f"B={args.batch} H={args.heads} Hkv={hkv} D={args.head_dim} bf16, flash tiles "
         f"{args.block_q}x{args.block_kv}")
   header = f"{'mode':<8}{'length':>7}  {'mask':<12}{'density':>8}" + "".join(
-      f"{n + ' ms':>14}{n + ' TF/s':>14}" for n in args.impls) + "  auto picks"
+      f"{_label(n) + ' ms':>14}{_label(n) + ' TF/s':>14}" for n in args.impls) + "  auto picks"
   HEADS_BATCH[0] = args.heads * args.batch
   times: dict = {}
   work: dict = {}
@@ -244,6 +270,12 @@ def main(argv=None) -> None:
         fns[impl] = reference(impl, name, bm, args.window)
       pick = api.choose(bm, platform="gpu", head_dim=args.head_dim, dtype=jnp.bfloat16)
       work[name, length] = {e: api._work(e, bm, args.head_dim) for e in ENGINES.values()}
+      if "mosaic_gpu" in args.impls:
+        bm_mg = maskc.compile(m, length, block_q=args.mosaic_blocks[0],
+                              block_kv=args.mosaic_blocks[1], operands=used)
+        fns["mosaic_gpu"] = lambda q, k, v, bm=bm_mg: attention(q, k, v, bm,
+                                                                backend="mosaic_gpu")
+        work[name, length]["mosaic_gpu"] = api._work("flash", bm_mg, args.head_dim)
       for mode in args.modes:
         factor = 3.5 if mode == "fwd+bwd" else 1.0
         flops = 4 * args.head_dim * pairs * args.batch * args.heads * factor

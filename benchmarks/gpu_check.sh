@@ -10,7 +10,14 @@
 #      maskc's cudnn, tokamax (tokamax's forward, flash's backward) and auto engines,
 #      forward and forward+backward, then the cost model's rates as measured
 #      (maskc.kernels.api.GPU_COSTS);
-#   4. the same at 128K for causal and packed documents, forward only.
+#   4. the same at 128K for causal and packed documents, forward only;
+#   5. backend="mosaic_gpu" (the Pallas Mosaic GPU forward, never run on a GPU before):
+#      a. a smoke run, one small causal call against the dense reference (SMOKE_S, 90 s: a
+#         kernel that deadlocks on its barriers hangs here, not in the tests);
+#      b. its tests in tests/test_gpu.py (`-k mosaic`, MOSAIC_S, 240 s), which step 1 leaves
+#         out;
+#      c. its forward column beside flash and maskc's cudnn in benchmarks/gpu_attention.py
+#         at $LENGTHS, with `sliding(4096) | sink(4)` (MOSAIC_BENCH_S, 120 s).
 # tokamax (optional) comes from .whl/tokamax/: its wheel and the dependencies its attention
 # imports, each installed with --no-deps so that pip never touches the machine's jax.
 # Logs go to $OUT (or /tmp/gpu_check); the last lines are a summary. TEST_S, TRACED_S,
@@ -20,6 +27,7 @@
 #
 #   bash benchmarks/gpu_check.sh
 #   GPU_TESTS=tokamax LENGTHS=32768 bash benchmarks/gpu_check.sh      # about 5 minutes
+#   TEST_S=0 ATTENTION_S=0 LONG_S=0 bash benchmarks/gpu_check.sh      # mosaic_gpu only
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -46,10 +54,12 @@ print('tokamax', tokamax.__version__)" 2>&1 | tail -1) | tee -a "$OUT/gpu.txt"
 
 # Run from tests/ (its conftest and reference module), importing the installed maskc.
 touch "$OUT/test_gpu.log" "$OUT/traced_lowering.log" "$OUT/gpu_attention.log" \
-  "$OUT/gpu_attention_long.log"
+  "$OUT/gpu_attention_long.log" "$OUT/mosaic_smoke.log" "$OUT/test_mosaic_gpu.log" \
+  "$OUT/gpu_attention_mosaic.log"
+SELECT="not mosaic${GPU_TESTS:+ and ($GPU_TESTS)}"
 if [ "${TEST_S:-180}" != 0 ]; then
   (cd tests && MASKC_TEST_GPU=1 timeout "${TEST_S:-180}" $PY -m pytest -q -p no:cacheprovider \
-    -m gpu --rootdir=. -c /dev/null -o 'markers=gpu' ${GPU_TESTS:+-k "$GPU_TESTS"} test_gpu.py \
+    -m gpu --rootdir=. -c /dev/null -o 'markers=gpu' -k "$SELECT" test_gpu.py \
     2>&1) | tee "$OUT/test_gpu.log"
 fi
 if [ "${TRACED_S:-0}" != 0 ]; then
@@ -66,8 +76,39 @@ if [ "${LONG_S:-60}" != 0 ]; then
     | tee "$OUT/gpu_attention_long.log"
 fi
 
+if [ "${SMOKE_S:-90}" != 0 ]; then
+  (cd /tmp && timeout "${SMOKE_S:-90}" $PY -c "
+import jax, jax.numpy as jnp, numpy as np, maskc
+from maskc.kernels import api
+try:  # JAX's attention_mgpu.py refuses causal masks on CUDA 12.8.0-12.9.0 (a ptxas bug)
+  from jax._src.lib import cuda_versions
+  print('CUDA runtime', cuda_versions.cuda_runtime_get_version())
+except Exception as e:
+  print('CUDA runtime unknown:', e)
+bm = maskc.compile('causal', 512, block_q=128, block_kv=128)
+x = [jax.random.normal(jax.random.key(i), (1, 512, 2, 128), jnp.bfloat16) for i in range(3)]
+out = jax.jit(lambda q, k, v: api.attention(q, k, v, bm, backend='mosaic_gpu'))(*x)
+ref = api.attention(*x, bm, backend='dense')
+err = float(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32)).max())
+print('mosaic_gpu smoke: ran, max abs error vs dense', err, 'OK' if err < 5e-2 else 'WRONG')
+" 2>&1 | tail -30) | tee "$OUT/mosaic_smoke.log"
+fi
+if [ "${MOSAIC_S:-240}" != 0 ]; then
+  (cd tests && MASKC_TEST_GPU=1 timeout "${MOSAIC_S:-240}" $PY -m pytest -q -p no:cacheprovider \
+    -m gpu --rootdir=. -c /dev/null -o 'markers=gpu' -k mosaic test_gpu.py \
+    2>&1) | tee "$OUT/test_mosaic_gpu.log"
+fi
+if [ "${MOSAIC_BENCH_S:-120}" != 0 ]; then
+  timeout "${MOSAIC_BENCH_S:-120}" $PY benchmarks/gpu_attention.py --lengths ${LENGTHS:-8192 32768} \
+    --modes fwd --masks causal documents sliding-sink --impls flash be-cudnn mosaic_gpu \
+    --repeats 3 2>&1 | tee "$OUT/gpu_attention_mosaic.log"
+fi
+
 echo "== summary"
 cat "$OUT/gpu.txt"
 grep -E "(passed|failed|error|skipped) in" "$OUT/test_gpu.log"
 grep '^|' "$OUT/traced_lowering.log"
 grep -A4 "GPU_COSTS as measured" "$OUT/gpu_attention.log"
+grep -E "mosaic_gpu smoke|CUDA runtime" "$OUT/mosaic_smoke.log"
+grep -E "(passed|failed|error|skipped) in" "$OUT/test_mosaic_gpu.log"
+grep -E "^fwd|mosaic_gpu" "$OUT/gpu_attention_mosaic.log"

@@ -29,7 +29,6 @@ records the limit, so a JAX that lifts it shows up here).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from pathlib import Path
 
@@ -39,25 +38,12 @@ import numpy as np
 import pytest
 
 import maskc
+from cuda_lowering import count_triton, lower_for, operands
 from maskc.kernels import attention
 
 DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32)
 HEAD_DIMS = (64, 96, 128, 256)
 HEADS = ((4, 1), (2, 2), (4, 2))              # (query heads, key heads): MQA, MHA, GQA
-
-
-def operands(length: int, seed: int = 0) -> dict:
-  """Operand values for every mask of the matrix at `length` keys."""
-  rng = np.random.default_rng(seed)
-  seg = np.sort(rng.integers(0, 4, length)).astype(np.int32)
-  img = np.zeros(length, bool)
-  img[length // 5: length // 2] = True
-  parent = [-1] + [int(rng.integers(0, i)) for i in range(1, length)]
-  anc = np.eye(length, dtype=bool)
-  for i in range(1, length):
-    anc[i] |= anc[parent[i]]
-  sel = rng.random((-(-length // 64), -(-length // 64))) < 0.5
-  return {"seg": seg, "img": img, "anc": anc, "sel": sel}
 
 
 # (mask, what it exercises): prelude masks, token operands, documents, image spans,
@@ -93,22 +79,6 @@ def case_id(case) -> str:
           f"{'sinks|' if sinks else ''}{bq}x{bk}")
 
 
-# jax 0.12's Triton lowering asks the device for its GPU generation; with no GPU present
-# the target is named by an abstract device (jax 0.10.2 accepts it too, and needs none).
-CUDA_TARGET = jax.sharding.AbstractMesh(
-    (1,), ("x",), (jax.sharding.AxisType.Auto,),
-    abstract_device=jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3",
-                                                num_cores=None, platform="gpu"))
-
-
-def lower_for(platform: str, fn, *args) -> str:
-  """The module text of `jit(fn)` lowered for `platform` ("cuda": for an H100) on this CPU."""
-  target = (jax.sharding.use_abstract_mesh(CUDA_TARGET) if platform == "cuda"
-            else contextlib.nullcontext())
-  with target:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
-
-
 def lowered(backend: str, platform: str, case, length: int, interpret: bool = False) -> str:
   """The lowered module text of forward and of forward+backward for one case."""
   mask, dtype, d, (h, hkv), cap, sinks, (bq, bk) = case
@@ -128,10 +98,6 @@ def lowered(backend: str, platform: str, case, length: int, interpret: bool = Fa
     return jax.grad(lambda q, k, v: fwd(q, k, v).astype(jnp.float32).sum(), (0, 1, 2))(q, k, v)
 
   return tuple(lower_for(platform, f, qs, ks, ks) for f in (fwd, bwd))
-
-
-def count_triton(text: str) -> int:
-  return text.count('"__gpu$xla.gpu.triton"') or text.count("xla.gpu.triton")
 
 
 # ----------------------------------------------------------------------------- tpu
@@ -265,7 +231,7 @@ class TestFlashLowersForCuda:
 QUIET_THEN_LOUD = """
 import warnings, jax, jax.numpy as jnp, maskc
 from maskc.kernels import attention, compat
-from test_cross_lowering import lower_for
+from cuda_lowering import lower_for
 def lower(n):
   bm = maskc.compile("causal", n, block_q=64, block_kv=64)
   x = jax.ShapeDtypeStruct((1, n, 2, 64), jnp.bfloat16)

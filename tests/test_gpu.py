@@ -386,3 +386,121 @@ def test_tokamax_residuals_give_the_log_sum_exp_on_gpu():
   assert np.all(np.isposinf(lse[:, empty])), "rows with no key: lse = +inf"
   np.testing.assert_allclose(lse[:, ~empty], lse64[:, ~empty], atol=2e-2)
   assert_norm_close(np.asarray(out, np.float32), out64, BF16_TOL, "out vs float64 NumPy")
+
+
+# ----------------------------------------------------------------------------- mosaic_gpu
+# `backend="mosaic_gpu"` (maskc.kernels.mosaic_gpu): the Pallas Mosaic GPU forward, flash's
+# backward. Never run on a GPU before these tests; they check it over flash's matrix (CASES),
+# each case moved to what the kernel takes: bfloat16 or float16 inputs (float32 cases
+# alternate between the two), 128-row tiles with 64 or 128 keys, the tile-constant case's
+# blocks at 128. Head dims off a multiple of 64 (32, 80) are padded by the wrapper. With
+# sinks there is no gradient yet: those cases check the forward alone.
+
+
+def _mosaic_case(n: int, case):
+  name, mask, lq, lkv, h, hkv, d, dtype, cap, has_sinks, tiles, kind = case
+  if dtype == "float32":
+    dtype = ("bfloat16", "float16")[n % 2]
+  bk = 64 if (tiles and tiles[1] < 128) or d > 128 else 128
+  if kind == "sel":
+    mask = "causal & sel[q // 128, k // 128]"
+  return (f"mosaic-{name}", mask, lq, lkv, h, hkv, d, dtype, cap, has_sinks, (128, bk), kind)
+
+
+MOSAIC_CASES = [_mosaic_case(n, c) for n, c in enumerate(CASES)] + [
+    ("mosaic-causal-fp16-d256", "causal", 1024, 1024, 4, 1, 256, "float16", None, False,
+     (128, 64), None),
+    ("mosaic-sliding-sink-bf16-d256", "sliding(300) | sink(4)", 1000, 1000, 4, 2, 256,
+     "bfloat16", None, False, (128, 64), None),
+    ("mosaic-key-lengths-scalar", "causal & k < n", 700, 700, 2, 1, 128, "bfloat16", None,
+     False, (128, 128), "n"),
+]
+
+
+def _mosaic_ops(kind, n: int, seed: int) -> dict[str, np.ndarray]:
+  if kind == "n":
+    return {"n": np.array([500, 0], np.int32)}        # batch row 1: every row empty
+  if kind == "sel":
+    return {"sel": np.random.default_rng(seed).random((-(-n // 128),) * 2) < 0.5}
+  return case_operands(kind, n, seed)
+
+
+@pytest.mark.parametrize("case", MOSAIC_CASES, ids=[c[0] for c in MOSAIC_CASES])
+def test_mosaic_gpu_on_gpu_matches_references(case):
+  from maskc.kernels import mosaic_gpu
+  name, mask, lq, lkv, h, hkv, d, dtype, cap, has_sinks, (bq, bk), kind = case
+  if (why := mosaic_gpu.compat.mosaic_gpu_unavailable()) is not None:
+    pytest.fail(f"Pallas Mosaic GPU is not usable with this jax: {why}")
+  dtype = jnp.dtype(dtype)
+  ops = _mosaic_ops(kind, lkv, len(name))
+  q, k, v, w = inputs(len(name), 2, lq, lkv, h, hkv, d, dtype)
+  bm = maskc.compile(mask, lq, lkv, block_q=bq, block_kv=bk, operands=ops)
+  sinks = (np.random.default_rng(1).standard_normal(h).astype(np.float32) if has_sinks
+           else None)
+
+  def ours(q, k, v):
+    return api.attention(q, k, v, bm, backend="mosaic_gpu", logits_soft_cap=cap, sinks=sinks,
+                         interpret=False)
+
+  def dense(q, k, v):
+    return maskc.attention(q, k, v, mask, backend="dense", logits_soft_cap=cap, sinks=sinks,
+                           operands=ops)
+
+  if has_sinks:                          # forward only: no gradient with sinks yet
+    put = lambda x: jax.device_put(jnp.asarray(x, dtype), GPU)
+    out = np.asarray(jax.jit(ours)(put(q), put(k), put(v)).astype(jnp.float32))
+    out_ref, _ = vjp_on(CPU, dense, q, k, v, w, jnp.float32)
+    assert_norm_close(out, out_ref, BF16_TOL, f"{name}: out vs dense")
+    return
+  out, grads = vjp_on(GPU, ours, q, k, v, w, dtype)
+  out_ref, grads_ref = vjp_on(CPU, dense, q, k, v, w, jnp.float32)
+  allowed = np.asarray(maskc.materialize(mask, lq, lkv, operands=ops))
+  allowed = allowed[:, None] if bm.batch is not None else allowed    # [B, 1, Lq, Lkv]
+  out64, _ = numpy_reference(q, k, v, allowed, 1 / np.sqrt(d), cap)
+  assert_norm_close(out, out64, BF16_TOL, f"{name}: out vs float64 NumPy")
+  assert_norm_close(out, out_ref, BF16_TOL, f"{name}: out vs dense")
+  for g, r, n in zip(grads, grads_ref, "qkv"):
+    assert_norm_close(g, r, BF16_TOL, f"{name}: d{n} vs dense")
+  assert np.isfinite(out).all() and all(np.isfinite(g).all() for g in grads), name
+  # allowed is [Lq, Lkv], [H, Lq, Lkv] (per head) or [B, 1, Lq, Lkv] (batched operands)
+  empty = ~np.broadcast_to(allowed.any(-1), (2, h, lq)).transpose(0, 2, 1)   # [B, Lq, H]
+  assert np.all(out[empty] == 0), f"{name}: rows with no key are exactly zero"
+
+
+MOSAIC_LSE_CASES = [
+    ("mosaic-lse-causal", "causal", 512, 512, {}, None, "bfloat16"),
+    ("mosaic-lse-empty-rows-cap", "sliding(20) & q >= 100", 384, 384, {}, 2.0, "float16"),
+    ("mosaic-lse-pattern-offset", "m[q, k]", 256, 384, "pattern", None, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("case", MOSAIC_LSE_CASES, ids=[c[0] for c in MOSAIC_LSE_CASES])
+def test_mosaic_gpu_run_with_lse_on_gpu(case):
+  """`run_with_lse`'s values against float64 NumPy (no gradient yet)."""
+  from maskc.kernels import mosaic_gpu
+  name, mask, lq, lkv, ops, cap, dtype = case
+  rng = np.random.default_rng(lq)
+  if ops == "pattern":
+    m = rng.random((lkv, lkv)) < 0.3
+    m[rng.random(lkv) < 0.25] = False
+    ops = {"m": m}
+  h, hkv, d = 4, 2, 128
+  q, k, v, _ = inputs(lq, 1, lq, lkv, h, hkv, d, jnp.dtype(dtype))
+  bm = maskc.compile(mask, lq, lkv, block_q=128, block_kv=128, operands=ops)
+  allowed = np.asarray(maskc.materialize(mask, lq, lkv, operands=ops))
+  put = lambda x: jax.device_put(jnp.asarray(x, dtype), GPU)
+  out, lse = jax.jit(lambda q, k, v: mosaic_gpu.run_with_lse(q, k, v, bm, logits_soft_cap=cap))(
+      put(q), put(k), put(v))
+  out, lse = np.asarray(out), np.asarray(lse)
+  out64, lse64 = numpy_reference(q, k, v, allowed, 1 / np.sqrt(d), cap)
+  empty = np.asarray(lse64, np.float32) == np.float32(xla.NEG_LSE)
+  np.testing.assert_array_equal(lse[empty], np.float32(xla.NEG_LSE))
+  assert_norm_close(out, out64, BF16_TOL, f"{name}: out")
+  assert_norm_close(np.where(empty, 0, lse), np.where(empty, 0, lse64), BF16_TOL, f"{name}: lse")
+
+
+def test_auto_never_picks_mosaic_gpu_on_gpu():
+  """Not before its numerics and speed are measured here."""
+  bm = maskc.compile("causal & anc[q, k]", 1024, block_q=64, block_kv=64,
+                     operands=case_operands("anc", 1024, 0))
+  assert api.choose(bm, head_dim=128, dtype=jnp.bfloat16).backend != "mosaic_gpu"

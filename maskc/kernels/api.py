@@ -15,6 +15,7 @@ backend's dependencies cost nothing until then. The XLA path is always there.
 | `splash_jax` | TPU; CPU interpreted | JAX's splash kernel fed our MaskInfo |
 | `cudnn` | GPU | cuDNN through `jax.nn.dot_product_attention`, for bands |
 | `tokamax` | GPU, with tokamax | key intervals: tokamax's Mosaic GPU forward, flash's backward |
+| `mosaic_gpu` | GPU sm90 | Mosaic GPU block-sparse forward, flash's backward; never run yet |
 
 Which splash runs is explicit: name `splash_tokamax` or `splash_jax`, or `splash`
 for MaxText's choice, tokamax's kernel when `tokamax` imports (`pip install
@@ -33,10 +34,12 @@ What `backend="auto"` picks, and why (`choose`):
   of keys per row; priced as its forward plus flash's backward, which it runs),
   `flash` (every mask). Where the chosen engine refuses at run time, `auto`
   falls back to flash, then to xla (tiles that are not powers of two >= 16).
+  `mosaic_gpu` is never picked: it has been lowered for cuda but never run on a GPU,
+  so it has no measured cost and no checked numerics yet (name it to use it).
 - CPU: `dense` for tiny masks (`tiny`: at most `TINY` pairs and `TINY_KEYS` keys) or
-  when the compiled map's density is above `NEARLY_FULL`, else `xla`. On CPU the Pallas kernels only interpret, and
-  for tiny or nearly full masks the block bookkeeping costs more than the
-  skipped tiles save.
+  when the compiled map's density is above `NEARLY_FULL`, else `xla`. On CPU the Pallas
+  kernels only interpret, and for tiny or nearly full masks the block bookkeeping
+  costs more than the skipped tiles save.
 
 `choose_backend` makes the first choice from the platform and lengths before
 compiling (it decides the tile sizes: on a GPU, flash's, so that the map serves every
@@ -142,6 +145,10 @@ BACKENDS: Mapping[str, Backend] = types.MappingProxyType({
     "tokamax": Backend("tokamax", "maskc.kernels.tokamax",
                        "tokamax's Mosaic GPU forward and flash's backward, for key "
                        "intervals (GPU)"),
+    # Lowered for cuda but never run on a GPU: `auto` does not consider it (`choose`).
+    "mosaic_gpu": Backend("mosaic_gpu", "maskc.kernels.mosaic_gpu",
+                          "Pallas Mosaic GPU block-sparse forward, flash's backward (sm90; "
+                          "not yet validated on a GPU)"),
 })
 # The splash backends: static MaskInfo, key tiles of 128 (`maskc.attention`, sharding).
 SPLASH = frozenset({"splash", "splash_tokamax", "splash_jax"})

@@ -1,8 +1,10 @@
 """What differs between the JAX versions maskc supports (0.10.2 through 0.12.x), in one place.
 
 The kernels import version-dependent pieces from here, never test `jax.__version__`
-themselves. Today that is the Pallas Triton backend, which the flash kernel is written
-for:
+themselves. Two backends of Pallas matter: Triton, which the flash kernel is written
+for, and Mosaic GPU, which the `mosaic_gpu` kernel is written for (end of this module).
+
+The Pallas Triton backend:
 
 - jax 0.10 has it, silently.
 - jax 0.11 and 0.12 deprecate it (deprecation id `jax-pallas-triton`): lowering a
@@ -97,3 +99,55 @@ def dot(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = Fa
   wide = jnp.float64 if jnp.float64 in (a.dtype, b.dtype) else jnp.float32
   return lax.dot_general(a, b, (dims, ((), ())), precision=precision,
                          preferred_element_type=wide)
+
+
+# ----------------------------------------------------------------------------- Mosaic GPU
+#
+# The `mosaic_gpu` kernel (maskc.kernels.mosaic_gpu) uses Pallas Mosaic GPU's warpgroup
+# API (`plgpu.kernel`, TMA copies, `wgmma`, barriers, register layouts). What differs:
+# - jax 0.10 imports `absl` in Mosaic GPU without declaring it as a dependency, so where
+#   absl-py is missing `jax.experimental.pallas.mosaic_gpu` does not import at all;
+# - jax 0.10 transposes a ref with `plgpu.transpose_ref(ref, perm)`, jax 0.12 with
+#   `ref.transpose(perm)`; jax 0.10's `plgpu.load` takes an index argument, 0.12's not.
+# Mosaic GPU is imported here only when asked for, so flash and the CPU paths never pay
+# for it.
+
+
+def mosaic_gpu() -> Any:
+  """`jax.experimental.pallas.mosaic_gpu`, or raises ImportError saying why it does not import."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  return plgpu
+
+
+def mosaic_gpu_unavailable() -> str | None:
+  """Why Pallas Mosaic GPU cannot build kernels with this JAX, or None if it can."""
+  try:
+    plgpu = mosaic_gpu()
+  except ImportError as e:
+    fix = " (pip install absl-py)" if (e.name or "").split(".")[0] == "absl" else ""
+    return (f"jax.experimental.pallas.mosaic_gpu does not import with this JAX "
+            f"({jax.__version__}): {e}{fix}")
+  missing = [n for n in ("kernel", "wgmma", "ACC", "Barrier", "SMEM", "Layout", "layout_cast",
+                         "broadcasted_iota", "load", "copy_gmem_to_smem", "copy_smem_to_gmem",
+                         "barrier_wait", "barrier_arrive", "set_max_registers")
+             if not hasattr(plgpu, n)]
+  if missing:
+    return (f"this JAX's ({jax.__version__}) Pallas Mosaic GPU lacks "
+            f"{', '.join('plgpu.' + n for n in missing)}")
+  return None
+
+
+def mosaic_transpose(ref: Any, perm: tuple[int, ...]) -> Any:
+  """A transposed view of a shared-memory ref (the B operand of a `wgmma`)."""
+  if hasattr(ref, "transpose"):
+    return ref.transpose(perm)
+  return mosaic_gpu().transpose_ref(ref, perm)
+
+
+def mosaic_load(ref: Any, layout: Any) -> jax.Array:
+  """`ref`'s whole value (a view already sliced) in registers with `layout`, from any memory."""
+  plgpu = mosaic_gpu()
+  import inspect
+  if "idx" in inspect.signature(plgpu.load).parameters:
+    return plgpu.load(ref, (), layout=layout, optimized=False)
+  return plgpu.load(ref, layout=layout, optimized=False)

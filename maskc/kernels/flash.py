@@ -514,7 +514,7 @@ _flash_lse.defvjp(_flash_lse_fwd, _flash_lse_bwd)
 # ----------------------------------------------------------------------------- entry point
 
 
-def _read_arrays(bm, u: int, lq_pad: int, lkv_pad: int) -> _ReadArrays:
+def read_arrays(bm, u: int, lq_pad: int, lkv_pad: int) -> _ReadArrays:
   """Mask `u`'s read values laid out for the kernel (see `_ReadArrays`).
 
   Per-token rows and pairwise values are padded to the tiled lengths (padding
@@ -632,7 +632,7 @@ def _launch(q, k, v, bm, u: int, *, scale, cap, has_sinks: bool, interpret: bool
   d_pad, dv_pad = (max(16, 1 << (x - 1).bit_length()) for x in (d, v.shape[-1]))
   lq_pad, lkv_pad = nq * bm.block_q, nk * bm.block_kv
   return _Launch(cfg, jnp.asarray(meta_f), jnp.asarray(meta_b),
-                 _read_arrays(bm, u, lq_pad, lkv_pad), _Padding(lq_pad, lkv_pad, d_pad, dv_pad))
+                 read_arrays(bm, u, lq_pad, lkv_pad), _Padding(lq_pad, lkv_pad, d_pad, dv_pad))
 
 
 def _attend(q, k, v, bm, u: int, *, scale, cap, sinks, interpret: bool, with_lse: bool = False):

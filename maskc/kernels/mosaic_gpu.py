@@ -1,0 +1,599 @@
+"""Block-sparse flash attention forward in Pallas Mosaic GPU (Hopper, sm90): `backend="mosaic_gpu"`.
+
+**Not yet run on a GPU.** This kernel has been cross-lowered for cuda from a CPU-only
+machine (`tests/test_mosaic_gpu_lowering.py`), which checks that every primitive it uses
+has a Mosaic GPU lowering; it has never been compiled by ptxas, run, or timed. Its
+numerics are checked by `tests/test_gpu.py` on the first GPU session. `auto` never picks
+it until then.
+
+The walk is flash's (`maskc.kernels.flash`): for each q tile, the FULL key tiles of its
+BlockMap row, then its PARTIAL ones, from index lists built from the compact runs; EMPTY
+tiles are never loaded, wherever they are in the row (holes included). PARTIAL tiles
+evaluate the compiled predicate (`maskc.compiled.predicate`) in registers.
+
+The kernel follows the FlashAttention-3 design of JAX's `attention_mgpu.py`:
+
+- One CTA per (head, q tile, batch row); a q tile is `block_q = 128` rows, split between
+  two compute warpgroups of 64 rows each (a `wgmma` is 64 rows per warpgroup). A third
+  warpgroup, the memory warpgroup, copies key and value tiles with TMA into `stages`
+  shared-memory slots, as far ahead as the slots allow; barriers say when a slot is
+  loaded (`k_loaded`, `v_loaded`) and when both compute warpgroups are done with it
+  (`k_consumed`, `v_consumed`).
+- Both compute warpgroups walk the same key tiles (the map's row for the q tile), so each
+  slot is loaded once for both. They alternate on the tensor cores (the "schedule
+  barrier", FA3's ping-pong): one computes its softmax while the other's `wgmma` runs.
+- Scores `q kᵀ` and `p v` are `wgmma`s from shared memory into float32 accumulators; the
+  online softmax runs in float32 registers in base 2 (`exp2`, with logits scaled by
+  `log2 e` once), as `attention_mgpu.py` does.
+- Inputs are bfloat16 or float16 (shared-memory buffers take the inputs' dtype, not a
+  hard-coded float16). Head dims are padded with zeros to a multiple of 64 (TMA's 128-byte
+  swizzle), up to 256.
+- Masked scores are set to a large finite negative (`common.NEG`), never `-inf`, so a row
+  that sees only masked scores in its first tiles computes no `inf - inf`; a row with no
+  allowed key at all ends with its maximum still at that value and is written as zeros,
+  its log-sum-exp `+inf` (`NEG_LSE` through `run_with_lse`), as flash does.
+- Sinks start each row's softmax at `(max = sink, sum = 1)`. The soft cap is
+  `cap · tanh(s / cap)` on the scaled scores.
+- Lengths need not be multiples of the tiles: q, k and v are padded to whole tiles, keys
+  past `kv_len` are masked in the last key tile (FULL or not), padded query rows dropped.
+- GQA/MQA: query head `h` reads key head `h // (H / Hkv)`.
+
+Reads of PARTIAL tiles, loaded from global memory into the score tile's register layout
+(`plgpu.Layout.WGMMA`): per-token q-side reads once per q tile (row layout, broadcast
+along keys); per-token k-side reads per key tile (column layout, broadcast along rows);
+pairwise reads as a `[64, block_kv]` int32 tile per warpgroup; tile-constant pairwise
+reads and scalars as scalars. The q offset rides with the scalars, as in flash.
+
+Gradients: the forward is this kernel; the backward is flash's, on the same map
+(`maskc.kernels.flash.run_with_forward`, as the tokamax backend does): this kernel
+returns each row's log-sum-exp, which is all flash's backward needs besides the output.
+So `jax.grad` through `backend="mosaic_gpu"` runs the Triton backward kernels, which need
+Triton's tiles (powers of two, which 128 × 64/128 are); `interpret` is passed on to them.
+Two paths have no gradient yet and raise `BackendError` when differentiated: calls with
+sinks (flash's backward for a foreign forward has no sink gradient, and a zero one would
+be silently wrong) and `run_with_lse`.
+
+What it refuses, with a `BackendError` naming `flash`: a JAX whose Pallas Mosaic GPU does
+not import or lacks the warpgroup API (`compat.mosaic_gpu_unavailable`), dtypes other than
+bfloat16 and float16, head dims over 256, tiles other than `block_q = 128` and
+`block_kv` in (64, 128), and shapes whose shared-memory buffers do not fit in 227 KiB
+with two slots. It has no interpret mode (interpret mode does not run `wgmma` pipelines
+in jax 0.12): `interpret=True` is refused too, and so is an eager call where jax runs
+off a GPU (a call under `jit` is refused only when lowered, by Pallas, since it may be
+lowered for cuda from a CPU machine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from maskc.compiled import predicate as _predicate
+from maskc.compiled.blockmap import BlockMap
+from maskc.compiled.predicate import Predicate
+from maskc.kernels import common, compat, flash
+from maskc.kernels.platform import platform
+from maskc.kernels.xla import NEG_LSE
+from maskc.language.errors import BackendError, MaskValueError
+
+BLOCK_SIZES = (128, 128)
+BLOCK_Q = 128                 # two compute warpgroups of 64 rows
+WG_ROWS = 64                  # rows of one wgmma, one compute warpgroup
+COMPUTE_WGS = 2
+BLOCK_KV = (64, 128)
+MAX_STAGES = 4
+SMEM_BYTES = 227 * 1024       # an H100's shared memory per block
+LOG2E = math.log2(math.e)
+DTYPES = (jnp.bfloat16, jnp.float16)
+# FA3's ping-pong between the two compute warpgroups (`Config.schedule_barrier`). A
+# module-level switch so that a first GPU session can rule it out if the kernel hangs
+# (`mosaic_gpu.SCHEDULE_BARRIER = False` before tracing); not a tuning knob.
+SCHEDULE_BARRIER = True
+
+
+def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
+  """Tile sizes: 128 query rows (two warpgroups of 64) by 128 keys (64 for short keys)."""
+  del q_len
+  return BLOCK_Q, (128 if kv_len > 64 else 64)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Everything static about one launch of the kernel (hashable).
+
+  Attributes:
+    pred: the mask's compiled predicate (PARTIAL tiles evaluate it).
+    block_kv: keys per tile (64 or 128); `block_q` is always 128.
+    q_len, kv_len: the unpadded lengths.
+    n_q_tiles, n_kv_tiles: tiles per row and column of the map.
+    groups: query heads per key head.
+    head_dim: q, k and v's head dim after padding to a multiple of 64.
+    dtype: the inputs' dtype name ("bfloat16" or "float16").
+    scale, cap: logit scale and soft cap (None: none).
+    has_sinks: sink logits start each row's softmax.
+    batched_meta: the tile lists and reads have a batch axis.
+    stages: shared-memory slots for key/value tiles (at least 2).
+    schedule_barrier: the two compute warpgroups alternate on the tensor cores (FA3).
+  """
+  pred: Predicate
+  block_kv: int
+  q_len: int
+  kv_len: int
+  n_q_tiles: int
+  n_kv_tiles: int
+  groups: int
+  head_dim: int
+  dtype: str
+  scale: float
+  cap: float | None
+  has_sinks: bool
+  batched_meta: bool
+  stages: int
+  schedule_barrier: bool = True
+
+  def __post_init__(self):
+    if self.block_kv not in BLOCK_KV:
+      raise MaskValueError(f"the mosaic_gpu kernel takes block_kv in {BLOCK_KV}, got "
+                           f"{self.block_kv=}")
+    if self.head_dim % 64 or not 64 <= self.head_dim <= 256:
+      raise MaskValueError(f"head_dim must be a multiple of 64 in [64, 256], got "
+                           f"{self.head_dim=}")
+    if self.stages < 2:
+      raise MaskValueError(f"stages must be at least 2, got {self.stages=}")
+
+
+def smem_bytes(head_dim: int, block_kv: int, stages: int, itemsize: int = 2) -> int:
+  """Shared memory one CTA uses: q (reused for the output), k and v slots, the lse rows."""
+  q = COMPUTE_WGS * WG_ROWS * head_dim * itemsize
+  kv = 2 * stages * block_kv * head_dim * itemsize
+  # Mosaic GPU adds its reduction scratch (2 KiB), barriers and alignment.
+  return q + kv + COMPUTE_WGS * WG_ROWS * 4 + 4096
+
+
+def stages_for(head_dim: int, block_kv: int) -> int:
+  """The most key/value slots (at most `MAX_STAGES`) that fit in shared memory; 0 if not 2."""
+  for s in range(MAX_STAGES, 1, -1):
+    if smem_bytes(head_dim, block_kv, s) <= SMEM_BYTES:
+      return s
+  return 0
+
+
+def padded_head_dim(d: int) -> int:
+  return -(-d // 64) * 64
+
+
+def refusal(bm: BlockMap, *, head_dim: int, dv: int | None = None, dtype: Any = None,
+            interpret: bool | None = None) -> str | None:
+  """Why this kernel cannot run `bm` with these inputs here, or None when it can."""
+  if interpret:
+    return ("it has no interpret mode (Pallas interpret mode does not run Mosaic GPU's "
+            "wgmma pipelines)")
+  if (why := compat.mosaic_gpu_unavailable()) is not None:
+    return why
+  if dtype is not None and jnp.dtype(dtype) not in [jnp.dtype(t) for t in DTYPES]:
+    return (f"it runs bfloat16 and float16, not {jnp.dtype(dtype)} (cast q, k and v, or "
+            f"use backend='flash')")
+  d = padded_head_dim(max(head_dim, dv or head_dim))
+  if d > 256:
+    return f"head dims over 256 do not fit, got {head_dim}" + (f" and {dv}" if dv else "")
+  if bm.block_q != BLOCK_Q or bm.block_kv not in BLOCK_KV:
+    return (f"it takes tiles of {BLOCK_Q} × {BLOCK_KV[0]} or {BLOCK_Q} × {BLOCK_KV[1]}, got "
+            f"{bm.block_q} × {bm.block_kv} (compile with block_q=128, block_kv=128)")
+  if not stages_for(d, bm.block_kv):
+    return (f"two slots of {bm.block_kv}-key tiles at head dim {d} exceed the "
+            f"{SMEM_BYTES // 1024} KiB of shared memory (compile with block_kv=64)")
+  return None
+
+
+def _check_device(bm: BlockMap, q) -> None:
+  """Refuses an eager call off a GPU (Pallas would say only "Only interpret mode is supported
+  on CPU backend"). Under `jit` the target is unknown until lowering, which may be for cuda
+  from this machine (the cross-lowering tests), so traced calls pass."""
+  if not isinstance(q, jax.core.Tracer) and platform() != "gpu":
+    raise _refuse(bm, f"it runs on an NVIDIA GPU (sm90), and jax runs on {platform()} here")
+
+
+def _refuse(bm: BlockMap, why: str) -> BackendError:
+  text = " ; ".join(str(m) for m in bm.masks)
+  return BackendError(f"backend 'mosaic_gpu' cannot run {text}: {why}",
+                      hint="Use backend='flash' (GPU, every mask) or 'xla'.")
+
+
+# ----------------------------------------------------------------------------- kernel inputs
+
+
+class Inputs(NamedTuple):
+  """The kernel's metadata and read arrays, for one mask.
+
+  Attributes:
+    meta: `[B', n_q_tiles, 2 + W]` int32: per q tile the count of FULL key tiles, the
+      count of FULL and PARTIAL ones together, then their indices, FULL first.
+    scal: `[B', Ns + 1]` int32: scalar reads, then the q offset.
+    qtok: `[B', Nq, Lq_pad]`, ktok: `[B', Nk, Lkv_pad]` int32: per-token reads.
+    pair: `[B', Np, Lq_pad, Lkv_pad]` int32: pairwise reads.
+    tile: `[B', Nt · nq · nk]` int32: tile-constant pairwise reads.
+  A kind the predicate does not read is a small block of zeros the kernel never loads.
+  """
+  meta: Any
+  scal: Any
+  qtok: Any
+  ktok: Any
+  pair: Any
+  tile: Any
+
+
+def walk(bm: BlockMap, u: int):
+  """`[B', n_q_tiles, 2 + W]` int32: each q tile's FULL then PARTIAL key tiles (see `Inputs`)."""
+  fi, fc, _ = common.tile_lists(bm, u, common.FULL)
+  pi, pc, _ = common.tile_lists(bm, u, common.PARTIAL)
+  xp = np if isinstance(fi, np.ndarray) and isinstance(pi, np.ndarray) else jnp
+  mf, mp = fi.shape[-1], pi.shape[-1]
+  t = xp.arange(max(1, mf + mp), dtype=np.int32)
+  fc_, pc_ = fc[..., None], pc[..., None]
+  from_full = xp.take_along_axis(fi, xp.clip(t, 0, max(mf - 1, 0))[None, None, :]
+                                 * xp.ones_like(fc_), axis=-1) if mf else 0 * t
+  from_part = xp.take_along_axis(pi, xp.clip(t - fc_, 0, max(mp - 1, 0)), axis=-1) if mp \
+      else 0 * t
+  order = xp.where(t < fc_, from_full, xp.where(t < fc_ + pc_, from_part, 0))
+  order = xp.broadcast_to(order, fc.shape + (t.shape[0],))
+  return xp.concatenate([fc_, fc_ + pc_, order], axis=-1).astype(np.int32)
+
+
+def inputs(bm: BlockMap, u: int) -> Inputs:
+  """Mask `u`'s tile walk and read values laid out for the kernel."""
+  lq_pad, lkv_pad = bm.n_q_tiles * bm.block_q, bm.n_kv_tiles * bm.block_kv
+  r = flash.read_arrays(bm, u, lq_pad, lkv_pad)
+  return Inputs(jnp.asarray(walk(bm, u)), r.scal, r.qtok, r.ktok, r.pair, r.tile)
+
+
+# ----------------------------------------------------------------------------- the kernel
+
+
+def _forward(cfg: Config, q, k, v, sinks, ins: Inputs):
+  """`(out [B, Lq_pad, H, D] in q's dtype, lse [B, H, Lq_pad] f32)` on padded inputs."""
+  plgpu = compat.mosaic_gpu()
+  b, lq_pad, h, d = q.shape
+  bk, stages, rows = cfg.block_kv, cfg.stages, WG_ROWS
+  dtype = q.dtype
+  wgmma_layout = plgpu.Layout.WGMMA
+  row_layout = plgpu.Layout.WGMMA.reduce(1)
+  col_layout = plgpu.Layout.WGMMA.reduce(0)
+  pred = cfg.pred
+  ns = len(pred.scalars)
+
+  def kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, sink_ref, q_ref,
+             k_ref, v_ref, out_ref, lse_ref, scoped):
+    batch = lax.axis_index("batch")
+    head = lax.axis_index("heads")
+    qi = lax.axis_index("q_tiles")
+    wg = lax.axis_index("wg")
+    mb = batch if cfg.batched_meta else 0
+    (qo_smem2, k_smem, v_smem, lse_smem2), loaded, consumed, schedule = scoped
+    k_loaded, v_loaded, q_loaded = loaded
+    k_consumed, v_consumed = consumed
+    n_full = meta_ref[mb, qi, 0]
+    n_all = meta_ref[mb, qi, 1]
+
+    def schedule_sync():
+      if cfg.schedule_barrier:
+        plgpu.barrier_arrive(schedule)
+        plgpu.barrier_wait(schedule)
+
+    @pl.when(wg < COMPUTE_WGS)
+    def _compute():
+      plgpu.set_max_registers(232, action="increase")
+      qo_smem = qo_smem2.at[wg]
+      lse_smem = lse_smem2.at[wg]
+      q_base = qi * BLOCK_Q + wg * rows
+      plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(q_base, rows), head], qo_smem,
+                              q_loaded.at[wg])
+      plgpu.barrier_wait(q_loaded.at[wg])
+
+      def iota(dim):
+        return plgpu.broadcasted_iota(jnp.int32, (rows, bk), dim, layout=wgmma_layout)
+
+      def full(x):
+        return lax.broadcast_in_dim(x, (rows, bk), ())
+
+      q_first = q_base + scal_ref[mb, ns]          # the position of the first row
+      # q-side reads stay row vectors across the loop (a few registers a thread); they are
+      # broadcast to the tile where a PARTIAL tile reads them
+      q_rows = [compat.mosaic_load(qtok_ref.at[mb, r, pl.ds(q_base, rows)], row_layout)
+                for r in range(len(pred.q_reads))]
+
+      def allowed(j, partial: bool):
+        kpos = iota(1) + j * bk
+        in_range = kpos < cfg.kv_len
+        if not partial:
+          return in_range if cfg.kv_len % bk else None
+        qpos = iota(0) + q_first
+
+        def fetch(kind: str, slot: int):
+          if kind == "q_read":
+            return lax.broadcast_in_dim(q_rows[slot], (rows, bk), [0])
+          if kind == "k_read":
+            row = compat.mosaic_load(ktok_ref.at[mb, slot, pl.ds(j * bk, bk)], col_layout)
+            return lax.broadcast_in_dim(row, (rows, bk), [1])
+          if kind == "pair":
+            return compat.mosaic_load(
+                pair_ref.at[mb, slot, pl.ds(q_base, rows), pl.ds(j * bk, bk)], wgmma_layout)
+          if kind == "tile_pair":
+            return full(tile_ref[mb, (slot * cfg.n_q_tiles + qi) * cfg.n_kv_tiles + j])
+          return full(scal_ref[mb, slot])
+        return _predicate.evaluate(pred, jnp, qpos, kpos, fetch) & in_range
+
+      if cfg.has_sinks:
+        m0 = full_row(sink_ref[head] * LOG2E, rows, row_layout)
+        l0 = full_row(jnp.float32(1.0), rows, row_layout)
+      else:
+        m0 = full_row(jnp.float32(common.NEG), rows, row_layout)
+        l0 = full_row(jnp.float32(0.0), rows, row_layout)
+      acc0 = plgpu.layout_cast(jnp.zeros((rows, d), jnp.float32), wgmma_layout)
+      pl.when(wg == 1)(schedule_sync)
+
+      def step(partial: bool):
+        def body(t, carry):
+          acc, m, l = carry
+          slot = lax.rem(t, jnp.int32(stages))
+          j = meta_ref[mb, qi, 2 + t]
+          plgpu.barrier_wait(k_loaded.at[slot])
+
+          def scores(acc_ref):
+            plgpu.wgmma(acc_ref, qo_smem, compat.mosaic_transpose(k_smem.at[slot], (1, 0)))
+            schedule_sync()
+            return acc_ref[...]
+
+          s = pl.run_scoped(scores, plgpu.ACC((rows, bk), jnp.float32))
+          plgpu.barrier_arrive(k_consumed.at[slot])
+          if cfg.cap is None:
+            s = s * (cfg.scale * LOG2E)
+          else:
+            s = jnp.tanh(s * (cfg.scale / cfg.cap)) * (cfg.cap * LOG2E)
+          mask = allowed(j, partial)
+          if mask is not None:
+            s = jnp.where(mask, s, common.NEG)
+          m_new = jnp.maximum(m, s.max(axis=1))
+          alpha = jnp.exp2(m - m_new)
+          p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+          acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+          l = l * alpha + p.sum(axis=1)
+          p16 = p.astype(dtype)
+          if cfg.schedule_barrier:
+            plgpu.barrier_arrive(schedule)
+          plgpu.barrier_wait(v_loaded.at[slot])
+          if cfg.schedule_barrier:
+            plgpu.barrier_wait(schedule)
+
+          def values(acc_ref):
+            plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+
+          acc = pl.run_state(values)(plgpu.ACC.init(acc))
+          plgpu.barrier_arrive(v_consumed.at[slot])
+          return acc, m_new, l
+        return body
+
+      carry = lax.fori_loop(0, n_full, step(False), (acc0, m0, l0))
+      acc, m, l = lax.fori_loop(n_full, n_all, step(True), carry)
+      pl.when(wg == 0)(schedule_sync)
+      if cfg.has_sinks:
+        out = acc * lax.broadcast_in_dim(1.0 / l, acc.shape, [0])
+        lse = (m + jnp.log2(l)) * (1.0 / LOG2E)
+      else:
+        empty = m <= common.NEG / 2
+        safe_l = jnp.where(empty, 1.0, l)
+        inv = jnp.where(empty, 0.0, 1.0 / safe_l)
+        out = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
+        lse = jnp.where(empty, jnp.inf, (m + jnp.log2(safe_l)) * (1.0 / LOG2E))
+      qo_smem[...] = out.astype(dtype)
+      lse_smem[...] = lse
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(qo_smem, out_ref.at[batch, pl.ds(q_base, rows), head])
+      plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[batch, head, pl.ds(q_base, rows)])
+      plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == COMPUTE_WGS)
+    def _memory():
+      plgpu.set_max_registers(40, action="decrease")
+      kv_head = lax.div(head, jnp.int32(cfg.groups))
+
+      def load(t, carry):
+        slot = lax.rem(t, jnp.int32(stages))
+        j = meta_ref[mb, qi, 2 + t]
+        tile = (batch, pl.ds(j * bk, bk), kv_head)
+
+        @pl.when(t >= stages)
+        def _():
+          plgpu.barrier_wait(k_consumed.at[slot])
+        plgpu.copy_gmem_to_smem(k_ref.at[tile], k_smem.at[slot], k_loaded.at[slot])
+
+        @pl.when(t >= stages)
+        def _():
+          plgpu.barrier_wait(v_consumed.at[slot])
+        plgpu.copy_gmem_to_smem(v_ref.at[tile], v_smem.at[slot], v_loaded.at[slot])
+        return carry
+
+      lax.fori_loop(0, n_all, load, None)
+
+  def entry(*refs):
+    tiling = plgpu.TilingTransform((8, 64))
+    swizzle = plgpu.SwizzleTransform(128)
+    scratch = (
+        plgpu.SMEM((COMPUTE_WGS, rows, d), dtype, transforms=(tiling, swizzle)),
+        plgpu.SMEM((stages, bk, d), dtype, transforms=(tiling, swizzle)),
+        plgpu.SMEM((stages, bk, d), dtype, transforms=(tiling, swizzle)),
+        plgpu.SMEM((COMPUTE_WGS, rows), jnp.float32),
+    )
+    pl.run_scoped(
+        lambda *scoped: kernel(*refs, scoped),
+        scratch,
+        (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
+         plgpu.Barrier(num_barriers=COMPUTE_WGS)),
+        (plgpu.Barrier(num_arrivals=COMPUTE_WGS, num_barriers=stages),) * 2,
+        plgpu.Barrier(num_arrivals=COMPUTE_WGS),
+        collective_axes="wg",
+    )
+
+  out_type = (jax.ShapeDtypeStruct((b, lq_pad, h, d), dtype),
+              jax.ShapeDtypeStruct((b, h, lq_pad), jnp.float32))
+  out, lse = plgpu.kernel(
+      entry, out_type=out_type, grid=(h, cfg.n_q_tiles, b),
+      grid_names=("heads", "q_tiles", "batch"), num_threads=COMPUTE_WGS + 1, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(approx_math=True))(
+          *ins, sinks, q, k, v)
+  return out, lse
+
+
+def full_row(x, rows: int, layout):
+  """A `[rows]` float32 vector of the scalar `x` in a row layout of the score tile."""
+  plgpu = compat.mosaic_gpu()
+  return plgpu.layout_cast(lax.broadcast_in_dim(jnp.asarray(x, jnp.float32), (rows,), ()),
+                           layout)
+
+
+# ----------------------------------------------------------------------------- entry points
+
+
+class _Launch(NamedTuple):
+  cfg: Config
+  ins: Inputs
+  d: int
+
+
+def _launch(q, k, v, bm: BlockMap, u: int, *, scale: float, cap, has_sinks: bool,
+            interpret) -> _Launch:
+  b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
+  why = refusal(bm, head_dim=d, dv=v.shape[-1], dtype=q.dtype, interpret=interpret)
+  if why is not None:
+    raise _refuse(bm, why)
+  dp = padded_head_dim(max(d, v.shape[-1]))
+  cfg = Config(pred=bm.predicates[u], block_kv=bm.block_kv, q_len=lq, kv_len=lkv,
+               n_q_tiles=bm.n_q_tiles, n_kv_tiles=bm.n_kv_tiles, groups=h // hkv,
+               head_dim=dp, dtype=jnp.dtype(q.dtype).name, scale=scale,
+               cap=None if cap is None else float(cap), has_sinks=has_sinks,
+               batched_meta=bm.batch is not None, stages=stages_for(dp, bm.block_kv),
+               schedule_barrier=SCHEDULE_BARRIER)
+  return _Launch(cfg, inputs(bm, u), dp)
+
+
+def _pad(x, rows: int, dim: int, dtype):
+  return jnp.pad(x.astype(dtype), ((0, 0), (0, rows - x.shape[1]), (0, 0),
+                                   (0, dim - x.shape[3])))
+
+
+def _padded_forward(cfg: Config, d: int, q, k, v, sinks, ins: Inputs):
+  """`(out [B, Lq, H, Dv] in q's dtype, lse [B, H, Lq] f32, +inf on rows with no key)`."""
+  lq, dv = q.shape[1], v.shape[-1]
+  lq_pad, lkv_pad = cfg.n_q_tiles * BLOCK_Q, cfg.n_kv_tiles * cfg.block_kv
+  out, lse = _forward(cfg, _pad(q, lq_pad, d, q.dtype), _pad(k, lkv_pad, d, q.dtype),
+                      _pad(v, lkv_pad, d, q.dtype), sinks, ins)
+  return out[:, :lq, :, :dv], lse[:, :, :lq]
+
+
+def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
+  """The backend entry point: attention `[B, Lq, H, Dv]` with the Mosaic GPU forward kernel.
+
+  Differentiable: the backward pass is flash's on the same map (module docstring).
+  """
+  q, k, v = common.qkv_arrays(q, k, v)
+  b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
+  common.check_blockmap(bm, "mosaic_gpu", lq, lkv, b)
+  _check_device(bm, q)
+  sinks = common.check_sinks(sinks, h)
+  scale = common.default_scale(d, scale)
+
+  def one(q, k, v, u, sinks):
+    ln = _launch(q, k, v, bm, u, scale=scale, cap=logits_soft_cap, has_sinks=sinks is not None,
+                 interpret=interpret)
+    sinks_in = jnp.zeros((q.shape[2],), jnp.float32) if sinks is None else sinks
+    if sinks is not None:
+      # flash's backward has no sinks; gradients through this path would miss them.
+      return _no_grad_forward(ln.cfg, ln.d, q, k, v, sinks_in, ln.ins)
+    forward = functools.partial(_forward_for_flash, ln.cfg, ln.d)
+    sub = _single_mask(bm, u)
+    return flash.run_with_forward(forward, q, k, v, sub, aux=(sinks_in, *ln.ins), scale=scale,
+                                  logits_soft_cap=logits_soft_cap, interpret=interpret)
+
+  return common.per_mask(one, q, k, v, bm, sinks)
+
+
+def _forward_for_flash(cfg: Config, d: int, q, k, v, sinks, *ins):
+  return _padded_forward(cfg, d, q, k, v, sinks, Inputs(*ins))
+
+
+def _single_mask(bm: BlockMap, u: int) -> BlockMap:
+  """`bm` as flash's `run_with_forward` takes it: one mask (u) for every head."""
+  if bm.head_index is None:
+    return bm
+  return dataclasses.replace(bm, head_index=(u,) * len(bm.head_index))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _no_grad_forward(cfg: Config, d: int, q, k, v, sinks, ins: Inputs):
+  return _padded_forward(cfg, d, q, k, v, sinks, ins)[0]
+
+
+def _no_grad_fwd(cfg, d, q, k, v, sinks, ins):
+  return _no_grad_forward(cfg, d, q, k, v, sinks, ins), None
+
+
+def _no_grad_bwd(cfg, d, res, do):
+  raise BackendError("backend 'mosaic_gpu' has no backward pass with sinks yet (flash's "
+                     "backward, which it borrows, has none for a foreign forward)",
+                     hint="Use backend='flash' to differentiate attention with sinks.")
+
+
+_no_grad_forward.defvjp(_no_grad_fwd, _no_grad_bwd)
+
+
+def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=None):
+  """Attention and its log-sum-exp: `(out [B, Lq, H, Dv] f32, lse [B, Lq, H] f32)`.
+
+  The contract of `maskc.kernels.flash.run_with_lse` (rows with no key: `out = 0`,
+  `lse = NEG_LSE`; one mask for every head), with one difference: the kernel stores
+  `out` in the inputs' dtype (its output buffer is the q tile's shared memory), and it
+  is returned cast to float32. Not differentiable yet: a gradient raises BackendError.
+  """
+  q, k, v = common.qkv_arrays(q, k, v)
+  b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
+  common.check_blockmap(bm, "mosaic_gpu", lq, lkv, b)
+  if bm.head_index is not None:
+    raise MaskValueError("run_with_lse takes a map of one mask for every head, got a map of "
+                         f"{len(bm.head_index)} head masks",
+                         hint="Compile one mask for all heads, or call it per head group.")
+  _check_device(bm, q)
+  ln = _launch(q, k, v, bm, 0, scale=common.default_scale(d, scale), cap=logits_soft_cap,
+               has_sinks=False, interpret=interpret)
+  out, lse = _lse_forward(ln.cfg, ln.d, q, k, v, ln.ins)
+  return out, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _lse_forward(cfg: Config, d: int, q, k, v, ins: Inputs):
+  sinks = jnp.zeros((q.shape[2],), jnp.float32)
+  out, lse = _padded_forward(cfg, d, q, k, v, sinks, ins)
+  lse = jnp.where(jnp.isfinite(lse), lse, NEG_LSE)
+  return out.astype(jnp.float32), jnp.swapaxes(lse, 1, 2)
+
+
+def _lse_fwd(cfg, d, q, k, v, ins):
+  return _lse_forward(cfg, d, q, k, v, ins), None
+
+
+def _lse_bwd(cfg, d, res, cts):
+  raise BackendError("backend 'mosaic_gpu' has no backward pass for run_with_lse yet",
+                     hint="Use maskc.kernels.flash.run_with_lse to differentiate through the "
+                          "log-sum-exp.")
+
+
+_lse_forward.defvjp(_lse_fwd, _lse_bwd)

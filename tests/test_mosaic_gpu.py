@@ -1,0 +1,257 @@
+"""The Mosaic GPU backend's host side on CPU: its tile walk, read arrays, wrapper and refusals.
+
+The kernel itself runs only on an sm90 GPU (tests/test_gpu.py; Pallas interpret mode does
+not run Mosaic GPU's wgmma pipelines) and is cross-lowered in
+tests/test_mosaic_gpu_lowering.py. What runs here is everything around it, with the kernel
+(`mosaic_gpu._forward`) replaced by `emulated_forward`: the function the kernel must
+compute from the same inputs, written densely in jax.numpy from its contract (each q
+tile visits the key tiles of its walk, FULL ones unmasked but for keys past `kv_len`,
+PARTIAL ones through the predicate on the read arrays; the rest is masked). Checked
+against the dense reference, this shows that the walk and the read arrays describe the
+mask, and that padding, GQA, per-head masks, sinks, soft caps, empty rows, the log-sum-exp
+and the gradients (flash's backward, interpreted) are wired as the backend promises.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import maskc
+from helpers import assert_norm_close
+from maskc.compiled import predicate as _predicate
+from maskc.kernels import api, common, mosaic_gpu
+from maskc.kernels.xla import NEG_LSE
+
+TOL = 2e-2          # bf16 inputs
+
+
+def emulated_forward(cfg: mosaic_gpu.Config, q, k, v, sinks, ins: mosaic_gpu.Inputs):
+  """What `mosaic_gpu._forward` computes, densely: `(out [B, Lq_pad, H, D], lse [B, H, Lq_pad])`."""
+  b, lq_pad, h, d = q.shape
+  lkv_pad = k.shape[1]
+  bq, bk, nq, nk = mosaic_gpu.BLOCK_Q, cfg.block_kv, cfg.n_q_tiles, cfg.n_kv_tiles
+  meta = ins.meta
+  t = jnp.arange(meta.shape[-1] - 2)
+  tiles = jax.nn.one_hot(meta[..., 2:], nk, dtype=jnp.int32)          # [B', nq, W, nk]
+  full = (tiles * (t < meta[..., :1])[..., None]).sum(2) > 0
+  part = (tiles * ((t >= meta[..., :1]) & (t < meta[..., 1:2]))[..., None]).sum(2) > 0
+  grow = lambda g: jnp.repeat(jnp.repeat(g, bq, axis=1), bk, axis=2)   # [B', Lq_pad, Lkv_pad]
+  ns = len(cfg.pred.scalars)
+  qpos = jnp.arange(lq_pad)[None, :, None] + ins.scal[:, ns][:, None, None]
+  kpos = jnp.arange(lkv_pad)[None, None, :]
+
+  def fetch(kind, slot):
+    if kind == "q_read":
+      return ins.qtok[:, slot][:, :, None]
+    if kind == "k_read":
+      return ins.ktok[:, slot][:, None, :]
+    if kind == "pair":
+      return ins.pair[:, slot]
+    if kind == "tile_pair":
+      return grow(ins.tile[:, slot * nq * nk:(slot + 1) * nq * nk].reshape(-1, nq, nk))
+    return ins.scal[:, slot][:, None, None]
+
+  pred = _predicate.evaluate(cfg.pred, jnp, qpos, kpos, fetch)
+  allowed = (grow(full) | (grow(part) & pred)) & (kpos < cfg.kv_len)   # [B', Lq_pad, Lkv_pad]
+  kk = jnp.repeat(k, cfg.groups, axis=2).astype(jnp.float32)
+  vv = jnp.repeat(v, cfg.groups, axis=2).astype(jnp.float32)
+  s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), kk, precision="highest") * cfg.scale
+  if cfg.cap is not None:
+    s = cfg.cap * jnp.tanh(s / cfg.cap)
+  s = jnp.where(allowed[:, None], s, -jnp.inf)
+  top = s.max(-1)
+  if cfg.has_sinks:
+    top = jnp.maximum(top, sinks[None, :, None])
+  seen = jnp.isfinite(top)
+  top = jnp.where(seen, top, 0.0)
+  e = jnp.exp(s - top[..., None])
+  total = e.sum(-1) + (jnp.exp(sinks[None, :, None] - top) if cfg.has_sinks else 0.0)
+  out = jnp.einsum("bhqk,bkhd->bqhd", e / jnp.where(seen, total, 1.0)[..., None], vv,
+                   precision="highest")
+  lse = jnp.where(seen, top + jnp.log(jnp.where(seen, total, 1.0)), jnp.inf)
+  return out.astype(q.dtype), lse
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+  """The kernel replaced by `emulated_forward`, and jax taken to run on a GPU."""
+  monkeypatch.setattr(mosaic_gpu, "_forward", emulated_forward)
+  monkeypatch.setattr(mosaic_gpu, "platform", lambda: "gpu")
+
+
+def ops_for(n: int, seed: int = 0, batch: int | None = None) -> dict:
+  rng = np.random.default_rng(seed)
+  shape = (n,) if batch is None else (batch, n)
+  seg = np.sort(rng.integers(0, 4, shape), axis=-1).astype(np.int32)
+  img = np.zeros(shape, bool)
+  img[..., n // 5: n // 2] = True
+  anc = rng.random((n, n)) < 0.3
+  sel = rng.random((-(-n // 128),) * 2) < 0.5
+  return {"seg": seg, "img": img, "anc": anc, "sel": sel, "n": np.int32(n - 50)}
+
+
+# (mask, q_len, kv_len, heads, kv heads, head dim, tiles, soft cap, sinks, batched operands)
+CASES = [
+    ("causal", 300, 300, 4, 2, 64, (128, 128), None, False, False),
+    ("sliding(100) | sink(4)", 400, 400, 2, 1, 80, (128, 64), 5.0, False, False),
+    ("causal & document(seg)", 300, 300, 2, 2, 64, (128, 64), None, False, True),
+    ("causal | bidirectional(img)", 256, 384, 2, 1, 64, (128, 128), None, False, False),
+    ("causal & anc[q, k]", 300, 300, 2, 1, 64, (128, 64), None, False, False),
+    ("causal & sel[q // 128, k // 128]", 384, 384, 2, 1, 64, (128, 128), None, False, False),
+    ("causal & k < n", 300, 300, 2, 1, 64, (128, 128), None, False, False),
+    ("sliding(50) & q >= 100", 300, 300, 4, 1, 64, (128, 64), None, True, False),
+    (("causal", "sliding(64)"), 256, 256, 2, 1, 64, (128, 64), None, False, False),
+]
+
+
+def case_id(case) -> str:
+  mask = case[0] if isinstance(case[0], str) else " ; ".join(case[0])
+  return f"{mask}|{case[1]}x{case[2]}|H{case[3]}/{case[4]}|D{case[5]}"
+
+
+def inputs(b: int, lq: int, lkv: int, h: int, hkv: int, d: int, seed: int = 0):
+  rng = np.random.default_rng(seed)
+  f = lambda *s: jnp.asarray(rng.standard_normal(s, np.float32)).astype(jnp.bfloat16)
+  return f(b, lq, h, d), f(b, lkv, hkv, d), f(b, lkv, hkv, d), f(b, lq, h, d)
+
+
+def run_case(case):
+  """`(ours, dense, (q, k, v, w))` for a case: attention through the backend and densely."""
+  mask, lq, lkv, h, hkv, d, (bq, bk), cap, has_sinks, batched = case
+  b = 2
+  ops = ops_for(lkv, batch=b if batched else None)
+  names = set()
+  for m in ([mask] if isinstance(mask, str) else mask):
+    names |= {s.name for s in maskc.parse(m).operands}
+  ops = {n: ops[n] for n in names}
+  bm = maskc.compile(mask, lq, lkv, block_q=bq, block_kv=bk, operands=ops)
+  sinks = jnp.linspace(-1.0, 1.0, h) if has_sinks else None
+
+  def ours(q, k, v):
+    return api.attention(q, k, v, bm, backend="mosaic_gpu", logits_soft_cap=cap, sinks=sinks)
+
+  def dense(q, k, v):
+    return api.attention(q, k, v, bm, backend="dense", logits_soft_cap=cap, sinks=sinks)
+
+  return ours, dense, inputs(b, lq, lkv, h, hkv, d)
+
+
+def f32(x) -> np.ndarray:
+  return np.asarray(x, np.float32)
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_emulated_kernel_matches_dense(emulated, case):
+  ours, dense, (q, k, v, _) = run_case(case)
+  out = ours(q, k, v)
+  assert out.shape == q.shape and out.dtype == q.dtype
+  assert_norm_close(f32(out), f32(dense(q, k, v)), TOL, "out")
+
+
+# Gradients run flash's backward interpreted (20-30 s a case): two cases by default (GQA,
+# per-head masks), the rest with `make test-slow`.
+GRAD_CASES = [pytest.param(c, id=case_id(c), marks=() if n in (0, 8) else pytest.mark.slow)
+              for n, c in enumerate(CASES) if not c[8]]
+
+
+@pytest.mark.parametrize("case", GRAD_CASES)
+def test_emulated_gradients_are_flash_backward(emulated, case):
+  ours, dense, (q, k, v, w) = run_case(case)
+  loss = lambda fn: lambda q, k, v: (fn(q, k, v).astype(jnp.float32) * w).sum()
+  grads = jax.grad(loss(ours), (0, 1, 2))(q, k, v)
+  refs = jax.grad(loss(dense), (0, 1, 2))(q.astype(jnp.float32), k.astype(jnp.float32),
+                                          v.astype(jnp.float32))
+  for g, r, n in zip(grads, refs, "qkv"):
+    assert_norm_close(f32(g), f32(r), TOL, f"d{n}")
+
+
+def test_gradients_with_sinks_refuse(emulated):
+  ours, _, (q, k, v, _) = run_case(CASES[7])
+  with pytest.raises(maskc.BackendError, match="sinks") as err:
+    jax.grad(lambda q: ours(q, k, v).astype(jnp.float32).sum())(q)
+  assert "flash" in str(err.value)
+
+
+def test_emulated_run_with_lse(emulated):
+  lq, lkv, h, d = 300, 384, 2, 64
+  bm = maskc.compile("sliding(30) & q >= 150", lq, lkv, block_q=128, block_kv=64)
+  q, k, v, _ = inputs(1, lq, lkv, h, h, d)
+  out, lse = mosaic_gpu.run_with_lse(q, k, v, bm, logits_soft_cap=3.0)
+  ref_out, ref_lse = maskc.kernels.xla.run_with_lse(q, k, v, bm, logits_soft_cap=3.0)
+  assert out.dtype == jnp.float32 and lse.shape == (1, lq, h)
+  empty = np.asarray(ref_lse) == np.float32(NEG_LSE)
+  assert empty.any() and (np.asarray(lse)[empty] == np.float32(NEG_LSE)).all()
+  assert_norm_close(np.asarray(out), np.asarray(ref_out, np.float32), TOL, "out")
+  assert_norm_close(np.where(empty, 0, lse), np.where(empty, 0, ref_lse), TOL, "lse")
+  with pytest.raises(maskc.BackendError, match="run_with_lse"):
+    jax.grad(lambda q: mosaic_gpu.run_with_lse(q, k, v, bm)[1].sum())(q)
+
+
+@pytest.mark.parametrize("mask", ["sliding(200) | sink(4)", "causal & document(seg)",
+                                  "global(3) | (q - k) % 5 == 0"])
+def test_walk_lists_full_then_partial_tiles(mask):
+  seg = ops_for(700)["seg"]
+  ops = {"seg": seg} if "seg" in mask else {}
+  bm = maskc.compile(mask, 700, block_q=128, block_kv=64, operands=ops)
+  grid = np.asarray(bm.grid)[0] if np.asarray(bm.grid).ndim == 3 else np.asarray(bm.grid)
+  walk = np.asarray(mosaic_gpu.walk(bm, 0))[0]
+  for i, row in enumerate(walk):
+    n_full, n_all = row[0], row[1]
+    assert list(row[2:2 + n_full]) == list(np.flatnonzero(grid[i] == common.FULL))
+    assert list(row[2 + n_full:2 + n_all]) == list(np.flatnonzero(grid[i] == common.PARTIAL))
+  if ops:                                  # the traced map's walk lists the same tiles
+    traced = jax.jit(lambda s: mosaic_gpu.walk(
+        maskc.compile(mask, 700, block_q=128, block_kv=64, operands={"seg": s}), 0))(seg)
+    traced = np.asarray(traced)[0]
+    for row, t_row in zip(walk, traced):
+      assert list(row[:2 + row[1]]) == list(t_row[:2 + t_row[1]])
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(dtype=jnp.float32), "bfloat16 and float16"),
+    (dict(d=256, bk=128), "block_kv=64"),
+    (dict(bq=64, bk=64), "block_q=128"),
+    (dict(d=320), "over 256"),
+    (dict(interpret=True), "interpret"),
+])
+def test_refusals_name_flash(monkeypatch, kw, match):
+  monkeypatch.setattr(mosaic_gpu, "platform", lambda: "gpu")
+  d = kw.get("d", 64)
+  bm = maskc.compile("causal", 256, block_q=kw.get("bq", 128), block_kv=kw.get("bk", 128))
+  x = jnp.zeros((1, 256, 2, d), kw.get("dtype", jnp.bfloat16))
+  with pytest.raises(maskc.BackendError, match=match) as err:
+    api.attention(x, x, x, bm, backend="mosaic_gpu", interpret=kw.get("interpret"))
+  assert "flash" in str(err.value)
+
+
+def test_eager_calls_off_a_gpu_refuse():
+  bm = maskc.compile("causal", 256, block_q=128, block_kv=128)
+  x = jnp.zeros((1, 256, 2, 64), jnp.bfloat16)
+  for call in (lambda: api.attention(x, x, x, bm, backend="mosaic_gpu"),
+               lambda: mosaic_gpu.run_with_lse(x, x, x, bm)):
+    with pytest.raises(maskc.BackendError, match="NVIDIA GPU") as err:
+      call()
+    assert "flash" in str(err.value)
+
+
+def test_registered_but_never_chosen_by_auto():
+  assert "mosaic_gpu" in api.BACKENDS
+  bm = maskc.compile("sliding(100) | sink(4)", 4096, block_q=128, block_kv=128)
+  for dtype in (jnp.bfloat16, jnp.float16):
+    assert api.choose(bm, platform="gpu", head_dim=128, dtype=dtype).backend != "mosaic_gpu"
+
+
+def test_shared_memory_budget():
+  """Slots per head dim and key tile: at least two always fit but at head dim 256 with 128
+  keys, which is refused."""
+  assert mosaic_gpu.stages_for(128, 128) == 2
+  assert mosaic_gpu.stages_for(64, 128) >= 3
+  assert mosaic_gpu.stages_for(256, 64) == 2
+  assert mosaic_gpu.stages_for(256, 128) == 0
+  for d in (64, 128, 256):
+    for bk in (64, 128):
+      s = mosaic_gpu.stages_for(d, bk)
+      assert not s or mosaic_gpu.smem_bytes(d, bk, s) <= mosaic_gpu.SMEM_BYTES
