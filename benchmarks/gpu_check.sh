@@ -17,7 +17,9 @@
 #      b. its tests in tests/test_gpu.py (`-k mosaic`, MOSAIC_S, 240 s), which step 1 leaves
 #         out;
 #      c. its forward column beside flash and maskc's cudnn in benchmarks/gpu_attention.py
-#         at $LENGTHS, with `sliding(4096) | sink(4)` (MOSAIC_BENCH_S, 120 s).
+#         at $LENGTHS, with `sliding(4096) | sink(4)` (MOSAIC_BENCH_S, 120 s);
+#   6. benchmarks/flax_decode.py at 8K and 32K cached tokens: maskc.flax's decode step
+#      against dense-mask attention (DECODE_S, 150 s; needs flax, which .whl/tokamax/ holds).
 # tokamax (optional) comes from .whl/tokamax/: its wheel and the dependencies its attention
 # imports, each installed with --no-deps so that pip never touches the machine's jax.
 # Logs go to $OUT (or /tmp/gpu_check); the last lines are a summary. TEST_S, TRACED_S,
@@ -55,7 +57,7 @@ print('tokamax', tokamax.__version__)" 2>&1 | tail -1) | tee -a "$OUT/gpu.txt"
 # Run from tests/ (its conftest and reference module), importing the installed maskc.
 touch "$OUT/test_gpu.log" "$OUT/traced_lowering.log" "$OUT/gpu_attention.log" \
   "$OUT/gpu_attention_long.log" "$OUT/mosaic_smoke.log" "$OUT/test_mosaic_gpu.log" \
-  "$OUT/gpu_attention_mosaic.log"
+  "$OUT/gpu_attention_mosaic.log" "$OUT/flax_decode.log"
 SELECT="not mosaic${GPU_TESTS:+ and ($GPU_TESTS)}"
 if [ "${TEST_S:-180}" != 0 ]; then
   (cd tests && MASKC_TEST_GPU=1 timeout "${TEST_S:-180}" $PY -m pytest -q -p no:cacheprovider \
@@ -103,6 +105,10 @@ if [ "${MOSAIC_BENCH_S:-120}" != 0 ]; then
     --modes fwd --masks causal documents sliding-sink --impls flash be-cudnn mosaic_gpu \
     --repeats 3 2>&1 | tee "$OUT/gpu_attention_mosaic.log"
 fi
+if [ "${DECODE_S:-150}" != 0 ]; then
+  timeout "${DECODE_S:-150}" $PY benchmarks/flax_decode.py --lengths 8192 32768 2>&1 \
+    | tee "$OUT/flax_decode.log"
+fi
 
 echo "== summary"
 cat "$OUT/gpu.txt"
@@ -112,3 +118,4 @@ grep -A4 "GPU_COSTS as measured" "$OUT/gpu_attention.log"
 grep -E "mosaic_gpu smoke|CUDA runtime" "$OUT/mosaic_smoke.log"
 grep -E "(passed|failed|error|skipped) in" "$OUT/test_mosaic_gpu.log"
 grep -E "^fwd|mosaic_gpu" "$OUT/gpu_attention_mosaic.log"
+grep '^|' "$OUT/flax_decode.log"
