@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
+import importlib
 import pathlib
 import sys
 import time
@@ -47,12 +47,9 @@ PARAMS = {"gemma3": {"W": 512}, "gemma3-vouched": {"W": 512}, "llama4": {"C": 51
 
 
 def load_example() -> Any:
-  spec = importlib.util.spec_from_file_location("nnx_decoder",
-                                                ROOT / "examples" / "nnx_decoder.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-  spec.loader.exec_module(module)
-  return module
+  """examples/nnx_decoder.py as a module (examples/ is not a package)."""
+  sys.path.insert(0, str(ROOT / "examples"))
+  return importlib.import_module("nnx_decoder")
 
 
 def build(example: Any, config: str, backend: str) -> Any:

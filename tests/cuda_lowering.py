@@ -9,6 +9,7 @@ import re
 
 import jax
 import numpy as np
+import pytest
 
 
 def operands(length: int, seed: int = 0) -> dict:
@@ -48,3 +49,13 @@ def count_triton(text: str) -> int:
 def count_mosaic_gpu(text: str) -> int:
   """Pallas Mosaic GPU kernels in a lowered module (`mosaic_gpu_v2` custom calls)."""
   return len(re.findall(r"custom_call @mosaic_gpu", text))
+
+
+@pytest.fixture(scope="module")
+def cuda_plugin():
+  """Fails with the command to run unless JAX's CUDA plugin is installed (never in .venv)."""
+  try:
+    import jax_plugins.xla_cuda12  # noqa: F401
+  except ImportError:
+    pytest.fail("the cuda lowering tests need jax-cuda12-plugin and jax-cuda12-pjrt; run them "
+                "with `make test-lowering`, which installs both in .venv-lowering")

@@ -38,7 +38,7 @@ import numpy as np
 import pytest
 
 import maskc
-from cuda_lowering import count_triton, lower_for, operands
+from cuda_lowering import count_triton, cuda_plugin, lower_for, operands  # noqa: F401
 from maskc.kernels import attention
 
 DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32)
@@ -172,16 +172,6 @@ def test_traced_widened_band_lowers_for_tpu():
 
 
 # ----------------------------------------------------------------------------- cuda
-
-
-@pytest.fixture(scope="module")
-def cuda_plugin():
-  """Fails with the command to run unless JAX's CUDA plugin is installed (never in .venv)."""
-  try:
-    import jax_plugins.xla_cuda12  # noqa: F401
-  except ImportError:
-    pytest.fail("the cuda lowering tests need jax-cuda12-plugin and jax-cuda12-pjrt; run them "
-                "with `make test-lowering`, which installs both in .venv-lowering")
 
 
 @pytest.mark.lowering

@@ -31,7 +31,8 @@ import numpy as np
 import pytest
 
 import maskc
-from cuda_lowering import count_mosaic_gpu, count_triton, lower_for, operands
+from cuda_lowering import (  # noqa: F401  (cuda_plugin: a fixture)
+    count_mosaic_gpu, count_triton, cuda_plugin, lower_for, operands)
 from maskc.kernels import attention, compat
 
 pytestmark = [pytest.mark.lowering,
@@ -53,15 +54,6 @@ MASKS = (
     ("causal & k < n", "scalar"),
     ("causal & (q - k) % 4 == 0", "integer remainder"),
 )
-
-
-@pytest.fixture(scope="module")
-def cuda_plugin():
-  try:
-    import jax_plugins.xla_cuda12  # noqa: F401
-  except ImportError:
-    pytest.fail("the cuda lowering tests need jax-cuda12-plugin and jax-cuda12-pjrt; run them "
-                "with `make test-lowering`, which installs both in .venv-lowering")
 
 
 @pytest.fixture(scope="module")

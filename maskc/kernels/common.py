@@ -246,6 +246,15 @@ def check_blockmap(bm, backend: str, q_len: int, kv_len: int, batch: int) -> Non
   check_int32(bm, backend)
 
 
+def check_one_mask(bm: BlockMap) -> None:
+  """Raises MaskValueError unless the map holds one mask for every head: `run_with_lse`
+  returns one log-sum-exp per row, and rings combine partial attentions of one mask."""
+  if bm.head_index is not None:
+    raise MaskValueError("run_with_lse takes a map of one mask for every head, got a map of "
+                         f"{len(bm.head_index)} head masks",
+                         hint="Compile one mask for all heads, or call it per head group.")
+
+
 def check_sinks(sinks, heads: int):
   """`sinks` as float32 `[H]`, or None."""
   if sinks is None:

@@ -567,10 +567,7 @@ def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=Non
   q, k, v = common.qkv_arrays(q, k, v)
   b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
   common.check_blockmap(bm, "mosaic_gpu", lq, lkv, b)
-  if bm.head_index is not None:
-    raise MaskValueError("run_with_lse takes a map of one mask for every head, got a map of "
-                         f"{len(bm.head_index)} head masks",
-                         hint="Compile one mask for all heads, or call it per head group.")
+  common.check_one_mask(bm)
   _check_device(bm, q)
   ln = _launch(q, k, v, bm, 0, scale=common.default_scale(d, scale), cap=logits_soft_cap,
                has_sinks=False, interpret=interpret)

@@ -220,10 +220,7 @@ def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=Non
   """
   call = _prepare(q, k, v, bm, scale=scale, logits_soft_cap=logits_soft_cap, sinks=None,
                   interpret=interpret)
-  if bm.head_index is not None:
-    raise MaskValueError("run_with_lse takes a map of one mask for every head, got a map of "
-                         f"{len(bm.head_index)} head masks",
-                         hint="Compile one mask for all heads, or call it per head group.")
+  common.check_one_mask(bm)
   kern = call.kernel
   static = _LseStatic(block_sizes=kern.kwargs["block_sizes"],
                       mask_value=kern.kwargs["mask_value"], cap=kern.kwargs["attn_logits_soft_cap"],

@@ -51,6 +51,7 @@ from tokamax._src.ops.experimental.tpu.splash_attention import (  # type: ignore
 )
 
 from maskc.compiled.blockmap import BlockMap
+from maskc.kernels import common
 from maskc.kernels.platform import platform
 from maskc.kernels.splash import _padded, _plan, checked_inputs, default_blocks, head_major
 from maskc.kernels.xla import NEG_LSE
@@ -188,10 +189,7 @@ def run_with_lse(q: jax.Array, k: jax.Array, v: jax.Array, bm: BlockMap, *,
   """
   call = _prepare(q, k, v, bm, scale=scale, logits_soft_cap=logits_soft_cap, sinks=None,
                   interpret=interpret)
-  if bm.head_index is not None:
-    raise MaskValueError("run_with_lse takes a map of one mask for every head, got a map of "
-                         f"{len(bm.head_index)} head masks",
-                         hint="Compile one mask for all heads, or call it per head group.")
+  common.check_one_mask(bm)
   ((kern, _),) = call.groups
   kw = kern.kwargs
   static = _LseStatic(config=kw["config"], mask_value=kw["mask_value"],

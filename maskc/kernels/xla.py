@@ -59,8 +59,7 @@ def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None):
   """
   b, lq, h, lkv, _, d = common.check_qkv(q, k, v)
   common.check_blockmap(bm, "xla", lq, lkv, b)
-  if bm.head_index is not None:
-    raise ValueError("run_with_lse takes a map of one mask for every head")
+  common.check_one_mask(bm)
   scale = common.default_scale(d, scale)
   return _attend(q, k, v, bm, 0, scale=scale, cap=logits_soft_cap, sinks=None, with_lse=True)
 
