@@ -141,6 +141,25 @@ def case_operands(kind: str | None, n: int, seed: int) -> dict[str, np.ndarray]:
   return {name: ops[name] for name in kind.split("+")}
 
 
+def engine_and_dense(backend: str, mask, lq: int, lkv: int, tiles, ops, h: int, cap,
+                     has_sinks: bool):
+  """`(bm, ours, dense)`: the compiled map, attention through `backend` on it, and the dense
+  backend on the mask, with the case's soft cap and sinks."""
+  bm = maskc.compile(mask, lq, lkv, block_q=tiles[0], block_kv=tiles[1], operands=ops)
+  sinks = (np.random.default_rng(1).standard_normal(h).astype(np.float32) if has_sinks
+           else None)
+
+  def ours(q, k, v):
+    return api.attention(q, k, v, bm, backend=backend, logits_soft_cap=cap, sinks=sinks,
+                         interpret=False)
+
+  def dense(q, k, v):
+    return maskc.attention(q, k, v, mask, backend="dense", logits_soft_cap=cap, sinks=sinks,
+                           operands=ops)
+
+  return bm, ours, dense
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_flash_on_gpu_matches_references(case):
   name, mask, lq, lkv, h, hkv, d, dtype, cap, has_sinks, tiles, kind = case
@@ -148,17 +167,7 @@ def test_flash_on_gpu_matches_references(case):
   ops = case_operands(kind, lkv, len(name))
   q, k, v, w = inputs(len(name), 2, lq, lkv, h, hkv, d, dtype)
   bq, bk = tiles or flash.default_blocks(lq, lkv)
-  bm = maskc.compile(mask, lq, lkv, block_q=bq, block_kv=bk, operands=ops)
-  sinks = (np.random.default_rng(1).standard_normal(h).astype(np.float32) if has_sinks
-           else None)
-
-  def ours(q, k, v):
-    return api.attention(q, k, v, bm, backend="flash", logits_soft_cap=cap, sinks=sinks,
-                         interpret=False)
-
-  def dense(q, k, v):
-    return maskc.attention(q, k, v, mask, backend="dense", logits_soft_cap=cap, sinks=sinks,
-                           operands=ops)
+  bm, ours, dense = engine_and_dense("flash", mask, lq, lkv, (bq, bk), ops, h, cap, has_sinks)
 
   out, grads = vjp_on(GPU, ours, q, k, v, w, dtype)
   out_ref, grads_ref = vjp_on(CPU, dense, q, k, v, w, jnp.float32)
@@ -434,17 +443,8 @@ def test_mosaic_gpu_on_gpu_matches_references(case):
   dtype = jnp.dtype(dtype)
   ops = _mosaic_ops(kind, lkv, len(name))
   q, k, v, w = inputs(len(name), 2, lq, lkv, h, hkv, d, dtype)
-  bm = maskc.compile(mask, lq, lkv, block_q=bq, block_kv=bk, operands=ops)
-  sinks = (np.random.default_rng(1).standard_normal(h).astype(np.float32) if has_sinks
-           else None)
-
-  def ours(q, k, v):
-    return api.attention(q, k, v, bm, backend="mosaic_gpu", logits_soft_cap=cap, sinks=sinks,
-                         interpret=False)
-
-  def dense(q, k, v):
-    return maskc.attention(q, k, v, mask, backend="dense", logits_soft_cap=cap, sinks=sinks,
-                           operands=ops)
+  bm, ours, dense = engine_and_dense("mosaic_gpu", mask, lq, lkv, (bq, bk), ops, h, cap,
+                                     has_sinks)
 
   if has_sinks:                          # forward only: no gradient with sinks yet
     put = lambda x: jax.device_put(jnp.asarray(x, dtype), GPU)
