@@ -190,15 +190,21 @@ LSE_CASES = [
 ]
 
 
+def lse_operands(ops, lkv: int, rng: np.random.Generator):
+  """A case's operands; "pattern" draws a random pairwise `m` with some empty rows."""
+  if ops != "pattern":
+    return ops
+  m = rng.random((lkv, lkv)) < 0.3
+  m[rng.random(lkv) < 0.25] = False
+  return {"m": m}
+
+
 @pytest.mark.parametrize("case", LSE_CASES, ids=[c[0] for c in LSE_CASES])
 def test_flash_run_with_lse_on_gpu(case):
   """Values and gradients of a loss of both outputs (as ring attention uses them)."""
   name, mask, lq, lkv, ops, cap = case
   rng = np.random.default_rng(lq)
-  if ops == "pattern":
-    m = rng.random((lkv, lkv)) < 0.3
-    m[rng.random(lkv) < 0.25] = False
-    ops = {"m": m}
+  ops = lse_operands(ops, lkv, rng)
   h, hkv, d = 4, 2, 64
   q, k, v, w = inputs(lq, 1, lq, lkv, h, hkv, d, jnp.float32)
   c = rng.standard_normal((1, lq, h)).astype(np.float32)
@@ -480,10 +486,7 @@ def test_mosaic_gpu_run_with_lse_on_gpu(case):
   from maskc.kernels import mosaic_gpu
   name, mask, lq, lkv, ops, cap, dtype = case
   rng = np.random.default_rng(lq)
-  if ops == "pattern":
-    m = rng.random((lkv, lkv)) < 0.3
-    m[rng.random(lkv) < 0.25] = False
-    ops = {"m": m}
+  ops = lse_operands(ops, lkv, rng)
   h, hkv, d = 4, 2, 128
   q, k, v, _ = inputs(lq, 1, lq, lkv, h, hkv, d, jnp.dtype(dtype))
   bm = maskc.compile(mask, lq, lkv, block_q=128, block_kv=128, operands=ops)
