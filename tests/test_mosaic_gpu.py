@@ -157,10 +157,10 @@ def test_emulated_kernel_matches_dense(emulated, case):
   assert_norm_close(f32(out), f32(dense(q, k, v)), TOL, "out")
 
 
-# Gradients run flash's backward interpreted: one case by default (per-head masks), the
-# rest with `make test-slow`.
-GRAD_CASES = [pytest.param(c, id=case_id(c), marks=() if n == 8 else pytest.mark.slow)
-              for n, c in enumerate(CASES) if not c[8]]
+# Gradients run flash's backward interpreted (flash.run_with_forward, which the tokamax
+# backend's tests also cover): all with `make test-slow`.
+GRAD_CASES = [pytest.param(c, id=case_id(c), marks=pytest.mark.slow)
+              for c in CASES if not c[8]]
 
 
 @pytest.mark.parametrize("case", GRAD_CASES)

@@ -1,7 +1,7 @@
 """examples/nnx_decoder.py: the Flax decoder built from a mask config trains, and decoding
 with the KV cache gives the logits of a full forward pass over the generated text.
 
-The default run checks the decode law after one training step on the Llama 4 config;
+The default run checks the decode law at the initial weights on the Llama 4 config;
 `make test-slow` runs the example as a user does, on both configs, and checks that the
 model learned its toy language and generates it.
 """
@@ -34,12 +34,12 @@ def _example():
 
 
 def test_decoding_with_the_cache_equals_the_full_forward():
-  """Ring caches (the chunked layers), per-head masks and packed documents in the prompt."""
-  result = _example().run("llama4", steps=1, batch=2, length=32, prompt=24, generate=4)
+  """Ring caches (the chunked layers), per-head masks and packed documents in the prompt, at
+  the initial weights (training runs in the slow tests)."""
+  result = _example().run("llama4", steps=0, batch=2, length=32, prompt=24, generate=4)
   assert result.windows == [16, 16, 16, None]
   assert result.decode_error < 1e-4
   assert result.generated.shape == (2, 4)
-  assert all(np.isfinite(result.losses))
 
 
 def test_the_data_follows_the_config_operands():
