@@ -27,6 +27,7 @@ maskc handles each case on purpose (docs/kernels.md, "The Triton deprecation"):
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any
 
@@ -147,7 +148,6 @@ def mosaic_transpose(ref: Any, perm: tuple[int, ...]) -> Any:
 def mosaic_load(ref: Any, layout: Any) -> jax.Array:
   """`ref`'s whole value (a view already sliced) in registers with `layout`, from any memory."""
   plgpu = mosaic_gpu()
-  import inspect
   if "idx" in inspect.signature(plgpu.load).parameters:
     return plgpu.load(ref, (), layout=layout, optimized=False)
   return plgpu.load(ref, layout=layout, optimized=False)
