@@ -7,8 +7,11 @@ from hypothesis import strategies as st
 
 import maskc
 from maskc.lowering import compile as _lower
-from maskc.lowering import static as _lower_static
 from maskc.lowering import combined as _combined
+from maskc.lowering import part_rules as _part_rules
+from maskc.lowering import part_runs as _part_runs
+from maskc.lowering.grid.refine import Budget
+from maskc.lowering.rules import Site
 from maskc.lowering import range_analysis as _range_analysis
 from maskc.semantics.ranges import Tables
 from maskc.lowering.closed_forms.band_runs import (BandRuns, band_bounds, clipped_pieces,
@@ -176,13 +179,10 @@ def test_the_band_clips_the_documents():
   for text in ["causal & document(seg)", "sliding(300) & document(seg)",
                "local(7, 9) & bidirectional(img)"]:
     ops = {"seg": seg, "img": seg % 3 == 0}
-    bound = _lower.bind_masks(text, 4000, operands={k: v for k, v in ops.items() if k in text})
-    geo = TileGeometry(bound.shape, 16, 16)
-    runs = _lower_static._runs_of_mask(bound.masks[0], geo, Tables(np, bound.operands,
-                                                                   bound.forms), None, True,
-                                       _lower_static.Budget(1 << 28))
-    assert isinstance(runs, _lower_static._CombinedRuns)
-    assert any(isinstance(p, BandRuns) for p in runs.parts)
+    e = maskc.explain(text, 4000, block_q=16, block_kv=16,
+                      operands={k: v for k, v in ops.items() if k in text})
+    assert e.parts[0].rule == "parts", e
+    assert "band" in [p.rule for p in e.parts if p.depth == 1], e
 
 
 def test_a_band_in_an_or_is_spread_over_the_and():
@@ -194,13 +194,8 @@ def test_a_band_in_an_or_is_spread_over_the_and():
   for text in ["document(seg) & (causal | bidirectional(img))",
                "document(seg) & (causal | bidirectional(img) | seg[q] == seg[k] + 1)"]:
     ops = {"seg": seg, "img": seg % 3 == 0}
-    bound = _lower.bind_masks(text, 4000, operands=ops)
-    geo = TileGeometry(bound.shape, 16, 16)
-    runs = _lower_static._runs_of_mask(bound.masks[0], geo, Tables(np, bound.operands,
-                                                                   bound.forms), None, True,
-                                       _lower_static.Budget(1 << 28))
-    assert isinstance(runs, _lower_static._CombinedRuns)
-    assert sum(runs._band_or(p) is not None for p in runs.parts) == 1
+    e = maskc.explain(text, 4000, block_q=16, block_kv=16, operands=ops)
+    assert e.parts[0].rule == "parts" and "spread" in e.rules, e
 
 
 def test_an_and_of_parts_needing_no_analysis_stays_in_parts():
@@ -214,11 +209,10 @@ def test_an_and_of_parts_needing_no_analysis_stays_in_parts():
   text = "document(seg) & (causal | bidirectional(img))"
   bound = _lower.bind_masks(text, 4000, operands=ops)
   geo = TileGeometry(bound.shape, 16, 16)
-  tables = Tables(np, bound.operands, bound.forms)
-  assert not _lower_static._parts_pay(bound.masks[0], geo, tables, None)
-  runs = _lower_static._runs_of_mask(bound.masks[0], geo, tables, None, True,
-                                     _lower_static.Budget(1 << 28))
-  assert isinstance(runs, _lower_static._CombinedRuns)
+  site = Site(geo, Tables(np, bound.operands, bound.forms), None, True, Budget(1 << 28))
+  assert not _part_rules._parts_pay(bound.masks[0], site)
+  assert maskc.explain(text, 4000, block_q=16, block_kv=16, operands=ops).parts[0].rule == (
+      "parts")
   _lower._CACHE.clear()
   bm = maskc.compile(text, 4000, block_q=16, block_kv=16, operands=ops)
   expected = tile_states(np.asarray(maskc.materialize(text, 4000, operands=ops)), 16, 16)
@@ -258,11 +252,11 @@ def test_tiles_partial_in_two_exact_parts_of_one_axis_are_sampled_unrefined(monk
   g[[5, 300, 301, 777, 1000]] = True  # inside tiles: no corner pair of a tile reads them
   ops = {"g": g, "w": np.arange(1024) % 7}
   analysed, parts = [], []
-  decide, axis_runs = _range_analysis._decide_tiles, _lower_static._AxisRuns.__init__
+  decide, axis_runs = _range_analysis._decide_tiles, _part_runs._AxisRuns.__init__
   for module in (_range_analysis, _combined):  # its callers
     monkeypatch.setattr(module, "_decide_tiles",
                         lambda *a, **k: analysed.append(np.size(a[4])) or decide(*a, **k))
-  monkeypatch.setattr(_lower_static._AxisRuns, "__init__",
+  monkeypatch.setattr(_part_runs._AxisRuns, "__init__",
                       lambda self, *a, **k: axis_runs(self, *a, **k) or parts.append(self))
   for text, exact, sampled in (("g[q] | g[k]", [True, True], True),
                                ("w[k] + k > 500 | g[q]", [False, True], False)):

@@ -12,7 +12,8 @@ from hypothesis import given, settings, strategies as st
 import maskc
 from maskc import testing
 from maskc.lowering import compile as _lower
-from maskc.lowering.rules import RULES, disabled, taken
+from maskc.lowering.registry import RULES, disabled
+from maskc.lowering.rules import taken
 
 N = 96
 

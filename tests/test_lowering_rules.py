@@ -21,7 +21,8 @@ from sampling import PARTS, count
 import maskc
 from maskc import testing
 from maskc.language import ir
-from maskc.lowering.rules import RULES, disabled, taken
+from maskc.lowering.registry import RULES, disabled
+from maskc.lowering.rules import taken
 
 # Masks whose lowering takes each rule (at the shapes of `_shaped`), named or spelled out.
 REACHES = {

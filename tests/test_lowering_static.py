@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 import maskc
 from maskc.compiled.tiles import grid_from_runs
-from maskc.lowering.rules import disabled, taken
+from maskc.lowering.registry import disabled
+from maskc.lowering.rules import taken
 from sampling import PARTS, count
 from helpers import (EMPTY, FULL, assert_maximal_runs, assert_sound, runs_reference, tile_states,
                      tile_truth)
@@ -504,7 +505,7 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
   the dense mask, forward and backward, and as lowering the mask whole (`exact=True`, so
   masks beyond the prelude are refined too)."""
   from maskc.lowering import compile as _lower
-  from maskc.lowering import static as _lower_static
+  from maskc.lowering import part_rules as _part_rules
   _, n, _, _, _, _, ops = case
   n = max(n, 8)
   reps = -(-256 // n)                      # 256 tokens: a period spans at most a quarter
@@ -516,14 +517,14 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
   # chunk 5: runs are combined in many groups of lines; in parts however dense the operands
   from maskc.lowering import combined as _combined
   default_chunk, _combined.COMBINE_CHUNK = _combined.COMBINE_CHUNK, chunk
-  default_whole, _lower_static.WHOLE_AFTER = _lower_static.WHOLE_AFTER, float("inf")
+  default_whole, _part_rules.WHOLE_AFTER = _part_rules.WHOLE_AFTER, float("inf")
   try:
     with taken() as fired:
       bm = maskc.compile(m, 256, block_q=bq, block_kv=bk, operands=ops, exact=True)
       bm.cols
   finally:
     _combined.COMBINE_CHUNK = default_chunk
-    _lower_static.WHOLE_AFTER = default_whole
+    _part_rules.WHOLE_AFTER = default_whole
   assert "parts" in fired, f"the split is not taken: {sorted(fired)}"
   dense = np.asarray(maskc.materialize(m, 256, operands=ops)).reshape((-1, 256, 256))
   expected = tile_states(dense, bq, bk)
@@ -583,18 +584,13 @@ def _bidirectional(g, q, k):
   return (at_q == at_k) & (at_q > 0)
 
 
-def _axis_parts(m, bound, bq, bk):
-  """How many parts of one axis (`_AxisRuns`) the static lowering of `m` combines at its
-  top; -1 for a mask lowered as one such part."""
-  from maskc.lowering import static as _lower_static
-  from maskc.semantics.ranges import Tables
-  from maskc.lowering.grid.geometry import TileGeometry
-  runs = _lower_static._runs_of_mask(m, TileGeometry(bound.shape, bq, bk),
-                                     Tables(np, bound.operands, bound.forms), bound.batch, True,
-                                     _lower_static.Budget(1 << 28))
-  parts = getattr(runs, "parts", [runs])
-  return sum(isinstance(p, _lower_static._AxisRuns) for p in parts) if len(parts) > 1 else (
-      -1 if isinstance(runs, _lower_static._AxisRuns) else 0)
+def _axis_parts(e: maskc.Explanation) -> int:
+  """How many parts of one axis (rule `one_axis`) the static lowering explained by `e`
+  combines at its top; -1 for a mask lowered as one such part."""
+  top = e.parts[0].rule
+  if top == "parts":
+    return sum(p.depth == 1 and p.rule == "one_axis" for p in e.parts)
+  return -1 if top == "one_axis" else 0
 
 
 @settings(max_examples=60, deadline=None)
@@ -628,8 +624,8 @@ def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed,
   expected = tile_states(dense, bq, bk)
   from maskc.lowering import combined as _combined
   from maskc.lowering import compile as _lower
-  bound = _lower.bind_masks(m, q_len, kv_len, q_offset=offset, operands=ops)
-  assert _axis_parts(bound.masks[0], bound, bq, bk) == parts
+  assert _axis_parts(maskc.explain(m, q_len, kv_len, q_offset=offset, block_q=bq, block_kv=bk,
+                                   operands=ops, exact=True)) == parts
   for exact in (True, False):
     _lower._CACHE.clear()
     default, _combined.SPLICE_SORTED_AFTER = _combined.SPLICE_SORTED_AFTER, sorted_after
@@ -658,22 +654,17 @@ def test_an_intersection_with_dense_operands_is_lowered_whole(lo, hi, ids, in_pa
   with one run per id (sorted documents) its documents need no analysis, and it is lowered in
   parts however short; the same runs every way."""
   from maskc.lowering import compile as _lower
-  from maskc.lowering import static as _lower_static
-  from maskc.semantics.ranges import Tables
-  from maskc.lowering.grid.geometry import TileGeometry
   rng = np.random.default_rng(lo)
   doc = np.arange(512) % ids if ids else np.arange(512)
   seg = np.repeat(doc, rng.integers(lo, hi, 512))[:4096]
-  bound = _lower.bind_masks("causal & document(seg)", 4096, operands={"seg": seg})
-  geo = TileGeometry(bound.shape, 16, 16)
-  tables = Tables(np, bound.operands, bound.forms)
-  assert _lower_static._parts(bound.masks[0], geo) is not None
-  runs = _lower_static._runs_of_mask(bound.masks[0], geo, tables, None, True,
-                                     _lower_static.Budget(1 << 28))
-  assert isinstance(runs, _lower_static._CombinedRuns) == in_parts
+  e = maskc.explain("causal & document(seg)", 4096, block_q=16, block_kv=16,
+                    operands={"seg": seg}, exact=True)
   if in_parts:
-    kinds = {type(p).__name__ for p in runs.parts}
-    assert kinds == {"BandRuns", "_EqualRuns" if ids is None else "_StaticRuns"}
+    assert e.parts[0].rule == "parts", e
+    ways = {p.rule for p in e.parts if p.depth == 1}
+    assert ways == {"band", "equal_reads" if ids is None else "generic"}, e
+  else:  # split, but faster whole
+    assert e.parts[0].rule == "generic" and "faster whole" in e.parts[0].reason, e
   dense = np.asarray(maskc.materialize("causal & document(seg)", 4096, operands={"seg": seg}))
   _lower._CACHE.clear()
   bm = maskc.compile("causal & document(seg)", 4096, block_q=16, block_kv=16,

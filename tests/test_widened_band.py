@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 import maskc
 from maskc.lowering import compile as _lower
 from maskc.lowering import traced as _lower_dynamic
-from maskc.lowering import static as _lower_static
+from maskc.lowering.grid.refine import Budget
+from maskc.lowering.part_rules import EQUAL_READS
+from maskc.lowering.rules import Site
 from maskc.lowering import combined as _combined
 from maskc.lowering import range_analysis as _range_analysis
 from maskc.semantics.ranges import Tables
@@ -78,9 +80,9 @@ def _equal_runs(equal, n, q_len, offset, bq, bk, ops):
   geo = TileGeometry(bound.shape, bq, bk)
   batch = next(iter(ops.values())).shape[0] if next(iter(ops.values())).ndim == 2 else None
   tables = Tables(np, bound.operands, bound.forms)
-  runs = _lower_static._runs_of_mask(bound.masks[0], geo, tables, batch, True,
-                                     _lower_static.Budget(1 << 28))
-  return (runs if isinstance(runs, _lower_static._EqualRuns) else None), geo
+  site = Site(geo, tables, batch, True, Budget(1 << 28))
+  found = EQUAL_READS.found(bound.masks[0], site)
+  return (None if found is None else EQUAL_READS.lower(bound.masks[0], found, site)), geo
 
 
 def _grid_of_bounds(bounds, n_span):

@@ -11,7 +11,7 @@ merges are `_union_pieces` and `_meeting_pieces`.
 from __future__ import annotations
 
 import itertools
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -20,14 +20,12 @@ from maskc.arrays.ragged import ranges
 from maskc.compiled.tiles import Runs
 from maskc.language import ir
 from maskc.lowering.closed_forms.band_runs import (
-  BandRuns,
-  Intervals,
-  band_fits,
   clipped_pieces,
   met_bounds_pieces,
 )
 from maskc.lowering.closed_forms.pattern_lines import spliced_pattern
 from maskc.lowering.grid.forms import (
+  Form,
   keyed,
   keyed_band_runs,
   merge_keyed,
@@ -46,9 +44,8 @@ from maskc.lowering.grid.run_lists import (
   on_lines_mask,
   overlapping,
 )
-from maskc.lowering.part_runs import _AxisRuns, _EqualRuns, _PeriodicRuns
-from maskc.lowering.range_analysis import _decide_tiles, _pieces, _StaticRuns
-from maskc.lowering.rules import enabled, took
+from maskc.lowering.range_analysis import _decide_tiles, _pieces
+from maskc.lowering.rules import Rule, enabled, took
 from maskc.lowering.sampling import _diagonal_pairs, _sampled_mixed
 from maskc.lowering.tuning import (
   COMBINE_CHUNK,
@@ -61,6 +58,9 @@ from maskc.lowering.tuning import (
 from maskc.semantics.operand_runs import reads_at
 from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Tables
 
+if TYPE_CHECKING:  # the parts' classes, for types only: the combiner asks for their forms
+  from maskc.lowering.part_runs import _AxisRuns
+
 
 class _CombinedRuns:
   """The runs of `a & b & ...` or `a | b | ...` from the runs of its parts.
@@ -71,7 +71,13 @@ class _CombinedRuns:
   those tiles (few: where two parts' boundaries cross) are decided for the whole
   mask. Lets `causal & chunk(8192) | bidirectional(img)` repeat the period of
   `causal & chunk(8192)` and analyse only the image spans.
+
+  Which closed form combines which parts is decided by the forms the parts give
+  (`maskc.lowering.grid.forms.Form`), through the matches of the "combine" rules below.
   """
+
+  forms = frozenset({Form.FLAT, Form.JOIN})
+  exact = False
 
   def __init__(self, m: ir.Mask, parts: list, geo: TileGeometry, tables: Tables,
                batch: int | None, refine: bool, budget: Budget):
@@ -100,7 +106,7 @@ class _CombinedRuns:
     if geo.batched_positions:
       return None
     reads = [reads_at(self.m, axis) for axis in "qk"]
-    lent = [x.pieces for x in self.parts if isinstance(x, _StaticRuns) and
+    lent = [x.pieces for x in self.parts if Form.PIECES in x.forms and
             [reads_at(x.m, axis) for axis in "qk"] == reads]
     if lent:
       return lent[0]
@@ -135,16 +141,16 @@ class _CombinedRuns:
 
   def _unspliced(self, along_rows: bool):
     """The flat runs of every part but those of one axis whose runs along these lines are
-    a pattern (`_AxisRuns`), unmerged, and those parts, to splice in."""
+    a pattern (`Form.PATTERN`), unmerged, and those parts, to splice in."""
     geo = self.geo
     n_lines, n_span = (geo.nq, geo.nk) if along_rows else (geo.nk, geo.nq)
-    axis = [p for p in self.parts if isinstance(p, _AxisRuns)]
+    axis = [p for p in self.parts if Form.PATTERN in p.forms]
     patterns = [p for p in axis if p.pattern_along(along_rows)]
     whole = [p for p in axis if not p.pattern_along(along_rows)]  # one run per line
     # a band (an `&`'s only) clips the runs of the others, unless it is all there is;
     # so does a band in an `|` of an `&`, spread over it (`_spread`)
-    bands = [p for p in self.parts if isinstance(p, BandRuns) and not self.union]
-    others = [p for p in self.parts if not isinstance(p, _AxisRuns) and
+    bands = [p for p in self.parts if Form.BAND in p.forms and not self.union]
+    others = [p for p in self.parts if Form.PATTERN not in p.forms and
               not any(p is b for b in bands)]
     # an `|` with a pattern in an `&`: distributed, `x & (rest | pattern)` as
     # `(x & rest) | (x & pattern)`, so the pattern is spliced into x's runs alone
@@ -173,14 +179,14 @@ class _CombinedRuns:
       (flat, bands, spread, exact), order = met, []
     else:
       flat = _flat_runs(order[0], along_rows, n_lines, n_span)
-      exact = _exact_runs(order[0])  # the runs so far are one exact part's, as lowered
+      exact = order[0].exact  # the runs so far are one exact part's, as lowered
       order = order[1:]
     for part in order:
       other = _flat_runs(part, along_rows, n_lines, n_span)
       if whole and not self.union:
         other = on_lines(other, lines_of(flat[0], n_span), n_span)
       flat = self._combine_by_lines(flat, other, along_rows, n_lines, n_span,
-                                    exact_part=exact or _exact_runs(part))
+                                    exact_part=exact or part.exact)
       exact = False
     for band in bands:
       flat = self._clip_lines(flat, band.bounds(along_rows), along_rows, n_lines, n_span)
@@ -201,19 +207,18 @@ class _CombinedRuns:
     tiles are a band's bounds per line (`document(seg)`: `_EqualRuns.bounds`) and so are
     the first band's, or the first spread's widened (`causal | bidirectional(img)`): the
     pieces of both bounds (`met_bounds_pieces`), no runs written and clipped; else None."""
-    if not (isinstance(part, _EqualRuns) and part.on is None and enabled("met_bounds")):
+    if MET_BOUNDS.found(part, bands, spread) is None:
       return None
     if bands:
       bounds, bands = bands[0].bounds(along_rows), bands[1:]
     else:
       band, rest = spread[0][1]
-      bounds = (rest.widened(Intervals(*band.band), along_rows)
-                if isinstance(rest, _EqualRuns) else None)
+      bounds = rest.widened(band.intervals(), along_rows)
       if bounds is None:
         return None
       spread = spread[1:]
     took("met_bounds")
-    x_bounds = cast(np.ndarray, part.bounds(along_rows))  # not None: `part.on` is None
+    x_bounds = cast(np.ndarray, part.bounds(along_rows))  # `Form.LINE_BOUNDS`: not None
     lines = x_bounds.shape[1]
     chunk = max(1, min(lines, self.budget.items(MET_LINE_BYTES), COMBINE_CHUNK // 3))
     self.budget.charge(min(lines, chunk) * MET_LINE_BYTES, "meeting bounds")
@@ -228,14 +233,11 @@ class _CombinedRuns:
     and equal reads among `order` join into one interval per row (`causal & chunk(8192)
     | bidirectional(img)`: `maskc.lowering.closed_forms.widened_band`), their runs written from
     bounds with nothing combined; else None."""
-    equal = next((p for p in order if isinstance(p, _EqualRuns)), None)
-    if equal is None:
+    found = WIDENED_BAND.found(order, self.union)
+    if found is None:
       return None
-    band, intervals = next(((p, x) for p, x in ((p, _intervals(p, self.geo)) for p in order)
-                            if x is not None), (None, None))
-    if band is None or intervals is None:  # both None or neither
-      return None
-    bounds = equal.widened(intervals, along_rows)
+    equal, band = found
+    bounds = equal.widened(band.intervals(), along_rows)
     if bounds is None:
       return None
     return (keyed_band_runs(bounds, None, n_lines, n_span, self.batch or 1),
@@ -249,52 +251,45 @@ class _CombinedRuns:
     The rest's PARTIAL tiles are decided for the whole `|`, as in `_band_or`: between
     the `&` with it and the whole, the union with `x & pattern` is still exact.
     """
-    if self.union or not (isinstance(part, _CombinedRuns) and part.union and
-                          enabled("distribute")):
+    found = DISTRIBUTE.found(part, self.union, along_rows)
+    if found is None:
       return None
-    patterns = [p for p in part.parts if isinstance(p, _AxisRuns) and
-                p.pattern_along(along_rows)]
-    rest = [p for p in part.parts if not any(p is q for q in patterns)]
-    if len(patterns) != 1 or not rest:
-      return None
+    rest, pattern = found
     took("distribute")
     if len(rest) > 1:
       rest = [_CombinedRuns(part.m, rest, self.geo, self.tables, self.batch, self.refine,
                             self.budget)]
-    return rest[0], patterns[0]
+    return rest[0], pattern
 
   def _met_with(self, x, part, along_rows: bool, n_lines: int, n_span: int, exact: bool):
     """Flat runs `x` of this `&`'s other parts `& part`: clipped at a band, spread over a
     band in an `|` (`_spread`), else combined line by line."""
-    if isinstance(part, BandRuns):
+    if Form.BAND in part.forms:
       return self._clip_lines(x, part.bounds(along_rows), along_rows, n_lines, n_span)
     band_or = self._band_or(part)
     if band_or is not None:
       return self._spread(x, *band_or, along_rows, n_lines, n_span, exact)
     return self._combine_by_lines(x, _flat_runs(part, along_rows, n_lines, n_span), along_rows,
-                                  n_lines, n_span, exact_part=exact or _exact_runs(part))
+                                  n_lines, n_span, exact_part=exact or part.exact)
 
-  def _band_or(self, part) -> tuple[BandRuns, Any] | None:
+  def _band_or(self, part) -> tuple[Any, Any] | None:
     """`(band, rest)` where `part` of this `&` is `band | rest` (`causal |
     bidirectional(img)`), its band in closed form; else None.
 
     Only where the rest has no parts of one axis: those splice a pattern into every
     line (`_splice`), which `_spread` would write out.
     """
-    if self.union or not (isinstance(part, _CombinedRuns) and part.union and
-                          enabled("spread")):
+    found = SPREAD.found(part, self.union)
+    if found is None:
       return None
-    band = [p for p in part.parts if isinstance(p, BandRuns)]
-    rest = [p for p in part.parts if not any(p is q for q in band[:1])]
-    if not band or any(isinstance(p, _AxisRuns) for p in rest):
-      return None
+    band, rest = found
     took("spread")
     if len(rest) > 1:  # their PARTIAL tiles decided for the whole `|`: sound for `_spread`
       rest = [_CombinedRuns(part.m, rest, self.geo, self.tables, self.batch, self.refine,
                             self.budget)]
-    return band[0], rest[0]
+    return band, rest[0]
 
-  def _spread(self, x, band: BandRuns, rest, along_rows: bool, n_lines: int, n_span: int,
+  def _spread(self, x, band, rest, along_rows: bool, n_lines: int, n_span: int,
               exact_x: bool = False):
     """Flat runs `x` of this `&`'s other parts, `& (band | rest)`. Where the rest is equal
     reads that widen the band to one interval per row
@@ -308,8 +303,8 @@ class _CombinedRuns:
     lines. Tiles PARTIAL in two parts are decided for the whole mask: between the `|`
     and the whole, the following `&` with `x` is still exact.
     """
-    if isinstance(rest, _EqualRuns):  # one interval per row: the band widened
-      widened = rest.widened(Intervals(*band.band), along_rows)
+    if Form.WIDENS in rest.forms:  # one interval per row: the band widened
+      widened = rest.widened(band.intervals(), along_rows)
       if widened is not None:
         return self._clip_lines(x, widened, along_rows, n_lines, n_span)
     y = _flat_runs(rest, along_rows, n_lines, n_span)
@@ -349,7 +344,7 @@ class _CombinedRuns:
     kept as it is under `&` and covered under `|`, one between the runs is dropped
     under `&` and kept under `|` (`causal | g[k]`: the pattern's runs left of the
     diagonal, not combined). Tiles PARTIAL in both are sampled where the pattern is
-    exact (`_exact_runs`).
+    exact (`part.exact`).
     """
     key, end, state = x
     pb, pa, pz, ps = part.pattern
@@ -606,36 +601,80 @@ class _CombinedRuns:
     return st
 
 
-def _intervals(part, geo: TileGeometry) -> Intervals | None:
-  """A part's one interval per row (`maskc.lowering.closed_forms.band_runs.Intervals`): a
-  band's, or a band's inside chunks (`causal & chunk(8192)`, lowered by its period) in the
-  closed form's range (`band_fits`)."""
-  if isinstance(part, BandRuns):
-    return Intervals(*part.band)
-  if not isinstance(part, _PeriodicRuns):
-    return None
-  found = Intervals.of(part.m)
-  if found is None or not band_fits(geo, (found.lo, found.hi, found.chunk)):
-    return None
-  return found
-
-
-def _exact_runs(part) -> bool:
-  """Whether a part's runs are exact however the mask is lowered: a band's closed form,
-  equal reads of runs (`_EqualRuns`), a part of one axis whose analysis left no tile
-  ambiguous (`g[k]`: a tile holding some global keys is PARTIAL in every row); other
-  analysed parts are exact only when refined."""
-  return isinstance(part, (BandRuns, _EqualRuns)) or (isinstance(part, _AxisRuns) and
-                                                      part.exact)
-
-
 def _flat_runs(part, along_rows: bool, n_lines: int, n_span: int):
   """A part's runs as flat runs (`keyed`): a part that is itself an `&` / `|` hands them
   over as it combined them (`causal & ~img[k] | bidirectional(img)`: half a million runs
   not split into lines and keyed again), equal reads as they find them, by flat line."""
-  if isinstance(part, (_CombinedRuns, _EqualRuns)):
+  if Form.FLAT in part.forms:
     return part.flat(along_rows)
   return keyed(part.merged(along_rows), n_lines, n_span)
+
+
+def _widened_match(order: list, union: bool) -> tuple[Any, Any] | None:
+  """Rule `widened_band`'s precondition on an `|`'s parts: `(equal reads, band)`, the first
+  part that widens a band (`Form.WIDENS`) and the first that is one interval per row
+  (`Form.INTERVALS`)."""
+  if not union:
+    return None
+  equal = next((p for p in order if Form.WIDENS in p.forms), None)
+  band = next((p for p in order if Form.INTERVALS in p.forms), None)
+  return None if equal is None or band is None else (equal, band)
+
+
+def _met_bounds_match(part, bands: list, spread: list) -> bool | None:
+  """Rule `met_bounds`'s precondition on a part of an `&` and the `&`'s bands and spreads:
+  the part's lines are band-shaped (`Form.LINE_BOUNDS`), and a band (or a band in an `|`
+  beside reads that may widen it) meets it."""
+  if Form.LINE_BOUNDS not in part.forms:
+    return None
+  return True if bands or Form.WIDENS in spread[0][1][1].forms else None
+
+
+def _distribute_match(part, union: bool, along_rows: bool) -> tuple[list, Any] | None:
+  """Rule `distribute`'s precondition on a part of an `&`: an `|` (`Form.JOIN`) of one part
+  whose runs along these lines are a pattern (`Form.PATTERN`) and others: `(others,
+  pattern)`."""
+  if union or not (Form.JOIN in part.forms and part.union):
+    return None
+  patterns = [p for p in part.parts if Form.PATTERN in p.forms and p.pattern_along(along_rows)]
+  rest = [p for p in part.parts if not any(p is q for q in patterns)]
+  return (rest, patterns[0]) if len(patterns) == 1 and rest else None
+
+
+def _spread_match(part, union: bool) -> tuple[Any, list] | None:
+  """Rule `spread`'s precondition on a part of an `&`: an `|` (`Form.JOIN`) of a band
+  (`Form.BAND`) and others none of which reads one position only: `(band, others)`."""
+  if union or not (Form.JOIN in part.forms and part.union):
+    return None
+  band = next((p for p in part.parts if Form.BAND in p.forms), None)
+  rest = [p for p in part.parts if p is not band]
+  if band is None or any(Form.PATTERN in p.forms for p in rest):
+    return None
+  return band, rest
+
+
+WIDENED_BAND = Rule(
+    "widened_band", "a band joined with equal reads into one interval per row (`causal | "
+    "bidirectional(img)`), static and traced (maskc.lowering.closed_forms.widened_band)",
+    "combine", exact=True, match=_widened_match,
+    traced="maskc.lowering.closed_forms.widened_traced.widened_parts")
+MET_BOUNDS = Rule(
+    "met_bounds", "equal reads `&` a band (or a widened band), met as bounds per line "
+    "(`causal & document(seg)`)", "combine", exact=True, match=_met_bounds_match)
+DISTRIBUTE = Rule(
+    "distribute", "`x & (rest | pattern)` lowered as `(x & rest) | (x & pattern)`, the "
+    "pattern of one axis spliced into x's runs", "combine", exact=False,
+    match=_distribute_match)
+SPREAD = Rule(
+    "spread", "`x & (band | rest)`: x clipped at the band off the rest's lines", "combine",
+    exact=False, match=_spread_match)
+DIAGONAL_TRUTH = Rule(
+    "diagonal_truth", "tiles PARTIAL in two parts of an `&` that the diagonal crosses, in a "
+    "mask true at every q == k, mixed with no pair evaluated "
+    "(maskc.analysis.diagonal_truth)", "combine", exact=True)
+
+COMBINE_RULES: tuple[Rule, ...] = (WIDENED_BAND, MET_BOUNDS, DISTRIBUTE, SPREAD,
+                                   DIAGONAL_TRUTH)
 
 
 def _union_pieces(x, y):

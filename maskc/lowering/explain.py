@@ -26,6 +26,7 @@ from maskc.language.errors import MaskValueError
 from maskc.lowering import rules as lowering_rules
 from maskc.lowering.compile import compile as compile_
 from maskc.lowering.grid.forms import pack_runs
+from maskc.lowering.registry import RULES
 from maskc.semantics.bind import MasksLike, as_mask
 
 
@@ -36,7 +37,7 @@ class PartReport:
   Attributes:
     mask: the part's text (the whole mask at depth 0).
     depth: 0 for a whole mask, 1 for a part split off it, 2 for a part of that, ...
-    rule: the rule that lowered it (a name of `maskc.lowering.rules.RULES`: `periodic`,
+    rule: the rule that lowered it (a name of `maskc.lowering.registry.RULES`: `periodic`,
       `one_axis`, `equal_reads`, `parts`, `band`), or `generic` for the range analysis.
     reason: for `generic`, why no rule matched; else the rule's description.
     rules: every rule taken while it lowered, its own parts' included (`tile_cover`,
@@ -166,7 +167,7 @@ def _report(record: lowering_rules.PartRecord, nb: int, nq: int, nk: int) -> Par
   runs = _row_runs(record.runs, nb, nq)
   full = int(np.sum(run_lengths(runs, FULL)))
   partial = int(np.sum(run_lengths(runs, PARTIAL)))
-  reason = record.reason or lowering_rules.RULES.get(record.way, "")
+  reason = record.reason or RULES.get(record.way, "")
   return PartReport(str(record.mask), record.depth, record.way, reason,
                     tuple(sorted(record.rules)), full, partial, nb * nq * nk - full - partial,
                     record.seconds)

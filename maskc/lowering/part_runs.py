@@ -21,7 +21,7 @@ import numpy as np
 from maskc.compiled.tiles import Runs
 from maskc.language import ir
 from maskc.lowering.closed_forms.axis_reads import bare_reads_only, read_tile_states
-from maskc.lowering.closed_forms.band_runs import Intervals
+from maskc.lowering.closed_forms.band_runs import Intervals, band_fits
 from maskc.lowering.closed_forms.equal_reads import (
   equal_read_bounds,
   equal_read_runs,
@@ -29,7 +29,7 @@ from maskc.lowering.closed_forms.equal_reads import (
   unique_runs,
 )
 from maskc.lowering.closed_forms.widened_band import widened_bounds
-from maskc.lowering.grid.forms import FlatRuns, LineBounds, LineRuns, pack_keyed, pack_runs
+from maskc.lowering.grid.forms import FlatRuns, Form, LineBounds, LineRuns, pack_keyed, pack_runs
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget
 from maskc.lowering.grid.run_lists import expand_in_order, expand_leaves, merge_runs
@@ -52,7 +52,12 @@ class _AxisRuns:
   parts' runs without writing it out line by line, so `local(64, 64) | g[q] |
   g[k]` costs its output, not a pass of the analysis over every g column of
   every row.
+
+  Its runs are exact (`exact`) where it reads bare operands (`g[k]`), found from their
+  runs; else as sharp as one round of the analysis, refined or not.
   """
+
+  forms = frozenset({Form.PATTERN})
 
   def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
                refine: bool, budget: Budget):
@@ -121,9 +126,14 @@ class _EqualRuns:
   the runs each line reads, exactly, with no analysis
   (`maskc.lowering.closed_forms.equal_reads`)."""
 
+  exact = True
+
   def __init__(self, table: RunTable, shifts: tuple[int, int], on: np.ndarray | None,
                geo: TileGeometry, batch: int | None, budget: Budget):
     self.table, self.shifts, self.on, self.geo, self.batch = table, shifts, on, geo, batch
+    # band-shaped lines where no truth read stands beside the equal reads
+    self.forms = frozenset({Form.FLAT, Form.WIDENS} |
+                           ({Form.LINE_BOUNDS} if on is None else set()))
     self.budget = budget
     self._lines: dict = {}  # the runs each line reads, for both directions
     self._widened: dict = {}  # bounds of a band widened by these reads (`widened`)
@@ -135,7 +145,7 @@ class _EqualRuns:
     `m` is equal reads of x (`maskc.lowering.closed_forms.equal_reads.equal_reads_where`),
     each value of x one run, and a truth read beside them (`on`, else None) constant on
     x's runs; else None."""
-    found = None if geo.positions or not enabled("equal_reads") else equal_reads_where(m)
+    found = None if geo.positions else equal_reads_where(m)
     if found is None:
       return None
     name, s, t, w = found
@@ -149,13 +159,6 @@ class _EqualRuns:
         return None
       on = w_table.values != 0
     return table, (s, t), on
-
-  @classmethod
-  def of(cls, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
-         budget: Budget) -> _EqualRuns | None:
-    """The equal reads of `m` (`match`), where they apply."""
-    found = cls.match(m, geo, tables)
-    return None if found is None else cls(*found, geo, batch, budget)
 
   def _lines_runs(self, along_rows: bool):
     """The runs as sorted, merged `(flat line, a, z, state)` arrays."""
@@ -216,6 +219,8 @@ class _PeriodicRuns:
   Work and memory follow one period plus the output, not the grid.
   """
 
+  exact = False  # as sharp as the analysis of the period
+
   def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
                refine: bool, budget: Budget, period: int):
     self.m, self.geo, self.tables, self.batch, self.refine = m, geo, tables, batch, refine
@@ -232,6 +237,20 @@ class _PeriodicRuns:
     if edges:
       start = tuple(np.asarray(x, np.int64) for x in zip(*([(0,) + e for e in edges])))
       self.edges = _hold_leaves(self._decided(geo, start), budget)
+
+  @property
+  def forms(self) -> frozenset[Form]:
+    """`INTERVALS` where the mask is a band, or a band inside chunks, in the closed form's
+    range (`causal & chunk(8192)`)."""
+    return frozenset({Form.INTERVALS} if self.intervals() is not None else ())
+
+  def intervals(self) -> Intervals | None:
+    """The mask's one interval per row (`Intervals.of`), where `band_fits` the grid."""
+    if not hasattr(self, "_intervals"):
+      found = Intervals.of(self.m)
+      self._intervals = (found if found is not None and band_fits(
+          self.geo, (found.lo, found.hi, found.chunk)) else None)
+    return self._intervals
 
   @staticmethod
   def worth(geo: TileGeometry, period: int) -> bool:

@@ -21,7 +21,7 @@ from maskc.arrays.ragged import ranges
 from maskc.compiled.tiles import Runs
 from maskc.language import ir
 from maskc.lowering.closed_forms.tile_cover import tile_cover
-from maskc.lowering.grid.forms import LineRuns, pack_runs
+from maskc.lowering.grid.forms import Form, LineRuns, pack_runs
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget, analysis_bytes, evaluate_tiles, subdivide
 from maskc.lowering.grid.run_lists import expand_in_order, merge_runs
@@ -420,6 +420,9 @@ class _StaticRuns:
   Backward passes need the per-key-tile runs; a forward-only user never pays for
   packing them. Ambiguous single tiles are decided once, for both.
   """
+
+  forms = frozenset({Form.PIECES})
+  exact = False  # exact where refined
 
   def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
                refine: bool, budget: Budget | None = None):

@@ -1,4 +1,7 @@
-"""The lowering's closed forms by name: a switch to turn one off, and a record of those taken.
+"""The lowering's rules as a mechanism: their entry type (`Rule`), the site a part is lowered
+at (`Site`), a switch to turn a rule off, and a record of those taken.
+
+The entries themselves, one per closed form, are `maskc.lowering.registry.REGISTRY`.
 
 The static and traced lowerings reach most masks by closed forms, each a faster
 way to the same tiles as the generic range analysis (`maskc.lowering.
@@ -6,7 +9,8 @@ range_analysis._StaticRuns`), taken where its precondition holds. A closed form 
 for some mask is wrong silently: the tiles still look plausible. So each can be
 turned off, and the tiles compared with the ones the lowering gives without it:
 
-    from maskc.lowering.rules import disabled, taken
+    from maskc.lowering.registry import disabled
+    from maskc.lowering.rules import taken
 
     with taken() as fired:
       fast = maskc.compile(mask, n, operands=ops)
@@ -33,45 +37,8 @@ import contextlib
 import contextvars
 import dataclasses
 import time
-import types
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
-
-from maskc.language.errors import MaskValueError
-
-RULES: Mapping[str, str] = types.MappingProxyType({
-    "periodic": "an operand-free mask with a diagonal period (`causal`, `chunk(c)`): one "
-                "period of tiles classified and repeated (maskc.analysis.diagonal_period)",
-    "one_axis": "a mask that reads one position only (`g[k]`, `sink(4)`): one line of tiles "
-                "decides each axis (maskc.lowering.closed_forms.axis_reads)",
-    "equal_reads": "`x[q + s] == x[k + t]` where each value of x is one run (`document(seg)`, "
-                   "`bidirectional(img)`): binary searches per line "
-                   "(maskc.lowering.closed_forms.equal_reads)",
-    "parts": "an `&` / `|` whose parts lower apart, their runs combined (static), or whose "
-             "operand-free items lower at trace time (traced)",
-    "band": "a band of `q - k` (`causal`, `sliding(w)`, `local(l, r)`) in an `&` / `|`, in "
-            "closed form (maskc.lowering.closed_forms.band_runs)",
-    "widened_band": "a band joined with equal reads into one interval per row (`causal | "
-                    "bidirectional(img)`), static and traced "
-                    "(maskc.lowering.closed_forms.widened_band, "
-                    "maskc.lowering.closed_forms.widened_traced)",
-    "met_bounds": "equal reads `&` a band (or a widened band), met as bounds per line "
-                  "(`causal & document(seg)`)",
-    "distribute": "`x & (rest | pattern)` lowered as `(x & rest) | (x & pattern)`, the "
-                  "pattern of one axis spliced into x's runs",
-    "spread": "`x & (band | rest)`: x clipped at the band off the rest's lines",
-    "tile_cover": "the analysis starts from the rectangles where the operands' runs allow "
-                  "a true pair (maskc.lowering.closed_forms.tile_cover)",
-    "same_run_ids": "`runs(x)[a] == runs(x)[b]` beside `x[a]` analysed by ids of x's runs of "
-                    "zeros and nonzeros (static) or by run labels (traced, "
-                    "maskc.lowering.closed_forms.same_run)",
-    "row_intervals": "one interval of keys per row for `bm.key_intervals()`, proved from "
-                     "bands, chunks, runs of equal reads and masks of one position "
-                     "(maskc.lowering.closed_forms.row_intervals)",
-    "diagonal_truth": "tiles PARTIAL in two parts of an `&` that the diagonal crosses, in a "
-                      "mask true at every q == k, mixed with no pair evaluated "
-                      "(maskc.analysis.diagonal_truth)",
-})
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 _DISABLED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "maskc_disabled_rules", default=frozenset())
@@ -81,19 +48,65 @@ _RECORDER: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar(
     "maskc_lowering_recorder", default=None)
 
 
-def _check(names: Iterable[str]) -> frozenset[str]:
-  unknown = sorted(set(names) - set(RULES))
-  if unknown:
-    raise MaskValueError(f"unknown lowering rule(s) {', '.join(map(repr, unknown))}",
-                         hint=f"The rules are: {', '.join(RULES)}.")
-  return frozenset(names)
+@dataclasses.dataclass(frozen=True, slots=True)
+class Site:
+  """Where a part is lowered: the grid, the operands' run tables, the batch rows, whether
+  ambiguous tiles are refined, the memory budget, and `join`, the `&` / `|` the part
+  belongs to (`ir.and_` or `ir.or_`; None for a whole mask)."""
+  geo: Any
+  tables: Any
+  batch: int | None
+  refine: bool
+  budget: Any
+  join: Callable[..., Any] | None = None
+
+  def part_of(self, join: Callable[..., Any]) -> Site:
+    """The site of a part of an `&` / `|` (`join`) lowered here."""
+    return dataclasses.replace(self, join=join)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rule:
+  """One closed form of the lowering: an entry of `maskc.lowering.registry.REGISTRY`.
+
+  Attributes:
+    name: its name, for `disabled()`, `taken()` and `maskc.explain`.
+    doc: one line on what it lowers and where it lives.
+    stage: where it acts. "part": it lowers a part of a mask on its own, through `match`
+      and `lower` (`maskc.lowering.part_rules`). "combine": it combines the runs of an `&` /
+      `|`'s parts, matched on the pair of their forms (`maskc.lowering.combined`).
+      "analysis": it sharpens or shortens the generic range analysis. "intervals": it
+      proves `bm.key_intervals()`, no tiles.
+    exact: whether the tiles it gives are always the mask's exact tiles (a closed form that
+      decides every tile); else they are as sharp as the analysis it runs, exact where the
+      map is refined (prelude-only masks, `exact=True`).
+    match: for a "part" rule, its precondition: `match(mask, site)` gives what `lower`
+      needs, or None where it does not apply. Pure: it builds no runs and ignores the
+      switch (`found` applies it). For a "combine" rule, `match(parts, union)` on the parts'
+      forms (`maskc.lowering.grid.forms.Form`).
+    lower: for a "part" rule, `lower(mask, found, site)`: the part's runs.
+    traced: the function of its traced variant (a dotted name), where it has one.
+  """
+  name: str
+  doc: str
+  stage: Literal["part", "combine", "analysis", "intervals"]
+  exact: bool
+  match: Callable[..., Any] | None = None
+  lower: Callable[..., Any] | None = None
+  traced: str | None = None
+
+  def found(self, *args: Any) -> Any:
+    """`match(*args)` where the rule is enabled here, else None."""
+    if self.match is None or not enabled(self.name):
+      return None
+    return self.match(*args)
 
 
 @contextlib.contextmanager
-def disabled(*names: str) -> Iterator[frozenset[str]]:
-  """Turns off the named rules (every rule when none is named) inside the block."""
-  off = _check(names) if names else frozenset(RULES)
-  token = _DISABLED.set(_DISABLED.get() | off)
+def turned_off(names: frozenset[str]) -> Iterator[frozenset[str]]:
+  """Turns off rules `names` inside the block, unchecked: `maskc.lowering.registry.disabled`
+  checks the names against the registry first."""
+  token = _DISABLED.set(_DISABLED.get() | names)
   try:
     yield _DISABLED.get()
   finally:
@@ -139,7 +152,8 @@ class PartRecord:
   Attributes:
     mask: the part (an `ir.Mask`): a whole mask at depth 0.
     depth: 0 for a whole mask, 1 for a part split off it, and so on.
-    way: the rule that lowered it (a name of `RULES`), or "generic" for the range analysis.
+    way: the rule that lowered it (a name of `maskc.lowering.registry.RULES`), or "generic"
+      for the range analysis.
     reason: for "generic", why no rule matched; else empty.
     rules: the rules taken while it lowered, its own parts' included.
     seconds: the time it took to lower, its own parts' included (the combining of its

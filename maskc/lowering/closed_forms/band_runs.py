@@ -25,7 +25,7 @@ import numpy as np
 
 from maskc.analysis.linear import conjuncts, exact_band
 from maskc.language import ir
-from maskc.lowering.grid.forms import BAND_STATES, LineBounds, LineRuns, line_runs
+from maskc.lowering.grid.forms import BAND_STATES, Form, LineBounds, LineRuns, line_runs
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.run_lists import merge_runs
 
@@ -168,11 +168,18 @@ def band_fits(geo: TileGeometry, band) -> bool:
 
 class BandRuns:
   """The runs of a band `lo <= q - k <= hi` on `geo` (`band_fits`), for `nb` batch rows:
-  one of the static lowering's ways (`maskc.lowering.static`)."""
+  one of the static lowering's ways (rule `band`: `maskc.lowering.part_rules`)."""
+
+  forms = frozenset({Form.BAND, Form.INTERVALS})
+  exact = True
 
   def __init__(self, geo: TileGeometry, band: tuple[int | None, int | None], nb: int):
     self.geo, self.band, self.nb = geo, band, nb
     self._bounds: dict[bool, np.ndarray] = {}
+
+  def intervals(self) -> Intervals:
+    """The band as one interval per row."""
+    return Intervals(*self.band)
 
   def bounds(self, along_rows: bool) -> LineBounds:
     """`band_bounds` along rows or columns, computed once."""

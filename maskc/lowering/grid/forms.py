@@ -13,18 +13,51 @@ them here:
 - `Runs` (`runs()`, `maskc.compiled.tiles`): runs packed into padded `[nb, n_lines, R]`
   arrays; `pack_runs`, `pack_keyed` and `unpacked` convert.
 
+Beyond these, a part's runs object says which forms it can give (`Form`, its `forms`), so
+that the combiner chooses a closed form by the forms of the parts it combines, not by the
+class that lowered them.
+
 A tile's flat key is `(b * n_lines + line) * (n_span + 1) + position`: the `+ 1` leaves a
 key between lines that no run covers, so runs of different lines never touch.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import NamedTuple
 
 import numpy as np
 
 from maskc.arrays.ragged import group_ends
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, Runs
+
+
+class Form(enum.Enum):
+  """A form a part's runs can be given in, beyond `merged()` (`LineRuns`) and `runs()`
+  (`Runs`), which every part gives. A part lists the ones it gives in `forms`."""
+
+  BAND = "band"
+  """An exact band `lo <= q - k <= hi`: `band` is `(lo, hi)`, `bounds(along_rows)` its
+  `LineBounds` per line, the same for every batch row."""
+  INTERVALS = "intervals"
+  """One interval of keys per row, a band's or a band's inside chunks: `intervals()`, a
+  `maskc.lowering.closed_forms.band_runs.Intervals`."""
+  LINE_BOUNDS = "line_bounds"
+  """Band-shaped lines: `bounds(along_rows)` is `LineBounds` per flat line (batch row and
+  line), exact."""
+  WIDENS = "widens"
+  """Equal reads of runs that widen a band to one interval per row:
+  `widened(intervals, along_rows)`, `LineBounds` per flat line or None."""
+  PATTERN = "pattern"
+  """Reads one position only: `pattern_along(along_rows)` says whether its runs along these
+  lines repeat on every line (a pattern to splice) or each line is one run."""
+  FLAT = "flat"
+  """Gives `flat(along_rows)` (`FlatRuns`) directly, as it found or combined them."""
+  PIECES = "pieces"
+  """The generic analysis's operand pieces of its lines (`pieces`), lent to an `&` / `|`
+  that reads the same operands."""
+  JOIN = "join"
+  """An `&` / `|` of parts lowered apart: `parts`, and `union` (True for `|`)."""
 
 
 class LineRuns(NamedTuple):
