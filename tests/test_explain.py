@@ -12,8 +12,8 @@ from hypothesis import given, settings, strategies as st
 import maskc
 from maskc import testing
 from maskc.lowering import compile as _lower
-from maskc.lowering.registry import RULES, disabled
-from maskc.lowering.rules import taken
+from maskc.lowering.registry import RULES
+from maskc.lowering.rules import disabled, taken
 
 N = 96
 

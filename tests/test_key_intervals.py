@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import maskc
 from maskc import testing
-from maskc.lowering.registry import disabled
+from maskc.lowering.rules import disabled
 
 INTERVAL_MASKS = [
     "causal", "sliding(5)", "local(3, 2)", "causal & chunk(8)", "causal | prefix(6)",

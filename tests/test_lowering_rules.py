@@ -1,28 +1,35 @@
-"""Each closed form of the lowering against the lowering without it (`maskc.lowering.rules`).
+"""Each rule of the lowering's registry (`maskc.lowering.registry`) against the lowering
+without it.
 
-For every drawn mask, the rules its lowering took are turned off one at a time, and
-all of them at once (the generic range analysis alone): each map must be sound
-against the dense mask, and where the mask is built from prelude masks with
-`& | ^ ~` (exact tiles promised), equal to the others tile for tile. Masks come
-from `maskc.testing.masks()` (several operands of each kind, named calls and their
-bodies, `~` and `^`) and from shapes that reach each rule, wrapped in `~` or `^`
-with another drawn mask.
+For every drawn mask, the rules its lowering took are turned off one at a time, and all of
+them at once (the generic range analysis alone). Where the map is refined (a mask built
+from prelude masks with `& | ^ ~`, or `exact=True`), each map must be the mask's exact
+tiles, taken from the dense mask; otherwise each must be sound (never FULL or EMPTY where
+the dense mask's tile is not). A part lowered by a rule the registry
+calls exact (`Rule.exact`) has the exact tiles of its part even unrefined. Masks come from
+`maskc.testing.masks()` (several operands of each kind, named calls and their bodies, `~`
+and `^`) and from shapes that reach each rule, wrapped in `~` or `^` with another drawn
+mask.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import jax
 import numpy as np
 import pytest
-from helpers import assert_sound
+from helpers import assert_exact, assert_sound
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 from sampling import PARTS, count
 
 import maskc
 from maskc import testing
+from maskc.compiled.tiles import grid_from_runs
 from maskc.language import ir
-from maskc.lowering.registry import RULES, disabled
-from maskc.lowering.rules import taken
+from maskc.lowering.explain import _row_runs
+from maskc.lowering.registry import BY_NAME, REGISTRY, RULES
+from maskc.lowering.rules import disabled, recording, taken
 
 # Masks whose lowering takes each rule (at the shapes of `_shaped`), named or spelled out.
 REACHES = {
@@ -38,7 +45,8 @@ REACHES = {
                    "document(doc) & (sliding(4) | bidirectional(pfx) | g[k])"],
     "spread": ["document(seg) & (causal | bidirectional(img))",
                "document(seg) & (causal | document(doc))"],
-    "tile_cover": ["bidirectional(img) & ~bidirectional(g)", "document(seg) & seg[q] < seg[k] + 1 & (q - k) % 3 == 0"],
+    "tile_cover": ["bidirectional(img) & ~bidirectional(g)",
+                   "document(seg) & seg[q] < seg[k] + 1 & (q - k) % 3 == 0"],
     "same_run_ids": ["bidirectional(img) & ~bidirectional(g)",
                      "bidirectional(pfx) ^ bidirectional(g)"],
     "row_intervals": ["causal & document(seg)", "causal | bidirectional(img)"],
@@ -72,6 +80,37 @@ def test_every_rule_is_reached_by_its_masks():
         maskc.compile(m, 96, block_q=8, block_kv=8, operands=ops)
       assert rule in fired, f"{text} did not take {rule}: {sorted(fired)}"
   assert set(REACHES) == set(RULES)
+
+
+def test_each_entry_states_its_contract():
+  """Part rules have a match and a lower, combine rules a match on forms (but
+  `diagonal_truth`, a test inside the combiner), and each traced variant names a function
+  that exists."""
+  assert len(BY_NAME) == len(REGISTRY)
+  for rule in REGISTRY:
+    assert rule.doc and rule.stage in ("part", "combine", "analysis", "intervals"), rule.name
+    if rule.stage == "part":
+      assert rule.match is not None and rule.lower is not None, rule.name
+    if rule.stage == "combine" and rule.name != "diagonal_truth":
+      assert rule.match is not None and rule.lower is None, rule.name
+    if rule.traced:
+      module, name = rule.traced.rsplit(".", 1)
+      assert callable(getattr(importlib.import_module(module), name)), rule.traced
+
+
+def test_a_part_rule_matches_without_building():
+  """`match` is pure: a part rule's match on a mask whose operands are not bound builds
+  nothing and leaves the switch alone (the registry's `found` applies it)."""
+  from maskc.lowering.grid.geometry import TileGeometry
+  from maskc.lowering.part_rules import EQUAL_READS, PERIODIC
+  from maskc.lowering.rules import Site
+  from maskc.semantics.bind import Shape
+  site = Site(TileGeometry(Shape.of(4096, 4096, 0), 128, 128), None, None, False, None)
+  assert PERIODIC.match(maskc.parse("causal & chunk(512)"), site) == 512
+  with disabled("periodic"):
+    assert PERIODIC.found(maskc.parse("causal & chunk(512)"), site) is None
+    assert PERIODIC.match(maskc.parse("causal & chunk(512)"), site) == 512
+  assert EQUAL_READS.match(maskc.parse("causal"), site) is None
 
 
 def test_unknown_rules_are_refused_with_the_known_ones():
@@ -119,34 +158,61 @@ def setups(draw):
   return mask, q_len, kv_len, q_offset, bq, bk, ops
 
 
-def check_rules(s, traced: bool = False) -> set[str]:
+def check_rules(s, traced: bool = False, exact: bool = False) -> set[str]:
   """The maps with each rule taken turned off, and with all off, against the dense mask and
   each other; returns the rules taken."""
   mask, q_len, kv_len, q_offset, bq, bk, ops = s
 
-  def grid():
+  def grid(refined: bool):
     if traced:
       f = jax.jit(lambda ops: maskc.compile(mask, q_len, kv_len, block_q=bq, block_kv=bk,
                                             q_offset=q_offset, operands=ops).grid)
       return np.asarray(f(ops))
     return np.asarray(maskc.compile(mask, q_len, kv_len, block_q=bq, block_kv=bk,
-                                    q_offset=q_offset, operands=ops).grid)
+                                    q_offset=q_offset, operands=ops, exact=refined).grid)
 
   dense = np.asarray(maskc.materialize(mask, q_len, kv_len, q_offset=q_offset, operands=ops))
+  refined = (exact or ir.is_prelude_only(mask)) and not traced
   with taken() as fired:
-    full = grid()
-  assert_sound(full, dense, bq, bk, f"{mask}, every rule")
-  exact = ir.is_prelude_only(mask) and not traced
+    full = grid(exact)
   # `row_intervals` lowers no tiles: its form is checked against the tiles' hull by
   # tests/test_key_intervals.py
-  for off in sorted(fired - {"row_intervals"}) + [None]:
-    with disabled(*([off] if off else [])):
-      g = grid()
-    what = f"{mask}, without {off or 'any rule'}"
-    assert_sound(g, dense, bq, bk, what)
-    if exact:
-      np.testing.assert_array_equal(g, full, err_msg=what)
+  ways = [(None, f"{mask}, every rule")] + [
+      ((off,), f"{mask}, without {off}") for off in sorted(fired - {"row_intervals"})] + [
+      ((), f"{mask}, without any rule")]
+  for off, what in ways:
+    if off is None:
+      g = full
+    else:
+      with disabled(*off):
+        g = grid(exact)
+    # sound: never FULL or EMPTY where the dense mask's tile is not
+    (assert_exact if refined else assert_sound)(g, dense, bq, bk, what)
   return fired
+
+
+def check_exact_parts(s) -> set[str]:
+  """Each part the static lowering lowered by a rule the registry calls exact has its part's
+  exact tiles, unrefined; returns the rules checked."""
+  mask, q_len, kv_len, q_offset, bq, bk, ops = s
+  with recording() as rec:
+    bm = maskc.compile(mask, q_len, kv_len, block_q=bq, block_kv=bk, q_offset=q_offset,
+                       operands=ops)
+  nb, nq, nk = bm.batch or 1, -(-q_len // bq), -(-kv_len // bk)
+  checked = set()
+  for part in rec.parts:
+    if part.way not in BY_NAME or not BY_NAME[part.way].exact:
+      continue
+    runs = _row_runs(part.runs, nb, nq)
+    got = grid_from_runs(np, runs, nk).reshape(nb, nq, nk)
+    names = {o.name for o in part.mask.operands}
+    dense = np.asarray(maskc.materialize(part.mask, q_len, kv_len, q_offset=q_offset,
+                                         operands={k: v for k, v in ops.items()
+                                                   if k in names}))
+    assert_exact(got, dense.reshape((-1,) + dense.shape[-2:]), bq, bk,
+                 f"part {part.mask} of {mask}, by {part.way}")
+    checked.add(part.way)
+  return checked
 
 
 _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -156,10 +222,12 @@ _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
 @pytest.mark.parametrize("part", PARTS)
 def test_each_rule_agrees_with_the_lowering_without_it(part):
   @settings(max_examples=count(600, part), **_SETTINGS)
-  @given(setups())
-  def check(s):
-    for rule in check_rules(s):
+  @given(setups(), st.booleans())
+  def check(s, exact):
+    for rule in check_rules(s, exact=exact):
       event(f"took {rule}")
+    for rule in check_exact_parts(s):
+      event(f"exact part by {rule}")
   check()
 
 

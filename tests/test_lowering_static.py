@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 
 import maskc
 from maskc.compiled.tiles import grid_from_runs
-from maskc.lowering.registry import disabled
-from maskc.lowering.rules import taken
+from maskc.lowering.rules import disabled, taken
 from sampling import PARTS, count
 from helpers import (EMPTY, FULL, assert_maximal_runs, assert_sound, runs_reference, tile_states,
                      tile_truth)

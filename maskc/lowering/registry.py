@@ -9,21 +9,20 @@
 - "analysis" rules sharpen or shorten the generic range analysis.
 - "intervals" rules prove `bm.key_intervals()`.
 
-Each rule can be turned off (`disabled`), and
+Each rule can be turned off (`maskc.lowering.rules.disabled`, which knows the names this
+module registers), and
 `tests/test_lowering_rules.py` checks each against the lowering without it: exact rules
 (`Rule.exact`) give the mask's exact tiles, the others never contradict them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
-from maskc.language.errors import MaskValueError
 from maskc.lowering.combined import COMBINE_RULES
 from maskc.lowering.part_rules import PART_RULES
-from maskc.lowering.rules import Rule, turned_off
+from maskc.lowering.rules import Rule, register
 
 ANALYSIS_RULES: tuple[Rule, ...] = (
     Rule("tile_cover", "the analysis starts from the rectangles where the operands' runs "
@@ -48,17 +47,4 @@ RULES: Mapping[str, str] = types.MappingProxyType({r.name: r.doc for r in REGIST
 """Each rule's name and its one-line description."""
 
 
-@contextlib.contextmanager
-def disabled(*names: str) -> Iterator[frozenset[str]]:
-  """Turns off the named rules (every rule when none is named) inside the block: the
-  lowering takes the next rule that matches, or the generic analysis.
-
-  Raises:
-    MaskValueError: for a name that is no rule's, with the known names.
-  """
-  unknown = sorted(set(names) - set(RULES))
-  if unknown:
-    raise MaskValueError(f"unknown lowering rule(s) {', '.join(map(repr, unknown))}",
-                         hint=f"The rules are: {', '.join(RULES)}.")
-  with turned_off(frozenset(names or RULES)) as off:
-    yield off
+register(*REGISTRY)

@@ -9,8 +9,7 @@ range_analysis._StaticRuns`), taken where its precondition holds. A closed form 
 for some mask is wrong silently: the tiles still look plausible. So each can be
 turned off, and the tiles compared with the ones the lowering gives without it:
 
-    from maskc.lowering.registry import disabled
-    from maskc.lowering.rules import taken
+    from maskc.lowering.rules import disabled, taken
 
     with taken() as fired:
       fast = maskc.compile(mask, n, operands=ops)
@@ -39,6 +38,8 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
+
+from maskc.language.errors import MaskValueError
 
 _DISABLED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "maskc_disabled_rules", default=frozenset())
@@ -102,11 +103,29 @@ class Rule:
     return self.match(*args)
 
 
+_KNOWN: dict[str, Rule] = {}
+
+
+def register(*entries: Rule) -> None:
+  """Makes rules known to `disabled`: `maskc.lowering.registry` registers every entry of
+  its registry when it is imported, which importing `maskc` does."""
+  for rule in entries:
+    _KNOWN[rule.name] = rule
+
+
 @contextlib.contextmanager
-def turned_off(names: frozenset[str]) -> Iterator[frozenset[str]]:
-  """Turns off rules `names` inside the block, unchecked: `maskc.lowering.registry.disabled`
-  checks the names against the registry first."""
-  token = _DISABLED.set(_DISABLED.get() | names)
+def disabled(*names: str) -> Iterator[frozenset[str]]:
+  """Turns off the named rules (every rule when none is named) inside the block: the
+  lowering takes the next rule that matches, or the generic analysis.
+
+  Raises:
+    MaskValueError: for a name that is no rule's, with the known names.
+  """
+  unknown = sorted(set(names) - set(_KNOWN))
+  if unknown:
+    raise MaskValueError(f"unknown lowering rule(s) {', '.join(map(repr, unknown))}",
+                         hint=f"The rules are: {', '.join(_KNOWN)}.")
+  token = _DISABLED.set(_DISABLED.get() | frozenset(names or _KNOWN))
   try:
     yield _DISABLED.get()
   finally:
