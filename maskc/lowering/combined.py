@@ -320,7 +320,7 @@ class _CombinedRuns:
 
   def _splice(self, x, part: _AxisRuns, along_rows: bool, n_lines: int, n_span: int):
     """Flat runs `x` combined with the runs of a part of one axis whose runs along these
-    lines are a pattern (`_AxisRuns.pattern`, `(b, a, z, state)`): runs that every line of
+    lines are a pattern (`maskc.lowering.grid.forms.Pattern`): runs that every line of
     batch row `b` has, never written out for lines where `x` has none.
 
     Only the pattern's runs that meet the span of a line's runs in `x` are looked at

@@ -29,7 +29,15 @@ from maskc.lowering.closed_forms.equal_reads import (
   unique_runs,
 )
 from maskc.lowering.closed_forms.widened_band import widened_bounds
-from maskc.lowering.grid.forms import FlatRuns, Form, LineBounds, LineRuns, pack_keyed, pack_runs
+from maskc.lowering.grid.forms import (
+  FlatRuns,
+  Form,
+  LineBounds,
+  LineRuns,
+  Pattern,
+  pack_keyed,
+  pack_runs,
+)
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget
 from maskc.lowering.grid.run_lists import expand_in_order, expand_leaves, merge_runs
@@ -86,9 +94,9 @@ class _AxisRuns:
       (b, i0, i1, j0, j1, state), self.exact = _leaves_and_exactness(
           m, line, tables, batch, refine, budget, start=start)
       a, z = (i0, i1) if self.axis == "q" else (j0, j1)
-    # (b, a, z, state): the pattern of each batch row, sorted and merged
-    self.pattern = tuple(x for i, x in enumerate(merge_runs(b, np.zeros_like(b), a, z, state,
-                                                            in_order=bare)) if i != 1)
+    # the pattern of each batch row, sorted and merged
+    mb, _, ma, mz, ms = merge_runs(b, np.zeros_like(b), a, z, state, in_order=bare)
+    self.pattern = Pattern(mb, ma, mz, ms)
 
   def pattern_along(self, along_rows: bool) -> bool:
     """Whether the runs along these lines are the pattern, the same on every line."""

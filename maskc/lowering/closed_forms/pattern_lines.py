@@ -26,7 +26,8 @@ def spliced_pattern(pattern, nb: int, n_lines: int, lines, lo, hi, mid, budget: 
   `[lo, hi)` (indices into it) give way to the runs `mid`; every other line is the
   pattern of its batch row.
 
-  `pattern`: `(b, a, z, state)` sorted by batch row, each row's runs in order, merged.
+  `pattern`: a `maskc.lowering.grid.forms.Pattern`, `(b, a, z, state)` sorted by batch
+  row, each row's runs in order, merged.
   `mid`: per line of `lines` at most, sorted, merged runs `(flat line, a, z, state)`,
   positions within the line, none touching a kept pattern run in its state (so the
   lines come out merged). Lines may lose their window and gain no runs. The rows are

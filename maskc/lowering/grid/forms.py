@@ -11,7 +11,11 @@ them here:
 - `LineBounds` (`bounds()`): a band-shaped line's tiles as four bounds `[4, n]`,
   `s, f, g, e`; `line_runs` and `keyed_band_runs` give their runs;
 - `Runs` (`runs()`, `maskc.compiled.tiles`): runs packed into padded `[nb, n_lines, R]`
-  arrays; `pack_runs`, `pack_keyed` and `unpacked` convert.
+  arrays; `pack_runs`, `pack_keyed` and `unpacked` convert;
+- `Pattern` (`pattern`): the runs every line of a batch row has, for a part that reads
+  one position only; `maskc.lowering.closed_forms.pattern_lines` splices it into lines;
+- `maskc.compiled.intervals.KeyIntervals` (`bm.key_intervals()`, rule `row_intervals`):
+  one interval of keys per row, proved from the IR, no tiles.
 
 Beyond these, a part's runs object says which forms it can give (`Form`, its `forms`), so
 that the combiner chooses a closed form by the forms of the parts it combines, not by the
@@ -49,8 +53,8 @@ class Form(enum.Enum):
   """Equal reads of runs that widen a band to one interval per row:
   `widened(intervals, along_rows)`, `LineBounds` per flat line or None."""
   PATTERN = "pattern"
-  """Reads one position only: `pattern_along(along_rows)` says whether its runs along these
-  lines repeat on every line (a pattern to splice) or each line is one run."""
+  """Reads one position only: `pattern` (a `Pattern`), and `pattern_along(along_rows)`,
+  whether its runs along these lines repeat it on every line or each line is one run."""
   FLAT = "flat"
   """Gives `flat(along_rows)` (`FlatRuns`) directly, as it found or combined them."""
   PIECES = "pieces"
@@ -69,6 +73,16 @@ class LineRuns(NamedTuple):
   """
   b: np.ndarray
   line: np.ndarray
+  a: np.ndarray
+  z: np.ndarray
+  state: np.ndarray
+
+
+class Pattern(NamedTuple):
+  """Runs of tiles `[a, z)` in `state` that every line of batch row `b` has (a part that
+  reads one position only: `g[k]` along q tile rows), sorted by `b`, each row's runs in
+  order and merged; never written out per line unless a line needs them."""
+  b: np.ndarray
   a: np.ndarray
   z: np.ndarray
   state: np.ndarray
