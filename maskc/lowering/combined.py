@@ -152,13 +152,6 @@ class _CombinedRuns:
     bands = [p for p in self.parts if Form.BAND in p.forms and not self.union]
     others = [p for p in self.parts if Form.PATTERN not in p.forms and
               not any(p is b for b in bands)]
-    # an `|` with a pattern in an `&`: distributed, `x & (rest | pattern)` as
-    # `(x & rest) | (x & pattern)`, so the pattern is spliced into x's runs alone
-    distributed = [(p, self._pattern_or(p, along_rows)) for p in others]
-    distributed = [(p, x) for p, x in distributed if x is not None]
-    others = [p for p in others if not any(p is q for q, _ in distributed)]
-    if distributed and not (whole or others or bands):
-      others.append(distributed.pop(0)[0])
     band_ors = [(p, self._band_or(p)) for p in others]
     spread = [(p, x) for p, x in band_ors if x is not None]
     others = [p for p in others if not any(p is q for q, _ in spread)]
@@ -193,11 +186,6 @@ class _CombinedRuns:
       exact = False
     for _, (band, rest) in spread:
       flat = self._spread(flat, band, rest, along_rows, n_lines, n_span, exact)
-      exact = False
-    for _, (rest, pattern) in distributed:
-      kept = self._met_with(flat, rest, along_rows, n_lines, n_span, exact)
-      met = self._spliced_met(flat, pattern, along_rows, n_lines, n_span)[0]
-      flat = self._combine_by_lines(kept, met, along_rows, n_lines, n_span, union=True)
       exact = False
     return flat, patterns
 
@@ -242,35 +230,6 @@ class _CombinedRuns:
       return None
     return (keyed_band_runs(bounds, None, n_lines, n_span, self.batch or 1),
             [p for p in order if p is not band and p is not equal])
-
-  def _pattern_or(self, part, along_rows: bool):
-    """`(rest, pattern)` where `part` of this `&` is `rest | pattern`, the pattern a part
-    of one axis whose runs along these lines repeat on every line (`| g[k]` in
-    `document(seg) & (causal | bidirectional(img) | g[k])`); else None.
-
-    The rest's PARTIAL tiles are decided for the whole `|`, as in `_band_or`: between
-    the `&` with it and the whole, the union with `x & pattern` is still exact.
-    """
-    found = DISTRIBUTE.found(part, self.union, along_rows)
-    if found is None:
-      return None
-    rest, pattern = found
-    took("distribute")
-    if len(rest) > 1:
-      rest = [_CombinedRuns(part.m, rest, self.geo, self.tables, self.batch, self.refine,
-                            self.budget)]
-    return rest[0], pattern
-
-  def _met_with(self, x, part, along_rows: bool, n_lines: int, n_span: int, exact: bool):
-    """Flat runs `x` of this `&`'s other parts `& part`: clipped at a band, spread over a
-    band in an `|` (`_spread`), else combined line by line."""
-    if Form.BAND in part.forms:
-      return self._clip_lines(x, part.bounds(along_rows), along_rows, n_lines, n_span)
-    band_or = self._band_or(part)
-    if band_or is not None:
-      return self._spread(x, *band_or, along_rows, n_lines, n_span, exact)
-    return self._combine_by_lines(x, _flat_runs(part, along_rows, n_lines, n_span), along_rows,
-                                  n_lines, n_span, exact_part=exact or part.exact)
 
   def _band_or(self, part) -> tuple[Any, Any] | None:
     """`(band, rest)` where `part` of this `&` is `band | rest` (`causal |
@@ -630,17 +589,6 @@ def _met_bounds_match(part, bands: list, spread: list) -> bool | None:
   return True if bands or Form.WIDENS in spread[0][1][1].forms else None
 
 
-def _distribute_match(part, union: bool, along_rows: bool) -> tuple[list, Any] | None:
-  """Rule `distribute`'s precondition on a part of an `&`: an `|` (`Form.JOIN`) of one part
-  whose runs along these lines are a pattern (`Form.PATTERN`) and others: `(others,
-  pattern)`."""
-  if union or not (Form.JOIN in part.forms and part.union):
-    return None
-  patterns = [p for p in part.parts if Form.PATTERN in p.forms and p.pattern_along(along_rows)]
-  rest = [p for p in part.parts if not any(p is q for q in patterns)]
-  return (rest, patterns[0]) if len(patterns) == 1 and rest else None
-
-
 def _spread_match(part, union: bool) -> tuple[Any, list] | None:
   """Rule `spread`'s precondition on a part of an `&`: an `|` (`Form.JOIN`) of a band
   (`Form.BAND`) and others none of which reads one position only: `(band, others)`."""
@@ -661,10 +609,6 @@ WIDENED_BAND = Rule(
 MET_BOUNDS = Rule(
     "met_bounds", "equal reads `&` a band (or a widened band), met as bounds per line "
     "(`causal & document(seg)`)", "combine", exact=True, match=_met_bounds_match)
-DISTRIBUTE = Rule(
-    "distribute", "`x & (rest | pattern)` lowered as `(x & rest) | (x & pattern)`, the "
-    "pattern of one axis spliced into x's runs", "combine", exact=False,
-    match=_distribute_match)
 SPREAD = Rule(
     "spread", "`x & (band | rest)`: x clipped at the band off the rest's lines", "combine",
     exact=False, match=_spread_match)
@@ -673,8 +617,7 @@ DIAGONAL_TRUTH = Rule(
     "mask true at every q == k, mixed with no pair evaluated "
     "(maskc.analysis.diagonal_truth)", "combine", exact=True)
 
-COMBINE_RULES: tuple[Rule, ...] = (WIDENED_BAND, MET_BOUNDS, DISTRIBUTE, SPREAD,
-                                   DIAGONAL_TRUTH)
+COMBINE_RULES: tuple[Rule, ...] = (WIDENED_BAND, MET_BOUNDS, SPREAD, DIAGONAL_TRUTH)
 
 
 def _union_pieces(x, y):

@@ -15,6 +15,8 @@ variant where it has one. A part no rule matches is lowered by the generic range
   one line of tiles decides each axis (`_AxisRuns`).
 - `equal_reads`: `x[q + s] == x[k + t]` where each value of x is one run (sorted
   documents, `bidirectional(img)`): binary searches per line (`_EqualRuns`).
+- `distribute`: an IR rewrite, `x & (rest | g[k])` as `(x & rest) | (x & g[k])`, lowered by
+  this loop: the pattern of `g[k]` is spliced into x's runs alone.
 - `parts`: an `&` / `|` whose parts lower apart, each by this loop, their runs combined
   (`maskc.lowering.combined._CombinedRuns`), where that pays.
 """
@@ -187,6 +189,40 @@ def _lower_parts(m: ir.Mask, found: tuple[ir.Mask, list[ir.Mask]], site: Site) -
                        site.batch, site.refine, site.budget)
 
 
+def _distributable(item: ir.Mask, site: Site) -> tuple[list[ir.Mask], list[ir.Mask]] | None:
+  """`(its items that read only k, the others)` where `item` of an `&` is an `|` lowered in
+  parts (`split`) with both; else None."""
+  body = _expanded(item)
+  if not isinstance(body, ir.Or) or split(body, site.part_of(ir.and_)) is None:
+    return None
+  pattern = [x for x in body.items if ir.positions_of(x) == {"k"}]
+  rest = [x for x in body.items if ir.positions_of(x) != {"k"}]
+  return (pattern, rest) if pattern and rest else None
+
+
+def _distribute_match(m: ir.Mask, site: Site) -> ir.Mask | None:
+  """`(x & rest) | (x & pattern)` where `m` is `x & (rest | pattern)` lowered in parts, the
+  pattern its `|`'s items that read only k (`g[k]`, a pattern along every q tile row),
+  and no other item of the `&` is such an `|` (each would double the parts)."""
+  m = _expanded(m)
+  if not isinstance(m, ir.And) or _parts_match(m, site) is None:
+    return None
+  found = [(i, f) for i, f in ((i, _distributable(x, site)) for i, x in enumerate(m.items))
+           if f is not None]
+  if len(found) != 1:
+    return None
+  i, (pattern, rest) = found[0]
+  x = ir.joined(m.items[:i] + m.items[i + 1:], ir.and_)
+  return ir.or_([ir.and_([x, ir.joined(rest, ir.or_)]),
+                 ir.and_([x, ir.joined(pattern, ir.or_)])])
+
+
+DISTRIBUTE = Rule(
+    "distribute", "`x & (rest | pattern)` rewritten `(x & rest) | (x & pattern)` before it "
+    "lowers, the pattern the `|`'s items that read only k (`g[k]`): `x & pattern` splices "
+    "the pattern into x's runs", "part", exact=False, match=_distribute_match,
+    lower=lambda m, rewritten, site: lower_part(rewritten, site))
+
 PARTS = Rule(
     "parts", "an `&` / `|` whose parts lower apart, their runs combined (static), or whose "
     "operand-free items lower at trace time (traced)", "part", exact=False,
@@ -194,8 +230,8 @@ PARTS = Rule(
     traced="maskc.lowering.traced._static_part")
 
 # Tried in this order: a band first (a part's closed form, no period analysed), then the
-# whole-mask forms, then the split.
-PART_RULES: tuple[Rule, ...] = (BAND, PERIODIC, ONE_AXIS, EQUAL_READS, PARTS)
+# whole-mask forms, then the rewrite, then the split.
+PART_RULES: tuple[Rule, ...] = (BAND, PERIODIC, ONE_AXIS, EQUAL_READS, DISTRIBUTE, PARTS)
 
 
 def lower_part(m: ir.Mask, site: Site) -> Any:
