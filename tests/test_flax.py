@@ -518,6 +518,32 @@ def test_dropout_and_sown_weights_match_nnx_multihead_attention():
   assert not np.allclose(*own)
 
 
+@pytest.mark.slow
+def test_dropout_gradients_match_nnx_multihead_attention():
+  """Training with dropout: the same keys give Flax's gradients, per-head dropout too."""
+  kw = dict(num_kv_heads=2, dropout_rate=0.2, broadcast_dropout=False, rngs=nnx.Rngs(3))
+  theirs = nnx.MultiHeadAttention(4, F, decode=False, **kw)
+  ours = Attention(4, F, mask="sliding(4)", backend="dense", **kw)
+  carry_weights(ours, theirs, 7)
+  x = inputs(2, 7)
+  dense = jnp.asarray(maskc.materialize("sliding(4)", 7))
+
+  def loss(m, call):
+    return jnp.sum(jnp.sin(call(m)))
+
+  @nnx.jit
+  def grads(ours, theirs):
+    return (nnx.grad(loss)(ours, lambda m: m(x, deterministic=False,
+                                             rngs=nnx.Rngs(dropout=11))),
+            nnx.grad(loss)(theirs, lambda m: m(x, mask=dense, deterministic=False,
+                                               rngs=nnx.Rngs(dropout=11))))
+
+  g_ours, g_theirs = grads(ours, theirs)
+  for name in ("query", "key", "value", "out"):
+    np.testing.assert_allclose(getattr(g_ours, name).kernel[...],
+                               getattr(g_theirs, name).kernel[...], atol=1e-4, rtol=1e-4)
+
+
 def test_sow_weights_while_decoding_with_sinks():
   """The sown weights of a decode step are over the cache's slots, sinks taking their
   share; any backend serves sow_weights."""
