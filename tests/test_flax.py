@@ -629,6 +629,8 @@ def test_errors_of_cross_attention_dropout_and_ragged_caches():
   attn.init_cache((1, 8, F), ragged=True)
   with pytest.raises(maskc.MaskValueError, match=r"lengths has shape \(2,\)"):
     attn(x, lengths=np.array([2, 2]), decode=True)
+  with pytest.raises(maskc.MaskValueError, match=r"not all in 0..4"):
+    attn(x, lengths=np.array([5]), decode=True)
   with pytest.raises(maskc.MaskValueError, match="in_kv_features=12"):
     Attention(2, F, in_kv_features=12, rngs=nnx.Rngs(0))(x)
 

@@ -7,6 +7,7 @@ from typing import Any, Literal, cast
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from flax.nnx.nn import initializers
 
@@ -269,6 +270,7 @@ class Attention(nnx.Module):
       lengths: with `decode` and a ragged cache (`init_cache(..., ragged=True)`), the
         real tokens of each row in this call, `[B]` (default: all `L`); the rest of
         the row is padding, neither cached nor attended. A row given 0 stays put.
+        Traced lengths outside `0..L` are clipped to it.
       decode: append to the cache and attend over it (default: the module's `decode`).
         Self-attention only.
       deterministic: no dropout (default: the module's `deterministic`); needed when
@@ -562,6 +564,12 @@ class Attention(nnx.Module):
     if lengths is None:
       count = jnp.full((batch,), n, jnp.int32)
     else:
+      if not isinstance(lengths, jax.core.Tracer):
+        static = np.asarray(lengths)
+        if static.size and (static.min() < 0 or static.max() > n):
+          raise maskc.MaskValueError(
+              f"lengths {static.tolist()} are not all in 0..{n}, this call's tokens",
+              hint="Give each row's real tokens in this call, the rest being padding.")
       count = jnp.asarray(lengths)
       if count.shape not in ((), (batch,)):
         raise maskc.MaskValueError(
