@@ -59,9 +59,16 @@ def window_of(masks: Sequence[maskc.Mask]) -> int | None:
   return max(w for w in found if w is not None)
 
 
-def with_cache_bound(masks: Sequence[maskc.Mask]) -> tuple[maskc.Mask, ...]:
-  """Each mask `& k < maskc_cache_len`: unwritten cache slots are never attended."""
-  bound = maskc.ir.k < maskc.scalar(CACHE_LEN)
+def with_cache_bound(masks: Sequence[maskc.Mask], rows: bool = False) -> tuple[maskc.Mask, ...]:
+  """Each mask `& k < maskc_cache_len`: unwritten cache slots are never attended.
+
+  With `rows`, also `& q < maskc_cache_len`: a ragged call's padding rows (placed at or past
+  their row's new length) attend nothing.
+  """
+  length = maskc.scalar(CACHE_LEN)
+  bound = maskc.ir.k < length
+  if rows:
+    bound = bound & (maskc.ir.q < length)
   return tuple(m & bound for m in masks)
 
 
@@ -73,9 +80,24 @@ def ring_positions(index: jax.Array, size: int, sentinel: int) -> jax.Array:
   at or past the cache's end, which the `k < maskc_cache_len` bound masks out.
   """
   slots = jnp.arange(size, dtype=jnp.int32)
-  last = index.astype(jnp.int32) - 1
+  last = index.astype(jnp.int32)[..., None] - 1  # a per-row index `[B]` gives `[B, size]`
   held = last - jnp.mod(last - slots, size)
   return jnp.where(held >= 0, held, jnp.int32(sentinel))
+
+
+def ragged_ring_slots(index: jax.Array, count: jax.Array, n: int, size: int) -> jax.Array:
+  """Per row, the ring slot each of a call's `n` tokens goes to, `[B, n]`, or `size`
+  (out of range: not written) for padding and for tokens the row's own later tokens
+  evict from the ring in this call. The written slots of a row are distinct.
+
+  Args:
+    index: each row's tokens before the call, `[B]`.
+    count: each row's real tokens in the call, `[B]` (the rest are padding).
+    n: the call's tokens. size: the ring's slots.
+  """
+  steps = jnp.arange(n, dtype=jnp.int32)[None]
+  keep = (steps < count[:, None]) & (steps >= count[:, None] - size)
+  return jnp.where(keep, jnp.mod(index[:, None] + steps, size), size)
 
 
 def ring_slots(end: jax.Array, count: int, size: int) -> jax.Array:
