@@ -42,16 +42,26 @@ Reads of PARTIAL tiles, loaded from global memory into the score tile's register
 (`plgpu.Layout.WGMMA`): per-token q-side reads once per q tile (row layout, broadcast
 along keys); per-token k-side reads per key tile (column layout, broadcast along rows);
 pairwise reads as a `[64, block_kv]` int32 tile per warpgroup; tile-constant pairwise
-reads and scalars as scalars. The q offset rides with the scalars, as in flash.
+reads and scalars as scalars. The q offset rides with the scalars, as in flash. This code
+(`tile_mask`, `side_reads`) and the memory warpgroup's loop (`stream`) are shared with the
+backward kernels, whose dk/dv tiles are key-major (`Tile.q_axis = 1`).
 
-Gradients: the forward is this kernel; the backward is flash's, on the same map
-(`maskc.kernels.flash.run_with_forward`, as the tokamax backend does): this kernel
-returns each row's log-sum-exp, which is all flash's backward needs besides the output.
-So `jax.grad` through `backend="mosaic_gpu"` runs the Triton backward kernels, which need
-Triton's tiles (powers of two, which 128 × 64/128 are); `interpret` is passed on to them.
-Two paths have no gradient yet and raise `BackendError` when differentiated: calls with
-sinks (flash's backward for a foreign forward has no sink gradient, and a zero one would
-be silently wrong) and `run_with_lse`.
+Gradients, two backward passes, chosen by the module-level `BACKWARD` (read when a call
+is traced, like `SCHEDULE_BARRIER`):
+
+- `BACKWARD = "flash"` (the default): flash's backward on the same map
+  (`maskc.kernels.flash.run_with_forward`, as the tokamax backend does): this kernel
+  returns each row's log-sum-exp, which is all flash's backward needs besides the output.
+  So `jax.grad` through `backend="mosaic_gpu"` runs the Triton backward kernels, which
+  need Triton's tiles (powers of two, which 128 × 64/128 are); `interpret` is passed on to
+  them. Two paths have no gradient there and raise `BackendError` when differentiated:
+  calls with sinks (flash's backward for a foreign forward has no sink gradient, and a
+  zero one would be silently wrong) and `run_with_lse`.
+- `BACKWARD = "mosaic_gpu"` (opt-in; **not yet run on a GPU**, only cross-lowered): the
+  backward in Pallas Mosaic GPU, `maskc.kernels.mosaic_gpu_backward`: a dq kernel per q
+  tile over this walk, a dk/dv kernel per key tile over the map's columns, PARTIAL tiles
+  masked by this module's `tile_mask`. It differentiates sinks and `run_with_lse` too. It
+  becomes the default once `tests/test_gpu.py -k mosaic` passes on a GPU.
 
 What it refuses, with a `BackendError` naming `flash`: a JAX whose Pallas Mosaic GPU does
 not import or lacks the warpgroup API (`compat.mosaic_gpu_unavailable`), dtypes other than
@@ -68,6 +78,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -97,6 +108,11 @@ DTYPES = (jnp.bfloat16, jnp.float16)
 # module-level switch so that a first GPU session can rule it out if the kernel hangs
 # (`mosaic_gpu.SCHEDULE_BARRIER = False` before tracing); not a tuning knob.
 SCHEDULE_BARRIER = True
+# Which backward pass differentiates `backend="mosaic_gpu"` (read when a call is traced):
+# "flash", flash's Triton kernels (the default), or "mosaic_gpu", this module's own in
+# `maskc.kernels.mosaic_gpu_backward`, opt-in because it has never run on a GPU.
+BACKWARD = "flash"
+BACKWARDS = ("flash", "mosaic_gpu")
 
 
 def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
@@ -233,10 +249,14 @@ class Inputs(NamedTuple):
   tile: Any
 
 
-def walk(bm: BlockMap, u: int):
-  """`[B', n_q_tiles, 2 + W]` int32: each q tile's FULL then PARTIAL key tiles (see `Inputs`)."""
-  fi, fc, _ = common.tile_lists(bm, u, common.FULL)
-  pi, pc, _ = common.tile_lists(bm, u, common.PARTIAL)
+def walk(bm: BlockMap, u: int, transpose: bool = False):
+  """`[B', n_q_tiles, 2 + W]` int32: each q tile's FULL then PARTIAL key tiles (see `Inputs`).
+
+  With `transpose`, `[B', n_kv_tiles, 2 + W]`: each key tile's FULL then PARTIAL q tiles,
+  from the map's `cols` runs (the backward's dk/dv walk).
+  """
+  fi, fc, _ = common.tile_lists(bm, u, common.FULL, transpose=transpose)
+  pi, pc, _ = common.tile_lists(bm, u, common.PARTIAL, transpose=transpose)
   xp = np if isinstance(fi, np.ndarray) and isinstance(pi, np.ndarray) else jnp
   mf, mp = fi.shape[-1], pi.shape[-1]
   t = xp.arange(max(1, mf + mp), dtype=np.int32)
@@ -257,6 +277,150 @@ def inputs(bm: BlockMap, u: int) -> Inputs:
   return Inputs(jnp.asarray(walk(bm, u)), r.scal, r.qtok, r.ktok, r.pair, r.tile)
 
 
+# ----------------------------------------------------------------------------- shared pieces
+#
+# The forward kernel and the backward's (`maskc.kernels.mosaic_gpu_backward`) read a tile's
+# mask and stream tiles through shared-memory slots with the same code, below.
+
+
+class ReadRefs(NamedTuple):
+  """The read refs a kernel got (`Inputs` less the walk) and the batch row they are read at.
+
+  `pair` is `[B', Np, Lq_pad, Lkv_pad]` for q-major tiles; the dk/dv kernel, whose tiles are
+  key-major, gets its transpose `[B', Np, Lkv_pad, Lq_pad]`.
+  """
+  scal: Any
+  qtok: Any
+  ktok: Any
+  pair: Any
+  tile: Any
+  mb: Any
+
+
+class Tile(NamedTuple):
+  """Where a `[rows, cols]` score tile sits in the padded attention matrix.
+
+  Attributes:
+    shape: the tile's shape in registers (WGMMA layout).
+    q_axis: the tile's query axis: 0 in the forward and dq kernels (`q kᵀ`), 1 in the
+      dk/dv kernel (`k qᵀ`); the other axis is the keys'.
+    q_start, k_start: the first query row and key of the tile (padded coordinates, before
+      the q offset).
+    qi, kj: the map tile it lies in (for tile-constant reads).
+  """
+  shape: tuple[int, int]
+  q_axis: int
+  q_start: Any
+  k_start: Any
+  qi: Any
+  kj: Any
+
+
+def load_vec(ref, axis: int):
+  """A 1-D view in global memory, in registers as a vector along `axis` of a WGMMA tile."""
+  plgpu = compat.mosaic_gpu()
+  return compat.mosaic_load(ref, plgpu.Layout.WGMMA.reduce(1 - axis))
+
+
+def side_reads(refs: ReadRefs, side: str, count: int, start, length: int, axis: int) -> list:
+  """The `count` per-token reads of one side ("q" or "k") at padded positions
+  `[start, start + length)`, as vectors along `axis`: for the side a walk keeps fixed, loaded
+  once (a few registers a thread) and broadcast where a PARTIAL tile reads them."""
+  ref = refs.qtok if side == "q" else refs.ktok
+  return [load_vec(ref.at[refs.mb, r, pl.ds(start, length)], axis) for r in range(count)]
+
+
+def tile_mask(cfg: Config, refs: ReadRefs, tile: Tile, partial: bool, *,
+              q_vecs: list | None = None, k_vecs: list | None = None):
+  """The allowed pairs of a score tile (bool, WGMMA layout), or None where none is masked.
+
+  A FULL tile masks only keys past `kv_len` (in a ragged last key tile). A PARTIAL tile
+  evaluates the compiled predicate with every kind of read: per-token q and k reads as
+  vectors broadcast along the other axis (`q_vecs`/`k_vecs` when the caller loaded them
+  once, `side_reads`, else loaded here), pairwise reads as a tile, tile-constant pairwise
+  reads and scalars as scalars. The q offset rides at the end of the scalars.
+  """
+  plgpu = compat.mosaic_gpu()
+  qa, ka = tile.q_axis, 1 - tile.q_axis
+  nq, nk = tile.shape[qa], tile.shape[ka]
+
+  def iota(axis: int):
+    return plgpu.broadcasted_iota(jnp.int32, tile.shape, axis, layout=plgpu.Layout.WGMMA)
+
+  def full(x):
+    return lax.broadcast_in_dim(x, tile.shape, ())
+
+  kpos = iota(ka) + tile.k_start
+  in_range = kpos < cfg.kv_len
+  if not partial:
+    return in_range if cfg.kv_len % cfg.block_kv else None
+  pred = cfg.pred
+  qpos = iota(qa) + (tile.q_start + refs.scal[refs.mb, len(pred.scalars)])
+
+  def fetch(kind: str, slot: int):
+    if kind == "q_read":
+      vec = (q_vecs[slot] if q_vecs is not None else
+             load_vec(refs.qtok.at[refs.mb, slot, pl.ds(tile.q_start, nq)], qa))
+      return lax.broadcast_in_dim(vec, tile.shape, [qa])
+    if kind == "k_read":
+      vec = (k_vecs[slot] if k_vecs is not None else
+             load_vec(refs.ktok.at[refs.mb, slot, pl.ds(tile.k_start, nk)], ka))
+      return lax.broadcast_in_dim(vec, tile.shape, [ka])
+    if kind == "pair":
+      rows, cols = ((tile.q_start, nq), (tile.k_start, nk))[::1 if qa == 0 else -1]
+      view = refs.pair.at[refs.mb, slot, pl.ds(*rows), pl.ds(*cols)]
+      return compat.mosaic_load(view, plgpu.Layout.WGMMA)
+    if kind == "tile_pair":
+      return full(refs.tile[refs.mb, (slot * cfg.n_q_tiles + tile.qi) * cfg.n_kv_tiles
+                            + tile.kj])
+    return full(refs.scal[refs.mb, slot])
+  return _predicate.evaluate(pred, jnp, qpos, kpos, fetch) & in_range
+
+
+class Stream(NamedTuple):
+  """One operand the memory warpgroup streams: step `t`'s view in global memory
+  (`source(t)`), the shared-memory slots, and per slot the barriers saying it is loaded and
+  that every compute warpgroup is done with it."""
+  source: Callable[[Any], Any]
+  slots: Any
+  loaded: Any
+  consumed: Any
+
+
+def stream(n_steps, stages: int, streams: Sequence[Stream]) -> None:
+  """The memory warpgroup's loop: step `t` of each stream is TMA-copied into slot
+  `t % stages` as soon as the compute warpgroups released the slot's step `t - stages`, so
+  loads run up to `stages` steps ahead of the compute."""
+  plgpu = compat.mosaic_gpu()
+
+  def load(t, carry):
+    slot = lax.rem(t, jnp.int32(stages))
+    for st in streams:
+      @pl.when(t >= stages)
+      def _():
+        plgpu.barrier_wait(st.consumed.at[slot])  # noqa: B023  (called at once)
+      plgpu.copy_gmem_to_smem(st.source(t), st.slots.at[slot], st.loaded.at[slot])
+    return carry
+
+  lax.fori_loop(0, n_steps, load, None)
+
+
+def key_tiles(walk_: tuple, ref, batch, kv_head, bk: int) -> Callable[[Any], Any]:
+  """The source of a key-side stream walking a q tile's map row: step `t` is key tile
+  `meta[mb, qi, 2 + t]` of `ref` (k or v) for `walk_ = (meta_ref, mb, qi)`."""
+  meta_ref, mb, qi = walk_
+  return lambda t: ref.at[batch, pl.ds(meta_ref[mb, qi, 2 + t] * bk, bk), kv_head]
+
+
+def softcap(s, cfg: Config):
+  """Raw scores `q kᵀ` to the base-2 logits (scaled, soft-capped, times `log2 e`), and the
+  cap's `tanh` (None without a cap), which the backward's chain rule needs."""
+  if cfg.cap is None:
+    return s * (cfg.scale * LOG2E), None
+  t = jnp.tanh(s * (cfg.scale / cfg.cap))
+  return t * (cfg.cap * LOG2E), t
+
+
 # ----------------------------------------------------------------------------- the kernel
 
 
@@ -268,9 +432,7 @@ def _forward(cfg: Config, q, k, v, sinks, ins: Inputs):
   dtype = q.dtype
   wgmma_layout = plgpu.Layout.WGMMA
   row_layout = plgpu.Layout.WGMMA.reduce(1)
-  col_layout = plgpu.Layout.WGMMA.reduce(0)
   pred = cfg.pred
-  ns = len(pred.scalars)
 
   def kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, sink_ref, q_ref,
              k_ref, v_ref, out_ref, lse_ref, scoped):
@@ -300,38 +462,12 @@ def _forward(cfg: Config, q, k, v, sinks, ins: Inputs):
                               q_loaded.at[wg])
       plgpu.barrier_wait(q_loaded.at[wg])
 
-      def iota(dim):
-        return plgpu.broadcasted_iota(jnp.int32, (rows, bk), dim, layout=wgmma_layout)
-
-      def full(x):
-        return lax.broadcast_in_dim(x, (rows, bk), ())
-
-      q_first = q_base + scal_ref[mb, ns]          # the position of the first row
-      # q-side reads stay row vectors across the loop (a few registers a thread); they are
-      # broadcast to the tile where a PARTIAL tile reads them
-      q_rows = [compat.mosaic_load(qtok_ref.at[mb, r, pl.ds(q_base, rows)], row_layout)
-                for r in range(len(pred.q_reads))]
+      refs = ReadRefs(scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, mb)
+      q_vecs = side_reads(refs, "q", len(pred.q_reads), q_base, rows, 0)
 
       def allowed(j, partial: bool):
-        kpos = iota(1) + j * bk
-        in_range = kpos < cfg.kv_len
-        if not partial:
-          return in_range if cfg.kv_len % bk else None
-        qpos = iota(0) + q_first
-
-        def fetch(kind: str, slot: int):
-          if kind == "q_read":
-            return lax.broadcast_in_dim(q_rows[slot], (rows, bk), [0])
-          if kind == "k_read":
-            row = compat.mosaic_load(ktok_ref.at[mb, slot, pl.ds(j * bk, bk)], col_layout)
-            return lax.broadcast_in_dim(row, (rows, bk), [1])
-          if kind == "pair":
-            return compat.mosaic_load(
-                pair_ref.at[mb, slot, pl.ds(q_base, rows), pl.ds(j * bk, bk)], wgmma_layout)
-          if kind == "tile_pair":
-            return full(tile_ref[mb, (slot * cfg.n_q_tiles + qi) * cfg.n_kv_tiles + j])
-          return full(scal_ref[mb, slot])
-        return _predicate.evaluate(pred, jnp, qpos, kpos, fetch) & in_range
+        tile = Tile((rows, bk), 0, q_base, j * bk, qi, j)
+        return tile_mask(cfg, refs, tile, partial, q_vecs=q_vecs)
 
       if cfg.has_sinks:
         m0 = full_row(sink_ref[head] * LOG2E, rows, row_layout)
@@ -356,10 +492,7 @@ def _forward(cfg: Config, q, k, v, sinks, ins: Inputs):
 
           s = pl.run_scoped(scores, plgpu.ACC((rows, bk), jnp.float32))
           plgpu.barrier_arrive(k_consumed.at[slot])
-          if cfg.cap is None:
-            s = s * (cfg.scale * LOG2E)
-          else:
-            s = jnp.tanh(s * (cfg.scale / cfg.cap)) * (cfg.cap * LOG2E)
+          s, _ = softcap(s, cfg)
           mask = allowed(j, partial)
           if mask is not None:
             s = jnp.where(mask, s, common.NEG)
@@ -407,23 +540,10 @@ def _forward(cfg: Config, q, k, v, sinks, ins: Inputs):
       plgpu.set_max_registers(40, action="decrease")
       kv_head = lax.div(head, jnp.int32(cfg.groups))
 
-      def load(t, carry):
-        slot = lax.rem(t, jnp.int32(stages))
-        j = meta_ref[mb, qi, 2 + t]
-        tile = (batch, pl.ds(j * bk, bk), kv_head)
-
-        @pl.when(t >= stages)
-        def _():
-          plgpu.barrier_wait(k_consumed.at[slot])
-        plgpu.copy_gmem_to_smem(k_ref.at[tile], k_smem.at[slot], k_loaded.at[slot])
-
-        @pl.when(t >= stages)
-        def _():
-          plgpu.barrier_wait(v_consumed.at[slot])
-        plgpu.copy_gmem_to_smem(v_ref.at[tile], v_smem.at[slot], v_loaded.at[slot])
-        return carry
-
-      lax.fori_loop(0, n_all, load, None)
+      walk_ = (meta_ref, mb, qi)
+      stream(n_all, stages,
+             [Stream(key_tiles(walk_, k_ref, batch, kv_head, bk), k_smem, k_loaded, k_consumed),
+              Stream(key_tiles(walk_, v_ref, batch, kv_head, bk), v_smem, v_loaded, v_consumed)])
 
   def entry(*refs):
     tiling = plgpu.TilingTransform((8, 64))
@@ -486,24 +606,26 @@ def _launch(q, k, v, bm: BlockMap, u: int, *, scale: float, cap, has_sinks: bool
   return _Launch(cfg, inputs(bm, u), dp)
 
 
-def _pad(x, rows: int, dim: int, dtype):
+def pad_to(x, rows: int, dim: int, dtype):
+  """`x [B, L, H, D]` in `dtype`, zero-padded to `rows` positions and head dim `dim`."""
   return jnp.pad(x.astype(dtype), ((0, 0), (0, rows - x.shape[1]), (0, 0),
                                    (0, dim - x.shape[3])))
 
 
-def _padded_forward(cfg: Config, d: int, q, k, v, sinks, ins: Inputs):
+def padded_forward(cfg: Config, d: int, q, k, v, sinks, ins: Inputs):
   """`(out [B, Lq, H, Dv] in q's dtype, lse [B, H, Lq] f32, +inf on rows with no key)`."""
   lq, dv = q.shape[1], v.shape[-1]
   lq_pad, lkv_pad = cfg.n_q_tiles * BLOCK_Q, cfg.n_kv_tiles * cfg.block_kv
-  out, lse = _forward(cfg, _pad(q, lq_pad, d, q.dtype), _pad(k, lkv_pad, d, q.dtype),
-                      _pad(v, lkv_pad, d, q.dtype), sinks, ins)
+  out, lse = _forward(cfg, pad_to(q, lq_pad, d, q.dtype), pad_to(k, lkv_pad, d, q.dtype),
+                      pad_to(v, lkv_pad, d, q.dtype), sinks, ins)
   return out[:, :lq, :, :dv], lse[:, :, :lq]
 
 
 def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
   """The backend entry point: attention `[B, Lq, H, Dv]` with the Mosaic GPU forward kernel.
 
-  Differentiable: the backward pass is flash's on the same map (module docstring).
+  Differentiable: the backward pass is flash's on the same map, or with
+  `BACKWARD = "mosaic_gpu"` the Mosaic GPU one, sinks included (module docstring).
   """
   q, k, v = common.qkv_arrays(q, k, v)
   b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
@@ -512,10 +634,16 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
   sinks = common.check_sinks(sinks, h)
   scale = common.default_scale(d, scale)
 
+  backward = _backward_choice(bm)
+
   def one(q, k, v, u, sinks):
     ln = _launch(q, k, v, bm, u, scale=scale, cap=logits_soft_cap, has_sinks=sinks is not None,
                  interpret=interpret)
     sinks_in = jnp.zeros((q.shape[2],), jnp.float32) if sinks is None else sinks
+    if backward == "mosaic_gpu":
+      from maskc.kernels import mosaic_gpu_backward as mb
+      return mb.attention(_backward_plan(bm, ln.cfg), ln.d, q, k, v, sinks_in, ln.ins,
+                          jnp.asarray(walk(bm, u, transpose=True)))
     if sinks is not None:
       # flash's backward has no sinks; gradients through this path would miss them.
       return _no_grad_forward(ln.cfg, ln.d, q, k, v, sinks_in, ln.ins)
@@ -527,8 +655,24 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
   return common.per_mask(one, q, k, v, bm, sinks)
 
 
+def _backward_choice(bm: BlockMap) -> str:
+  """`BACKWARD`, checked."""
+  if BACKWARD not in BACKWARDS:
+    raise MaskValueError(f"mosaic_gpu.BACKWARD must be one of {BACKWARDS}, got {BACKWARD!r}")
+  return BACKWARD
+
+
+def _backward_plan(bm: BlockMap, cfg: Config):
+  """The Mosaic GPU backward's plan for `cfg`, or a refusal naming flash."""
+  from maskc.kernels import mosaic_gpu_backward as mb
+  why = mb.refusal(cfg)
+  if why is not None:
+    raise _refuse(bm, f"its backward pass: {why}")
+  return mb.plan(cfg)
+
+
 def _forward_for_flash(cfg: Config, d: int, q, k, v, sinks, *ins):
-  return _padded_forward(cfg, d, q, k, v, sinks, Inputs(*ins))
+  return padded_forward(cfg, d, q, k, v, sinks, Inputs(*ins))
 
 
 def _single_mask(bm: BlockMap, u: int) -> BlockMap:
@@ -540,7 +684,7 @@ def _single_mask(bm: BlockMap, u: int) -> BlockMap:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _no_grad_forward(cfg: Config, d: int, q, k, v, sinks, ins: Inputs):
-  return _padded_forward(cfg, d, q, k, v, sinks, ins)[0]
+  return padded_forward(cfg, d, q, k, v, sinks, ins)[0]
 
 
 def _no_grad_fwd(cfg, d, q, k, v, sinks, ins):
@@ -548,8 +692,9 @@ def _no_grad_fwd(cfg, d, q, k, v, sinks, ins):
 
 
 def _no_grad_bwd(cfg, d, res, do):
-  raise BackendError("backend 'mosaic_gpu' has no backward pass with sinks yet (flash's "
-                     "backward, which it borrows, has none for a foreign forward)",
+  raise BackendError("backend 'mosaic_gpu' has no backward pass with sinks by default (flash's "
+                     "backward, which it borrows, has none for a foreign forward; "
+                     "mosaic_gpu.BACKWARD = 'mosaic_gpu' has one, not yet run on a GPU)",
                      hint="Use backend='flash' to differentiate attention with sinks.")
 
 
@@ -562,7 +707,8 @@ def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=Non
   The contract of `maskc.kernels.flash.run_with_lse` (rows with no key: `out = 0`,
   `lse = NEG_LSE`; one mask for every head), with one difference: the kernel stores
   `out` in the inputs' dtype (its output buffer is the q tile's shared memory), and it
-  is returned cast to float32. Not differentiable yet: a gradient raises BackendError.
+  is returned cast to float32. Differentiable (through both outputs) only with
+  `BACKWARD = "mosaic_gpu"`; with flash's backward a gradient raises BackendError.
   """
   q, k, v = common.qkv_arrays(q, k, v)
   b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
@@ -571,6 +717,10 @@ def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=Non
   _check_device(bm, q)
   ln = _launch(q, k, v, bm, 0, scale=common.default_scale(d, scale), cap=logits_soft_cap,
                has_sinks=False, interpret=interpret)
+  if _backward_choice(bm) == "mosaic_gpu":
+    from maskc.kernels import mosaic_gpu_backward as mb
+    return mb.attention_with_lse(_backward_plan(bm, ln.cfg), ln.d, q, k, v, ln.ins,
+                                 jnp.asarray(walk(bm, 0, transpose=True)))
   out, lse = _lse_forward(ln.cfg, ln.d, q, k, v, ln.ins)
   return out, lse
 
@@ -578,7 +728,7 @@ def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=Non
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _lse_forward(cfg: Config, d: int, q, k, v, ins: Inputs):
   sinks = jnp.zeros((q.shape[2],), jnp.float32)
-  out, lse = _padded_forward(cfg, d, q, k, v, sinks, ins)
+  out, lse = padded_forward(cfg, d, q, k, v, sinks, ins)
   lse = jnp.where(jnp.isfinite(lse), lse, NEG_LSE)
   return out.astype(jnp.float32), jnp.swapaxes(lse, 1, 2)
 
@@ -588,7 +738,9 @@ def _lse_fwd(cfg, d, q, k, v, ins):
 
 
 def _lse_bwd(cfg, d, res, cts):
-  raise BackendError("backend 'mosaic_gpu' has no backward pass for run_with_lse yet",
+  raise BackendError("backend 'mosaic_gpu' has no backward pass for run_with_lse with "
+                     "flash's backward (mosaic_gpu.BACKWARD = 'mosaic_gpu' has one, not yet "
+                     "run on a GPU)",
                      hint="Use maskc.kernels.flash.run_with_lse to differentiate through the "
                           "log-sum-exp.")
 
