@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import maskc
-from attention_reference import jnp_reference, numpy_reference
+from attention_reference import jnp_reference, numpy_gradients, numpy_reference
 from helpers import assert_norm_close
 from maskc.kernels import api, flash, xla
 
@@ -471,6 +471,47 @@ def test_mosaic_gpu_on_gpu_matches_references(case):
   # allowed is [Lq, Lkv], [H, Lq, Lkv] (per head) or [B, 1, Lq, Lkv] (batched operands)
   empty = ~np.broadcast_to(allowed.any(-1), (2, h, lq)).transpose(0, 2, 1)   # [B, Lq, H]
   assert np.all(out[empty] == 0), f"{name}: rows with no key are exactly zero"
+
+
+# The opt-in Mosaic GPU backward (`mosaic_gpu.BACKWARD = "mosaic_gpu"`,
+# maskc.kernels.mosaic_gpu_backward), never run before these: the forward's cases, sinks
+# included, each gradient (sinks' too) against float64 NumPy's backward formula
+# (`numpy_gradients`). gpu_check.sh runs them after a one-call smoke run of their own.
+
+
+@pytest.mark.parametrize("case", MOSAIC_CASES, ids=[c[0] for c in MOSAIC_CASES])
+def test_mosaic_backward_on_gpu_matches_float64(case, monkeypatch):
+  from maskc.kernels import mosaic_gpu
+  name, mask, lq, lkv, h, hkv, d, dtype, cap, has_sinks, (bq, bk), kind = case
+  if (why := mosaic_gpu.compat.mosaic_gpu_unavailable()) is not None:
+    pytest.fail(f"Pallas Mosaic GPU is not usable with this jax: {why}")
+  monkeypatch.setattr(mosaic_gpu, "BACKWARD", "mosaic_gpu")
+  dtype = jnp.dtype(dtype)
+  ops = _mosaic_ops(kind, lkv, len(name))
+  q, k, v, w = inputs(len(name), 2, lq, lkv, h, hkv, d, dtype)
+  bm = maskc.compile(mask, lq, lkv, block_q=bq, block_kv=bk, operands=ops)
+  sinks = (np.random.default_rng(1).standard_normal(h).astype(np.float32) if has_sinks
+           else None)
+
+  def loss(q, k, v, w, s):
+    out = api.attention(q, k, v, bm, backend="mosaic_gpu", logits_soft_cap=cap,
+                        sinks=s if has_sinks else None, interpret=False)
+    return (out.astype(jnp.float32) * w).sum()
+
+  put = lambda x, t=dtype: jax.device_put(jnp.asarray(x, t), GPU)
+  s0 = np.zeros(h, np.float32) if sinks is None else sinks
+  grads = jax.jit(jax.grad(loss, (0, 1, 2, 4)))(put(q), put(k), put(v), put(w, jnp.float32),
+                                                put(s0, jnp.float32))
+  grads = [np.asarray(g.astype(jnp.float32)) for g in grads]
+  allowed = np.asarray(maskc.materialize(mask, lq, lkv, operands=ops))
+  allowed = allowed[:, None] if bm.batch is not None else allowed    # [B, 1, Lq, Lkv]
+  refs = numpy_gradients(q, k, v, w, allowed, 1 / np.sqrt(d), cap, sinks)
+  for g, r, n in zip(grads, refs, ("q", "k", "v", "sinks")):
+    if r is not None:
+      assert np.isfinite(g).all(), f"{name}: d{n} is finite"
+      assert_norm_close(g, r, BF16_TOL, f"{name}: d{n} vs float64 NumPy")
+  empty = ~np.broadcast_to(allowed.any(-1), (2, h, lq)).transpose(0, 2, 1)   # [B, Lq, H]
+  assert np.all(grads[0][empty] == 0), f"{name}: rows with no key have zero dq"
 
 
 MOSAIC_LSE_CASES = [
