@@ -77,8 +77,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -87,22 +85,33 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from maskc.compiled import predicate as _predicate
 from maskc.compiled.blockmap import BlockMap
-from maskc.compiled.predicate import Predicate
-from maskc.kernels import common, compat, flash
+from maskc.kernels import common, compat, flash, mosaic_gpu_backward as _backward
+from maskc.kernels.mosaic_gpu_tiles import (
+  BLOCK_KV,
+  BLOCK_Q,
+  LOG2E,
+  MAX_STAGES,
+  SMEM_BYTES,
+  WG_ROWS,
+  Config,
+  Inputs,
+  ReadRefs,
+  Stream,
+  Tile,
+  key_tiles,
+  pad_to,
+  side_reads,
+  softcap,
+  stream,
+  tile_mask,
+)
 from maskc.kernels.platform import platform
 from maskc.kernels.xla import NEG_LSE
 from maskc.language.errors import BackendError, MaskValueError
 
 BLOCK_SIZES = (128, 128)
-BLOCK_Q = 128                 # two compute warpgroups of 64 rows
-WG_ROWS = 64                  # rows of one wgmma, one compute warpgroup
 COMPUTE_WGS = 2
-BLOCK_KV = (64, 128)
-MAX_STAGES = 4
-SMEM_BYTES = 227 * 1024       # an H100's shared memory per block
-LOG2E = math.log2(math.e)
 DTYPES = (jnp.bfloat16, jnp.float16)
 # FA3's ping-pong between the two compute warpgroups (`Config.schedule_barrier`). A
 # module-level switch so that a first GPU session can rule it out if the kernel hangs
@@ -122,51 +131,6 @@ def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------- config
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-  """Everything static about one launch of the kernel (hashable).
-
-  Attributes:
-    pred: the mask's compiled predicate (PARTIAL tiles evaluate it).
-    block_kv: keys per tile (64 or 128); `block_q` is always 128.
-    q_len, kv_len: the unpadded lengths.
-    n_q_tiles, n_kv_tiles: tiles per row and column of the map.
-    groups: query heads per key head.
-    head_dim: q, k and v's head dim after padding to a multiple of 64.
-    dtype: the inputs' dtype name ("bfloat16" or "float16").
-    scale, cap: logit scale and soft cap (None: none).
-    has_sinks: sink logits start each row's softmax.
-    batched_meta: the tile lists and reads have a batch axis.
-    stages: shared-memory slots for key/value tiles (at least 2).
-    schedule_barrier: the two compute warpgroups alternate on the tensor cores (FA3).
-  """
-  pred: Predicate
-  block_kv: int
-  q_len: int
-  kv_len: int
-  n_q_tiles: int
-  n_kv_tiles: int
-  groups: int
-  head_dim: int
-  dtype: str
-  scale: float
-  cap: float | None
-  has_sinks: bool
-  batched_meta: bool
-  stages: int
-  schedule_barrier: bool = True
-
-  def __post_init__(self):
-    if self.block_kv not in BLOCK_KV:
-      raise MaskValueError(f"the mosaic_gpu kernel takes block_kv in {BLOCK_KV}, got "
-                           f"{self.block_kv=}")
-    if self.head_dim % 64 or not 64 <= self.head_dim <= 256:
-      raise MaskValueError(f"head_dim must be a multiple of 64 in [64, 256], got "
-                           f"{self.head_dim=}")
-    if self.stages < 2:
-      raise MaskValueError(f"stages must be at least 2, got {self.stages=}")
 
 
 def smem_bytes(head_dim: int, block_kv: int, stages: int, itemsize: int = 2) -> int:
@@ -229,26 +193,6 @@ def _refuse(bm: BlockMap, why: str) -> BackendError:
 # ----------------------------------------------------------------------------- kernel inputs
 
 
-class Inputs(NamedTuple):
-  """The kernel's metadata and read arrays, for one mask.
-
-  Attributes:
-    meta: `[B', n_q_tiles, 2 + W]` int32: per q tile the count of FULL key tiles, the
-      count of FULL and PARTIAL ones together, then their indices, FULL first.
-    scal: `[B', Ns + 1]` int32: scalar reads, then the q offset.
-    qtok: `[B', Nq, Lq_pad]`, ktok: `[B', Nk, Lkv_pad]` int32: per-token reads.
-    pair: `[B', Np, Lq_pad, Lkv_pad]` int32: pairwise reads.
-    tile: `[B', Nt · nq · nk]` int32: tile-constant pairwise reads.
-  A kind the predicate does not read is a small block of zeros the kernel never loads.
-  """
-  meta: Any
-  scal: Any
-  qtok: Any
-  ktok: Any
-  pair: Any
-  tile: Any
-
-
 def walk(bm: BlockMap, u: int, transpose: bool = False):
   """`[B', n_q_tiles, 2 + W]` int32: each q tile's FULL then PARTIAL key tiles (see `Inputs`).
 
@@ -275,150 +219,6 @@ def inputs(bm: BlockMap, u: int) -> Inputs:
   lq_pad, lkv_pad = bm.n_q_tiles * bm.block_q, bm.n_kv_tiles * bm.block_kv
   r = flash.read_arrays(bm, u, lq_pad, lkv_pad)
   return Inputs(jnp.asarray(walk(bm, u)), r.scal, r.qtok, r.ktok, r.pair, r.tile)
-
-
-# ----------------------------------------------------------------------------- shared pieces
-#
-# The forward kernel and the backward's (`maskc.kernels.mosaic_gpu_backward`) read a tile's
-# mask and stream tiles through shared-memory slots with the same code, below.
-
-
-class ReadRefs(NamedTuple):
-  """The read refs a kernel got (`Inputs` less the walk) and the batch row they are read at.
-
-  `pair` is `[B', Np, Lq_pad, Lkv_pad]` for q-major tiles; the dk/dv kernel, whose tiles are
-  key-major, gets its transpose `[B', Np, Lkv_pad, Lq_pad]`.
-  """
-  scal: Any
-  qtok: Any
-  ktok: Any
-  pair: Any
-  tile: Any
-  mb: Any
-
-
-class Tile(NamedTuple):
-  """Where a `[rows, cols]` score tile sits in the padded attention matrix.
-
-  Attributes:
-    shape: the tile's shape in registers (WGMMA layout).
-    q_axis: the tile's query axis: 0 in the forward and dq kernels (`q kᵀ`), 1 in the
-      dk/dv kernel (`k qᵀ`); the other axis is the keys'.
-    q_start, k_start: the first query row and key of the tile (padded coordinates, before
-      the q offset).
-    qi, kj: the map tile it lies in (for tile-constant reads).
-  """
-  shape: tuple[int, int]
-  q_axis: int
-  q_start: Any
-  k_start: Any
-  qi: Any
-  kj: Any
-
-
-def load_vec(ref, axis: int):
-  """A 1-D view in global memory, in registers as a vector along `axis` of a WGMMA tile."""
-  plgpu = compat.mosaic_gpu()
-  return compat.mosaic_load(ref, plgpu.Layout.WGMMA.reduce(1 - axis))
-
-
-def side_reads(refs: ReadRefs, side: str, count: int, start, length: int, axis: int) -> list:
-  """The `count` per-token reads of one side ("q" or "k") at padded positions
-  `[start, start + length)`, as vectors along `axis`: for the side a walk keeps fixed, loaded
-  once (a few registers a thread) and broadcast where a PARTIAL tile reads them."""
-  ref = refs.qtok if side == "q" else refs.ktok
-  return [load_vec(ref.at[refs.mb, r, pl.ds(start, length)], axis) for r in range(count)]
-
-
-def tile_mask(cfg: Config, refs: ReadRefs, tile: Tile, partial: bool, *,
-              q_vecs: list | None = None, k_vecs: list | None = None):
-  """The allowed pairs of a score tile (bool, WGMMA layout), or None where none is masked.
-
-  A FULL tile masks only keys past `kv_len` (in a ragged last key tile). A PARTIAL tile
-  evaluates the compiled predicate with every kind of read: per-token q and k reads as
-  vectors broadcast along the other axis (`q_vecs`/`k_vecs` when the caller loaded them
-  once, `side_reads`, else loaded here), pairwise reads as a tile, tile-constant pairwise
-  reads and scalars as scalars. The q offset rides at the end of the scalars.
-  """
-  plgpu = compat.mosaic_gpu()
-  qa, ka = tile.q_axis, 1 - tile.q_axis
-  nq, nk = tile.shape[qa], tile.shape[ka]
-
-  def iota(axis: int):
-    return plgpu.broadcasted_iota(jnp.int32, tile.shape, axis, layout=plgpu.Layout.WGMMA)
-
-  def full(x):
-    return lax.broadcast_in_dim(x, tile.shape, ())
-
-  kpos = iota(ka) + tile.k_start
-  in_range = kpos < cfg.kv_len
-  if not partial:
-    return in_range if cfg.kv_len % cfg.block_kv else None
-  pred = cfg.pred
-  qpos = iota(qa) + (tile.q_start + refs.scal[refs.mb, len(pred.scalars)])
-
-  def fetch(kind: str, slot: int):
-    if kind == "q_read":
-      vec = (q_vecs[slot] if q_vecs is not None else
-             load_vec(refs.qtok.at[refs.mb, slot, pl.ds(tile.q_start, nq)], qa))
-      return lax.broadcast_in_dim(vec, tile.shape, [qa])
-    if kind == "k_read":
-      vec = (k_vecs[slot] if k_vecs is not None else
-             load_vec(refs.ktok.at[refs.mb, slot, pl.ds(tile.k_start, nk)], ka))
-      return lax.broadcast_in_dim(vec, tile.shape, [ka])
-    if kind == "pair":
-      rows, cols = ((tile.q_start, nq), (tile.k_start, nk))[::1 if qa == 0 else -1]
-      view = refs.pair.at[refs.mb, slot, pl.ds(*rows), pl.ds(*cols)]
-      return compat.mosaic_load(view, plgpu.Layout.WGMMA)
-    if kind == "tile_pair":
-      return full(refs.tile[refs.mb, (slot * cfg.n_q_tiles + tile.qi) * cfg.n_kv_tiles
-                            + tile.kj])
-    return full(refs.scal[refs.mb, slot])
-  return _predicate.evaluate(pred, jnp, qpos, kpos, fetch) & in_range
-
-
-class Stream(NamedTuple):
-  """One operand the memory warpgroup streams: step `t`'s view in global memory
-  (`source(t)`), the shared-memory slots, and per slot the barriers saying it is loaded and
-  that every compute warpgroup is done with it."""
-  source: Callable[[Any], Any]
-  slots: Any
-  loaded: Any
-  consumed: Any
-
-
-def stream(n_steps, stages: int, streams: Sequence[Stream]) -> None:
-  """The memory warpgroup's loop: step `t` of each stream is TMA-copied into slot
-  `t % stages` as soon as the compute warpgroups released the slot's step `t - stages`, so
-  loads run up to `stages` steps ahead of the compute."""
-  plgpu = compat.mosaic_gpu()
-
-  def load(t, carry):
-    slot = lax.rem(t, jnp.int32(stages))
-    for st in streams:
-      @pl.when(t >= stages)
-      def _():
-        plgpu.barrier_wait(st.consumed.at[slot])  # noqa: B023  (called at once)
-      plgpu.copy_gmem_to_smem(st.source(t), st.slots.at[slot], st.loaded.at[slot])
-    return carry
-
-  lax.fori_loop(0, n_steps, load, None)
-
-
-def key_tiles(walk_: tuple, ref, batch, kv_head, bk: int) -> Callable[[Any], Any]:
-  """The source of a key-side stream walking a q tile's map row: step `t` is key tile
-  `meta[mb, qi, 2 + t]` of `ref` (k or v) for `walk_ = (meta_ref, mb, qi)`."""
-  meta_ref, mb, qi = walk_
-  return lambda t: ref.at[batch, pl.ds(meta_ref[mb, qi, 2 + t] * bk, bk), kv_head]
-
-
-def softcap(s, cfg: Config):
-  """Raw scores `q kᵀ` to the base-2 logits (scaled, soft-capped, times `log2 e`), and the
-  cap's `tanh` (None without a cap), which the backward's chain rule needs."""
-  if cfg.cap is None:
-    return s * (cfg.scale * LOG2E), None
-  t = jnp.tanh(s * (cfg.scale / cfg.cap))
-  return t * (cfg.cap * LOG2E), t
 
 
 # ----------------------------------------------------------------------------- the kernel
@@ -606,12 +406,6 @@ def _launch(q, k, v, bm: BlockMap, u: int, *, scale: float, cap, has_sinks: bool
   return _Launch(cfg, inputs(bm, u), dp)
 
 
-def pad_to(x, rows: int, dim: int, dtype):
-  """`x [B, L, H, D]` in `dtype`, zero-padded to `rows` positions and head dim `dim`."""
-  return jnp.pad(x.astype(dtype), ((0, 0), (0, rows - x.shape[1]), (0, 0),
-                                   (0, dim - x.shape[3])))
-
-
 def padded_forward(cfg: Config, d: int, q, k, v, sinks, ins: Inputs):
   """`(out [B, Lq, H, Dv] in q's dtype, lse [B, H, Lq] f32, +inf on rows with no key)`."""
   lq, dv = q.shape[1], v.shape[-1]
@@ -641,9 +435,8 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
                  interpret=interpret)
     sinks_in = jnp.zeros((q.shape[2],), jnp.float32) if sinks is None else sinks
     if backward == "mosaic_gpu":
-      from maskc.kernels import mosaic_gpu_backward as mb
-      return mb.attention(_backward_plan(bm, ln.cfg), ln.d, q, k, v, sinks_in, ln.ins,
-                          jnp.asarray(walk(bm, u, transpose=True)))
+      return _own_backward(_backward_plan(bm, ln.cfg), ln.d, q, k, v, sinks_in, ln.ins,
+                           jnp.asarray(walk(bm, u, transpose=True)))
     if sinks is not None:
       # flash's backward has no sinks; gradients through this path would miss them.
       return _no_grad_forward(ln.cfg, ln.d, q, k, v, sinks_in, ln.ins)
@@ -662,13 +455,58 @@ def _backward_choice(bm: BlockMap) -> str:
   return BACKWARD
 
 
-def _backward_plan(bm: BlockMap, cfg: Config):
+def _backward_plan(bm: BlockMap, cfg: Config) -> _backward.BwdConfig:
   """The Mosaic GPU backward's plan for `cfg`, or a refusal naming flash."""
-  from maskc.kernels import mosaic_gpu_backward as mb
-  why = mb.refusal(cfg)
-  if why is not None:
-    raise _refuse(bm, f"its backward pass: {why}")
-  return mb.plan(cfg)
+  plan = _backward.plan(cfg)
+  if plan is None:
+    raise _refuse(bm, f"its backward pass: {_backward.refusal(cfg)}")
+  return plan
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _own_backward(bc: _backward.BwdConfig, d: int, q, k, v, sinks, ins: Inputs, meta_b):
+  """This kernel's output `[B, Lq, H, Dv]`, differentiated (w.r.t. q, k, v and sinks) by the
+  Mosaic GPU backward (`BACKWARD = "mosaic_gpu"`)."""
+  return padded_forward(bc.fwd, d, q, k, v, sinks, ins)[0]
+
+
+def _own_backward_fwd(bc, d, q, k, v, sinks, ins, meta_b):
+  out, lse = padded_forward(bc.fwd, d, q, k, v, sinks, ins)
+  return out, (q, k, v, sinks, out, lse, ins, meta_b)
+
+
+def _own_backward_bwd(bc, d, res, do):
+  q, k, v, sinks, out, lse, ins, meta_b = res
+  dq, dk, dv, dsinks = _backward.backward(bc, d, q, k, v, sinks, out, lse, do, ins, meta_b)
+  return dq, dk, dv, dsinks, None, None
+
+
+_own_backward.defvjp(_own_backward_fwd, _own_backward_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _own_backward_lse(bc: _backward.BwdConfig, d: int, q, k, v, ins: Inputs, meta_b):
+  """`run_with_lse`'s `(out, lse)`, differentiated through both by the Mosaic GPU backward
+  (the lse cotangent enters as `delta − dlse`)."""
+  sinks = jnp.zeros((q.shape[2],), jnp.float32)
+  return _public_lse(*padded_forward(bc.fwd, d, q, k, v, sinks, ins))
+
+
+def _own_backward_lse_fwd(bc, d, q, k, v, ins, meta_b):
+  sinks = jnp.zeros((q.shape[2],), jnp.float32)
+  out, lse = padded_forward(bc.fwd, d, q, k, v, sinks, ins)
+  return _public_lse(out, lse), (q, k, v, sinks, out, lse, ins, meta_b)
+
+
+def _own_backward_lse_bwd(bc, d, res, cts):
+  q, k, v, sinks, out, lse, ins, meta_b = res
+  do, dlse = cts
+  dq, dk, dv, _ = _backward.backward(bc, d, q, k, v, sinks, out, lse, do.astype(q.dtype), ins,
+                                     meta_b, dlse=jnp.swapaxes(dlse, 1, 2))
+  return dq, dk, dv, None, None
+
+
+_own_backward_lse.defvjp(_own_backward_lse_fwd, _own_backward_lse_bwd)
 
 
 def _forward_for_flash(cfg: Config, d: int, q, k, v, sinks, *ins):
@@ -718,19 +556,23 @@ def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=Non
   ln = _launch(q, k, v, bm, 0, scale=common.default_scale(d, scale), cap=logits_soft_cap,
                has_sinks=False, interpret=interpret)
   if _backward_choice(bm) == "mosaic_gpu":
-    from maskc.kernels import mosaic_gpu_backward as mb
-    return mb.attention_with_lse(_backward_plan(bm, ln.cfg), ln.d, q, k, v, ln.ins,
-                                 jnp.asarray(walk(bm, 0, transpose=True)))
+    return _own_backward_lse(_backward_plan(bm, ln.cfg), ln.d, q, k, v, ln.ins,
+                             jnp.asarray(walk(bm, 0, transpose=True)))
   out, lse = _lse_forward(ln.cfg, ln.d, q, k, v, ln.ins)
   return out, lse
+
+
+def _public_lse(out, lse):
+  """`run_with_lse`'s contract from the kernel's outputs: out in float32, lse `[B, Lq, H]`
+  with `NEG_LSE` (not `+inf`) on rows with no key."""
+  lse = jnp.where(jnp.isfinite(lse), lse, NEG_LSE)
+  return out.astype(jnp.float32), jnp.swapaxes(lse, 1, 2)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _lse_forward(cfg: Config, d: int, q, k, v, ins: Inputs):
   sinks = jnp.zeros((q.shape[2],), jnp.float32)
-  out, lse = padded_forward(cfg, d, q, k, v, sinks, ins)
-  lse = jnp.where(jnp.isfinite(lse), lse, NEG_LSE)
-  return out.astype(jnp.float32), jnp.swapaxes(lse, 1, 2)
+  return _public_lse(*padded_forward(cfg, d, q, k, v, sinks, ins))
 
 
 def _lse_fwd(cfg, d, q, k, v, ins):

@@ -11,7 +11,9 @@ stays flash's Triton backward; this one runs only after
 
 It is FlashAttention-2's backward in two kernels, with the forward's machinery
 (`maskc.kernels.mosaic_gpu`: warp-specialized CTAs, a memory warpgroup TMA-copying tiles
-into `stages` shared-memory slots, `wgmma` into float32 accumulators, scores in base 2):
+into `stages` shared-memory slots, `wgmma` into float32 accumulators, scores in base 2),
+and its tile code (`maskc.kernels.mosaic_gpu_tiles`). `mosaic_gpu`'s entry points call
+`backward` from their `custom_vjp`s:
 
 - **dq**, one CTA per (head, q rows, batch row): each compute warpgroup holds 64 query rows
   and their `do` in shared memory and walks its map row's FULL then PARTIAL key tiles (the
@@ -28,7 +30,7 @@ into `stages` shared-memory slots, `wgmma` into float32 accumulators, scores in 
   sharing each q step, a 64-key tile one.
 
 PARTIAL tiles evaluate the compiled predicate with the forward's code
-(`mosaic_gpu.tile_mask`), every read kind included: in the dk/dv kernel the tile's query
+(`mosaic_gpu_tiles.tile_mask`), every read kind included: in the dk/dv kernel the tile's query
 axis is 1, its key-side reads are loaded once per CTA, the q-side ones per step, and
 pairwise reads come from the pairwise array transposed (built in the backward, not kept).
 
@@ -48,8 +50,6 @@ scores, which ptxas will spill), and the walk's barrier parity over the group lo
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +57,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from maskc.kernels import compat
-from maskc.kernels.mosaic_gpu import (
+from maskc.kernels.mosaic_gpu_tiles import (
   BLOCK_Q,
   LOG2E,
   MAX_STAGES,
@@ -71,7 +71,6 @@ from maskc.kernels.mosaic_gpu import (
   key_tiles,
   load_vec,
   pad_to,
-  padded_forward,
   side_reads,
   softcap,
   stream,
@@ -422,58 +421,3 @@ def backward(bc: BwdConfig, d: int, q, k, v, sinks, out, lse, do, ins: Inputs, m
     dsinks = jnp.zeros_like(sinks)
   return (dq[:, :lq, :, :q.shape[-1]], dk[:, :lkv, :, :k.shape[-1]].astype(k.dtype),
           dv[:, :lkv, :, :v.shape[-1]].astype(v.dtype), dsinks)
-
-
-# ----------------------------------------------------------------------------- custom_vjp
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def attention(bc: BwdConfig, d: int, q, k, v, sinks, ins: Inputs, meta_b) -> Any:
-  """The Mosaic GPU forward's output `[B, Lq, H, Dv]`, differentiable by this backward
-  (w.r.t. q, k, v and sinks)."""
-  return padded_forward(bc.fwd, d, q, k, v, sinks, ins)[0]
-
-
-def _attention_fwd(bc, d, q, k, v, sinks, ins, meta_b):
-  out, lse = padded_forward(bc.fwd, d, q, k, v, sinks, ins)
-  return out, (q, k, v, sinks, out, lse, ins, meta_b)
-
-
-def _attention_bwd(bc, d, res, do):
-  q, k, v, sinks, out, lse, ins, meta_b = res
-  dq, dk, dv, dsinks = backward(bc, d, q, k, v, sinks, out, lse, do, ins, meta_b)
-  return dq, dk, dv, dsinks, None, None
-
-
-attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-def _public(out, lse):
-  """`run_with_lse`'s contract: out in float32, lse `[B, Lq, H]` with `NEG_LSE` on empty rows."""
-  from maskc.kernels.xla import NEG_LSE
-  lse = jnp.where(jnp.isfinite(lse), lse, NEG_LSE)
-  return out.astype(jnp.float32), jnp.swapaxes(lse, 1, 2)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def attention_with_lse(bc: BwdConfig, d: int, q, k, v, ins: Inputs, meta_b) -> Any:
-  """`run_with_lse`'s `(out f32, lse)`, differentiable through both by this backward."""
-  sinks = jnp.zeros((q.shape[2],), jnp.float32)
-  return _public(*padded_forward(bc.fwd, d, q, k, v, sinks, ins))
-
-
-def _with_lse_fwd(bc, d, q, k, v, ins, meta_b):
-  sinks = jnp.zeros((q.shape[2],), jnp.float32)
-  out, lse = padded_forward(bc.fwd, d, q, k, v, sinks, ins)
-  return _public(out, lse), (q, k, v, sinks, out, lse, ins, meta_b)
-
-
-def _with_lse_bwd(bc, d, res, cts):
-  q, k, v, sinks, out, lse, ins, meta_b = res
-  do, dlse = cts
-  dq, dk, dv, _ = backward(bc, d, q, k, v, sinks, out, lse, do.astype(q.dtype), ins, meta_b,
-                           dlse=jnp.swapaxes(dlse, 1, 2))
-  return dq, dk, dv, None, None
-
-
-attention_with_lse.defvjp(_with_lse_fwd, _with_lse_bwd)
