@@ -370,3 +370,23 @@ def test_shared_memory_budget():
     for bk in (64, 128):
       s = mosaic_gpu.stages_for(d, bk)
       assert not s or mosaic_gpu.smem_bytes(d, bk, s) <= mosaic_gpu.SMEM_BYTES
+
+
+def test_backward_plans_every_shape_the_forward_takes():
+  """The opt-in backward fits wherever the forward does: two dq warpgroups but at head dim
+  256 (one, 64 rows a CTA), one dk/dv warpgroup per 64 keys, at least two slots each."""
+  from maskc.kernels import mosaic_gpu_backward as mb
+  for d in (64, 128, 256):
+    for bk in (64, 128):
+      if not mosaic_gpu.stages_for(d, bk):
+        continue
+      cfg = mosaic_gpu.Config(pred=maskc.compile("causal", 256).predicates[0], block_kv=bk,
+                              q_len=256, kv_len=256, n_q_tiles=2, n_kv_tiles=256 // bk,
+                              groups=1, head_dim=d, dtype="bfloat16", scale=1.0, cap=None,
+                              has_sinks=False, batched_meta=False, stages=2)
+      plan = mb.plan(cfg)
+      assert plan is not None and mb.refusal(cfg) is None, (d, bk)
+      assert plan.dq_wgs == (1 if d == 256 else 2) and plan.dkv_wgs == bk // 64
+      assert plan.dq_stages >= 2 and plan.dkv_stages >= 2
+      assert mb.dq_smem_bytes(d, bk, plan.dq_wgs, plan.dq_stages) <= mb.SMEM_BYTES
+      assert mb.dkv_smem_bytes(d, bk, plan.q_sub, plan.dkv_stages) <= mb.SMEM_BYTES
