@@ -387,8 +387,10 @@ def _dkv(bc: BwdConfig, q, k, v, do, lse2, delta, meta_b, ins: Inputs, pair_t):
           meta_b, ins.scal, ins.qtok, ins.ktok, pair_t, ins.tile, q, k, v, do, lse2, delta)
 
 
-def backward(bc: BwdConfig, d: int, q, k, v, sinks, out, lse, do, ins: Inputs, meta_b,
-             dlse=None):
+def backward(bc: BwdConfig, d: int, q: jax.Array, k: jax.Array, v: jax.Array,
+             sinks: jax.Array, out: jax.Array, lse: jax.Array, do: jax.Array, ins: Inputs,
+             meta_b: jax.Array, dlse: jax.Array | None = None,
+             ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """`(dq, dk, dv, dsinks)` for unpadded inputs, from the forward's `out` and `lse`.
 
   Args:

@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -107,7 +108,7 @@ class Inputs(NamedTuple):
   tile: Any
 
 
-def pad_to(x, rows: int, dim: int, dtype):
+def pad_to(x: jax.Array, rows: int, dim: int, dtype: Any) -> jax.Array:
   """`x [B, L, H, D]` in `dtype`, zero-padded to `rows` positions and head dim `dim`."""
   return jnp.pad(x.astype(dtype), ((0, 0), (0, rows - x.shape[1]), (0, 0),
                                    (0, dim - x.shape[3])))
@@ -149,13 +150,14 @@ class Tile(NamedTuple):
   kj: Any
 
 
-def load_vec(ref, axis: int):
+def load_vec(ref: Any, axis: int) -> jax.Array:
   """A 1-D view in global memory, in registers as a vector along `axis` of a WGMMA tile."""
   plgpu = compat.mosaic_gpu()
   return compat.mosaic_load(ref, plgpu.Layout.WGMMA.reduce(1 - axis))
 
 
-def side_reads(refs: ReadRefs, side: str, count: int, start, length: int, axis: int) -> list:
+def side_reads(refs: ReadRefs, side: str, count: int, start: Any, length: int,
+               axis: int) -> list[jax.Array]:
   """The `count` per-token reads of one side ("q" or "k") at padded positions
   `[start, start + length)`, as vectors along `axis`: for the side a walk keeps fixed, loaded
   once (a few registers a thread) and broadcast where a PARTIAL tile reads them."""
@@ -164,7 +166,8 @@ def side_reads(refs: ReadRefs, side: str, count: int, start, length: int, axis: 
 
 
 def tile_mask(cfg: Config, refs: ReadRefs, tile: Tile, partial: bool, *,
-              q_vecs: list | None = None, k_vecs: list | None = None):
+              q_vecs: list[jax.Array] | None = None,
+              k_vecs: list[jax.Array] | None = None) -> jax.Array | None:
   """The allowed pairs of a score tile (bool, WGMMA layout), or None where none is masked.
 
   A FULL tile masks only keys past `kv_len` (in a ragged last key tile). A PARTIAL tile
@@ -220,7 +223,7 @@ class Stream(NamedTuple):
   consumed: Any
 
 
-def stream(n_steps, stages: int, streams: Sequence[Stream]) -> None:
+def stream(n_steps: Any, stages: int, streams: Sequence[Stream]) -> None:
   """The memory warpgroup's loop: step `t` of each stream is TMA-copied into slot
   `t % stages` as soon as the compute warpgroups released the slot's step `t - stages`, so
   loads run up to `stages` steps ahead of the compute."""
@@ -238,14 +241,14 @@ def stream(n_steps, stages: int, streams: Sequence[Stream]) -> None:
   lax.fori_loop(0, n_steps, load, None)
 
 
-def key_tiles(walk_: tuple, ref, batch, kv_head, bk: int) -> Callable[[Any], Any]:
+def key_tiles(walk_: tuple, ref: Any, batch: Any, kv_head: Any, bk: int) -> Callable[[Any], Any]:
   """The source of a key-side stream walking a q tile's map row: step `t` is key tile
   `meta[mb, qi, 2 + t]` of `ref` (k or v) for `walk_ = (meta_ref, mb, qi)`."""
   meta_ref, mb, qi = walk_
   return lambda t: ref.at[batch, pl.ds(meta_ref[mb, qi, 2 + t] * bk, bk), kv_head]
 
 
-def softcap(s, cfg: Config):
+def softcap(s: jax.Array, cfg: Config) -> tuple[jax.Array, jax.Array | None]:
   """Raw scores `q kᵀ` to the base-2 logits (scaled, soft-capped, times `log2 e`), and the
   cap's `tanh` (None without a cap), which the backward's chain rule needs."""
   if cfg.cap is None:
