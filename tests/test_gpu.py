@@ -405,7 +405,7 @@ def test_tokamax_residuals_give_the_log_sum_exp_on_gpu():
 
 # ----------------------------------------------------------------------------- mosaic_gpu
 # `backend="mosaic_gpu"` (maskc.kernels.mosaic_gpu): the Pallas Mosaic GPU forward, flash's
-# backward. Never run on a GPU before these tests; they check it over flash's matrix (CASES),
+# backward (its own Mosaic GPU backward, opt-in, has its test below). Never run on a GPU before these tests; they check it over flash's matrix (CASES),
 # each case moved to what the kernel takes: bfloat16 or float16 inputs (float32 cases
 # alternate between the two), 128-row tiles with 64 or 128 keys, the tile-constant case's
 # blocks at 128. Head dims off a multiple of 64 (32, 80) are padded by the wrapper. With

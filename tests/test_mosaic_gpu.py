@@ -10,6 +10,11 @@ PARTIAL ones through the predicate on the read arrays; the rest is masked). Chec
 against the dense reference, this shows that the walk and the read arrays describe the
 mask, and that padding, GQA, per-head masks, sinks, soft caps, empty rows, the log-sum-exp
 and the gradients (flash's backward, interpreted) are wired as the backend promises.
+The opt-in Mosaic GPU backward (`mosaic_gpu.BACKWARD = "mosaic_gpu"`) is checked the same
+way: its dq and dk/dv kernels (`mosaic_gpu_backward._dq`, `_dkv`) replaced by
+`emulated_dq` and `emulated_dkv`, dense functions of the same inputs (the dk/dv one walks
+the transposed map and reads the transposed pairwise array), against the dense backend's
+gradients, sinks' and `run_with_lse`'s included.
 """
 
 from __future__ import annotations

@@ -16,9 +16,12 @@ jax 0.10, Pallas Mosaic GPU imports absl, which jax does not declare: the loweri
 installs it (maskc's `mosaic_gpu` extra).
 
 The default run covers the matrix pairwise: every mask once, with dtypes, head dims and
-heads rotating, then every dtype × head dim once with causal; forward alone, and forward
-with flash's backward (Triton `dq` and `dkv` calls beside the Mosaic GPU forward). The
-full product (masks × dtypes × head dims × heads) is marked `slow` (`make test-slow`).
+heads rotating, then every dtype × head dim once with causal; forward alone, forward
+with flash's backward (Triton `dq` and `dkv` calls beside the Mosaic GPU forward), and
+forward with the opt-in Mosaic GPU backward (`mosaic_gpu.BACKWARD = "mosaic_gpu"`: three
+`mosaic_gpu_v2` calls, forward, dq and dk/dv, no Triton; sinks included). The full
+product (masks × dtypes × head dims × heads) is marked `slow` (`make test-slow`), for
+both backward passes.
 """
 
 from __future__ import annotations
