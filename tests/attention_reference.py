@@ -58,8 +58,11 @@ def jnp_reference(q, k, v, allowed, scale: float, cap: float | None):
   return out, jnp.moveaxis(lse, 1, 2)
 
 
-def numpy_gradients(q, k, v, w, allowed, scale: float, cap: float | None, sinks=None):
-  """Float64 `(dq, dk, dv, dsinks)` of `sum(out · w)`, the backward written out.
+def numpy_gradients(q, k, v, w, allowed, scale: float, cap: float | None, sinks=None,
+                    w_lse=None):
+  """Float64 `(dq, dk, dv, dsinks)` of `sum(out · w)` (plus `sum(lse · w_lse)` for a
+  `[B, Lq, H]` cotangent on the log-sum-exp, whose `∂ lse / ∂ s = p` adds `p · w_lse` to
+  `ds`), the backward written out.
 
   `ds = p (dp − delta)` with `dp = w vᵀ` and `delta = rowsum(out · w)`, times `1 − tanh²`
   under a soft cap; key gradients summed over each key head's query heads (GQA). Sinks
@@ -84,6 +87,8 @@ def numpy_gradients(q, k, v, w, allowed, scale: float, cap: float | None, sinks=
   p = np.exp(s - top[..., None]) / total[..., None]
   out = np.einsum("bhqk,bkhd->bqhd", p, vv)
   delta = np.einsum("bqhd,bqhd->bhq", out, w64)
+  if w_lse is not None:
+    delta = delta - np.moveaxis(np.asarray(w_lse, np.float64), 1, 2)
   ds = p * (np.einsum("bqhd,bkhd->bhqk", w64, vv) - delta[..., None])
   if t is not None:
     ds = ds * (1.0 - t * t)
