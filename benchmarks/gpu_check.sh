@@ -151,8 +151,7 @@ grep -A4 "GPU_COSTS as measured" "$OUT/gpu_attention.log"
 grep -E "mosaic_gpu smoke|CUDA runtime" "$OUT/mosaic_smoke.log"
 grep -E "(passed|failed|error|skipped) in" "$OUT/test_mosaic_gpu.log"
 grep -E "mosaic_gpu backward smoke" "$OUT/mosaic_bwd_smoke.log"
-grep -E "(PASSED|FAILED|ERROR)|(passed|failed|error|skipped) in" "$OUT/test_mosaic_backward.log" \
-  | grep -cE "PASSED" | sed 's/^/mosaic backward tests passed: /'
+echo "mosaic backward tests passed: $(grep -c ' PASSED' "$OUT/test_mosaic_backward.log")"
 grep -E "(passed|failed|error|skipped) in|FAILED" "$OUT/test_mosaic_backward.log"
 grep -E "^fwd|mosaic_gpu" "$OUT/gpu_attention_mosaic.log"
 grep '^|' "$OUT/flax_decode.log"
