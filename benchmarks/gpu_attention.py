@@ -22,6 +22,9 @@ Columns (`--impls`):
 - `mosaic_gpu`: maskc's `mosaic_gpu` backend (Pallas Mosaic GPU forward, flash's
   backward) on a map of its own tiles (`--mosaic-blocks`, 128 × 128); not yet validated:
   its first GPU run is `tests/test_gpu.py` (benchmarks/gpu_check.sh runs both);
+- `mosaic_gpu-bwd`: the same with its own Mosaic GPU backward
+  (`mosaic_gpu.BACKWARD = "mosaic_gpu"`, opt-in, never run before `tests/test_gpu.py`):
+  its `fwd+bwd` rows time that backward (its `fwd` rows repeat the `mosaic_gpu` ones);
 - `auto`: `backend="auto"` on the map; the `auto picks` column says what `choose` took.
 
 Masks: the five above by default; `--masks sliding-sink` adds `sliding(W) | sink(4)`,
@@ -53,7 +56,7 @@ from maskc.compiled import predicate as _predicate
 from maskc.kernels import api, attention, flash
 from maskc.kernels import common as _common
 
-IMPLS = ("flash", "cudnn", "xla", "be-cudnn", "tokamax", "mosaic_gpu", "auto")
+IMPLS = ("flash", "cudnn", "xla", "be-cudnn", "tokamax", "mosaic_gpu", "mosaic_gpu-bwd", "auto")
 DEFAULT_IMPLS = ("flash", "cudnn", "xla", "be-cudnn", "tokamax", "auto")
 DEFAULT_MASKS = ("causal", "sliding", "chunked", "documents", "image spans")
 ENGINES = {"flash": "flash", "be-cudnn": "cudnn", "tokamax": "tokamax"}
@@ -194,13 +197,38 @@ def print_costs(times: dict, work: dict) -> None:
          if "mosaic_gpu" in w and (t := times.get(("mosaic_gpu", name, length, "fwd")))]
   if fwd:
     print(f"  {'mosaic_gpu':<8} fwd {np.median(fwd):>5.0f}  (not in the cost model)")
+  # its own backward (mosaic_gpu-bwd): fwd+bwd less the forward, on the same tile work
+  bwd = []
+  for (name, length), w in work.items():
+    t_f = times.get(("mosaic_gpu-bwd", name, length, "fwd")) or times.get(
+        ("mosaic_gpu", name, length, "fwd"))
+    t_fb = times.get(("mosaic_gpu-bwd", name, length, "fwd+bwd"))
+    if "mosaic_gpu" in w and t_f and t_fb and t_fb > t_f:
+      bwd.append(api.BACKWARD_WORK * w["mosaic_gpu"] * HEADS_BATCH[0] / (t_fb - t_f) / 1e9)
+  if bwd:
+    print(f"  {'mosaic_gpu':<8} bwd {np.median(bwd):>5.0f}  (its own Mosaic GPU backward; "
+          f"not in the cost model)")
 
 
 HEADS_BATCH = [1]
 
 
 def _label(impl: str) -> str:
-  return "mosaic" if impl == "mosaic_gpu" else impl
+  return {"mosaic_gpu": "mosaic", "mosaic_gpu-bwd": "mg-bwd"}.get(impl, impl)
+
+
+def mosaic_fn(bm, backward: str):
+  """`backend="mosaic_gpu"` on `bm`, differentiated by `backward` ("flash" or "mosaic_gpu":
+  `mosaic_gpu.BACKWARD`, which is read when the call is traced, so set around the call)."""
+  from maskc.kernels import mosaic_gpu
+
+  def fn(q, k, v):
+    saved, mosaic_gpu.BACKWARD = mosaic_gpu.BACKWARD, backward
+    try:
+      return attention(q, k, v, bm, backend="mosaic_gpu")
+    finally:
+      mosaic_gpu.BACKWARD = saved
+  return fn
 
 
 def _mosaic_blocks() -> tuple[int, int]:
@@ -270,11 +298,11 @@ def main(argv=None) -> None:
         fns[impl] = reference(impl, name, bm, args.window)
       pick = api.choose(bm, platform="gpu", head_dim=args.head_dim, dtype=jnp.bfloat16)
       work[name, length] = {e: api._work(e, bm, args.head_dim) for e in ENGINES.values()}
-      if "mosaic_gpu" in args.impls:
+      if {"mosaic_gpu", "mosaic_gpu-bwd"} & set(args.impls):
         bm_mg = maskc.compile(m, length, block_q=args.mosaic_blocks[0],
                               block_kv=args.mosaic_blocks[1], operands=used)
-        fns["mosaic_gpu"] = lambda q, k, v, bm=bm_mg: attention(q, k, v, bm,
-                                                                backend="mosaic_gpu")
+        fns["mosaic_gpu"] = mosaic_fn(bm_mg, "flash")
+        fns["mosaic_gpu-bwd"] = mosaic_fn(bm_mg, "mosaic_gpu")
         work[name, length]["mosaic_gpu"] = api._work("flash", bm_mg, args.head_dim)
       for mode in args.modes:
         factor = 3.5 if mode == "fwd+bwd" else 1.0

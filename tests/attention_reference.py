@@ -56,3 +56,49 @@ def jnp_reference(q, k, v, allowed, scale: float, cap: float | None):
   p = e / jnp.where(seen, total, 1.0)[..., None]
   out = jnp.einsum("bhqk,bkhd->bqhd", p, v, precision="highest")
   return out, jnp.moveaxis(lse, 1, 2)
+
+
+def numpy_gradients(q, k, v, w, allowed, scale: float, cap: float | None, sinks=None,
+                    w_lse=None):
+  """Float64 `(dq, dk, dv, dsinks)` of `sum(out · w)` (plus `sum(lse · w_lse)` for a
+  `[B, Lq, H]` cotangent on the log-sum-exp, whose `∂ lse / ∂ s = p` adds `p · w_lse` to
+  `ds`), the backward written out.
+
+  `ds = p (dp − delta)` with `dp = w vᵀ` and `delta = rowsum(out · w)`, times `1 − tanh²`
+  under a soft cap; key gradients summed over each key head's query heads (GQA). Sinks
+  (`[H]` logits) join each row's softmax denominator; their gradient is
+  `−Σ p_sink · delta` (None without sinks). Rows with no allowed key (and no sink) give
+  zeros.
+  """
+  q64, k64, v64, w64 = (np.asarray(x, np.float64) for x in (q, k, v, w))
+  h, hkv = q64.shape[2], k64.shape[2]
+  kk, vv = repeat_kv(k64, h), repeat_kv(v64, h)
+  raw = np.einsum("bqhd,bkhd->bhqk", q64, kk) * scale
+  t = None if cap is None else np.tanh(raw / cap)
+  s = np.where(allowed, raw if t is None else cap * t, -np.inf)
+  top = s.max(-1)
+  sink = None if sinks is None else np.asarray(sinks, np.float64)[None, :, None]
+  if sink is not None:
+    top = np.maximum(top, sink)
+  seen = np.isfinite(top)
+  top = np.where(seen, top, 0.0)
+  total = np.exp(s - top[..., None]).sum(-1) + (0.0 if sink is None else np.exp(sink - top))
+  total = np.where(seen, total, 1.0)
+  p = np.exp(s - top[..., None]) / total[..., None]
+  out = np.einsum("bhqk,bkhd->bqhd", p, vv)
+  delta = np.einsum("bqhd,bqhd->bhq", out, w64)
+  if w_lse is not None:
+    delta = delta - np.moveaxis(np.asarray(w_lse, np.float64), 1, 2)
+  ds = p * (np.einsum("bqhd,bkhd->bhqk", w64, vv) - delta[..., None])
+  if t is not None:
+    ds = ds * (1.0 - t * t)
+
+  def group(x):
+    b, n, _, d = x.shape
+    return x.reshape(b, n, hkv, h // hkv, d).sum(3)
+
+  dq = np.einsum("bhqk,bkhd->bqhd", ds, kk) * scale
+  dk = group(np.einsum("bhqk,bqhd->bkhd", ds, q64) * scale)
+  dv = group(np.einsum("bhqk,bqhd->bkhd", p, w64))
+  dsinks = None if sink is None else -(np.exp(sink - top) / total * delta).sum((0, 2))
+  return dq, dk, dv, dsinks

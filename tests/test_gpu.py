@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import maskc
-from attention_reference import jnp_reference, numpy_reference
+from attention_reference import jnp_reference, numpy_gradients, numpy_reference
 from helpers import assert_norm_close
 from maskc.kernels import api, flash, xla
 
@@ -405,7 +405,7 @@ def test_tokamax_residuals_give_the_log_sum_exp_on_gpu():
 
 # ----------------------------------------------------------------------------- mosaic_gpu
 # `backend="mosaic_gpu"` (maskc.kernels.mosaic_gpu): the Pallas Mosaic GPU forward, flash's
-# backward. Never run on a GPU before these tests; they check it over flash's matrix (CASES),
+# backward (its own Mosaic GPU backward, opt-in, has its test below). Never run on a GPU before these tests; they check it over flash's matrix (CASES),
 # each case moved to what the kernel takes: bfloat16 or float16 inputs (float32 cases
 # alternate between the two), 128-row tiles with 64 or 128 keys, the tile-constant case's
 # blocks at 128. Head dims off a multiple of 64 (32, 80) are padded by the wrapper. With
@@ -473,6 +473,47 @@ def test_mosaic_gpu_on_gpu_matches_references(case):
   assert np.all(out[empty] == 0), f"{name}: rows with no key are exactly zero"
 
 
+# The opt-in Mosaic GPU backward (`mosaic_gpu.BACKWARD = "mosaic_gpu"`,
+# maskc.kernels.mosaic_gpu_backward), never run before these: the forward's cases, sinks
+# included, each gradient (sinks' too) against float64 NumPy's backward formula
+# (`numpy_gradients`). gpu_check.sh runs them after a one-call smoke run of their own.
+
+
+@pytest.mark.parametrize("case", MOSAIC_CASES, ids=[c[0] for c in MOSAIC_CASES])
+def test_mosaic_backward_on_gpu_matches_float64(case, monkeypatch):
+  from maskc.kernels import mosaic_gpu
+  name, mask, lq, lkv, h, hkv, d, dtype, cap, has_sinks, (bq, bk), kind = case
+  if (why := mosaic_gpu.compat.mosaic_gpu_unavailable()) is not None:
+    pytest.fail(f"Pallas Mosaic GPU is not usable with this jax: {why}")
+  monkeypatch.setattr(mosaic_gpu, "BACKWARD", "mosaic_gpu")
+  dtype = jnp.dtype(dtype)
+  ops = _mosaic_ops(kind, lkv, len(name))
+  q, k, v, w = inputs(len(name), 2, lq, lkv, h, hkv, d, dtype)
+  bm = maskc.compile(mask, lq, lkv, block_q=bq, block_kv=bk, operands=ops)
+  sinks = (np.random.default_rng(1).standard_normal(h).astype(np.float32) if has_sinks
+           else None)
+
+  def loss(q, k, v, w, s):
+    out = api.attention(q, k, v, bm, backend="mosaic_gpu", logits_soft_cap=cap,
+                        sinks=s if has_sinks else None, interpret=False)
+    return (out.astype(jnp.float32) * w).sum()
+
+  put = lambda x, t=dtype: jax.device_put(jnp.asarray(x, t), GPU)
+  s0 = np.zeros(h, np.float32) if sinks is None else sinks
+  grads = jax.jit(jax.grad(loss, (0, 1, 2, 4)))(put(q), put(k), put(v), put(w, jnp.float32),
+                                                put(s0, jnp.float32))
+  grads = [np.asarray(g.astype(jnp.float32)) for g in grads]
+  allowed = np.asarray(maskc.materialize(mask, lq, lkv, operands=ops))
+  allowed = allowed[:, None] if bm.batch is not None else allowed    # [B, 1, Lq, Lkv]
+  refs = numpy_gradients(q, k, v, w, allowed, 1 / np.sqrt(d), cap, sinks)
+  for g, r, n in zip(grads, refs, ("q", "k", "v", "sinks")):
+    if r is not None:
+      assert np.isfinite(g).all(), f"{name}: d{n} is finite"
+      assert_norm_close(g, r, BF16_TOL, f"{name}: d{n} vs float64 NumPy")
+  empty = ~np.broadcast_to(allowed.any(-1), (2, h, lq)).transpose(0, 2, 1)   # [B, Lq, H]
+  assert np.all(grads[0][empty] == 0), f"{name}: rows with no key have zero dq"
+
+
 MOSAIC_LSE_CASES = [
     ("mosaic-lse-causal", "causal", 512, 512, {}, None, "bfloat16"),
     ("mosaic-lse-empty-rows-cap", "sliding(20) & q >= 100", 384, 384, {}, 2.0, "float16"),
@@ -500,6 +541,35 @@ def test_mosaic_gpu_run_with_lse_on_gpu(case):
   np.testing.assert_array_equal(lse[empty], np.float32(xla.NEG_LSE))
   assert_norm_close(out, out64, BF16_TOL, f"{name}: out")
   assert_norm_close(np.where(empty, 0, lse), np.where(empty, 0, lse64), BF16_TOL, f"{name}: lse")
+
+
+@pytest.mark.parametrize("case", MOSAIC_LSE_CASES, ids=[c[0] for c in MOSAIC_LSE_CASES])
+def test_mosaic_backward_run_with_lse_on_gpu(case, monkeypatch):
+  """`run_with_lse` differentiated through both outputs by the Mosaic GPU backward (the lse
+  cotangent enters as `delta − dlse`), against float64 NumPy."""
+  from maskc.kernels import mosaic_gpu
+  name, mask, lq, lkv, ops, cap, dtype = case
+  monkeypatch.setattr(mosaic_gpu, "BACKWARD", "mosaic_gpu")
+  rng = np.random.default_rng(lq)
+  ops = lse_operands(ops, lkv, rng)
+  h, hkv, d = 4, 2, 128
+  q, k, v, w = inputs(lq, 1, lq, lkv, h, hkv, d, jnp.dtype(dtype))
+  w_lse = rng.standard_normal((1, lq, h)).astype(np.float32)
+  bm = maskc.compile(mask, lq, lkv, block_q=128, block_kv=128, operands=ops)
+  allowed = np.asarray(maskc.materialize(mask, lq, lkv, operands=ops))
+  w_lse = np.where(allowed.any(-1)[None, :, None], w_lse, 0)    # lse is constant there
+
+  def loss(q, k, v):
+    out, lse = mosaic_gpu.run_with_lse(q, k, v, bm, logits_soft_cap=cap)
+    return (out * w).sum() + (lse * w_lse).sum()
+
+  put = lambda x, t=jnp.dtype(dtype): jax.device_put(jnp.asarray(x, t), GPU)
+  grads = jax.jit(jax.grad(loss, (0, 1, 2)))(put(q), put(k), put(v))
+  refs = numpy_gradients(q, k, v, w, allowed, 1 / np.sqrt(d), cap, w_lse=w_lse)
+  for g, r, n in zip(grads, refs, "qkv"):
+    g = np.asarray(g.astype(jnp.float32))
+    assert np.isfinite(g).all(), f"{name}: d{n} is finite"
+    assert_norm_close(g, r, BF16_TOL, f"{name}: d{n} vs float64 NumPy")
 
 
 def test_auto_never_picks_mosaic_gpu_on_gpu():

@@ -10,6 +10,11 @@ PARTIAL ones through the predicate on the read arrays; the rest is masked). Chec
 against the dense reference, this shows that the walk and the read arrays describe the
 mask, and that padding, GQA, per-head masks, sinks, soft caps, empty rows, the log-sum-exp
 and the gradients (flash's backward, interpreted) are wired as the backend promises.
+The opt-in Mosaic GPU backward (`mosaic_gpu.BACKWARD = "mosaic_gpu"`) is checked the same
+way: its dq and dk/dv kernels (`mosaic_gpu_backward._dq`, `_dkv`) replaced by
+`emulated_dq` and `emulated_dkv`, dense functions of the same inputs (the dk/dv one walks
+the transposed map and reads the transposed pairwise array), against the dense backend's
+gradients, sinks' and `run_with_lse`'s included.
 """
 
 from __future__ import annotations
@@ -28,20 +33,27 @@ from maskc.kernels.xla import NEG_LSE
 TOL = 2e-2          # bf16 inputs
 
 
-def emulated_forward(cfg: mosaic_gpu.Config, q, k, v, sinks, ins: mosaic_gpu.Inputs):
-  """What `mosaic_gpu._forward` computes, densely: `(out [B, Lq_pad, H, D], lse [B, H, Lq_pad])`."""
-  b, lq_pad, h, d = q.shape
-  lkv_pad = k.shape[1]
+def emulated_allowed(cfg: mosaic_gpu.Config, meta, ins: mosaic_gpu.Inputs, *,
+                     transpose: bool = False, pair=None):
+  """`[B', Lq_pad, Lkv_pad]` bool: the pairs a kernel walking `meta` computes with.
+
+  `meta` is the forward's walk (per q tile, its key tiles), or with `transpose` the dk/dv
+  kernel's (per key tile, its q tiles); FULL tiles are unmasked but for keys past `kv_len`,
+  PARTIAL ones evaluate the predicate on the read arrays (`pair` replaces `ins.pair`: the
+  dk/dv kernel's transposed array, transposed back)."""
   bq, bk, nq, nk = mosaic_gpu.BLOCK_Q, cfg.block_kv, cfg.n_q_tiles, cfg.n_kv_tiles
-  meta = ins.meta
+  lq_pad, lkv_pad = nq * bq, nk * bk
   t = jnp.arange(meta.shape[-1] - 2)
-  tiles = jax.nn.one_hot(meta[..., 2:], nk, dtype=jnp.int32)          # [B', nq, W, nk]
+  tiles = jax.nn.one_hot(meta[..., 2:], nq if transpose else nk, dtype=jnp.int32)
   full = (tiles * (t < meta[..., :1])[..., None]).sum(2) > 0
   part = (tiles * ((t >= meta[..., :1]) & (t < meta[..., 1:2]))[..., None]).sum(2) > 0
+  if transpose:                                                      # [B', nk, nq] -> q-major
+    full, part = jnp.swapaxes(full, 1, 2), jnp.swapaxes(part, 1, 2)
   grow = lambda g: jnp.repeat(jnp.repeat(g, bq, axis=1), bk, axis=2)   # [B', Lq_pad, Lkv_pad]
   ns = len(cfg.pred.scalars)
   qpos = jnp.arange(lq_pad)[None, :, None] + ins.scal[:, ns][:, None, None]
   kpos = jnp.arange(lkv_pad)[None, None, :]
+  pair = ins.pair if pair is None else pair
 
   def fetch(kind, slot):
     if kind == "q_read":
@@ -49,13 +61,18 @@ def emulated_forward(cfg: mosaic_gpu.Config, q, k, v, sinks, ins: mosaic_gpu.Inp
     if kind == "k_read":
       return ins.ktok[:, slot][:, None, :]
     if kind == "pair":
-      return ins.pair[:, slot]
+      return pair[:, slot]
     if kind == "tile_pair":
       return grow(ins.tile[:, slot * nq * nk:(slot + 1) * nq * nk].reshape(-1, nq, nk))
     return ins.scal[:, slot][:, None, None]
 
   pred = _predicate.evaluate(cfg.pred, jnp, qpos, kpos, fetch)
-  allowed = (grow(full) | (grow(part) & pred)) & (kpos < cfg.kv_len)   # [B', Lq_pad, Lkv_pad]
+  return (grow(full) | (grow(part) & pred)) & (kpos < cfg.kv_len)
+
+
+def emulated_forward(cfg: mosaic_gpu.Config, q, k, v, sinks, ins: mosaic_gpu.Inputs):
+  """What `mosaic_gpu._forward` computes, densely: `(out [B, Lq_pad, H, D], lse [B, H, Lq_pad])`."""
+  allowed = emulated_allowed(cfg, ins.meta, ins)
   kk = jnp.repeat(k, cfg.groups, axis=2).astype(jnp.float32)
   vv = jnp.repeat(v, cfg.groups, axis=2).astype(jnp.float32)
   s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), kk, precision="highest") * cfg.scale
@@ -73,6 +90,44 @@ def emulated_forward(cfg: mosaic_gpu.Config, q, k, v, sinks, ins: mosaic_gpu.Inp
                    precision="highest")
   lse = jnp.where(seen, top + jnp.log(jnp.where(seen, total, 1.0)), jnp.inf)
   return out.astype(q.dtype), lse
+
+
+def _emulated_ds(cfg: mosaic_gpu.Config, q, k, v, do, lse2, delta, allowed):
+  """`(p, ds)` `[B, H, Lq_pad, Lkv_pad]` as the backward kernels form them (base-2 lse)."""
+  kk = jnp.repeat(k, cfg.groups, axis=2).astype(jnp.float32)
+  vv = jnp.repeat(v, cfg.groups, axis=2).astype(jnp.float32)
+  s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), kk, precision="highest") * cfg.scale
+  t = None
+  if cfg.cap is not None:
+    t = jnp.tanh(s / cfg.cap)
+    s = cfg.cap * t
+  p = jnp.where(allowed[:, None], jnp.exp2(s * mosaic_gpu.LOG2E - lse2[..., None]), 0.0)
+  dp = jnp.einsum("bqhd,bkhd->bhqk", do.astype(jnp.float32), vv, precision="highest")
+  ds = p * (dp - delta[..., None])
+  return p, ds if t is None else ds * (1 - t * t)
+
+
+def emulated_dq(bc, q, k, v, do, lse2, delta, ins: mosaic_gpu.Inputs):
+  """What `mosaic_gpu_backward._dq` computes, densely, walking the forward's `meta`."""
+  cfg = bc.fwd
+  _, ds = _emulated_ds(cfg, q, k, v, do, lse2, delta, emulated_allowed(cfg, ins.meta, ins))
+  kk = jnp.repeat(k, cfg.groups, axis=2).astype(jnp.float32)
+  dq = jnp.einsum("bhqk,bkhd->bqhd", ds, kk, precision="highest") * cfg.scale
+  return dq.astype(q.dtype)
+
+
+def emulated_dkv(bc, q, k, v, do, lse2, delta, meta_b, ins: mosaic_gpu.Inputs, pair_t):
+  """What `mosaic_gpu_backward._dkv` computes, densely, walking the transposed `meta_b` with
+  the transposed pairwise array; summed over each key head's query heads."""
+  cfg = bc.fwd
+  allowed = emulated_allowed(cfg, meta_b, ins, transpose=True,
+                             pair=jnp.swapaxes(pair_t, -1, -2))
+  p, ds = _emulated_ds(cfg, q, k, v, do, lse2, delta, allowed)
+  b, lkv_pad, hkv, d = k.shape
+  dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q.astype(jnp.float32), precision="highest")
+  dv = jnp.einsum("bhqk,bqhd->bkhd", p, do.astype(jnp.float32), precision="highest")
+  group = lambda x: x.reshape(b, lkv_pad, hkv, cfg.groups, d).sum(3).astype(k.dtype)
+  return group(dk * cfg.scale), group(dv)
 
 
 @pytest.fixture
@@ -130,10 +185,10 @@ def run_case(case):
   bm = maskc.compile(mask, lq, lkv, block_q=bq, block_kv=bk, operands=ops)
   sinks = jnp.linspace(-1.0, 1.0, h) if has_sinks else None
 
-  def ours(q, k, v):
+  def ours(q, k, v, sinks=sinks):
     return api.attention(q, k, v, bm, backend="mosaic_gpu", logits_soft_cap=cap, sinks=sinks)
 
-  def dense(q, k, v):
+  def dense(q, k, v, sinks=sinks):
     return api.attention(q, k, v, bm, backend="dense", logits_soft_cap=cap, sinks=sinks)
 
   return ours, dense, inputs(b, lq, lkv, h, hkv, d)
@@ -170,6 +225,65 @@ def test_emulated_gradients_are_flash_backward(emulated, case):
   grads = jax.grad(loss(ours), (0, 1, 2))(q, k, v)
   refs = jax.grad(loss(dense), (0, 1, 2))(q.astype(jnp.float32), k.astype(jnp.float32),
                                           v.astype(jnp.float32))
+  for g, r, n in zip(grads, refs, "qkv"):
+    assert_norm_close(f32(g), f32(r), TOL, f"d{n}")
+
+
+@pytest.fixture
+def emulated_backward(emulated, monkeypatch):
+  """Also the opt-in Mosaic GPU backward, its kernels replaced by their dense emulations."""
+  from maskc.kernels import mosaic_gpu_backward
+  monkeypatch.setattr(mosaic_gpu, "BACKWARD", "mosaic_gpu")
+  monkeypatch.setattr(mosaic_gpu_backward, "_dq", emulated_dq)
+  monkeypatch.setattr(mosaic_gpu_backward, "_dkv", emulated_dkv)
+
+
+# The Mosaic GPU backward's host side (padding, lse and delta, the transposed walk and
+# pairwise array, GQA sums, sinks): every case, sinks included. The default run takes the
+# sinks case (MQA, empty rows, ragged lengths); the rest run with `make test-slow`.
+MOSAIC_GRAD_CASES = [pytest.param(c, id=case_id(c), marks=() if n == 7 else pytest.mark.slow)
+                     for n, c in enumerate(CASES)]
+
+
+@pytest.mark.parametrize("case", MOSAIC_GRAD_CASES)
+def test_emulated_mosaic_backward_matches_dense(emulated_backward, case):
+  ours, dense, (q, k, v, w) = run_case(case)
+  h, has_sinks = case[3], case[8]
+  if has_sinks:                           # differentiated w.r.t. the sinks too
+    ours_s, dense_s, s0 = ours, dense, jnp.linspace(-1.0, 1.0, h)
+  else:
+    ours_s = lambda q, k, v, s: ours(q, k, v)
+    dense_s = lambda q, k, v, s: dense(q, k, v)
+    s0 = jnp.zeros((h,), jnp.float32)
+  loss = lambda fn: lambda q, k, v, s: (fn(q, k, v, s).astype(jnp.float32) * w).sum()
+  grads = jax.grad(loss(ours_s), (0, 1, 2, 3))(q, k, v, s0)
+  refs = jax.grad(loss(dense_s), (0, 1, 2, 3))(q.astype(jnp.float32), k.astype(jnp.float32),
+                                               v.astype(jnp.float32), s0)
+  for g, r, n in zip(grads, refs, ("q", "k", "v", "sinks")):
+    if n == "sinks" and not has_sinks:
+      continue
+    assert_norm_close(f32(g), f32(r), TOL, f"d{n}")
+
+
+@pytest.mark.slow
+def test_emulated_mosaic_backward_of_run_with_lse(emulated_backward):
+  """Cotangents on both outputs of `run_with_lse` (the lse one enters as `delta − dlse`)."""
+  lq, lkv, h, d = 300, 384, 2, 64
+  bm = maskc.compile("sliding(30) & q >= 150", lq, lkv, block_q=128, block_kv=64)
+  q, k, v, _ = inputs(1, lq, lkv, h, h, d)
+  rng = np.random.default_rng(3)
+  wo = jnp.asarray(rng.standard_normal((1, lq, h, d)), jnp.float32)
+  wl = jnp.asarray(rng.standard_normal((1, lq, h)), jnp.float32)
+
+  def loss(fn):
+    def f(q, k, v):
+      out, lse = fn(q, k, v, bm, logits_soft_cap=3.0)
+      return (out * wo).sum() + (jnp.where(lse > NEG_LSE / 2, lse, 0.0) * wl).sum()
+    return f
+
+  grads = jax.grad(loss(mosaic_gpu.run_with_lse), (0, 1, 2))(q, k, v)
+  refs = jax.grad(loss(maskc.kernels.xla.run_with_lse), (0, 1, 2))(
+      *(x.astype(jnp.float32) for x in (q, k, v)))
   for g, r, n in zip(grads, refs, "qkv"):
     assert_norm_close(f32(g), f32(r), TOL, f"d{n}")
 
@@ -261,3 +375,23 @@ def test_shared_memory_budget():
     for bk in (64, 128):
       s = mosaic_gpu.stages_for(d, bk)
       assert not s or mosaic_gpu.smem_bytes(d, bk, s) <= mosaic_gpu.SMEM_BYTES
+
+
+def test_backward_plans_every_shape_the_forward_takes():
+  """The opt-in backward fits wherever the forward does: two dq warpgroups but at head dim
+  256 (one, 64 rows a CTA), one dk/dv warpgroup per 64 keys, at least two slots each."""
+  from maskc.kernels import mosaic_gpu_backward as mb
+  for d in (64, 128, 256):
+    for bk in (64, 128):
+      if not mosaic_gpu.stages_for(d, bk):
+        continue
+      cfg = mosaic_gpu.Config(pred=maskc.compile("causal", 256).predicates[0], block_kv=bk,
+                              q_len=256, kv_len=256, n_q_tiles=2, n_kv_tiles=256 // bk,
+                              groups=1, head_dim=d, dtype="bfloat16", scale=1.0, cap=None,
+                              has_sinks=False, batched_meta=False, stages=2)
+      plan = mb.plan(cfg)
+      assert plan is not None and mb.refusal(cfg) is None, (d, bk)
+      assert plan.dq_wgs == (1 if d == 256 else 2) and plan.dkv_wgs == bk // 64
+      assert plan.dq_stages >= 2 and plan.dkv_stages >= 2
+      assert mb.dq_smem_bytes(d, bk, plan.dq_wgs, plan.dq_stages) <= mb.SMEM_BYTES
+      assert mb.dkv_smem_bytes(d, bk, plan.q_sub, plan.dkv_stages) <= mb.SMEM_BYTES

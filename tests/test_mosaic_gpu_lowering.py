@@ -16,13 +16,17 @@ jax 0.10, Pallas Mosaic GPU imports absl, which jax does not declare: the loweri
 installs it (maskc's `mosaic_gpu` extra).
 
 The default run covers the matrix pairwise: every mask once, with dtypes, head dims and
-heads rotating, then every dtype × head dim once with causal; forward alone, and forward
-with flash's backward (Triton `dq` and `dkv` calls beside the Mosaic GPU forward). The
-full product (masks × dtypes × head dims × heads) is marked `slow` (`make test-slow`).
+heads rotating, then every dtype × head dim once with causal; forward alone, forward
+with flash's backward (Triton `dq` and `dkv` calls beside the Mosaic GPU forward), and
+forward with the opt-in Mosaic GPU backward (`mosaic_gpu.BACKWARD = "mosaic_gpu"`: three
+`mosaic_gpu_v2` calls, forward, dq and dk/dv, no Triton; sinks included). The full
+product (masks × dtypes × head dims × heads) is marked `slow` (`make test-slow`), for
+both backward passes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import jax
@@ -33,7 +37,7 @@ import pytest
 import maskc
 from cuda_lowering import (  # noqa: F401  (cuda_plugin: a fixture)
     count_mosaic_gpu, count_triton, cuda_plugin, lower_for, operands)
-from maskc.kernels import attention, compat
+from maskc.kernels import attention, compat, mosaic_gpu
 
 pytestmark = [pytest.mark.lowering,
               pytest.mark.usefixtures("cuda_plugin", "mosaic_gpu_imports")]
@@ -105,6 +109,17 @@ def compiled(mask: str, length: int, d: int, n: int = 0):
                        operands={s.name: ops[s.name] for s in m.operands})
 
 
+@contextlib.contextmanager
+def mosaic_backward():
+  """Gradients of `backend="mosaic_gpu"` by its own (opt-in) Mosaic GPU backward."""
+  saved = mosaic_gpu.BACKWARD
+  mosaic_gpu.BACKWARD = "mosaic_gpu"
+  try:
+    yield
+  finally:
+    mosaic_gpu.BACKWARD = saved
+
+
 def lowered(case, n: int = 0, backward: bool = True):
   """`(forward text, forward+backward text or None)` for one case."""
   mask, dtype, d, (h, hkv), cap, sinks = case
@@ -132,6 +147,14 @@ def check(case, n: int = 0):
     assert count_mosaic_gpu(bwd) == 1 and count_triton(bwd) == 2, case_id(case)
 
 
+def check_backward(case, n: int = 0):
+  """The opt-in Mosaic GPU backward: forward, dq and dk/dv kernels, no Triton call (sinks
+  included: their gradient is a reduction outside the kernels)."""
+  with mosaic_backward():
+    _, bwd = lowered(case, n)
+  assert count_mosaic_gpu(bwd) == 3 and count_triton(bwd) == 0, case_id(case)
+
+
 @pytest.mark.parametrize("n_case", list(enumerate(pairwise())),
                          ids=lambda nc: case_id(nc[1]))
 def test_lowers_to_mosaic_gpu(n_case):
@@ -143,6 +166,19 @@ def test_lowers_to_mosaic_gpu(n_case):
 @pytest.mark.parametrize("case", product(), ids=case_id)
 def test_full_matrix_lowers(case):
   check(case)
+
+
+@pytest.mark.parametrize("n_case", list(enumerate(pairwise())),
+                         ids=lambda nc: case_id(nc[1]))
+def test_mosaic_backward_lowers(n_case):
+  n, case = n_case
+  check_backward(case, n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", product(), ids=case_id)
+def test_mosaic_backward_full_matrix_lowers(case):
+  check_backward(case)
 
 
 def test_every_read_kind_is_in_the_matrix():
@@ -157,8 +193,11 @@ def test_every_read_kind_is_in_the_matrix():
   assert kinds == {"q", "k", "scalar", "pair", "tile"}
 
 
-def test_batched_and_traced_operands_lower():
-  """Batched pairwise, tile-constant and per-token operands, traced under jit."""
+@pytest.mark.parametrize("backward", ["forward", "mosaic backward"])
+def test_batched_and_traced_operands_lower(backward):
+  """Batched pairwise, tile-constant and per-token operands, traced under jit; with the
+  Mosaic GPU backward, its gradients too (the dk/dv kernel reads the pairwise array
+  transposed and walks the traced map's columns)."""
   rng = np.random.default_rng(1)
   anc = rng.random((2, 256, 256)) < 0.5
   sel = rng.random((2, 4, 4)) < 0.5
@@ -171,17 +210,52 @@ def test_batched_and_traced_operands_lower():
     return maskc.attention(q, k, v, mask, operands={"anc": anc, "sel": sel, "seg": seg},
                            backend="mosaic_gpu", interpret=False, block_q=128, block_kv=128)
 
-  text = lower_for("cuda", f, qs, ks, ks, anc, sel, seg)
-  assert count_mosaic_gpu(text) == 1
+  if backward == "forward":
+    assert count_mosaic_gpu(lower_for("cuda", f, qs, ks, ks, anc, sel, seg)) == 1
+    return
+
+  def g(q, k, v, anc, sel, seg):
+    return jax.grad(lambda q, k, v: f(q, k, v, anc, sel, seg).astype(jnp.float32).sum(),
+                    (0, 1, 2))(q, k, v)
+
+  with mosaic_backward():
+    text = lower_for("cuda", g, qs, ks, ks, anc, sel, seg)
+  assert count_mosaic_gpu(text) == 3 and count_triton(text) == 0
 
 
 def test_run_with_lse_lowers():
-  from maskc.kernels import mosaic_gpu
   bm = compiled("sliding(100) | sink(4)", LENGTH, 128)
   qs = jax.ShapeDtypeStruct((1, LENGTH, 4, 128), jnp.bfloat16)
   ks = jax.ShapeDtypeStruct((1, LENGTH, 2, 128), jnp.bfloat16)
   text = lower_for("cuda", lambda q, k, v: mosaic_gpu.run_with_lse(q, k, v, bm), qs, ks, ks)
   assert count_mosaic_gpu(text) == 1
+
+
+def test_run_with_lse_gradient_lowers_with_the_mosaic_backward():
+  """Both cotangents (out and lse) through the Mosaic GPU backward, with a soft cap."""
+  bm = compiled("causal & document(seg)", LENGTH, 128)
+  qs = jax.ShapeDtypeStruct((1, LENGTH, 4, 128), jnp.float16)
+  ks = jax.ShapeDtypeStruct((1, LENGTH, 2, 128), jnp.float16)
+
+  def loss(q, k, v):
+    out, lse = mosaic_gpu.run_with_lse(q, k, v, bm, logits_soft_cap=3.0)
+    return out.sum() + lse.sum()
+
+  with mosaic_backward():
+    text = lower_for("cuda", jax.grad(loss, (0, 1, 2)), qs, ks, ks)
+  assert count_mosaic_gpu(text) == 3 and count_triton(text) == 0
+
+
+def test_unknown_backward_refuses():
+  bm = compiled("causal", LENGTH, 128)
+  qs = jax.ShapeDtypeStruct((1, LENGTH, 2, 128), jnp.bfloat16)
+  saved, mosaic_gpu.BACKWARD = mosaic_gpu.BACKWARD, "triton"
+  try:
+    with pytest.raises(maskc.MaskValueError, match="BACKWARD"):
+      lower_for("cuda", lambda q, k, v: attention(q, k, v, bm, backend="mosaic_gpu",
+                                                  interpret=False), qs, qs, qs)
+  finally:
+    mosaic_gpu.BACKWARD = saved
 
 
 @pytest.mark.parametrize("what, kw, match", [
@@ -217,7 +291,6 @@ def test_gradients_with_sinks_refuse():
 
 def test_lowers_without_the_ping_pong(monkeypatch):
   """The switch a first GPU session may flip if the kernel hangs lowers too."""
-  from maskc.kernels import mosaic_gpu
   monkeypatch.setattr(mosaic_gpu, "SCHEDULE_BARRIER", False)
   fwd, _ = lowered(("causal & document(seg)", jnp.bfloat16, 128, (4, 2), False, False),
                    backward=False)

@@ -15,7 +15,7 @@ backend's dependencies cost nothing until then. The XLA path is always there.
 | `splash_jax` | TPU; CPU interpreted | JAX's splash kernel fed our MaskInfo |
 | `cudnn` | GPU | cuDNN through `jax.nn.dot_product_attention`, for bands |
 | `tokamax` | GPU, with tokamax | key intervals: tokamax's Mosaic GPU forward, flash's backward |
-| `mosaic_gpu` | GPU sm90 | Mosaic GPU block-sparse forward, flash's backward; never run yet |
+| `mosaic_gpu` | GPU sm90 | Mosaic GPU forward; flash's backward or its own (opt-in); never run |
 
 Which splash runs is explicit: name `splash_tokamax` or `splash_jax`, or `splash`
 for MaxText's choice, tokamax's kernel when `tokamax` imports (`pip install

@@ -42,16 +42,26 @@ Reads of PARTIAL tiles, loaded from global memory into the score tile's register
 (`plgpu.Layout.WGMMA`): per-token q-side reads once per q tile (row layout, broadcast
 along keys); per-token k-side reads per key tile (column layout, broadcast along rows);
 pairwise reads as a `[64, block_kv]` int32 tile per warpgroup; tile-constant pairwise
-reads and scalars as scalars. The q offset rides with the scalars, as in flash.
+reads and scalars as scalars. The q offset rides with the scalars, as in flash. This code
+(`tile_mask`, `side_reads`) and the memory warpgroup's loop (`stream`) are shared with the
+backward kernels, whose dk/dv tiles are key-major (`Tile.q_axis = 1`).
 
-Gradients: the forward is this kernel; the backward is flash's, on the same map
-(`maskc.kernels.flash.run_with_forward`, as the tokamax backend does): this kernel
-returns each row's log-sum-exp, which is all flash's backward needs besides the output.
-So `jax.grad` through `backend="mosaic_gpu"` runs the Triton backward kernels, which need
-Triton's tiles (powers of two, which 128 × 64/128 are); `interpret` is passed on to them.
-Two paths have no gradient yet and raise `BackendError` when differentiated: calls with
-sinks (flash's backward for a foreign forward has no sink gradient, and a zero one would
-be silently wrong) and `run_with_lse`.
+Gradients, two backward passes, chosen by the module-level `BACKWARD` (read when a call
+is traced, like `SCHEDULE_BARRIER`):
+
+- `BACKWARD = "flash"` (the default): flash's backward on the same map
+  (`maskc.kernels.flash.run_with_forward`, as the tokamax backend does): this kernel
+  returns each row's log-sum-exp, which is all flash's backward needs besides the output.
+  So `jax.grad` through `backend="mosaic_gpu"` runs the Triton backward kernels, which
+  need Triton's tiles (powers of two, which 128 × 64/128 are); `interpret` is passed on to
+  them. Two paths have no gradient there and raise `BackendError` when differentiated:
+  calls with sinks (flash's backward for a foreign forward has no sink gradient, and a
+  zero one would be silently wrong) and `run_with_lse`.
+- `BACKWARD = "mosaic_gpu"` (opt-in; **not yet run on a GPU**, only cross-lowered): the
+  backward in Pallas Mosaic GPU, `maskc.kernels.mosaic_gpu_backward`: a dq kernel per q
+  tile over this walk, a dk/dv kernel per key tile over the map's columns, PARTIAL tiles
+  masked by this module's `tile_mask`. It differentiates sinks and `run_with_lse` too. It
+  becomes the default once `tests/test_gpu.py -k mosaic` passes on a GPU.
 
 What it refuses, with a `BackendError` naming `flash`: a JAX whose Pallas Mosaic GPU does
 not import or lacks the warpgroup API (`compat.mosaic_gpu_unavailable`), dtypes other than
@@ -67,7 +77,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -76,27 +85,43 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from maskc.compiled import predicate as _predicate
 from maskc.compiled.blockmap import BlockMap
-from maskc.compiled.predicate import Predicate
-from maskc.kernels import common, compat, flash
+from maskc.kernels import common, compat, flash, mosaic_gpu_backward as _backward
+from maskc.kernels.mosaic_gpu_tiles import (
+  BLOCK_KV,
+  BLOCK_Q,
+  LOG2E,
+  MAX_STAGES,
+  SMEM_BYTES,
+  WG_ROWS,
+  Config,
+  Inputs,
+  ReadRefs,
+  Stream,
+  Tile,
+  key_tiles,
+  pad_to,
+  side_reads,
+  softcap,
+  stream,
+  tile_mask,
+)
 from maskc.kernels.platform import platform
 from maskc.kernels.xla import NEG_LSE
 from maskc.language.errors import BackendError, MaskValueError
 
 BLOCK_SIZES = (128, 128)
-BLOCK_Q = 128                 # two compute warpgroups of 64 rows
-WG_ROWS = 64                  # rows of one wgmma, one compute warpgroup
 COMPUTE_WGS = 2
-BLOCK_KV = (64, 128)
-MAX_STAGES = 4
-SMEM_BYTES = 227 * 1024       # an H100's shared memory per block
-LOG2E = math.log2(math.e)
 DTYPES = (jnp.bfloat16, jnp.float16)
 # FA3's ping-pong between the two compute warpgroups (`Config.schedule_barrier`). A
 # module-level switch so that a first GPU session can rule it out if the kernel hangs
 # (`mosaic_gpu.SCHEDULE_BARRIER = False` before tracing); not a tuning knob.
 SCHEDULE_BARRIER = True
+# Which backward pass differentiates `backend="mosaic_gpu"` (read when a call is traced):
+# "flash", flash's Triton kernels (the default), or "mosaic_gpu", this module's own in
+# `maskc.kernels.mosaic_gpu_backward`, opt-in because it has never run on a GPU.
+BACKWARD = "flash"
+BACKWARDS = ("flash", "mosaic_gpu")
 
 
 def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
@@ -106,51 +131,6 @@ def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------- config
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-  """Everything static about one launch of the kernel (hashable).
-
-  Attributes:
-    pred: the mask's compiled predicate (PARTIAL tiles evaluate it).
-    block_kv: keys per tile (64 or 128); `block_q` is always 128.
-    q_len, kv_len: the unpadded lengths.
-    n_q_tiles, n_kv_tiles: tiles per row and column of the map.
-    groups: query heads per key head.
-    head_dim: q, k and v's head dim after padding to a multiple of 64.
-    dtype: the inputs' dtype name ("bfloat16" or "float16").
-    scale, cap: logit scale and soft cap (None: none).
-    has_sinks: sink logits start each row's softmax.
-    batched_meta: the tile lists and reads have a batch axis.
-    stages: shared-memory slots for key/value tiles (at least 2).
-    schedule_barrier: the two compute warpgroups alternate on the tensor cores (FA3).
-  """
-  pred: Predicate
-  block_kv: int
-  q_len: int
-  kv_len: int
-  n_q_tiles: int
-  n_kv_tiles: int
-  groups: int
-  head_dim: int
-  dtype: str
-  scale: float
-  cap: float | None
-  has_sinks: bool
-  batched_meta: bool
-  stages: int
-  schedule_barrier: bool = True
-
-  def __post_init__(self):
-    if self.block_kv not in BLOCK_KV:
-      raise MaskValueError(f"the mosaic_gpu kernel takes block_kv in {BLOCK_KV}, got "
-                           f"{self.block_kv=}")
-    if self.head_dim % 64 or not 64 <= self.head_dim <= 256:
-      raise MaskValueError(f"head_dim must be a multiple of 64 in [64, 256], got "
-                           f"{self.head_dim=}")
-    if self.stages < 2:
-      raise MaskValueError(f"stages must be at least 2, got {self.stages=}")
 
 
 def smem_bytes(head_dim: int, block_kv: int, stages: int, itemsize: int = 2) -> int:
@@ -213,30 +193,14 @@ def _refuse(bm: BlockMap, why: str) -> BackendError:
 # ----------------------------------------------------------------------------- kernel inputs
 
 
-class Inputs(NamedTuple):
-  """The kernel's metadata and read arrays, for one mask.
+def walk(bm: BlockMap, u: int, transpose: bool = False):
+  """`[B', n_q_tiles, 2 + W]` int32: each q tile's FULL then PARTIAL key tiles (see `Inputs`).
 
-  Attributes:
-    meta: `[B', n_q_tiles, 2 + W]` int32: per q tile the count of FULL key tiles, the
-      count of FULL and PARTIAL ones together, then their indices, FULL first.
-    scal: `[B', Ns + 1]` int32: scalar reads, then the q offset.
-    qtok: `[B', Nq, Lq_pad]`, ktok: `[B', Nk, Lkv_pad]` int32: per-token reads.
-    pair: `[B', Np, Lq_pad, Lkv_pad]` int32: pairwise reads.
-    tile: `[B', Nt · nq · nk]` int32: tile-constant pairwise reads.
-  A kind the predicate does not read is a small block of zeros the kernel never loads.
+  With `transpose`, `[B', n_kv_tiles, 2 + W]`: each key tile's FULL then PARTIAL q tiles,
+  from the map's `cols` runs (the backward's dk/dv walk).
   """
-  meta: Any
-  scal: Any
-  qtok: Any
-  ktok: Any
-  pair: Any
-  tile: Any
-
-
-def walk(bm: BlockMap, u: int):
-  """`[B', n_q_tiles, 2 + W]` int32: each q tile's FULL then PARTIAL key tiles (see `Inputs`)."""
-  fi, fc, _ = common.tile_lists(bm, u, common.FULL)
-  pi, pc, _ = common.tile_lists(bm, u, common.PARTIAL)
+  fi, fc, _ = common.tile_lists(bm, u, common.FULL, transpose=transpose)
+  pi, pc, _ = common.tile_lists(bm, u, common.PARTIAL, transpose=transpose)
   xp = np if isinstance(fi, np.ndarray) and isinstance(pi, np.ndarray) else jnp
   mf, mp = fi.shape[-1], pi.shape[-1]
   t = xp.arange(max(1, mf + mp), dtype=np.int32)
@@ -268,9 +232,7 @@ def _forward(cfg: Config, q, k, v, sinks, ins: Inputs):
   dtype = q.dtype
   wgmma_layout = plgpu.Layout.WGMMA
   row_layout = plgpu.Layout.WGMMA.reduce(1)
-  col_layout = plgpu.Layout.WGMMA.reduce(0)
   pred = cfg.pred
-  ns = len(pred.scalars)
 
   def kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, sink_ref, q_ref,
              k_ref, v_ref, out_ref, lse_ref, scoped):
@@ -300,38 +262,12 @@ def _forward(cfg: Config, q, k, v, sinks, ins: Inputs):
                               q_loaded.at[wg])
       plgpu.barrier_wait(q_loaded.at[wg])
 
-      def iota(dim):
-        return plgpu.broadcasted_iota(jnp.int32, (rows, bk), dim, layout=wgmma_layout)
-
-      def full(x):
-        return lax.broadcast_in_dim(x, (rows, bk), ())
-
-      q_first = q_base + scal_ref[mb, ns]          # the position of the first row
-      # q-side reads stay row vectors across the loop (a few registers a thread); they are
-      # broadcast to the tile where a PARTIAL tile reads them
-      q_rows = [compat.mosaic_load(qtok_ref.at[mb, r, pl.ds(q_base, rows)], row_layout)
-                for r in range(len(pred.q_reads))]
+      refs = ReadRefs(scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, mb)
+      q_vecs = side_reads(refs, "q", len(pred.q_reads), q_base, rows, 0)
 
       def allowed(j, partial: bool):
-        kpos = iota(1) + j * bk
-        in_range = kpos < cfg.kv_len
-        if not partial:
-          return in_range if cfg.kv_len % bk else None
-        qpos = iota(0) + q_first
-
-        def fetch(kind: str, slot: int):
-          if kind == "q_read":
-            return lax.broadcast_in_dim(q_rows[slot], (rows, bk), [0])
-          if kind == "k_read":
-            row = compat.mosaic_load(ktok_ref.at[mb, slot, pl.ds(j * bk, bk)], col_layout)
-            return lax.broadcast_in_dim(row, (rows, bk), [1])
-          if kind == "pair":
-            return compat.mosaic_load(
-                pair_ref.at[mb, slot, pl.ds(q_base, rows), pl.ds(j * bk, bk)], wgmma_layout)
-          if kind == "tile_pair":
-            return full(tile_ref[mb, (slot * cfg.n_q_tiles + qi) * cfg.n_kv_tiles + j])
-          return full(scal_ref[mb, slot])
-        return _predicate.evaluate(pred, jnp, qpos, kpos, fetch) & in_range
+        tile = Tile((rows, bk), 0, q_base, j * bk, qi, j)
+        return tile_mask(cfg, refs, tile, partial, q_vecs=q_vecs)
 
       if cfg.has_sinks:
         m0 = full_row(sink_ref[head] * LOG2E, rows, row_layout)
@@ -356,10 +292,7 @@ def _forward(cfg: Config, q, k, v, sinks, ins: Inputs):
 
           s = pl.run_scoped(scores, plgpu.ACC((rows, bk), jnp.float32))
           plgpu.barrier_arrive(k_consumed.at[slot])
-          if cfg.cap is None:
-            s = s * (cfg.scale * LOG2E)
-          else:
-            s = jnp.tanh(s * (cfg.scale / cfg.cap)) * (cfg.cap * LOG2E)
+          s, _ = softcap(s, cfg)
           mask = allowed(j, partial)
           if mask is not None:
             s = jnp.where(mask, s, common.NEG)
@@ -407,23 +340,10 @@ def _forward(cfg: Config, q, k, v, sinks, ins: Inputs):
       plgpu.set_max_registers(40, action="decrease")
       kv_head = lax.div(head, jnp.int32(cfg.groups))
 
-      def load(t, carry):
-        slot = lax.rem(t, jnp.int32(stages))
-        j = meta_ref[mb, qi, 2 + t]
-        tile = (batch, pl.ds(j * bk, bk), kv_head)
-
-        @pl.when(t >= stages)
-        def _():
-          plgpu.barrier_wait(k_consumed.at[slot])
-        plgpu.copy_gmem_to_smem(k_ref.at[tile], k_smem.at[slot], k_loaded.at[slot])
-
-        @pl.when(t >= stages)
-        def _():
-          plgpu.barrier_wait(v_consumed.at[slot])
-        plgpu.copy_gmem_to_smem(v_ref.at[tile], v_smem.at[slot], v_loaded.at[slot])
-        return carry
-
-      lax.fori_loop(0, n_all, load, None)
+      walk_ = (meta_ref, mb, qi)
+      stream(n_all, stages,
+             [Stream(key_tiles(walk_, k_ref, batch, kv_head, bk), k_smem, k_loaded, k_consumed),
+              Stream(key_tiles(walk_, v_ref, batch, kv_head, bk), v_smem, v_loaded, v_consumed)])
 
   def entry(*refs):
     tiling = plgpu.TilingTransform((8, 64))
@@ -486,24 +406,20 @@ def _launch(q, k, v, bm: BlockMap, u: int, *, scale: float, cap, has_sinks: bool
   return _Launch(cfg, inputs(bm, u), dp)
 
 
-def _pad(x, rows: int, dim: int, dtype):
-  return jnp.pad(x.astype(dtype), ((0, 0), (0, rows - x.shape[1]), (0, 0),
-                                   (0, dim - x.shape[3])))
-
-
-def _padded_forward(cfg: Config, d: int, q, k, v, sinks, ins: Inputs):
+def padded_forward(cfg: Config, d: int, q, k, v, sinks, ins: Inputs):
   """`(out [B, Lq, H, Dv] in q's dtype, lse [B, H, Lq] f32, +inf on rows with no key)`."""
   lq, dv = q.shape[1], v.shape[-1]
   lq_pad, lkv_pad = cfg.n_q_tiles * BLOCK_Q, cfg.n_kv_tiles * cfg.block_kv
-  out, lse = _forward(cfg, _pad(q, lq_pad, d, q.dtype), _pad(k, lkv_pad, d, q.dtype),
-                      _pad(v, lkv_pad, d, q.dtype), sinks, ins)
+  out, lse = _forward(cfg, pad_to(q, lq_pad, d, q.dtype), pad_to(k, lkv_pad, d, q.dtype),
+                      pad_to(v, lkv_pad, d, q.dtype), sinks, ins)
   return out[:, :lq, :, :dv], lse[:, :, :lq]
 
 
 def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
   """The backend entry point: attention `[B, Lq, H, Dv]` with the Mosaic GPU forward kernel.
 
-  Differentiable: the backward pass is flash's on the same map (module docstring).
+  Differentiable: the backward pass is flash's on the same map, or with
+  `BACKWARD = "mosaic_gpu"` the Mosaic GPU one, sinks included (module docstring).
   """
   q, k, v = common.qkv_arrays(q, k, v)
   b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
@@ -512,10 +428,15 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
   sinks = common.check_sinks(sinks, h)
   scale = common.default_scale(d, scale)
 
+  backward = _backward_choice(bm)
+
   def one(q, k, v, u, sinks):
     ln = _launch(q, k, v, bm, u, scale=scale, cap=logits_soft_cap, has_sinks=sinks is not None,
                  interpret=interpret)
     sinks_in = jnp.zeros((q.shape[2],), jnp.float32) if sinks is None else sinks
+    if backward == "mosaic_gpu":
+      return _own_backward(_backward_plan(bm, ln.cfg), ln.d, q, k, v, sinks_in, ln.ins,
+                           jnp.asarray(walk(bm, u, transpose=True)))
     if sinks is not None:
       # flash's backward has no sinks; gradients through this path would miss them.
       return _no_grad_forward(ln.cfg, ln.d, q, k, v, sinks_in, ln.ins)
@@ -527,8 +448,69 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
   return common.per_mask(one, q, k, v, bm, sinks)
 
 
+def _backward_choice(bm: BlockMap) -> str:
+  """`BACKWARD`, checked."""
+  if BACKWARD not in BACKWARDS:
+    raise MaskValueError(f"mosaic_gpu.BACKWARD must be one of {BACKWARDS}, got {BACKWARD!r}")
+  return BACKWARD
+
+
+def _backward_plan(bm: BlockMap, cfg: Config) -> _backward.BwdConfig:
+  """The Mosaic GPU backward's plan for `cfg`, or a refusal naming flash."""
+  plan = _backward.plan(cfg)
+  if plan is None:
+    raise _refuse(bm, f"its backward pass: {_backward.refusal(cfg)}")
+  return plan
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _own_backward(bc: _backward.BwdConfig, d: int, q, k, v, sinks, ins: Inputs, meta_b):
+  """This kernel's output `[B, Lq, H, Dv]`, differentiated (w.r.t. q, k, v and sinks) by the
+  Mosaic GPU backward (`BACKWARD = "mosaic_gpu"`)."""
+  return padded_forward(bc.fwd, d, q, k, v, sinks, ins)[0]
+
+
+def _own_backward_fwd(bc, d, q, k, v, sinks, ins, meta_b):
+  out, lse = padded_forward(bc.fwd, d, q, k, v, sinks, ins)
+  return out, (q, k, v, sinks, out, lse, ins, meta_b)
+
+
+def _own_backward_bwd(bc, d, res, do):
+  q, k, v, sinks, out, lse, ins, meta_b = res
+  dq, dk, dv, dsinks = _backward.backward(bc, d, q, k, v, sinks, out, lse, do, ins, meta_b)
+  return dq, dk, dv, dsinks, None, None
+
+
+_own_backward.defvjp(_own_backward_fwd, _own_backward_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _own_backward_lse(bc: _backward.BwdConfig, d: int, q, k, v, ins: Inputs, meta_b):
+  """`run_with_lse`'s `(out, lse)`, differentiated through both by the Mosaic GPU backward
+  (the lse cotangent enters as `delta − dlse`)."""
+  sinks = jnp.zeros((q.shape[2],), jnp.float32)
+  return _public_lse(*padded_forward(bc.fwd, d, q, k, v, sinks, ins))
+
+
+def _own_backward_lse_fwd(bc, d, q, k, v, ins, meta_b):
+  sinks = jnp.zeros((q.shape[2],), jnp.float32)
+  out, lse = padded_forward(bc.fwd, d, q, k, v, sinks, ins)
+  return _public_lse(out, lse), (q, k, v, sinks, out, lse, ins, meta_b)
+
+
+def _own_backward_lse_bwd(bc, d, res, cts):
+  q, k, v, sinks, out, lse, ins, meta_b = res
+  do, dlse = cts
+  dq, dk, dv, _ = _backward.backward(bc, d, q, k, v, sinks, out, lse, do.astype(q.dtype), ins,
+                                     meta_b, dlse=jnp.swapaxes(dlse, 1, 2))
+  return dq, dk, dv, None, None
+
+
+_own_backward_lse.defvjp(_own_backward_lse_fwd, _own_backward_lse_bwd)
+
+
 def _forward_for_flash(cfg: Config, d: int, q, k, v, sinks, *ins):
-  return _padded_forward(cfg, d, q, k, v, sinks, Inputs(*ins))
+  return padded_forward(cfg, d, q, k, v, sinks, Inputs(*ins))
 
 
 def _single_mask(bm: BlockMap, u: int) -> BlockMap:
@@ -540,7 +522,7 @@ def _single_mask(bm: BlockMap, u: int) -> BlockMap:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _no_grad_forward(cfg: Config, d: int, q, k, v, sinks, ins: Inputs):
-  return _padded_forward(cfg, d, q, k, v, sinks, ins)[0]
+  return padded_forward(cfg, d, q, k, v, sinks, ins)[0]
 
 
 def _no_grad_fwd(cfg, d, q, k, v, sinks, ins):
@@ -548,8 +530,9 @@ def _no_grad_fwd(cfg, d, q, k, v, sinks, ins):
 
 
 def _no_grad_bwd(cfg, d, res, do):
-  raise BackendError("backend 'mosaic_gpu' has no backward pass with sinks yet (flash's "
-                     "backward, which it borrows, has none for a foreign forward)",
+  raise BackendError("backend 'mosaic_gpu' has no backward pass with sinks by default (flash's "
+                     "backward, which it borrows, has none for a foreign forward; "
+                     "mosaic_gpu.BACKWARD = 'mosaic_gpu' has one, not yet run on a GPU)",
                      hint="Use backend='flash' to differentiate attention with sinks.")
 
 
@@ -562,7 +545,8 @@ def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=Non
   The contract of `maskc.kernels.flash.run_with_lse` (rows with no key: `out = 0`,
   `lse = NEG_LSE`; one mask for every head), with one difference: the kernel stores
   `out` in the inputs' dtype (its output buffer is the q tile's shared memory), and it
-  is returned cast to float32. Not differentiable yet: a gradient raises BackendError.
+  is returned cast to float32. Differentiable (through both outputs) only with
+  `BACKWARD = "mosaic_gpu"`; with flash's backward a gradient raises BackendError.
   """
   q, k, v = common.qkv_arrays(q, k, v)
   b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
@@ -571,16 +555,24 @@ def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=Non
   _check_device(bm, q)
   ln = _launch(q, k, v, bm, 0, scale=common.default_scale(d, scale), cap=logits_soft_cap,
                has_sinks=False, interpret=interpret)
+  if _backward_choice(bm) == "mosaic_gpu":
+    return _own_backward_lse(_backward_plan(bm, ln.cfg), ln.d, q, k, v, ln.ins,
+                             jnp.asarray(walk(bm, 0, transpose=True)))
   out, lse = _lse_forward(ln.cfg, ln.d, q, k, v, ln.ins)
   return out, lse
+
+
+def _public_lse(out, lse):
+  """`run_with_lse`'s contract from the kernel's outputs: out in float32, lse `[B, Lq, H]`
+  with `NEG_LSE` (not `+inf`) on rows with no key."""
+  lse = jnp.where(jnp.isfinite(lse), lse, NEG_LSE)
+  return out.astype(jnp.float32), jnp.swapaxes(lse, 1, 2)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _lse_forward(cfg: Config, d: int, q, k, v, ins: Inputs):
   sinks = jnp.zeros((q.shape[2],), jnp.float32)
-  out, lse = _padded_forward(cfg, d, q, k, v, sinks, ins)
-  lse = jnp.where(jnp.isfinite(lse), lse, NEG_LSE)
-  return out.astype(jnp.float32), jnp.swapaxes(lse, 1, 2)
+  return _public_lse(*padded_forward(cfg, d, q, k, v, sinks, ins))
 
 
 def _lse_fwd(cfg, d, q, k, v, ins):
@@ -588,7 +580,9 @@ def _lse_fwd(cfg, d, q, k, v, ins):
 
 
 def _lse_bwd(cfg, d, res, cts):
-  raise BackendError("backend 'mosaic_gpu' has no backward pass for run_with_lse yet",
+  raise BackendError("backend 'mosaic_gpu' has no backward pass for run_with_lse with "
+                     "flash's backward (mosaic_gpu.BACKWARD = 'mosaic_gpu' has one, not yet "
+                     "run on a GPU)",
                      hint="Use maskc.kernels.flash.run_with_lse to differentiate through the "
                           "log-sum-exp.")
 
