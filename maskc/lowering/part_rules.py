@@ -189,11 +189,11 @@ def _lower_parts(m: ir.Mask, found: tuple[ir.Mask, list[ir.Mask]], site: Site) -
                        site.batch, site.refine, site.budget)
 
 
-def _distributable(item: ir.Mask, site: Site) -> tuple[list[ir.Mask], list[ir.Mask]] | None:
-  """`(its items that read only k, the others)` where `item` of an `&` is an `|` lowered in
-  parts (`split`) with both; else None."""
+def _distributable(item: ir.Mask) -> tuple[list[ir.Mask], list[ir.Mask]] | None:
+  """`(its items that read only k, the others)` where `item` of an `&` is an `|` with both;
+  else None. Structure only: whether it lowers in parts is `_distribute_match`'s."""
   body = _expanded(item)
-  if not isinstance(body, ir.Or) or split(body, site.part_of(ir.and_)) is None:
+  if not isinstance(body, ir.Or):
     return None
   pattern = [x for x in body.items if ir.positions_of(x) == {"k"}]
   rest = [x for x in body.items if ir.positions_of(x) != {"k"}]
@@ -203,15 +203,20 @@ def _distributable(item: ir.Mask, site: Site) -> tuple[list[ir.Mask], list[ir.Ma
 def _distribute_match(m: ir.Mask, site: Site) -> ir.Mask | None:
   """`(x & rest) | (x & pattern)` where `m` is `x & (rest | pattern)` lowered in parts, the
   pattern its `|`'s items that read only k (`g[k]`, a pattern along every q tile row),
-  and no other item of the `&` is such an `|` (each would double the parts)."""
+  and no other item of the `&` is such an `|` (each would double the parts). The
+  structure is checked first: most masks have no such `|`, and building nothing for
+  them keeps small compiles cheap."""
   m = _expanded(m)
-  if not isinstance(m, ir.And) or _parts_match(m, site) is None:
+  if not isinstance(m, ir.And) or site.geo.positions:
     return None
-  found = [(i, f) for i, f in ((i, _distributable(x, site)) for i, x in enumerate(m.items))
+  found = [(i, f) for i, f in ((i, _distributable(x)) for i, x in enumerate(m.items))
            if f is not None]
   if len(found) != 1:
     return None
   i, (pattern, rest) = found[0]
+  if (split(_expanded(m.items[i]), site.part_of(ir.and_)) is None or
+      _parts_match(m, site) is None):
+    return None
   x = ir.joined(m.items[:i] + m.items[i + 1:], ir.and_)
   return ir.or_([ir.and_([x, ir.joined(rest, ir.or_)]),
                  ir.and_([x, ir.joined(pattern, ir.or_)])])
