@@ -271,3 +271,35 @@ def test_one_q_tile_of_any_rows_runs_in_a_power_of_two_tile():
   assert cfg.block_q == 16 and cfg.splits == flash_decode.splits(2, 16) == 2
   with pytest.raises(maskc.MaskValueError, match="splits"):
     flash.run(*qkv(0, 1, 1, 256, 2, 2)[:3], bm, interpret=True, splits=0)
+
+
+@pytest.mark.slow
+def test_maskc_flax_decodes_through_the_split_kernel(monkeypatch):
+  """A `maskc.flax.Attention` on flash (interpreted): its jitted decode step over a traced
+  global cache takes the split path (the heuristic's pick) and decodes as the dense
+  module's full forward does, row for row."""
+  nnx = pytest.importorskip("flax.nnx")
+  from maskc.flax import Attention
+
+  combined = []
+  real = flash_decode.combine
+  monkeypatch.setattr(flash_decode, "combine",
+                      lambda out, *a: combined.append(out.shape) or real(out, *a))
+  f, prompt, length = 16, 250, 254
+  img = np.zeros(length, bool)
+  img[20:60] = True
+  def module(backend):             # the same weights: a fresh Rngs(0) each
+    return Attention(2, f, num_kv_heads=1, mask="causal | bidirectional(img)", sinks=True,
+                     block_kv=BK, backend=backend, rngs=nnx.Rngs(0))
+
+  ours, dense = module("flash"), module("dense")
+  x = jax.random.normal(jax.random.key(2), (2, length, f), jnp.float32)
+  want = dense(x, operands={"img": img})
+  ours.init_cache((2, length, f))
+  outs = [ours(x[:, :prompt], operands={"img": img[:prompt]}, decode=True)]
+  step = nnx.jit(lambda m, t: m(t, decode=True))
+  for t in range(prompt, length):
+    outs.append(step(ours, x[:, t:t + 1]))
+  # the step's splits: [S = 2, B, 16 rows (its one row padded), H, head dim 8 padded to 16]
+  assert (2, 2, 16, 2, 16) in combined, combined
+  assert_close(jnp.concatenate(outs, axis=1), want, TOL, "decoded vs the full forward")
