@@ -16,13 +16,21 @@ The model is `examples/nnx_decoder.py`'s decoder (its masks from `gemma3.yaml` o
   `jax.nn.dot_product_attention` with the layer's dense mask (`maskc.materialize` of the
   whole cache once, the step's row sliced from it), as a model without maskc decodes.
 
-Both are timed in the same run, alternating, best of `--rounds` rounds of `--steps` steps
+- **maskc splits=...** (`--splits auto off`): maskc again with flash-decoding
+  (`maskc.kernels.flash_decode`) as the heuristic picks it (`auto`), off (`off`:
+  `MAX_SPLITS = 1`, one program walks all of a row's key tiles) or capped at `N`
+  (`MAX_SPLITS = N`). Each maskc cell names the largest split flash took in the step
+  (`S 17`), or `no flash` where the step ran on another engine (on a CPU: xla, and the
+  columns agree). Not yet measured on a GPU.
+
+All are timed in the same run, alternating, best of `--rounds` rounds of `--steps` steps
 after one warm-up round; the cache contents are random (speed does not depend on them).
 The cached decoding's correctness is tested in tests/test_flax.py and
 tests/test_nnx_decoder.py, not here.
 
     python benchmarks/flax_decode.py                        # both configs, 1K and 8K
     python benchmarks/flax_decode.py --lengths 32768        # on a GPU
+    python benchmarks/flax_decode.py --lengths 8192 32768 --splits auto off   # on a GPU
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import numpy as np
 from flax import nnx
 
 import maskc
+from maskc.kernels import flash_decode
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PARAMS = {"gemma3": {"W": 512}, "gemma3-vouched": {"W": 512}, "llama4": {"C": 512, "W": 256}}
@@ -119,6 +128,27 @@ def dense_decoder(example: Any, model: Any, batch: int, length: int, capacity: i
   return run
 
 
+def with_splits(run, setting: str, picks: list[int]):
+  """`run` with flash-decoding as `setting` says ("auto", "off" or a cap `N`) while it runs,
+  its first call (which traces the step) included; the splits flash picks while tracing are
+  appended to `picks` (none: the step did not run on flash)."""
+  cap = {"auto": flash_decode.MAX_SPLITS, "off": 1}.get(setting) or int(setting)
+  choose = flash_decode.splits
+
+  def recorded(*a, **kw):
+    picks.append(choose(*a, **kw))
+    return picks[-1]
+
+  def call(token):
+    saved, flash_decode.MAX_SPLITS = flash_decode.MAX_SPLITS, cap
+    flash_decode.splits = recorded
+    try:
+      return run(token)
+    finally:
+      flash_decode.MAX_SPLITS, flash_decode.splits = saved, choose
+  return call
+
+
 def time_steps(run, token, steps: int) -> float:
   t = time.perf_counter()
   for _ in range(steps):
@@ -135,23 +165,31 @@ def main(argv=None) -> None:
   parser.add_argument("--steps", type=int, default=16, help="steps per timed round")
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--backend", default="auto", help="maskc's backend (default auto)")
+  parser.add_argument("--splits", nargs="+", default=["auto"],
+                      help="flash-decoding settings to time maskc with, each a column: auto "
+                           "(the heuristic), off, or a cap N (default: auto)")
   args = parser.parse_args(argv)
   example = load_example()
   print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, batch {args.batch}, "
         f"backend {args.backend}")
-  print("| config | cache | KV cache per layer | maskc tok/s | dense tok/s | maskc / dense |")
-  print("|---|---:|---|---:|---:|---:|")
+  names = ["maskc"] if args.splits == ["auto"] else [f"maskc splits={s}" for s in args.splits]
+  print(f"| config | cache | KV cache per layer | {' | '.join(f'{n} tok/s' for n in names)} | "
+        f"dense tok/s | {names[0]} / dense |")
+  print("|---|---:|---|" + "---:|" * (len(names) + 2))
   for config in args.configs:
     for length in args.lengths:
       rng = np.random.default_rng(0)
       capacity = length + (args.rounds + 1) * args.steps
-      model = build(example, config, args.backend)
-      fill(model, args.batch, length, capacity, rng)
       token = jnp.zeros((args.batch, 1), jnp.int32)
-      step = nnx.jit(lambda m, t: m(t, decode=True), donate_argnums=0)
-      runs = {"maskc": lambda t, m=model, step=step: step(m, t),
-              "dense": dense_decoder(example, build(example, config, args.backend), args.batch,
-                                     length, capacity, rng)}
+      runs, picks = {}, {}
+      for name, setting in zip(names, args.splits):
+        model = build(example, config, args.backend)
+        fill(model, args.batch, length, capacity, rng)
+        step = nnx.jit(lambda m, t: m(t, decode=True), donate_argnums=0)
+        picks[name] = []
+        runs[name] = with_splits(lambda t, m=model, step=step: step(m, t), setting, picks[name])
+      runs["dense"] = dense_decoder(example, build(example, config, args.backend), args.batch,
+                                    length, capacity, rng)
       best = {name: float("inf") for name in runs}
       for r in range(args.rounds + 1):
         for name, run in runs.items():
@@ -161,8 +199,11 @@ def main(argv=None) -> None:
       tps = {name: args.batch / s for name, s in best.items()}
       rings = ", ".join("full" if b.attn.window is None else str(b.attn.window)
                         for b in model.blocks)
-      print(f"| {config} {PARAMS[config]} | {length} | {rings} | {tps['maskc']:,.0f} | "
-            f"{tps['dense']:,.0f} | {tps['maskc'] / tps['dense']:.2f}x |", flush=True)
+      # each maskc column says the largest split flash took (no flash: the step ran elsewhere)
+      cols = " | ".join(f"{tps[n]:,.0f} ({f'S {max(picks[n])}' if picks[n] else 'no flash'})"
+                        for n in names)
+      print(f"| {config} {PARAMS[config]} | {length} | {rings} | {cols} | "
+            f"{tps['dense']:,.0f} | {tps[names[0]] / tps['dense']:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

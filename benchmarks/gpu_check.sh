@@ -28,7 +28,9 @@
 #         and the backward's TFLOP/s (MOSAIC_BENCH_S, 90 s).
 #      Step 5 alone stays within 8 minutes (its limits add up to 480 s).
 #   6. benchmarks/flax_decode.py at 8K and 32K cached tokens: maskc.flax's decode step
-#      against dense-mask attention (DECODE_S, 150 s; needs flax, which .whl/tokamax/ holds).
+#      with flash-decoding as the heuristic picks it and off (`--splits auto off`), against
+#      dense-mask attention, for the Gemma 3 and Llama 4 configs (DECODE_S, 150 s; needs
+#      flax, which .whl/tokamax/ holds).
 # tokamax (optional) comes from .whl/tokamax/: its wheel and the dependencies its attention
 # imports, each installed with --no-deps so that pip never touches the machine's jax.
 # Logs go to $OUT (or /tmp/gpu_check); the last lines are a summary. TEST_S, TRACED_S,
@@ -139,7 +141,8 @@ if [ "${MOSAIC_BENCH_S:-90}" != 0 ]; then
     | tee "$OUT/gpu_attention_mosaic.log"
 fi
 if [ "${DECODE_S:-150}" != 0 ]; then
-  timeout "${DECODE_S:-150}" $PY benchmarks/flax_decode.py --lengths 8192 32768 2>&1 \
+  timeout "${DECODE_S:-150}" $PY benchmarks/flax_decode.py --lengths 8192 32768 \
+    --configs gemma3 llama4 --splits auto off 2>&1 \
     | tee "$OUT/flax_decode.log"
 fi
 

@@ -216,6 +216,51 @@ class TestFlashLowersForCuda:
     fwd, _ = lowered("flash", "cuda", case, self.length, interpret=True)
     assert count_triton(fwd) == 0
 
+  # Flash-decoding (maskc.kernels.flash_decode): a decode step's one q tile of a few rows
+  # (block_q = q_len, the kernel's tile 16 rows) over a cache of many 64-key tiles, split
+  # (`splits`; None: the heuristic's pick). (mask, dtype, head dim, heads, cap, sinks, q_len,
+  # splits, traced: the map compiled under jit from a traced offset and operands, as
+  # maskc.flax's step does.)
+  DECODE = (
+      ("causal & (q - k) % 4 != 1", jnp.bfloat16, 128, (8, 2), True, True, 1, None, False),
+      ("causal & (document(seg) | anc[q, k])", jnp.float16, 64, (4, 1), False, False, 4, 3,
+       False),
+      ("causal & sel[q // 64, k // 64]", jnp.float32, 96, (2, 2), True, False, 2, 5, False),
+      ("causal & document(seg) & k < n", jnp.bfloat16, 128, (8, 1), False, True, 1, None, True),
+  )
+
+  @pytest.mark.parametrize("case", DECODE, ids=lambda c: f"{c[0]}|L{c[6]}|S{c[7]}")
+  def test_split_decode_lowers_to_triton(self, case):
+    from maskc.kernels import flash
+    mask, dtype, d, (h, hkv), cap, sinks, lq, splits, traced = case
+    lkv = 1000                                   # 16 key tiles of 64, the last one ragged
+    ops = {n: a for n, a in operands(lkv).items() if f"{n}[" in mask or f"({n})" in mask}
+    if " n" in mask:
+      ops["n"] = np.int32(lkv - 10)
+    sink = jnp.linspace(-1.0, 1.0, h) if sinks else None
+    qs = jax.ShapeDtypeStruct((1, lq, h, d), dtype)
+    ks = jax.ShapeDtypeStruct((1, lkv, hkv, d), dtype)
+
+    def fwd(q, k, v, ops, offset):
+      bm = maskc.compile(mask, lq, lkv, block_q=lq, block_kv=64, operands=ops, q_offset=offset)
+      assert bm.is_static != traced
+      return flash.run(q, k, v, bm, logits_soft_cap=2.0 if cap else None, sinks=sink,
+                       interpret=False, splits=splits)
+
+    def bwd(q, k, v, ops, offset):
+      loss = lambda q, k, v: fwd(q, k, v, ops, offset).astype(jnp.float32).sum()
+      return jax.grad(loss, (0, 1, 2))(q, k, v)
+
+    for fn, calls in ((fwd, 1), (bwd, 3)):                # split forward (+ dq, dkv)
+      if traced:
+        args = ({n: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype)
+                 for n, a in ops.items()}, jax.ShapeDtypeStruct((), jnp.int32))
+        text = lower_for("cuda", fn, qs, ks, ks, *args)
+      else:
+        text = lower_for("cuda", lambda q, k, v, fn=fn: fn(q, k, v, ops, lkv - lq), qs, ks, ks)
+      assert count_triton(text) == calls, case
+      assert "maskc_flash_fwd_split" in text, case
+
 
 # The Triton deprecation (jax >= 0.11): maskc silences it once flash is loaded, and only it.
 QUIET_THEN_LOUD = """

@@ -275,6 +275,50 @@ def test_auto_picks_flash_on_gpu():
   assert api.choose_backend("auto", 4096, 4096) == "flash"
 
 
+# Flash-decoding (maskc.kernels.flash_decode): decode steps, block_q = q_len (the kernel's
+# tile 16 rows), over long caches. (id, mask, q_len, kv_len, heads, kv heads, head dim,
+# dtype, soft cap, sinks, operands)
+DECODE_CASES = [
+    ("causal-row-bf16-gqa", "causal", 1, 8192, 8, 2, 128, "bfloat16", None, False, None),
+    ("images-4-rows-sinks-cap", "causal | bidirectional(img)", 4, 8000, 4, 1, 64, "float32",
+     30.0, True, "img"),
+    ("documents-batched-row", "causal & document(seg)", 1, 6000, 4, 2, 64, "float32", None,
+     False, "seg-batched"),
+]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=[c[0] for c in DECODE_CASES])
+def test_flash_decoding_on_gpu_matches_references(case):
+  """The split forward (the heuristic's S, and S = 1) on the device: the same rows as the
+  dense reference, gradients through flash's backward on the combined lse included."""
+  from maskc.kernels import flash_decode
+  name, mask, lq, lkv, h, hkv, d, dtype, cap, has_sinks, kind = case
+  dtype = jnp.dtype(dtype)
+  ops = case_operands(kind, lkv, len(name))
+  q, k, v, w = inputs(len(name), 2, lq, lkv, h, hkv, d, dtype)
+  bm = maskc.compile(mask, lq, lkv, block_q=lq, block_kv=64, operands=ops)
+  assert flash_decode.splits(2 * h, bm.n_kv_tiles) > 1
+  sinks = (np.random.default_rng(1).standard_normal(h).astype(np.float32) if has_sinks
+           else None)
+
+  def ours(splits):
+    return lambda q, k, v: flash.run(q, k, v, bm, logits_soft_cap=cap, sinks=sinks,
+                                     interpret=False, splits=splits)
+
+  def dense(q, k, v):
+    return maskc.attention(q, k, v, mask, backend="dense", logits_soft_cap=cap, sinks=sinks,
+                           operands=ops)
+
+  out, grads = vjp_on(GPU, ours(None), q, k, v, w, dtype)
+  out1, _ = vjp_on(GPU, ours(1), q, k, v, w, dtype)
+  out_ref, grads_ref = vjp_on(CPU, dense, q, k, v, w, jnp.float32)
+  tol = F32_TOL if dtype == jnp.float32 else BF16_TOL
+  assert_norm_close(out, out_ref, tol, f"{name}: split out vs dense")
+  assert_norm_close(out, out1, tol, f"{name}: split out vs unsplit")
+  for g, r, n in zip(grads, grads_ref, "qkv"):
+    assert_norm_close(g, r, tol, f"{name}: d{n} vs dense")
+
+
 # (id, engine, mask, q_len, kv_len, heads, kv heads, head dim, dtype, soft cap, q_offset,
 #  operands): cuDNN for bands, tokamax for exact intervals of keys (its forward, flash's
 #  backward: the gradients check the log-sum-exp made from tokamax's residuals).

@@ -21,6 +21,13 @@ MoBA-style block selection) are one value per tile, loaded as a scalar. Every
 load is a power-of-two block (the tiles), as Triton requires; the arrays a block
 slices from may have any shape.
 
+Decoding (`maskc.kernels.flash_decode`): a map of one q tile may have any `block_q`
+(one query row, or a handful); the kernel pads its tile to a power of two >= 16 rows, the
+least a Triton dot takes. When the launch has few programs and its rows many key tiles,
+each q tile's key tiles are split into `S` shares, one program per `(b, h, q tile,
+split)`, and the shares' outputs are merged by their log-sum-exps outside the kernel
+(flash-decoding); `S = 1` is the single walk above. The backward pass is the same for both.
+
 Rows with no allowed key return zeros; their log-sum-exp is +inf, so the backward
 pass gives them zero weight and zero gradients.
 
@@ -45,7 +52,7 @@ from jax.experimental import pallas as pl
 
 from maskc.compiled import predicate as _predicate
 from maskc.compiled.predicate import Predicate
-from maskc.kernels import common, compat
+from maskc.kernels import common, compat, flash_decode
 from maskc.kernels.platform import platform
 from maskc.kernels.xla import NEG_LSE
 from maskc.language.errors import BackendError, MaskValueError
@@ -111,6 +118,7 @@ class _Config:
   fwd_width: tuple[int, int]     # (max FULL, max PARTIAL) key tiles per q tile
   bwd_width: tuple[int, int]     # (max FULL, max PARTIAL) q tiles per key tile
   interpret: bool
+  splits: int = 1                # forward programs per q tile (flash-decoding; 1: none)
 
 
 def _meta(bm, u: int, transpose: bool):
@@ -168,7 +176,8 @@ def _fwd_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, sink
   def qtok(r):
     return qtok_ref[r, :]
 
-  if cfg.has_sinks:
+  sinks = cfg.has_sinks and cfg.splits == 1     # split: the combine adds them, once
+  if sinks:
     sink = sink_ref[h]
     m0 = jnp.full((bq,), sink, jnp.float32)
     l0 = jnp.ones((bq,), jnp.float32)
@@ -199,9 +208,21 @@ def _fwd_kernel(meta_ref, scal_ref, qtok_ref, ktok_ref, pair_ref, tile_ref, sink
       return m_new, l, acc
     return body
 
-  carry = lax.fori_loop(0, meta_ref[0], visit(False, 2), (m0, l0, acc0))
-  m, l, acc = lax.fori_loop(0, meta_ref[1], visit(True, 2 + mf), carry)
-  if cfg.has_sinks:
+  if cfg.splits == 1:
+    carry = lax.fori_loop(0, meta_ref[0], visit(False, 2), (m0, l0, acc0))
+    m, l, acc = lax.fori_loop(0, meta_ref[1], visit(True, 2 + mf), carry)
+  else:
+    # This split's share [lo, hi) of the tile's FULL-then-PARTIAL list, equal shares of
+    # the count the list holds (a traced map's lists are padded past it).
+    nf, n = meta_ref[0], meta_ref[0] + meta_ref[1]
+    per = (n + cfg.splits - 1) // cfg.splits
+    lo = pl.program_id(3) * per
+    hi = jnp.minimum(lo + per, n)
+    carry = lax.fori_loop(jnp.minimum(lo, nf), jnp.minimum(hi, nf), visit(False, 2),
+                          (m0, l0, acc0))
+    m, l, acc = lax.fori_loop(jnp.maximum(lo, nf) - nf, jnp.maximum(hi, nf) - nf,
+                              visit(True, 2 + mf), carry)
+  if sinks:
     o = acc / l[:, None]
     lse = m + jnp.log(l)
   else:
@@ -346,21 +367,24 @@ class _ReadArrays(NamedTuple):
 
 
 def _read_specs(cfg: _Config, arrays: _ReadArrays, line: str):
-  """BlockSpecs of the read inputs for a grid `(b, h, line)` over q tiles or key tiles."""
+  """BlockSpecs of the read inputs for a grid `(b, h, line)` over q tiles or key tiles (the
+  forward's split grid `(b, h, q tile, split)` reads the same blocks in every split)."""
   bq, bk = cfg.block_q, cfg.block_kv
 
   def tok(b_):
     return _b(cfg, b_)
 
   def whole(a):
-    return pl.BlockSpec((None,) + a.shape[1:], lambda b_, h_, n: (tok(b_),) + (0,) * (a.ndim - 1))
+    return pl.BlockSpec((None,) + a.shape[1:],
+                        lambda b_, h_, n, *_: (tok(b_),) + (0,) * (a.ndim - 1))
 
   npair = arrays.pair.shape[1]
   if line == "q":
-    qtok = pl.BlockSpec((None, arrays.qtok.shape[1], bq), lambda b_, h_, i: (tok(b_), 0, i))
+    qtok = pl.BlockSpec((None, arrays.qtok.shape[1], bq),
+                        lambda b_, h_, i, *_: (tok(b_), 0, i))
     ktok = whole(arrays.ktok)
     pair = (pl.BlockSpec((None, npair, bq, arrays.pair.shape[-1]),
-                         lambda b_, h_, i: (tok(b_), 0, i, 0))
+                         lambda b_, h_, i, *_: (tok(b_), 0, i, 0))
             if cfg.pred.pairs else whole(arrays.pair))
   else:
     qtok = whole(arrays.qtok)
@@ -372,26 +396,46 @@ def _read_specs(cfg: _Config, arrays: _ReadArrays, line: str):
 
 
 def _forward(cfg: _Config, q, k, v, sinks, meta_f, reads: _ReadArrays, out_dtype=None):
+  """`(out [B, Lq_pad, H, Dv], lse [B, H, Lq_pad] f32, +inf on rows with no key or sink)`.
+
+  With `cfg.splits > 1`, one program per split writes a float32 partial output and
+  log-sum-exp, and `flash_decode.combine` merges them (adding the sinks once)."""
   b, lq_pad, h, d = q.shape
   lkv_pad, dv = k.shape[1], v.shape[-1]
-  bq, g = cfg.block_q, cfg.groups
+  bq, g, s = cfg.block_q, cfg.groups, cfg.splits
   kernel = functools.partial(_fwd_kernel, cfg=cfg)
   in_specs = [
-      pl.BlockSpec((None, None, meta_f.shape[-1]), lambda b_, h_, i: (_b(cfg, b_), i, 0)),
+      pl.BlockSpec((None, None, meta_f.shape[-1]), lambda b_, h_, i, *_: (_b(cfg, b_), i, 0)),
       *_read_specs(cfg, reads, "q"),
-      pl.BlockSpec((h,), lambda b_, h_, i: (0,)),
-      pl.BlockSpec((None, bq, None, d), lambda b_, h_, i: (b_, i, h_, 0)),
-      pl.BlockSpec((None, lkv_pad, None, d), lambda b_, h_, i: (b_, 0, lax.div(h_, g), 0)),
-      pl.BlockSpec((None, lkv_pad, None, dv), lambda b_, h_, i: (b_, 0, lax.div(h_, g), 0)),
+      pl.BlockSpec((h,), lambda b_, h_, i, *_: (0,)),
+      pl.BlockSpec((None, bq, None, d), lambda b_, h_, i, *_: (b_, i, h_, 0)),
+      pl.BlockSpec((None, lkv_pad, None, d),
+                   lambda b_, h_, i, *_: (b_, 0, lax.div(h_, g), 0)),
+      pl.BlockSpec((None, lkv_pad, None, dv),
+                   lambda b_, h_, i, *_: (b_, 0, lax.div(h_, g), 0)),
   ]
-  out_specs = [pl.BlockSpec((None, bq, None, dv), lambda b_, h_, i: (b_, i, h_, 0)),
-               pl.BlockSpec((None, None, bq), lambda b_, h_, i: (b_, h_, i))]
-  out_shape = [jax.ShapeDtypeStruct((b, lq_pad, h, dv), out_dtype or q.dtype),
-               jax.ShapeDtypeStruct((b, h, lq_pad), jnp.float32)]
-  return pl.pallas_call(kernel, grid=(b, h, cfg.n_q_tiles), in_specs=in_specs,
-                        out_specs=out_specs, out_shape=out_shape, interpret=cfg.interpret,
-                        compiler_params=_compiler(cfg, d, "fwd"), name="maskc_flash_fwd")(
+  if s == 1:
+    grid: tuple[int, ...] = (b, h, cfg.n_q_tiles)
+    out_specs = [pl.BlockSpec((None, bq, None, dv), lambda b_, h_, i: (b_, i, h_, 0)),
+                 pl.BlockSpec((None, None, bq), lambda b_, h_, i: (b_, h_, i))]
+    out_shape = [jax.ShapeDtypeStruct((b, lq_pad, h, dv), out_dtype or q.dtype),
+                 jax.ShapeDtypeStruct((b, h, lq_pad), jnp.float32)]
+  else:
+    grid = (b, h, cfg.n_q_tiles, s)
+    out_specs = [pl.BlockSpec((None, None, bq, None, dv),
+                              lambda b_, h_, i, s_: (s_, b_, i, h_, 0)),
+                 pl.BlockSpec((None, None, None, bq), lambda b_, h_, i, s_: (s_, b_, h_, i))]
+    out_shape = [jax.ShapeDtypeStruct((s, b, lq_pad, h, dv), jnp.float32),
+                 jax.ShapeDtypeStruct((s, b, h, lq_pad), jnp.float32)]
+  o, lse = pl.pallas_call(kernel, grid=grid, in_specs=in_specs,
+                          out_specs=out_specs, out_shape=out_shape, interpret=cfg.interpret,
+                          compiler_params=_compiler(cfg, d, "fwd"),
+                          name="maskc_flash_fwd" if s == 1 else "maskc_flash_fwd_split")(
       meta_f, *reads, sinks, q, k, v)
+  if s == 1:
+    return o, lse
+  o, lse = flash_decode.combine(o, lse, sinks if cfg.has_sinks else None)
+  return o.astype(out_dtype or q.dtype), lse
 
 
 def _backward(cfg: _Config, q, k, v, o, lse, do, meta_f, meta_b, reads: _ReadArrays,
@@ -536,14 +580,20 @@ def read_arrays(bm, u: int, lq_pad: int, lkv_pad: int) -> _ReadArrays:
     p = values.pairs
     pair = jnp.pad(p, ((0, 0), (0, 0), (0, lq_pad - p.shape[2]), (0, lkv_pad - p.shape[3])))
   else:
-    pair = jnp.zeros((nb, 1, bm.block_q, bm.block_kv), jnp.int32)
+    pair = jnp.zeros((nb, 1, lq_pad // bm.n_q_tiles, bm.block_kv), jnp.int32)
   tiles = values.tile_pairs
   tile = (tiles.reshape(nb, -1) if tiles.shape[1] else jnp.zeros((nb, 1), jnp.int32))
   return _ReadArrays(scal, side(values.q, lq_pad), side(values.k, lkv_pad), pair, tile)
 
 
-def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
-  """The backend entry point: attention `[B, Lq, H, Dv]` with the Pallas flash kernel."""
+def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None,
+        splits: int | None = None):
+  """The backend entry point: attention `[B, Lq, H, Dv]` with the Pallas flash kernel.
+
+  `splits` is how many shares each q tile's key tiles are split into in the forward pass
+  (flash-decoding, `maskc.kernels.flash_decode`): None picks by `flash_decode.splits`
+  (1 unless the launch has few programs and its rows many key tiles), 1 never splits.
+  """
   b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
   common.check_blockmap(bm, "flash", lq, lkv, b)
   interpret = _check_interpret(bm, interpret)
@@ -552,12 +602,13 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
 
   def one(q, k, v, u, sinks):
     return _attend(q, k, v, bm, u, scale=scale, cap=logits_soft_cap, sinks=sinks,
-                   interpret=interpret)
+                   interpret=interpret, splits=splits)
 
   return common.per_mask(one, q, k, v, bm, sinks)
 
 
-def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=None):
+def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=None,
+                 splits: int | None = None):
   """Attention and its log-sum-exp: `(out [B, Lq, H, Dv] f32, lse [B, Lq, H] f32)`.
 
   The contract of `maskc.kernels.xla.run_with_lse`, with the Pallas kernel: for
@@ -566,7 +617,7 @@ def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=Non
   allowed key have `out = 0` and `lse = NEG_LSE`. One mask for every head.
   Differentiable w.r.t. q, k and v through both outputs (the lse cotangent is
   folded into the backward kernels' `delta`). The kernel computes in the inputs'
-  dtype and accumulates in float32; `out` is stored in float32.
+  dtype and accumulates in float32; `out` is stored in float32. `splits` as `run`.
   """
   b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
   common.check_blockmap(bm, "flash", lq, lkv, b)
@@ -574,7 +625,7 @@ def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=Non
   interpret = _check_interpret(bm, interpret)
   scale = common.default_scale(d, scale)
   return _attend(q, k, v, bm, 0, scale=scale, cap=logits_soft_cap, sinks=None,
-                 interpret=interpret, with_lse=True)
+                 interpret=interpret, with_lse=True, splits=splits)
 
 
 def _check_interpret(bm, interpret) -> bool:
@@ -586,7 +637,7 @@ def _check_interpret(bm, interpret) -> bool:
       raise BackendError(f"the flash kernel is written for Pallas Triton, and {why}",
                          hint="Use backend='xla' (any platform), or run flash with "
                               "interpret=True.")
-    for name, t in (("block_q", bm.block_q), ("block_kv", bm.block_kv)):
+    for name, t in (("block_q", _tile_rows(bm)), ("block_kv", bm.block_kv)):
       if t < 16 or t & (t - 1):
         raise MaskValueError(f"the Triton flash kernel needs power-of-two tiles >= 16, got "
                              f"{name}={t}")
@@ -614,28 +665,46 @@ class _Launch(NamedTuple):
   shape: _Padding
 
 
-def _launch(q, k, v, bm, u: int, *, scale, cap, has_sinks: bool, interpret: bool) -> _Launch:
+def _tile_rows(bm) -> int:
+  """The kernel's q tile: the map's, but for a map of one q tile that Triton cannot load (a
+  decode step's few rows, `block_q = q_len`) a power of two >= 16 holding its rows."""
+  t = bm.block_q
+  if bm.n_q_tiles == 1 and (t < 16 or t & (t - 1)):
+    return max(16, 1 << (bm.q_len - 1).bit_length())
+  return t
+
+
+def _launch(q, k, v, bm, u: int, *, scale, cap, has_sinks: bool, interpret: bool,
+            splits: int | None = 1) -> _Launch:
+  """One map's kernel inputs; `splits` None picks the forward's split by
+  `flash_decode.splits` from the launch's programs and its rows' key tiles."""
   b, lq, h, d = q.shape
   lkv, hkv = k.shape[1], k.shape[2]
   nq, nk = bm.n_q_tiles, bm.n_kv_tiles
+  bq = _tile_rows(bm)
   meta_f, fwd_width = _meta(bm, u, transpose=False)
   meta_b, bwd_width = _meta(bm, u, transpose=True)
-  cfg = _Config(pred=bm.predicates[u], block_q=bm.block_q, block_kv=bm.block_kv, q_len=lq,
+  if splits is None:
+    splits = flash_decode.splits(b * h * nq, min(sum(fwd_width), nk))
+  if splits < 1:
+    raise MaskValueError(f"splits must be a positive number of key-tile shares, got {splits}")
+  cfg = _Config(pred=bm.predicates[u], block_q=bq, block_kv=bm.block_kv, q_len=lq,
                 kv_len=lkv, n_q_tiles=nq, n_kv_tiles=nk, groups=h // hkv, scale=scale,
                 cap=None if cap is None else float(cap), has_sinks=has_sinks,
                 batched_meta=bm.batch is not None, fwd_width=fwd_width, bwd_width=bwd_width,
-                interpret=interpret)
+                interpret=interpret, splits=int(splits))
   # Triton loads power-of-two blocks: pad head dims (zeros change no dot product).
   d_pad, dv_pad = (max(16, 1 << (x - 1).bit_length()) for x in (d, v.shape[-1]))
-  lq_pad, lkv_pad = nq * bm.block_q, nk * bm.block_kv
+  lq_pad, lkv_pad = nq * bq, nk * bm.block_kv
   return _Launch(cfg, jnp.asarray(meta_f), jnp.asarray(meta_b),
                  read_arrays(bm, u, lq_pad, lkv_pad), _Padding(lq_pad, lkv_pad, d_pad, dv_pad))
 
 
-def _attend(q, k, v, bm, u: int, *, scale, cap, sinks, interpret: bool, with_lse: bool = False):
+def _attend(q, k, v, bm, u: int, *, scale, cap, sinks, interpret: bool, with_lse: bool = False,
+            splits: int | None = None):
   lq, dv = q.shape[1], v.shape[-1]
   ln = _launch(q, k, v, bm, u, scale=scale, cap=cap, has_sinks=sinks is not None,
-               interpret=interpret)
+               interpret=interpret, splits=splits)
   pads = ln.shape
   qp = _pad(q, pads.lq, pads.d)
   kp, vp = _pad(k, pads.lkv, pads.d), _pad(v, pads.lkv, pads.dv)
