@@ -77,7 +77,7 @@ versions: $(STAMP)
 	@$(PY) -m pip list --disable-pip-version-check 2>/dev/null | grep -E "^(jax|jaxlib|tokamax) "
 
 test-slow: $(STAMP) $(LSTAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not lowering"
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "slow and not lowering"
 	JAX_PLATFORMS=cpu $(LPY) -m pytest -q -p no:cacheprovider -m "lowering and slow" \
 	  $(LOWERING_TESTS)
 
