@@ -3,7 +3,7 @@
 The default run (`make test`) must stay under 10 minutes on a 2-core machine, and some property
 tests compile a kernel or a jitted function for every example, so their cost is the number of
 examples. Such a test is parametrized by `PARTS` and draws `count(full, part)` examples: the
-default run explores an eighth of them, and the twin marked `slow` (`make test-slow`, which CI
+default run explores a tenth of them, and the twin marked `slow` (`make test-slow`, which CI
 runs) explores all `full`, so CI checks as much as before the split.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import hypothesis
 import pytest
 
-SHARE = 8  # the default run draws 1 / SHARE of a split test's examples
+SHARE = 10  # the default run draws 1 / SHARE of a split test's examples
 
 
 # Parametrize a split test with `@pytest.mark.parametrize("part", PARTS)`.

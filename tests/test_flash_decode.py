@@ -150,7 +150,8 @@ def test_split_in_bfloat16_matches_dense():
   assert_close(out, ref, BF16_TOL, "bf16 split vs dense")
 
 
-@pytest.mark.parametrize("case", [pytest.param(CASES[1], id=CASES[1][0]),
+@pytest.mark.parametrize("case", [pytest.param(CASES[1], id=CASES[1][0],
+                                               marks=pytest.mark.slow),
                                   pytest.param(CASES[2], id=CASES[2][0],
                                                marks=pytest.mark.slow)])
 def test_gradients_through_the_split_forward(case):

@@ -831,6 +831,7 @@ class TestFlash(KernelTests):
     for name, g, r in zip("qkv", grads, grads_ref):
       assert_close(g, r, F32_TOL, f"d{name}, {mask}")
 
+  @pytest.mark.slow  # ~7 s in interpret mode; the static pairwise cases run by default
   def test_pairwise_operands_traced_under_jit(self):
     lq = lkv = 64
     q, k, v, w = qkv(11, 2, lq, lkv, 2, 1, 16)

@@ -63,7 +63,7 @@ class Site:
 
   def part_of(self, join: Callable[..., Any]) -> Site:
     """The site of a part of an `&` / `|` (`join`) lowered here."""
-    return dataclasses.replace(self, join=join)
+    return Site(self.geo, self.tables, self.batch, self.refine, self.budget, join)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
