@@ -9,7 +9,7 @@ kind of read, sinks, soft caps, GQA, empty rows); gradients through it; `run_wit
 split; that the result does not depend on `S` (a property over `S`, shares of zero tiles
 included); the combine alone against one softmax; and the heuristic's choices.
 
-The default run takes one case of each test (about 20 s on 2 cores); `-m slow` the rest.
+The default run takes one case of most tests (about 15 s on 2 cores); `-m slow` the rest.
 """
 
 from __future__ import annotations
