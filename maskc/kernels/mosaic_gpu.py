@@ -97,13 +97,11 @@ from maskc.kernels.mosaic_gpu_tiles import (
   Config,
   Inputs,
   ReadRefs,
-  Stream,
   Tile,
-  key_tiles,
   pad_to,
   side_reads,
   softcap,
-  stream,
+  stream_row_keys,
   tile_mask,
 )
 from maskc.kernels.platform import platform
@@ -338,12 +336,9 @@ def _forward(cfg: Config, q, k, v, sinks, ins: Inputs):
     @pl.when(wg == COMPUTE_WGS)
     def _memory():
       plgpu.set_max_registers(40, action="decrease")
-      kv_head = lax.div(head, jnp.int32(cfg.groups))
-
-      walk_ = (meta_ref, mb, qi)
-      stream(n_all, stages,
-             [Stream(key_tiles(walk_, k_ref, batch, kv_head, bk), k_smem, k_loaded, k_consumed),
-              Stream(key_tiles(walk_, v_ref, batch, kv_head, bk), v_smem, v_loaded, v_consumed)])
+      stream_row_keys(n_all, stages, (meta_ref, mb, qi), k_ref, v_ref, batch, head,
+                      cfg.groups, bk, (k_smem, k_loaded, k_consumed),
+                      (v_smem, v_loaded, v_consumed))
 
   def entry(*refs):
     tiling = plgpu.TilingTransform((8, 64))

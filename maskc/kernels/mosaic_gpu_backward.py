@@ -68,12 +68,12 @@ from maskc.kernels.mosaic_gpu_tiles import (
   ReadRefs,
   Stream,
   Tile,
-  key_tiles,
   load_vec,
   pad_to,
   side_reads,
   softcap,
   stream,
+  stream_row_keys,
   tile_mask,
 )
 
@@ -252,11 +252,9 @@ def _dq(bc: BwdConfig, q, k, v, do, lse2, delta, ins: Inputs):
     @pl.when(wg == wgs)
     def _memory():
       plgpu.set_max_registers(40, action="decrease")
-      kv_head = lax.div(head, jnp.int32(cfg.groups))
-      walk_ = (meta_ref, mb, qi)
-      stream(n_all, stages,
-             [Stream(key_tiles(walk_, k_ref, batch, kv_head, bk), k_smem, k_loaded, k_consumed),
-              Stream(key_tiles(walk_, v_ref, batch, kv_head, bk), v_smem, v_loaded, v_consumed)])
+      stream_row_keys(n_all, stages, (meta_ref, mb, qi), k_ref, v_ref, batch, head,
+                      cfg.groups, bk, (k_smem, k_loaded, k_consumed),
+                      (v_smem, v_loaded, v_consumed))
 
   def entry(*refs):
     pl.run_scoped(

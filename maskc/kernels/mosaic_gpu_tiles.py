@@ -248,6 +248,17 @@ def key_tiles(walk_: tuple, ref: Any, batch: Any, kv_head: Any, bk: int) -> Call
   return lambda t: ref.at[batch, pl.ds(meta_ref[mb, qi, 2 + t] * bk, bk), kv_head]
 
 
+def stream_row_keys(n_steps: Any, stages: int, walk_: tuple, k_ref: Any, v_ref: Any,
+                    batch: Any, head: Any, groups: int, bk: int, k_slots: tuple,
+                    v_slots: tuple) -> None:
+  """The memory warpgroup of a kernel that walks a q tile's map row (the forward, dq):
+  streams its key and value tiles (`key_tiles`) of query head `head`'s key head into
+  `k_slots` / `v_slots`, each `(smem, loaded, consumed)`."""
+  kv_head = lax.div(head, jnp.int32(groups))
+  stream(n_steps, stages, [Stream(key_tiles(walk_, k_ref, batch, kv_head, bk), *k_slots),
+                           Stream(key_tiles(walk_, v_ref, batch, kv_head, bk), *v_slots)])
+
+
 def softcap(s: jax.Array, cfg: Config) -> tuple[jax.Array, jax.Array | None]:
   """Raw scores `q kᵀ` to the base-2 logits (scaled, soft-capped, times `log2 e`), and the
   cap's `tanh` (None without a cap), which the backward's chain rule needs."""
