@@ -8,6 +8,11 @@ STAMP := $(VENV)/.installed
 # `tokamax` installs on Python >= 3.12 only (the extra's marker skips it on 3.11).
 EXTRAS ?= test,plot,lint,tokamax,flax
 
+# pytest-xdist spreads each run over JOBS worker processes (`auto`: one per CPU core; CI has
+# two). `make test JOBS=0` runs in one process, for pdb or a clean traceback order.
+JOBS ?= auto
+PYTEST = -m pytest -q -p no:cacheprovider -n $(JOBS)
+
 .PHONY: demo test lint test-slow test-lowering test-current versions test-gpu bench clean
 
 $(VENV)/bin/python:
@@ -26,7 +31,7 @@ demo: $(STAMP)
 	  --operand img=32768:0,1:1000-3000,1:20000-22048 --width 80
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15
+	$(PY) $(PYTEST) --durations=15
 
 # ruff and mypy (the lint extra), configured in pyproject.toml: the public modules are
 # type-checked strictly, the rest with mypy's defaults.
@@ -57,7 +62,7 @@ $(LSTAMP): pyproject.toml | $(LVENV)/bin/python
 	touch $(LSTAMP)
 
 test-lowering: $(LSTAMP)
-	JAX_PLATFORMS=cpu $(LPY) -m pytest -q -p no:cacheprovider -m "lowering and not slow" \
+	JAX_PLATFORMS=cpu $(LPY) $(PYTEST) -m "lowering and not slow" \
 	  $(LOWERING_TESTS)
 
 # The newest end of the supported range: Python >= 3.12 (jax 0.11+ needs it) with the newest
@@ -77,8 +82,8 @@ versions: $(STAMP)
 	@$(PY) -m pip list --disable-pip-version-check 2>/dev/null | grep -E "^(jax|jaxlib|tokamax) "
 
 test-slow: $(STAMP) $(LSTAMP)
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "slow and not lowering"
-	JAX_PLATFORMS=cpu $(LPY) -m pytest -q -p no:cacheprovider -m "lowering and slow" \
+	$(PY) $(PYTEST) --durations=15 -m "slow and not lowering"
+	JAX_PLATFORMS=cpu $(LPY) $(PYTEST) -m "lowering and slow" \
 	  $(LOWERING_TESTS)
 
 # Kernels compiled for and run on a real NVIDIA GPU (tests/test_gpu.py). Needs a Python whose
