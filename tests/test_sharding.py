@@ -19,6 +19,11 @@ from maskc.parallel import sharding as _sharding
 
 TOL = 1e-5
 
+# The module's fixtures run their cases in one subprocess each (minutes): with pytest-xdist
+# (`make test-slow` runs `--dist loadgroup`) every test here goes to one worker, so neither
+# subprocess runs twice.
+pytestmark = pytest.mark.xdist_group("sharding")
+
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
