@@ -9,10 +9,9 @@ STAMP := $(VENV)/.installed
 EXTRAS ?= test,plot,lint,tokamax,flax
 
 # pytest-xdist spreads each run over JOBS worker processes (`auto`: one per CPU core; CI has
-# two). `make test JOBS=0` runs in one process, for pdb or a clean traceback order. Tests
-# marked `xdist_group` (a module whose fixture runs a costly subprocess) share one worker.
+# two). `make test JOBS=0` runs in one process, for pdb or a clean traceback order.
 JOBS ?= auto
-PYTEST = -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup
+PYTEST = -m pytest -q -p no:cacheprovider -n $(JOBS)
 
 .PHONY: demo test lint test-slow test-lowering test-current versions test-gpu bench clean
 

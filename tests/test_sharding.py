@@ -19,16 +19,10 @@ from maskc.parallel import sharding as _sharding
 
 TOL = 1e-5
 
-# The module's fixtures run their cases in one subprocess each (minutes): with pytest-xdist
-# (`make test-slow` runs `--dist loadgroup`) every test here goes to one worker, so neither
-# subprocess runs twice.
-pytestmark = pytest.mark.xdist_group("sharding")
-
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-  out = tmp_path_factory.mktemp("sharding") / "results.json"
-  return fake_devices.run_worker("sharding_worker.py", out, timeout=3000)
+  return fake_devices.run_worker("sharding_worker.py", tmp_path_factory, timeout=3000)
 
 
 # One subprocess on 8 fake devices runs every case (minutes on 2 cores): `make test-slow`,
@@ -280,8 +274,7 @@ def test_traced_operands_with_the_balanced_layout_raise_with_a_hint():
 
 @pytest.fixture(scope="module")
 def input_results(tmp_path_factory):
-  out = tmp_path_factory.mktemp("sharding_inputs") / "results.json"
-  return fake_devices.run_worker("sharding_inputs_worker.py", out, timeout=600)
+  return fake_devices.run_worker("sharding_inputs_worker.py", tmp_path_factory, timeout=600)
 
 
 @pytest.mark.slow  # a subprocess on fake devices, about 40 s

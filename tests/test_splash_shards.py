@@ -215,8 +215,7 @@ def test_kernel_on_each_shards_slice_matches_dense():
 
 @pytest.fixture(scope="module")
 def mesh_results(tmp_path_factory):
-  out = tmp_path_factory.mktemp("splash_shards") / "results.json"
-  return fake_devices.run_worker("splash_shards_worker.py", out, timeout=1800)
+  return fake_devices.run_worker("splash_shards_worker.py", tmp_path_factory, timeout=1800)
 
 
 @pytest.mark.slow
