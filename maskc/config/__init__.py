@@ -1,3 +1,8 @@
 """Masks in model configs: `MaskConfig`, config files (YAML / JSON / TOML) and
-`MaskSpec` fields.
+`MaskSpec` fields; and the masks of Hugging Face transformers and MaxText configs
+(`from_hf`, `hf_operands`, `from_maxtext`).
 """
+
+from maskc.config.hugging_face import from_hf as from_hf, hf_operands as hf_operands
+
+__all__ = ["from_hf", "hf_operands"]
