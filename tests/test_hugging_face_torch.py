@@ -258,3 +258,15 @@ def test_gemma3_packed_image_spans_differ_only_where_transformers_reads_position
       np.testing.assert_array_equal(expected, sliding(pos))
       np.testing.assert_array_equal(ours, sliding(at_index))
       assert (ours != expected).any()
+
+
+@pytest.mark.parametrize("name", [
+    "Gemma2Config", "Gemma3TextConfig", "Gemma3Config", "Llama4TextConfig", "Llama4Config",
+    "MistralConfig", "MixtralConfig", "Qwen2Config", "Qwen3Config", "GptOssConfig",
+    "Cohere2Config", "ModernBertConfig", "BertConfig", "RobertaConfig", "LlamaConfig",
+    "GemmaConfig"])
+def test_family_defaults_are_transformers_defaults(name):
+  # A config.json leaves out what the class defaults: from_hf must fill in the same values.
+  config = getattr(transformers, name)()
+  assert from_hf({"model_type": config.model_type}) == from_hf(config)
+  assert from_hf(config.to_dict()) == from_hf(config)

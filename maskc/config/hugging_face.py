@@ -462,13 +462,13 @@ def from_hf(config: Any, *, padding: bool = True, packing: bool = True) -> MaskC
 # ----------------------------------------------------------------------------- operands
 
 
-def _as_array(name: str, value: Any, ndim: tuple[int, ...]) -> np.ndarray:
+def _as_array(name: str, value: Any, ndim: tuple[int, ...], kinds: str = "biu") -> np.ndarray:
   try:
     arr = np.asarray(value)
   except Exception as e:  # a tensor on an accelerator, or not array-like
     raise OperandError(f"{name} must be array-like (NumPy, or a CPU tensor), got "
                        f"{type(value).__name__}: {e}") from None
-  if arr.ndim not in ndim or arr.dtype.kind not in "biu":
+  if arr.ndim not in ndim or arr.dtype.kind not in kinds:
     raise OperandError(f"{name} must be an integer or bool array of rank "
                        f"{' or '.join(map(str, ndim))}, got shape {arr.shape} dtype {arr.dtype}")
   return arr
@@ -506,7 +506,7 @@ def hf_operands(cfg: MaskConfig, attention_mask: Any = None, position_ids: Any =
       with `padding=False`.
   """
   needs = {d.name for d in cfg.operands}
-  am = None if attention_mask is None else _as_array(ATTENTION_MASK, attention_mask, (2,))
+  am = None if attention_mask is None else _as_array(ATTENTION_MASK, attention_mask, (2,), "biuf")
   pos = None if position_ids is None else _as_array("position_ids", position_ids, (1, 2))
   tt = None if token_type_ids is None else _as_array("token_type_ids", token_type_ids, (2,))
   shapes = [a.shape for a in (am, tt) if a is not None]
