@@ -4,5 +4,6 @@
 """
 
 from maskc.config.hugging_face import from_hf as from_hf, hf_operands as hf_operands
+from maskc.config.maxtext import from_maxtext as from_maxtext
 
-__all__ = ["from_hf", "hf_operands"]
+__all__ = ["from_hf", "from_maxtext", "hf_operands"]
