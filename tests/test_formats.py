@@ -142,6 +142,17 @@ def test_bsr_refuses_partial_blocks_without_a_mask():
     bsr(maskc.compile("causal", 16, block_q=4, block_kv=4), with_mask=False)
 
 
+def test_bsr_refuses_masks_over_the_limit(monkeypatch):
+  import importlib
+  module = importlib.import_module("maskc.formats.block_sparse_rows")
+  monkeypatch.setattr(module, "MAX_MASK_ELEMENTS", 10 * 16)
+  bm = maskc.compile("causal", 16, block_q=4, block_kv=4)  # 10 blocks of 16
+  assert bsr(bm).mask.shape == (10, 4, 4)
+  monkeypatch.setattr(module, "MAX_MASK_ELEMENTS", 10 * 16 - 1)
+  with pytest.raises(maskc.MaskLimitError, match="10 x 4 x 4"):
+    bsr(bm)
+
+
 def test_bsr_refuses_keys_not_a_multiple_of_the_block():
   with pytest.raises(maskc.MaskValueError, match="N % C"):
     bsr(maskc.compile("causal", 10, block_q=4, block_kv=4))

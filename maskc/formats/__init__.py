@@ -12,8 +12,8 @@ Each format is exact, or raises a `maskc.MaskError` saying why the mask does not
 Nothing here imports torch, Paddle, FlashInfer or Pallas at `import maskc`.
 """
 
-from maskc.formats.bsr import BSR as BSR, bsr as bsr
-from maskc.formats.flashmask import FlashMask as FlashMask, flashmask as flashmask
+from maskc.formats.block_sparse_rows import BSR as BSR, bsr as bsr
+from maskc.formats.flashmask_columns import FlashMask as FlashMask, flashmask as flashmask
 from maskc.formats.splash import SplashImport as SplashImport, from_splash as from_splash
 from maskc.formats.varlen import Varlen as Varlen, cu_seqlens as cu_seqlens
 

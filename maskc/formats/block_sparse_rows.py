@@ -16,7 +16,11 @@ import numpy as np
 from maskc.compiled.blockmap import BlockMap
 from maskc.compiled.tiles import FULL, PARTIAL
 from maskc.formats._tiles import require_static, tile_evaluator
-from maskc.language.errors import MaskValueError
+from maskc.language.errors import MaskLimitError, MaskValueError
+
+# The most elements the blocks' masks may hold (1 GiB of bool): FlashInfer's `mask` has one
+# R x C array per non-empty block, full ones included, so it grows with the blocks' count.
+MAX_MASK_ELEMENTS = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +100,7 @@ def bsr(bm: BlockMap, *, batch: int | None = None, head: int | None = None,
   Raises:
     MaskValueError: `kv_len` not a multiple of `block_kv` (FlashInfer needs `N % C == 0`),
       PARTIAL tiles with `with_mask=False`, a batch or heads not picked, traced operands.
+    MaskLimitError: the blocks' masks would hold more than `MAX_MASK_ELEMENTS`.
 
   >>> import maskc
   >>> m = maskc.formats.bsr(maskc.compile("causal", 6, block_q=2, block_kv=2))
@@ -134,6 +139,12 @@ def bsr(bm: BlockMap, *, batch: int | None = None, head: int | None = None,
                               "tiles the mask fills or leaves empty.")
   mask = None
   if with_mask or (with_mask is None and partial):
+    if indices.size * r * c > MAX_MASK_ELEMENTS:
+      raise MaskLimitError(
+          f"the blocks' masks would hold {indices.size} x {r} x {c} elements, over "
+          f"{MAX_MASK_ELEMENTS}", hint="FlashInfer's mask holds every non-empty block densely: "
+          "for causal masks pass its causal=True flag instead (with_mask=False on a map of "
+          "FULL tiles), or use larger tiles on a sparser mask.")
     mask = np.zeros((indices.size, r, c), bool)
     rows = np.repeat(np.arange(bm.n_q_tiles), counts)
     tile = tile_evaluator(bm, u, b)
