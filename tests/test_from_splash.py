@@ -80,6 +80,8 @@ def test_random_masks_and_combinations(mod, data, shape):
 @given(data=st.data(), shape=shapes, heads=st.integers(1, 4))
 @settings(max_examples=25, deadline=None)
 def test_multi_head_masks(mod, data, shape, heads):
+  if not hasattr(mod, "MultiHeadMask"):
+    pytest.skip("tokamax's splash has no MultiHeadMask: one mask serves every head")
   obj = mod.MultiHeadMask([data.draw(tree(mod, shape, 1)) for _ in range(heads)])
   got = assert_same(obj)
   assert isinstance(got.mask, tuple) and len(got.mask) == heads
@@ -98,10 +100,9 @@ def test_offsets_map_to_maskc_alignment(mod):
 @pytest.mark.parametrize("mod", MODULES, ids=lambda m: m.__name__.split(".")[0])
 def test_numpy_masks_become_pair_operands_shared_by_equal_arrays(mod):
   arr = np.tri(6, 6, dtype=bool)
-  got = assert_same(mod.MultiHeadMask([mod.NumpyMask(arr), mod.NumpyMask(arr.copy()),
-                                       mod.NumpyMask(~arr)]))
+  got = assert_same((mod.NumpyMask(arr) | mod.NumpyMask(~arr)) & mod.NumpyMask(arr.copy()))
   assert sorted(got.operands) == ["splash_array0", "splash_array1"]
-  assert got.mask[0] == got.mask[1]
+  assert str(got.mask).count("splash_array0") == 2
 
 
 def test_refuses_unknown_classes():

@@ -159,9 +159,9 @@ def from_splash(obj: Any) -> SplashImport:
   """A JAX (or tokamax) splash mask object as maskc masks.
 
   Reads `FullMask`, `CausalMask` and `LocalMask` (with their offsets), `ChunkedCausalMask`,
-  `NumpyMask` (as a pairwise operand), `MultiHeadMask` (one mask per head) and the `&` /
-  `|` combinations of any of them, from JAX's
-  `jax.experimental.pallas.ops.tpu.splash_attention` or tokamax's copy.
+  `NumpyMask` (as a pairwise operand), `MultiHeadMask` (one mask per head; JAX's only,
+  tokamax gives one mask to every head) and the `&` / `|` combinations of any of them,
+  from JAX's `jax.experimental.pallas.ops.tpu.splash_attention` or tokamax's copy.
 
   Args:
     obj: a splash mask object.
