@@ -399,3 +399,25 @@ def test_maxtext_layout_is_maxtexts_reorder(cp, n):
   np.testing.assert_array_equal(lay.positions, reorder_sequence(np.arange(n), cp))
   assert lay.shards == cp and lay.method == "zigzag"
   assert maskc.parallel.maxtext_layout({"ici_context_parallelism": 1}) is None
+
+
+@pytest.mark.parametrize("hf,maxtext", [
+    ({"model_type": "gemma3_text", "num_hidden_layers": 12, "sliding_window": 7},
+     {"decoder_block": "gemma3", "base_num_decoder_layers": 12, "sliding_window_size": 7}),
+    ({"model_type": "gemma2", "num_hidden_layers": 6, "sliding_window": 5},
+     {"decoder_block": "gemma2", "base_num_decoder_layers": 3, "sliding_window_size": 5}),
+    ({"model_type": "gpt_oss", "num_hidden_layers": 4, "sliding_window": 9},
+     {"decoder_block": "gpt_oss", "base_num_decoder_layers": 4, "sliding_window_size": 9}),
+    ({"model_type": "llama4_text", "num_hidden_layers": 8, "attention_chunk_size": 12},
+     {"decoder_block": "llama4", "base_num_decoder_layers": 8, "nope_layer_interval": 4,
+      "chunk_attn_window_size": 12}),
+])
+def test_the_same_model_gets_the_same_text_masks_from_both_sources(hf, maxtext):
+  # Without padding or packing, a model's layers are the same masks in transformers and in
+  # MaxText (both count a sliding window's W tokens with the query, both chunk from 0).
+  a = maskc.config.from_hf(hf, padding=False, packing=False)
+  b = from_maxtext(maxtext, segments=False)
+  assert a.num_layers == b.num_layers
+  for i in range(a.num_layers):
+    np.testing.assert_array_equal(maskc.materialize(a.mask(i), 40),
+                                  maskc.materialize(b.mask(i), 40), err_msg=f"layer {i}")
