@@ -13,7 +13,7 @@ EXTRAS ?= test,plot,lint,tokamax,flax
 JOBS ?= auto
 PYTEST = -m pytest -q -p no:cacheprovider -n $(JOBS)
 
-.PHONY: demo test lint test-slow test-lowering test-current versions test-gpu bench clean
+.PHONY: demo test lint test-slow test-lowering test-torch test-current versions test-gpu bench clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,26 @@ test-lowering: $(LSTAMP)
 	JAX_PLATFORMS=cpu $(LPY) $(PYTEST) -m "lowering and not slow" \
 	  $(LOWERING_TESTS)
 
+# Tests against PyTorch and Hugging Face transformers (marked `torch`: tests/test_hugging_face_torch.py
+# compares maskc.config.from_hf with transformers' own masks), in their own venv: torch's CPU
+# wheel (never a CUDA build; TORCH_WHEEL, a local wheel when there is one) and transformers.
+TVENV ?= .venv-torch
+TPY := $(TVENV)/bin/python
+TSTAMP := $(TVENV)/.installed
+TORCH_WHEEL ?= $(or $(firstword $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl)),torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu)
+
+$(TVENV)/bin/python:
+	$(PYTHON) -m venv $(TVENV)
+	$(TPY) -m pip install -q --upgrade pip
+
+$(TSTAMP): pyproject.toml | $(TVENV)/bin/python
+	$(TPY) -m pip install -q $(TORCH_WHEEL)
+	$(TPY) -m pip install -q transformers -e ".[test]"
+	touch $(TSTAMP)
+
+test-torch: $(TSTAMP)
+	$(TPY) $(PYTEST) -m torch
+
 # The newest end of the supported range: Python >= 3.12 (jax 0.11+ needs it) with the newest
 # jax and tokamax, in .venv-current and .venv-lowering-current. PYTHON_CURRENT defaults to
 # pyenv's newest 3.12, else `python3.12` on the PATH.
@@ -99,4 +119,5 @@ bench: $(STAMP)
 	$(PY) benchmarks/compile_speed.py
 
 clean:
-	rm -rf .venv .venv-lowering .venv-current .venv-lowering-current build dist *.egg-info
+	rm -rf .venv .venv-lowering .venv-current .venv-lowering-current .venv-torch build dist \
+	  *.egg-info

@@ -18,7 +18,7 @@ atoms `q`, `k` in `maskc.ir`; test helpers in `maskc.testing`; the kernels in
 
 from typing import Any as _Any
 
-from maskc import _deprecated, ir as ir
+from maskc import _deprecated, formats as formats, ir as ir
 from maskc.attention import (
   MaskLike as MaskLike,
   attention as attention,
@@ -32,6 +32,7 @@ from maskc.config.model import (
   OperandDecl as OperandDecl,
   load_config as load_config,
 )
+from maskc.formats.splash import from_splash as from_splash
 from maskc.language import printer as _printer, simplify as _simplify  # noqa: F401  (install)
 from maskc.language.builders import (
   bidirectional as bidirectional,
@@ -88,7 +89,7 @@ __version__ = "0.2.0"
 __all__ = [
     # verbs
     "parse", "compile", "explain", "materialize", "additive_bias", "attention", "sharded_attention",
-    "balance", "equivalent", "load_config", "show", "mask_field",
+    "balance", "equivalent", "load_config", "show", "mask_field", "from_splash",
     # the prelude and term builders
     "bidirectional", "causal", "chunk", "compare", "document", "empty", "full", "global_",
     "local", "maximum", "minimum", "operand", "prefix", "runs", "scalar", "sink", "sliding",
@@ -101,7 +102,7 @@ __all__ = [
     "Mask", "MaskLike", "ComputableMask", "BlockMap", "MaskConfig", "OperandDecl", "MaskSpec",
     "MaskView", "Equivalence", "Layout", "Explanation", "PartReport",
     # modules
-    "ir", "kernels",
+    "ir", "kernels", "formats", "config",
 ]
 
 _deprecated.install()

@@ -29,9 +29,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # the command line and the test helpers use like any user.
 STAGES = ["maskc.grammar", "maskc.language", "maskc.arrays", "maskc.analysis", "maskc.semantics",
           "maskc.compiled", "maskc.lowering.tuning", "maskc.lowering.grid",
-          "maskc.lowering.closed_forms", "maskc.lowering", "maskc.tools", "maskc.config", "maskc.parallel", "maskc.kernels",
-          "maskc.attention", "maskc.ir", "maskc._deprecated", "maskc", "maskc.testing",
-          "maskc.cli", "maskc.flax"]
+          "maskc.lowering.closed_forms", "maskc.lowering", "maskc.tools", "maskc.config",
+          "maskc.parallel", "maskc.kernels", "maskc.formats", "maskc.attention", "maskc.ir",
+          "maskc._deprecated", "maskc", "maskc.testing", "maskc.cli", "maskc.flax"]
 
 # The one module that imports the kernels, lazily inside its functions.
 PUBLIC_FACE = "maskc.attention"
