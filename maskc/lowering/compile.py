@@ -35,8 +35,8 @@ from maskc.compiled.tiles import Runs, run_lengths
 from maskc.language import ir
 from maskc.language.errors import MaskTypeError, MaskValueError
 from maskc.lowering import rules as lowering_rules
-from maskc.lowering.closed_forms import row_intervals
 from maskc.lowering.grid.refine import Budget
+from maskc.lowering.registry import RULESET
 from maskc.lowering.static import compile_static
 from maskc.lowering.traced import compile_dynamic
 from maskc.lowering.tuning import MEMORY_BUDGET
@@ -359,12 +359,16 @@ def _contiguous(bound: Binding, names: Collection[str],
 
 
 def _intervals(bound: Binding, contiguous: frozenset[str]) -> tuple[KeyIntervals, ...] | None:
-  """Each distinct mask's interval form (rule `row_intervals`); None with explicit
-  positions, where rows and columns are no runs of consecutive positions."""
-  if bound.shape.has_positions or not lowering_rules.enabled("row_intervals"):
+  """Each distinct mask's interval form, by the first interval rule (step "intervals");
+  None with explicit positions, where rows and columns are no runs of consecutive
+  positions."""
+  if bound.shape.has_positions:
     return None
-  lowering_rules.took("row_intervals")
-  return tuple(row_intervals.key_intervals(m, contiguous) for m in bound.masks)
+  for rule in RULESET.at("intervals"):
+    if rule.enabled():
+      rule.took()
+      return tuple(rule.run(m, contiguous) for m in bound.masks)
+  return None
 
 
 def _blockmap(bound: Binding, block_q: int, block_kv: int, *, rows: Runs,
