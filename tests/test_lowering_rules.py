@@ -141,6 +141,10 @@ def test_unknown_rules_are_refused_with_the_known_ones():
     with disabled("widened"):
       pass
   assert "widened_band" in e.value.hint
+  with pytest.raises(maskc.MaskValueError, match="unknown lowering rule") as e:
+    with disabled("widened_bnd", "band"):
+      pass
+  assert e.value.hint.startswith("Did you mean 'widened_band'?"), e.value.hint
 
 
 def test_disabling_a_rule_keeps_a_separate_cache_entry():
