@@ -104,7 +104,7 @@ def test_a_part_rule_matches_without_building():
   from maskc.lowering.grid.geometry import TileGeometry
   from maskc.lowering.part_rules import EQUAL_READS, PERIODIC
   from maskc.lowering.rules import Site
-  from maskc.semantics.bind import Shape
+  from maskc.semantics.shape import Shape
   site = Site(TileGeometry(Shape.of(4096, 4096, 0), 128, 128), None, None, False, None)
   assert PERIODIC.match(maskc.parse("causal & chunk(512)"), site) == 512
   with disabled("periodic"):

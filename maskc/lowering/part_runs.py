@@ -44,9 +44,9 @@ from maskc.lowering.grid.run_lists import expand_in_order, expand_leaves, merge_
 from maskc.lowering.range_analysis import _decided_leaves, _hold_leaves, _leaves_and_exactness
 from maskc.lowering.rules import enabled, took
 from maskc.lowering.sampling import _RunReads
-from maskc.semantics.bind import Shape
 from maskc.semantics.operand_runs import RunTable
 from maskc.semantics.ranges import Tables
+from maskc.semantics.shape import Shape
 
 
 class _AxisRuns:

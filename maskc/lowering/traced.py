@@ -112,9 +112,9 @@ from maskc.lowering.tuning import (
   TILE_BYTES,
   WIDENED_TILE_BYTES,
 )
-from maskc.semantics.bind import Shape
 from maskc.semantics.operand_runs import reads_at, unit_read
 from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
+from maskc.semantics.shape import Shape
 
 PIECES = MAX_CUTS + SUB_PARTS  # pieces a line is cut into (some may be empty)
 

@@ -26,7 +26,7 @@ from typing import cast
 
 from maskc.arrays.bit_words import count_through
 from maskc.language import ir
-from maskc.semantics.bind import nonzero_run_starts
+from maskc.semantics.integers import nonzero_run_starts
 from maskc.semantics.operand_runs import unit_shift
 from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Truth3, same_run_read
 
