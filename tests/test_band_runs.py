@@ -19,7 +19,7 @@ from maskc.lowering.closed_forms.band import BandRuns
 from maskc.lowering.closed_forms.met_bounds import met_bounds_pieces
 from maskc.lowering.grid.bands import band_bounds, clipped_pieces
 from maskc.lowering.grid.forms import line_runs
-from maskc.semantics.bind import Shape
+from maskc.semantics.shape import Shape
 from maskc.analysis.linear import exact_band
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs

@@ -122,12 +122,12 @@ def test_no_rule_name_is_a_string_outside_its_module():
 def test_a_part_rule_matches_without_building():
   """`match` is pure: a part rule's match on a mask whose operands are not bound builds
   nothing and leaves the switch alone (the registry's `found` applies it)."""
-  from maskc.lowering.grid.geometry import TileGeometry
   from maskc.lowering.closed_forms.equal_reads import EQUAL_READS
   from maskc.lowering.closed_forms.periodic import PERIODIC
+  from maskc.lowering.grid.geometry import TileGeometry
   from maskc.lowering.registry import RULESET
   from maskc.lowering.rules import Site
-  from maskc.semantics.bind import Shape
+  from maskc.semantics.shape import Shape
   site = Site(TileGeometry(Shape.of(4096, 4096, 0), 128, 128), None, None, False, None, RULESET)
   assert PERIODIC.match(maskc.parse("causal & chunk(512)"), site) == 512
   with disabled("periodic"):

@@ -724,7 +724,7 @@ def test_documents_and_image_spans_cover_their_diagonal_squares():
   from maskc.lowering.grid.refine import Budget
   from maskc.lowering.tuning import MEMORY_BUDGET
   budget = Budget(MEMORY_BUDGET)
-  from maskc.semantics.bind import Shape
+  from maskc.semantics.shape import Shape
   from maskc.lowering.grid.geometry import TileGeometry
   geo = TileGeometry(Shape.of(64), 8, 8)
   seg = np.repeat(np.arange(4), [16, 20, 4, 24])[None]

@@ -33,6 +33,7 @@ from maskc.compiled.predicate import Predicate
 from maskc.compiled.predicate_compiler import compile_predicate
 from maskc.compiled.tiles import Runs, run_lengths
 from maskc.language import ir
+from maskc.language.arguments import MasksLike, as_mask, integer as _int
 from maskc.language.errors import MaskTypeError, MaskValueError
 from maskc.lowering import rules as lowering_rules
 from maskc.lowering.grid.refine import Budget
@@ -40,9 +41,10 @@ from maskc.lowering.registry import RULESET
 from maskc.lowering.static import compile_static
 from maskc.lowering.traced import compile_dynamic
 from maskc.lowering.tuning import MEMORY_BUDGET
-from maskc.semantics.bind import MasksLike, Operands, Shape, _int, as_mask, prepare_operands
 from maskc.semantics.operand_arrays import OperandArrays
 from maskc.semantics.operand_runs import RunForm
+from maskc.semantics.operands import Operands, prepare_operands
+from maskc.semantics.shape import Shape
 
 # compiled static maps, with the lowering rules that made them (`maskc.lowering.rules.taken`)
 _CACHE: collections.OrderedDict[Any, tuple[BlockMap, frozenset[str]]] = collections.OrderedDict()

@@ -22,12 +22,12 @@ from jax.typing import ArrayLike
 from maskc.compiled.blockmap import BlockMap
 from maskc.compiled.tiles import FULL, PARTIAL, Runs, run_lengths
 from maskc.language import ir
+from maskc.language.arguments import MasksLike, as_mask
 from maskc.language.errors import MaskValueError
 from maskc.lowering import rules as lowering_rules
 from maskc.lowering.compile import compile as compile_
 from maskc.lowering.grid.forms import pack_runs
 from maskc.lowering.registry import RULES
-from maskc.semantics.bind import MasksLike, as_mask
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

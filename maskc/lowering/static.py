@@ -57,9 +57,9 @@ from maskc.lowering.grid.run_lists import stack_runs
 from maskc.lowering.registry import RULESET
 from maskc.lowering.rules import Site, step
 from maskc.lowering.tuning import MEMORY_BUDGET
-from maskc.semantics.bind import Shape
 from maskc.semantics.operand_runs import RunForm
 from maskc.semantics.ranges import Tables
+from maskc.semantics.shape import Shape
 
 
 class _Backward:

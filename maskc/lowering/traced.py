@@ -106,9 +106,9 @@ from maskc.lowering.tuning import (
   TILE_BYTES,
   WIDENED_TILE_BYTES,
 )
-from maskc.semantics.bind import Shape
 from maskc.semantics.operand_runs import reads_at, unit_read
 from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
+from maskc.semantics.shape import Shape
 
 PIECES = MAX_CUTS + SUB_PARTS  # pieces a line is cut into (some may be empty)
 
@@ -586,9 +586,9 @@ def _traced_rule(step: str) -> Rule | None:
   return next((r for r in RULESET.at(step) if r.traced is not None and r.enabled()), None)
 
 
-def compile_dynamic(masks: Sequence[ir.Mask], shape: Shape, operands: Mapping[str, Any], batch: int | None,
-                    block_q: int, block_kv: int, refine: list[bool], budget: int | None,
-                    memory: Budget | None = None) -> tuple[Runs, Runs]:
+def compile_dynamic(masks: Sequence[ir.Mask], shape: Shape, operands: Mapping[str, Any],
+                    batch: int | None, block_q: int, block_kv: int, refine: list[bool],
+                    budget: int | None, memory: Budget | None = None) -> tuple[Runs, Runs]:
   """Per-q-tile and per-key-tile runs `[B, U, n, R]` of the masks, traced."""
   geo = TileGeometry(shape, block_q, block_kv, xp=jnp)
   memory = memory or Budget(MEMORY_BUDGET)

@@ -31,9 +31,9 @@ from maskc.lowering.grid.refine import Budget
 from maskc.lowering.grid.run_lists import merge_runs
 from maskc.lowering.rules import Rule, Site
 from maskc.lowering.tuning import CUT_BYTES
-from maskc.semantics.bind import Shape
 from maskc.semantics.evaluate import Env, evaluate_mask
 from maskc.semantics.ranges import Tables
+from maskc.semantics.shape import Shape
 
 
 def bare_reads_only(m: ir.Node) -> bool:

@@ -23,8 +23,8 @@ from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget
 from maskc.lowering.grid.run_lists import expand_in_order, expand_leaves, merge_runs
 from maskc.lowering.rules import Rule, Site
-from maskc.semantics.bind import Shape
 from maskc.semantics.ranges import Tables
+from maskc.semantics.shape import Shape
 
 
 class PeriodicRuns:

@@ -39,7 +39,7 @@ from maskc.arrays.bit_words import count_through
 from maskc.language import ir
 from maskc.lowering.grid.refine import Budget
 from maskc.lowering.rules import Rule
-from maskc.semantics.bind import nonzero_run_starts
+from maskc.semantics.integers import nonzero_run_starts
 from maskc.semantics.operand_runs import RunForm, unit_shift
 from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Tables, Truth3, same_run_read
 

@@ -12,7 +12,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from maskc.semantics.bind import Shape
+from maskc.semantics.shape import Shape
 
 
 class Axis:
