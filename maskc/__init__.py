@@ -76,11 +76,8 @@ from maskc.lowering.explain import (
   explain as explain,
 )
 from maskc.parallel.layout import Layout as Layout, balance as balance
-from maskc.semantics.bind import (
-  ComputableMask as ComputableMask,
-  additive_bias as additive_bias,
-  materialize as materialize,
-)
+from maskc.semantics.bind import ComputableMask as ComputableMask
+from maskc.semantics.dense import additive_bias as additive_bias, materialize as materialize
 from maskc.tools.equivalence import Equivalence as Equivalence, equivalent as equivalent
 from maskc.tools.show import MaskView as MaskView, show as show
 

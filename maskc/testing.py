@@ -49,9 +49,10 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from maskc.language import builders as mb, ir
+from maskc.language.arguments import MaskLike, as_mask
 from maskc.language.errors import MaskValueError, short_repr
-from maskc.semantics.bind import MaskLike, Shape, as_mask
 from maskc.semantics.evaluate import Env, evaluate
+from maskc.semantics.shape import Shape
 from maskc.tools.equivalence import Counterexample, Equivalence, MaskOrDense, equivalent
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Masks of one axis that read operands at the bare position (`maskc.lowering.closed_forms.axis_reads`): their tiles
+"""Masks of one axis that read operands at the bare position (`maskc.lowering.closed_forms.one_axis`): their tiles
 from the operands' runs are the dense mask's, exactly, even where the mask is not refined;
 checked against a NumPy reference written here."""
 
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import maskc
 from maskc.language import ir
 from maskc.lowering import compile as _lower
-from maskc.lowering.closed_forms.axis_reads import bare_reads_only
+from maskc.lowering.closed_forms.one_axis import bare_reads_only
 from maskc.compiled.tiles import grid_from_runs
 from helpers import assert_maximal_runs, tile_states
 

@@ -1,4 +1,4 @@
-"""Bands of `q - k` in closed form (`maskc.lowering.closed_forms.band_runs`): their tiles, and other parts' runs
+"""Bands of `q - k` in closed form (`maskc.lowering.closed_forms.band`, `maskc.lowering.grid.bands`): their tiles, and other parts' runs
 clipped to them, against dense masks."""
 
 import numpy as np
@@ -7,17 +7,19 @@ from hypothesis import strategies as st
 
 import maskc
 from maskc.lowering import compile as _lower
-from maskc.lowering import combined as _combined
-from maskc.lowering import part_rules as _part_rules
-from maskc.lowering import part_runs as _part_runs
+from maskc.lowering.generic import combination as _combined
+from maskc.lowering.closed_forms import parts as _parts
+from maskc.lowering.closed_forms import one_axis as _one_axis
 from maskc.lowering.grid.refine import Budget
+from maskc.lowering.registry import RULESET
 from maskc.lowering.rules import Site
-from maskc.lowering import range_analysis as _range_analysis
+from maskc.lowering.generic import range_analysis as _range_analysis
 from maskc.semantics.ranges import Tables
-from maskc.lowering.closed_forms.band_runs import (BandRuns, band_bounds, clipped_pieces,
-                                                  met_bounds_pieces)
+from maskc.lowering.closed_forms.band import BandRuns
+from maskc.lowering.closed_forms.met_bounds import met_bounds_pieces
+from maskc.lowering.grid.bands import band_bounds, clipped_pieces
 from maskc.lowering.grid.forms import line_runs
-from maskc.semantics.bind import Shape
+from maskc.semantics.shape import Shape
 from maskc.analysis.linear import exact_band
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
@@ -209,8 +211,9 @@ def test_an_and_of_parts_needing_no_analysis_stays_in_parts():
   text = "document(seg) & (causal | bidirectional(img))"
   bound = _lower.bind_masks(text, 4000, operands=ops)
   geo = TileGeometry(bound.shape, 16, 16)
-  site = Site(geo, Tables(np, bound.operands, bound.forms), None, True, Budget(1 << 28))
-  assert not _part_rules._parts_pay(bound.masks[0], site)
+  site = Site(geo, Tables(np, bound.operands, bound.forms), None, True, Budget(1 << 28),
+              RULESET)
+  assert not _parts._parts_pay(bound.masks[0], site)
   assert maskc.explain(text, 4000, block_q=16, block_kv=16, operands=ops).parts[0].rule == (
       "parts")
   _lower._CACHE.clear()
@@ -230,9 +233,9 @@ def test_tiles_partial_in_exact_parts_are_sampled_unrefined(monkeypatch):
   ops = {"seg": seg, "pad": np.arange(4000) >= 3984}
   text = "document(seg) & causal & ~pad[k]"
   analysed = []
-  decide = _range_analysis._decide_tiles
+  decide = _range_analysis.decide_tiles
   for module in (_range_analysis, _combined):  # its callers
-    monkeypatch.setattr(module, "_decide_tiles",
+    monkeypatch.setattr(module, "decide_tiles",
                         lambda *a, **k: analysed.append(np.size(a[4])) or decide(*a, **k))
   _lower._CACHE.clear()
   bm = maskc.compile(text, 4000, block_q=16, block_kv=16, operands=ops)
@@ -252,11 +255,11 @@ def test_tiles_partial_in_two_exact_parts_of_one_axis_are_sampled_unrefined(monk
   g[[5, 300, 301, 777, 1000]] = True  # inside tiles: no corner pair of a tile reads them
   ops = {"g": g, "w": np.arange(1024) % 7}
   analysed, parts = [], []
-  decide, axis_runs = _range_analysis._decide_tiles, _part_runs._AxisRuns.__init__
+  decide, axis_runs = _range_analysis.decide_tiles, _one_axis.AxisRuns.__init__
   for module in (_range_analysis, _combined):  # its callers
-    monkeypatch.setattr(module, "_decide_tiles",
+    monkeypatch.setattr(module, "decide_tiles",
                         lambda *a, **k: analysed.append(np.size(a[4])) or decide(*a, **k))
-  monkeypatch.setattr(_part_runs._AxisRuns, "__init__",
+  monkeypatch.setattr(_one_axis.AxisRuns, "__init__",
                       lambda self, *a, **k: axis_runs(self, *a, **k) or parts.append(self))
   for text, exact, sampled in (("g[q] | g[k]", [True, True], True),
                                ("w[k] + k > 500 | g[q]", [False, True], False)):

@@ -85,7 +85,7 @@ def test_batched_bind_has_a_leading_batch_axis():
 
 def test_tiles_in_row_bands_equal_one_shot_tiles(monkeypatch):
   """Big slices are evaluated a band of rows at a time (int64 temporaries stay small)."""
-  from maskc.semantics import bind as _bind
+  from maskc.semantics import dense as _dense
   seg = np.array([[0, 0, 1, 1, 1, 2, 2, 3, 3], [0, 1, 1, 1, 2, 2, 2, 2, 3]])
   text = "causal & document(seg) | q - k == 4"
   cm = maskc.parse(text).bind(7, 9, operands={"seg": seg})
@@ -94,7 +94,7 @@ def test_tiles_in_row_bands_equal_one_shot_tiles(monkeypatch):
   q, k = np.arange(7)[:, None] + 2, np.arange(9)[None, :]
   want = np.stack([(k <= q) & (s[np.minimum(q, 8)] == s[k]) | (q - k == 4) for s in seg])
   np.testing.assert_array_equal(full, want)
-  monkeypatch.setattr(_bind, "_DENSE_CHUNK", 10)  # one row (of 9 x 2 elements) per band
+  monkeypatch.setattr(_dense, "DENSE_CHUNK", 10)  # one row (of 9 x 2 elements) per band
   for idx in [(slice(None), slice(None), slice(None)), (1, slice(None), slice(2, 7)),
               (slice(None), 3, slice(None)), (0, np.array([0, 5, 6]), slice(1, 3)), (slice(None), slice(1, 5), 6),
               (slice(None), np.array([True, False] * 3 + [True]), 4),

@@ -166,7 +166,7 @@ def test_traced_lowering_lowers_for_tpu():
 
 def test_traced_widened_band_lowers_for_tpu():
   """`causal & chunk(1024) | bidirectional(img)` under `jit` takes the widened band
-  (`maskc.lowering.closed_forms.widened_traced`): its reductions and scans over the lines lower too."""
+  (`maskc.lowering.closed_forms.widened_band`, traced): its reductions and scans over the lines lower too."""
   text = traced_lowering_text("tpu", "causal & chunk(1024) | bidirectional(img)")
   assert "stablehlo.reduce" in text and "popcnt" not in text
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import maskc
 from maskc import testing
 from maskc.lowering import compile as _lower
-from maskc.lowering import combined as _combined
+from maskc.lowering.generic import combination as _combined
 from maskc.analysis.diagonal_truth import true_on_diagonal
 from maskc.lowering.rules import taken
 from helpers import tile_states
@@ -50,8 +50,8 @@ def test_diagonal_tiles_of_a_reflexive_and_take_no_sampled_pair(monkeypatch):
   the proof was used; that no tile was left to sampling, no rule says: the spy does.)"""
   seg = np.repeat(np.arange(100), 30)
   sampled = []
-  sample = _combined._sampled_mixed
-  monkeypatch.setattr(_combined, "_sampled_mixed",
+  sample = _combined.sampled_mixed
+  monkeypatch.setattr(_combined, "sampled_mixed",
                       lambda *a, **k: sampled.append(np.size(a[4])) or sample(*a, **k))
   _lower._CACHE.clear()
   text = "causal & document(seg)"

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from maskc.semantics.bind import Shape
+from maskc.semantics.shape import Shape
 from maskc.lowering.closed_forms.equal_reads import _Sorted, equal_read_bounds, equal_read_runs
 from maskc.semantics.operand_runs import RunForm, RunTable
 from maskc.lowering.grid.geometry import TileGeometry

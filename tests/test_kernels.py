@@ -683,7 +683,7 @@ class TestSplash(KernelTests):
     for name, g, r in zip("qkv", grads, grads_ref):
       assert_close(g, r, F32_TOL, f"d{name}, {mask}")
     bm = maskc.compile(mask, lq, lkv, block_q=128, block_kv=128, operands=ops)
-    padded = splash._padded(bm)
+    padded = splash.padded_map(bm)
     assert (padded.q_len, padded.kv_len) == (-(-lq // 128) * 128, -(-lkv // 128) * 128)
     # the padding keys are allowed nowhere; the real ones exactly where the mask says
     allowed = np.asarray(padded.to_dense())

@@ -29,7 +29,7 @@ from maskc.compiled.tiles import grid_from_runs
 from maskc.language import ir
 from maskc.lowering.explain import _row_runs
 from maskc.lowering.registry import BY_NAME, REGISTRY, RULES
-from maskc.lowering.rules import disabled, recording, taken
+from maskc.lowering.rules import STEPS, disabled, recording, taken
 
 # Masks whose lowering takes each rule (at the shapes of `_shaped`), named or spelled out.
 REACHES = {
@@ -83,29 +83,52 @@ def test_every_rule_is_reached_by_its_masks():
 
 
 def test_each_entry_states_its_contract():
-  """Part rules have a match and a lower, combine rules a match on forms (but
-  `diagonal_truth`, a test inside the combiner), and each traced variant names a function
-  that exists."""
+  """Each rule is a module of `maskc/lowering/closed_forms/` that owns it (its name is the
+  module's), acts at a step of its stage, and has what that step calls: part rules a
+  match and a lower; combine rules a match on forms, and a lower but at step "decide" (a
+  proof inside the combiner); analysis and interval rules a lower. Traced variants are
+  functions."""
   assert len(BY_NAME) == len(REGISTRY)
   for rule in REGISTRY:
     assert rule.doc and rule.stage in ("part", "combine", "analysis", "intervals"), rule.name
-    if rule.stage == "part":
-      assert rule.match is not None and rule.lower is not None, rule.name
-    if rule.stage == "combine" and rule.name != "diagonal_truth":
-      assert rule.match is not None and rule.lower is None, rule.name
-    if rule.traced:
-      module, name = rule.traced.rsplit(".", 1)
-      assert callable(getattr(importlib.import_module(module), name)), rule.traced
+    assert STEPS[rule.step][0] == rule.stage, rule.name
+    module = importlib.import_module(f"maskc.lowering.closed_forms.{rule.name}")
+    assert any(v is rule for v in vars(module).values()), rule.name
+    if rule.stage in ("part", "combine"):
+      assert rule.match is not None, rule.name
+    if rule.step != "decide":
+      assert rule.lower is not None, rule.name
+    assert rule.traced is None or callable(rule.traced), rule.name
+  assert {r.name for r in REGISTRY if r.traced} == {"parts", "widened_band", "same_run_ids"}
+
+
+def test_no_rule_name_is_a_string_outside_its_module():
+  """The lowering names a rule by its object, never by a string: outside docstrings, a rule's
+  name is a string constant only in its own module (`Rule(name, ...)`)."""
+  import ast
+  import pathlib
+  names = {rule.name for rule in REGISTRY}
+  root = pathlib.Path(maskc.__file__).parent / "lowering"
+  for path in root.rglob("*.py"):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body and
+            isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    found = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and
+             isinstance(n.value, str) and id(n) not in docs} & names
+    assert found <= {path.stem}, (path, found - {path.stem})
 
 
 def test_a_part_rule_matches_without_building():
   """`match` is pure: a part rule's match on a mask whose operands are not bound builds
   nothing and leaves the switch alone (the registry's `found` applies it)."""
+  from maskc.lowering.closed_forms.equal_reads import EQUAL_READS
+  from maskc.lowering.closed_forms.periodic import PERIODIC
   from maskc.lowering.grid.geometry import TileGeometry
-  from maskc.lowering.part_rules import EQUAL_READS, PERIODIC
+  from maskc.lowering.registry import RULESET
   from maskc.lowering.rules import Site
-  from maskc.semantics.bind import Shape
-  site = Site(TileGeometry(Shape.of(4096, 4096, 0), 128, 128), None, None, False, None)
+  from maskc.semantics.shape import Shape
+  site = Site(TileGeometry(Shape.of(4096, 4096, 0), 128, 128), None, None, False, None, RULESET)
   assert PERIODIC.match(maskc.parse("causal & chunk(512)"), site) == 512
   with disabled("periodic"):
     assert PERIODIC.found(maskc.parse("causal & chunk(512)"), site) is None
@@ -118,6 +141,10 @@ def test_unknown_rules_are_refused_with_the_known_ones():
     with disabled("widened"):
       pass
   assert "widened_band" in e.value.hint
+  with pytest.raises(maskc.MaskValueError, match="unknown lowering rule") as e:
+    with disabled("widened_bnd", "band"):
+      pass
+  assert e.value.hint.startswith("Did you mean 'widened_band'?"), e.value.hint
 
 
 def test_disabling_a_rule_keeps_a_separate_cache_entry():

@@ -140,7 +140,7 @@ def _check_traced_equals_static(case):
 
 def test_bidirectional_is_decided_by_analysis_without_evaluation(monkeypatch):
   from maskc.lowering import compile as _lower
-  from maskc.lowering import range_analysis as _range_analysis
+  from maskc.lowering.generic import range_analysis as _range_analysis
 
   def no_evaluation(*args, **kwargs):
     raise AssertionError("a tile was evaluated")
@@ -357,11 +357,11 @@ def test_same_run_ids_decide_rectangles_over_several_runs():
 @given(st.integers(1, 3), st.integers(1, 40), st.data())
 def test_median_operand_change_by_counts_equals_binary_search(nb, n, data):
   """Rectangles are cut at the median operand change inside them: found from cumulative
-  marks (`_Hints`), the same cut and count as binary searches over the sorted changes."""
-  from maskc.lowering.range_analysis import _Hints, _median_hint
+  marks (`Hints`), the same cut and count as binary searches over the sorted changes."""
+  from maskc.lowering.generic.range_analysis import Hints, _median_hint
   size = nb * (n + 1)
   bounds = np.array(data.draw(st.lists(st.integers(0, size - 1), max_size=60)), np.int64)
-  hints = _Hints.of(bounds, size)
+  hints = Hints.of(bounds, size)
   at = np.unique(bounds)
   np.testing.assert_array_equal(hints.at, at)
   b = np.array(data.draw(st.lists(st.integers(0, nb - 1), min_size=1, max_size=20)))
@@ -392,7 +392,7 @@ def flat_run_list(draw, size: int = 60):
 def test_meeting_pieces_are_the_keys_in_both_lists(x, y):
   """`&` of run lists: the pieces found by binary searches are disjoint, in order, and
   cover exactly the keys inside a run of both lists, each with both lists' states."""
-  from maskc.lowering.combined import _meeting_pieces
+  from maskc.lowering.generic.combination import _meeting_pieces
 
   def states(lst, size=60):
     out = np.zeros(size, np.int8)
@@ -415,7 +415,7 @@ def test_meeting_pieces_are_the_keys_in_both_lists(x, y):
 def test_split_children_tile_their_rectangle(sides, few, data):
   """A rectangle's children (halves, 4 x 4 parts in a round of few, cuts at a hint) are
   non-empty and cover it exactly once."""
-  from maskc.lowering.range_analysis import NO_HINTS, _Hints, _split
+  from maskc.lowering.generic.range_analysis import NO_HINTS, Hints, _split
   nq = nk = 70
   i0 = np.array([data.draw(st.integers(0, nq - h)) for h, _ in sides], np.int64)
   j0 = np.array([data.draw(st.integers(0, nk - w)) for _, w in sides], np.int64)
@@ -423,9 +423,9 @@ def test_split_children_tile_their_rectangle(sides, few, data):
   j1 = j0 + np.array([w for _, w in sides])
   b = np.arange(len(sides), dtype=np.int64)  # a batch row each: children tell their parent
   size = b.size * (nq + 1)
-  q_hints = _Hints.of(np.array(data.draw(st.lists(st.integers(0, size - 1), max_size=9)),
+  q_hints = Hints.of(np.array(data.draw(st.lists(st.integers(0, size - 1), max_size=9)),
                                np.int64), size)
-  with mock.patch("maskc.lowering.range_analysis.FEW_RECTS", len(sides) if few else 0):
+  with mock.patch("maskc.lowering.generic.range_analysis.FEW_RECTS", len(sides) if few else 0):
     cb, ci0, ci1, cj0, cj1 = _split((b, i0, i1, j0, j1), (q_hints, NO_HINTS), nq, nk)
   assert np.all((ci1 > ci0) & (cj1 > cj0))
   for r in range(len(sides)):
@@ -442,12 +442,12 @@ def test_split_children_tile_their_rectangle(sides, few, data):
                                         "causal & chunk(8) | bidirectional(img)",
                                         "causal | img[q] & seg[q] == seg[k]"]))
 def test_a_sampled_pair_proves_a_tile_holds_that_value(case, text):
-  """`_sampled_mixed` reads every operand through its runs: a tile it proves holds a true
+  """`sampled_mixed` reads every operand through its runs: a tile it proves holds a true
   pair (of an `&`; a false one of an `|`) in the dense reference."""
   from maskc.language import ir as _ir
   from maskc.lowering import compile as _lower
   from maskc.semantics.ranges import Tables
-  from maskc.lowering.sampling import _sampled_mixed
+  from maskc.lowering.generic.sampling import sampled_mixed
   from maskc.lowering.grid.geometry import TileGeometry
   from maskc.lowering.grid.refine import Budget
   _, n, q_len, offset, bq, bk, ops = case
@@ -459,8 +459,8 @@ def test_a_sampled_pair_proves_a_tile_holds_that_value(case, text):
   b, i, j = (x.reshape(-1) for x in np.meshgrid(np.arange(nb), np.arange(geo.nq),
                                                  np.arange(geo.nk), indexing="ij"))
   union = isinstance(m, _ir.Or)
-  with mock.patch("maskc.lowering.sampling.SAMPLE_CHUNK", 7):  # several chunks
-    proved = _sampled_mixed(m, geo, tables, b if bound.batch else 0, i, j, union,
+  with mock.patch("maskc.lowering.generic.sampling.SAMPLE_CHUNK", 7):  # several chunks
+    proved = sampled_mixed(m, geo, tables, b if bound.batch else 0, i, j, union,
                             Budget(1 << 20))
   assert not any(bound.operands.written(x) for x in bound.operands), "operands written out"
   dense = np.asarray(maskc.materialize(text, q_len, n, q_offset=offset, operands=ops),
@@ -504,7 +504,7 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
   the dense mask, forward and backward, and as lowering the mask whole (`exact=True`, so
   masks beyond the prelude are refined too)."""
   from maskc.lowering import compile as _lower
-  from maskc.lowering import part_rules as _part_rules
+  from maskc.lowering.closed_forms import parts as _part_rules
   _, n, _, _, _, _, ops = case
   n = max(n, 8)
   reps = -(-256 // n)                      # 256 tokens: a period spans at most a quarter
@@ -514,7 +514,7 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
   m = maskc.parse(text)
   _lower._CACHE.clear()
   # chunk 5: runs are combined in many groups of lines; in parts however dense the operands
-  from maskc.lowering import combined as _combined
+  from maskc.lowering.generic import combination as _combined
   default_chunk, _combined.COMBINE_CHUNK = _combined.COMBINE_CHUNK, chunk
   default_whole, _part_rules.WHOLE_AFTER = _part_rules.WHOLE_AFTER, float("inf")
   try:
@@ -621,7 +621,7 @@ def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed,
                     lambda i: ops["seg"][..., i] if "seg" in ops else None, n)
   dense = np.broadcast_to(dense, ((batch or 1), q_len, kv_len))
   expected = tile_states(dense, bq, bk)
-  from maskc.lowering import combined as _combined
+  from maskc.lowering.generic import combination as _combined
   from maskc.lowering import compile as _lower
   assert _axis_parts(maskc.explain(m, q_len, kv_len, q_offset=offset, block_q=bq, block_kv=bk,
                                    operands=ops, exact=True)) == parts
@@ -683,7 +683,7 @@ def test_the_operands_tile_cover_holds_every_true_position(case, text):
   """Every part's cover (`maskc.lowering.closed_forms.tile_cover`) holds each tile where that part is true, in
   disjoint rectangles; the lowering stays exact (`exact`: masks beyond the prelude, such as
   `seg[k] == seg[q] & img[q + 1]`, are refined only on request)."""
-  from maskc.lowering import range_analysis as _range_analysis
+  from maskc.lowering.closed_forms import tile_cover as _tile_cover
   _, n, q_len, offset, bq, bk, ops = case
   kv_len = n
   if "+" in text:  # shifted reads stay inside the operands
@@ -691,13 +691,13 @@ def test_the_operands_tile_cover_holds_every_true_position(case, text):
     q_len = max(1, min(q_len, n - 2 - offset))
   ops = _ops_for(text, ops)
   seen = []
-  real = _range_analysis.tile_cover
+  real = _tile_cover.tile_cover
 
   def spy(m, geo, tables, nb, budget):
     seen.append((m, real(m, geo, tables, nb, budget)))
     return seen[-1][1]
 
-  with mock.patch.object(_range_analysis, "tile_cover", spy):
+  with mock.patch.object(_tile_cover, "tile_cover", spy):
     bm = maskc.compile(text, q_len, kv_len, q_offset=offset, block_q=bq, block_kv=bk,
                        operands=ops, exact=True)
   nb = next(iter(ops.values())).shape[0] if next(iter(ops.values())).ndim == 2 else 1
@@ -724,7 +724,7 @@ def test_documents_and_image_spans_cover_their_diagonal_squares():
   from maskc.lowering.grid.refine import Budget
   from maskc.lowering.tuning import MEMORY_BUDGET
   budget = Budget(MEMORY_BUDGET)
-  from maskc.semantics.bind import Shape
+  from maskc.semantics.shape import Shape
   from maskc.lowering.grid.geometry import TileGeometry
   geo = TileGeometry(Shape.of(64), 8, 8)
   seg = np.repeat(np.arange(4), [16, 20, 4, 24])[None]
@@ -766,7 +766,7 @@ def test_documents_and_image_spans_cover_their_diagonal_squares():
 def test_strips_are_cut_into_equal_parts_that_tile_them(strips, parts):
   """`_cut_strips`: each strip (one tile thick, at least `parts` long, as `_split` gives
   it) into `parts` equal parts, together exactly the strip."""
-  from maskc.lowering.range_analysis import _cut_strips
+  from maskc.lowering.generic.range_analysis import _cut_strips
   b = np.array([s[0] for s in strips])
   start = np.array([s[1] for s in strips])
   length = np.array([s[2] for s in strips])

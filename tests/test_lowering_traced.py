@@ -24,7 +24,9 @@ from maskc.lowering import traced as _lower_dynamic
 from maskc.semantics.ranges import Tables, reduce_many
 from maskc.arrays.bit_words import count_through
 from maskc.lowering.traced import MAX_CUTS
-from maskc.lowering.closed_forms.same_run import same_runs
+from maskc.lowering.closed_forms.parts import PARTS
+from maskc.lowering.closed_forms.same_run_ids import same_runs
+from maskc.lowering.static import compile_static
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget, evaluate_tiles, subdivide
 from maskc.lowering.tuning import MEMORY_BUDGET
@@ -223,7 +225,7 @@ def test_refine_budget_leaves_sound_partial_tiles(budget):
 
 
 # `&` / `|` of operand-free items and others: the traced path lowers the former at
-# trace time (`_lower_dynamic._static_part`) and analyses only the latter under jit.
+# trace time (rule `parts`, traced) and analyses only the latter under jit.
 SPLIT = {
     "causal & document(seg)": ("seg",),
     "causal & chunk(48) | bidirectional(img)": ("img",),
@@ -244,8 +246,8 @@ def test_static_part_splits_operand_free_items():
     for q_len, offset in SPLIT_SHAPES + [(N, 0)]:
       bound = _lower.bind_masks(text, q_len, N, q_offset=offset, operands={
           n: np.zeros(N, bool if n != "seg" else np.int32) for n in names})
-      split = _lower_dynamic._static_part(bound.masks[0], TileGeometry(bound.shape, BQ, BK),
-                                          True, Budget(MEMORY_BUDGET))
+      split = PARTS.traced(bound.masks[0], TileGeometry(bound.shape, BQ, BK), True,
+                           Budget(MEMORY_BUDGET), compile_static)
       assert split is not None
       rest, grid, union = split
       assert union == (" | " in text)
@@ -255,8 +257,8 @@ def test_static_part_splits_operand_free_items():
       np.testing.assert_array_equal(grid, expected)
   mixed = _lower.bind_masks("document(seg) & (causal | bidirectional(img))", N, N, operands={
       "seg": np.zeros(N, np.int32), "img": np.zeros(N, bool)})
-  assert _lower_dynamic._static_part(mixed.masks[0], TileGeometry(mixed.shape, BQ, BK), True,
-                                     Budget(MEMORY_BUDGET)) is None
+  assert PARTS.traced(mixed.masks[0], TileGeometry(mixed.shape, BQ, BK), True,
+                      Budget(MEMORY_BUDGET), compile_static) is None
 
 
 def _dense_free(text: str, q_len: int, n: int, offset: int) -> np.ndarray:
@@ -380,7 +382,7 @@ def _unrefined_lowering(text: str, q_len: int, offset: int):
 @settings(max_examples=10)
 @given(ops=operands(("img",), 3))
 def test_same_run_verdicts_are_exact_without_refinement(text, q_len, offset, shift, ops):
-  # The tiles come from the run labels the lines read (`maskc.lowering.closed_forms.same_run`): exact, with
+  # The tiles come from the run labels the lines read (`maskc.lowering.closed_forms.same_run_ids`): exact, with
   # no refinement at all, for any flags, also across the lines' run boundaries.
   ops0 = {"img": np.zeros(N, bool)}
   assert len(same_runs(_lower.bind_masks(text, q_len, N, q_offset=offset,

@@ -21,7 +21,8 @@ from hypothesis import given, settings
 
 import maskc
 from maskc.language import ir
-from maskc.semantics.bind import Shape, prepare_operands
+from maskc.semantics.operands import prepare_operands
+from maskc.semantics.shape import Shape
 from maskc.semantics.overflow import _sub_terms, check_fits, term_bounds
 from sampling import PARTS, count
 
@@ -496,11 +497,11 @@ def test_runs_tables_are_int64_on_the_numpy_path():
 
 
 def test_banded_numpy_evaluation_equals_one_shot(monkeypatch):
-  from maskc.semantics import bind as _bind
+  from maskc.semantics import dense as _dense
   seg = np.repeat(np.arange(5), 7)[:33]
   text = "causal & document(seg) | q - k < 3"
   whole = maskc.materialize(text, 33, operands={"seg": seg})
-  monkeypatch.setattr(_bind, "_DENSE_CHUNK", 40)  # about one row per band
+  monkeypatch.setattr(_dense, "DENSE_CHUNK", 40)  # about one row per band
   np.testing.assert_array_equal(maskc.materialize(text, 33, operands={"seg": seg}), whole)
   np.testing.assert_array_equal(maskc.parse(text).to_dense(33, operands={"seg": seg}), whole)
   want, _ = reference(text, 33, 33, 0, {"seg": seg})

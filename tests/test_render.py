@@ -241,7 +241,7 @@ def test_svg_downsampled_counts_runs_of_cells():
   bm = maskc.compile("sliding(300) | sink(4)", 8192, block_q=16, block_kv=16)  # 512 × 512 tiles
   svg = bm.to_svg()
   pic = render.picture(bm, render.panels(bm)[0], 2, 2)
-  _, _, _, state = render._runs_of_cells(pic.cells)
+  _, _, _, state = render.runs_of_cells(pic.cells)
   assert len(_rects(svg, "partial")) == int((state == 1).sum())
   assert len(_rects(svg, "full")) == int((state == 2).sum())
   assert "2 × 2 tiles (32 × 32 tokens) each" in svg

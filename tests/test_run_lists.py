@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from maskc.lowering.closed_forms.band_runs import band_bounds
+from maskc.lowering.grid.bands import band_bounds
 from maskc.lowering.grid.forms import keyed_band_runs
-from maskc.semantics.bind import Shape
+from maskc.semantics.shape import Shape
 from maskc.arrays.ragged import group_ends, ranges
 from maskc.lowering.grid.run_lists import interleaved, meeting_mask, on_lines_mask
 from maskc.lowering.grid.geometry import TileGeometry

@@ -11,12 +11,14 @@ import maskc
 from maskc.lowering import compile as _lower
 from maskc.lowering import traced as _lower_dynamic
 from maskc.lowering.grid.refine import Budget
-from maskc.lowering.part_rules import EQUAL_READS
+from maskc.lowering.closed_forms.equal_reads import EQUAL_READS
+from maskc.lowering.closed_forms.widened_band import widen
+from maskc.lowering.registry import RULESET
 from maskc.lowering.rules import Site
-from maskc.lowering import combined as _combined
-from maskc.lowering import range_analysis as _range_analysis
+from maskc.lowering.generic import combination as _combined
+from maskc.lowering.generic import range_analysis as _range_analysis
 from maskc.semantics.ranges import Tables
-from maskc.lowering.closed_forms.band_runs import Intervals
+from maskc.lowering.grid.bands import Intervals
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
 from maskc.lowering.rules import taken
@@ -80,7 +82,7 @@ def _equal_runs(equal, n, q_len, offset, bq, bk, ops):
   geo = TileGeometry(bound.shape, bq, bk)
   batch = next(iter(ops.values())).shape[0] if next(iter(ops.values())).ndim == 2 else None
   tables = Tables(np, bound.operands, bound.forms)
-  site = Site(geo, tables, batch, True, Budget(1 << 28))
+  site = Site(geo, tables, batch, True, Budget(1 << 28), RULESET)
   found = EQUAL_READS.found(bound.masks[0], site)
   return (None if found is None else EQUAL_READS.lower(bound.masks[0], found, site)), geo
 
@@ -105,7 +107,7 @@ def test_widened_bounds_give_the_dense_tiles(case):
   intervals = Intervals.of(maskc.parse(band))
   assume(intervals is not None)  # a band inside chunks that misses the diagonal
   for along_rows in (True, False):
-    bounds = equal_runs.widened(intervals, along_rows)
+    bounds = widen(equal_runs, intervals, along_rows)
     want = expected if along_rows else np.swapaxes(expected, -1, -2)
     if bounds is None:
       continue
@@ -150,7 +152,7 @@ def test_blocks_holding_the_diagonal_always_widen(band, equal):
   for q_len, offset, bq, bk in [(97, 0, 8, 8), (40, 57, 16, 4), (13, 30, 1, 16)]:
     equal_runs, _ = _equal_runs(equal, n, q_len, offset, bq, bk, ops)
     for along_rows in (True, False):
-      assert equal_runs.widened(Intervals.of(maskc.parse(band)), along_rows) is not None
+      assert widen(equal_runs, Intervals.of(maskc.parse(band)), along_rows) is not None
 
 
 def test_a_block_apart_from_the_band_is_not_widened():
@@ -159,7 +161,7 @@ def test_a_block_apart_from_the_band_is_not_widened():
   n = 60
   seg = np.repeat(np.arange(12), 5)
   equal_runs, _ = _equal_runs("document(seg)", n, n, 0, 4, 4, {"seg": seg})
-  assert equal_runs.widened(Intervals(20, None), True) is None
+  assert widen(equal_runs, Intervals(20, None), True) is None
   dense = np.asarray(maskc.materialize("q - k >= 20 | document(seg)", n, operands={"seg": seg}))
   assert _two_intervals(dense)
 
@@ -204,7 +206,7 @@ def test_the_widened_band_is_taken(text, monkeypatch):
 
   if "chunk" not in text:
     for module in (_range_analysis, _combined):  # its callers
-      monkeypatch.setattr(module, "_decide_tiles", no_analysis)
+      monkeypatch.setattr(module, "decide_tiles", no_analysis)
   n = 2000
   img = np.zeros(n, bool)
   for a, z in [(100, 300), (640, 641), (1000, 1500), (1900, 2000)]:
@@ -247,7 +249,7 @@ def traced_cases(draw):
 # Each example compiles a jitted lowering: the default run draws a share, `-m slow` all.
 @pytest.mark.parametrize("part", PARTS)
 def test_the_traced_widened_band_is_the_dense_mask(part):
-  """Under `jit` (`maskc.lowering.closed_forms.widened_traced`), `intervals | bidirectional(img)`
+  """Under `jit` (`maskc.lowering.closed_forms.widened_band`, traced), `intervals | bidirectional(img)`
   lowers to the dense mask's tiles, rows and columns, as the static path does; bands that
   miss the diagonal take the analysis instead, and give the same."""
   settings(max_examples=count(25, part), deadline=None)(given(traced_cases())(

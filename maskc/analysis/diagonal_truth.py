@@ -3,7 +3,7 @@
 `causal & document(seg)` holds wherever a query attends to its own key: `k <= q` and
 `seg[q] == seg[k]` are true when `k` is `q`. Such a mask has a true pair in every tile
 the diagonal crosses, which the static lowering would otherwise find by evaluating a
-sampled pair per tile (`maskc.lowering.sampling._sampled_mixed`): thousands of tiles where
+sampled pair per tile (`maskc.lowering.generic.sampling.sampled_mixed`): thousands of tiles where
 short documents' edges cross the diagonal.
 
 With `k` read as `q`, a comparison of two linear terms of the positions

@@ -21,7 +21,7 @@ import numpy as np
 WORD = 32  # flags per word
 
 
-def bit_words(flags):
+def bit_words(flags: Any) -> Any:
   """`flags` (`[..., m]` bool) as `[..., ceil(m / 32)]` uint32 words: flag `32 w + b` is
   bit `b` of word `w` (the last word padded with zeros)."""
   m = flags.shape[-1]
@@ -50,7 +50,7 @@ def count_through(xp: ModuleType, flags: Any, dtype: Any) -> Any:
   return (before[..., None] + within).reshape(flags.shape[:-1] + (-1,))[..., :m]
 
 
-def prefix_sums(v):
+def prefix_sums(v: Any) -> Any:
   """Inclusive prefix sums of `v` (small counts) along the last axis, by levels of 32:
   each level one compare-and-sum over 32 (a reduction over more would compile to
   three kernels)."""

@@ -17,7 +17,7 @@ from typing import TextIO
 
 import maskc
 from maskc.cli.args import OPERAND_VALUES_HELP, add_shape_arguments, can_encode, operands_from_items
-from maskc.compiled.render import _matplotlib
+from maskc.compiled.render import matplotlib_modules
 from maskc.tools.show import MAX_ELEMENT_COLS, MAX_ELEMENT_ROWS, MaskView
 
 
@@ -86,7 +86,7 @@ def _save_svg(view: MaskView, path: str) -> None:
 
 
 def _save_png(view: MaskView, path: str) -> None:
-  _matplotlib()  # a MaskError naming the `plot` extra when matplotlib is missing
+  matplotlib_modules()  # a MaskError naming the `plot` extra when matplotlib is missing
   import matplotlib
   if "matplotlib.pyplot" not in sys.modules:
     matplotlib.use("Agg")  # no window from a command line tool

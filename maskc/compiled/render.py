@@ -368,7 +368,7 @@ def _attrs(attrs: dict[str, Any]) -> str:
                  for k, v in attrs.items())
 
 
-class _Svg:
+class Svg:
   """A tiny SVG writer: numbers rounded, text escaped, one element per call."""
 
   def __init__(self) -> None:
@@ -409,7 +409,7 @@ def _panel_size(q_len: int, kv_len: int, side: float = 360.0) -> tuple[float, fl
   return max(side / aspect, 36.0), side
 
 
-def _runs_of_cells(cells: np.ndarray):
+def runs_of_cells(cells: np.ndarray):
   """`(row, start, stop, state)` of each maximal run of equal non-empty cells in a row."""
   pad = np.zeros((cells.shape[0], 1), cells.dtype)
   prev = np.concatenate([pad - 1, cells[:, :-1]], axis=1)
@@ -419,7 +419,7 @@ def _runs_of_cells(cells: np.ndarray):
   return r0, c0, c1 + 1, cells[r0, c0]
 
 
-def svg_axes(s: _Svg, x0: float, y0: float, pw: float, ph: float, q_lo: int, q_len: int,
+def svg_axes(s: Svg, x0: float, y0: float, pw: float, ph: float, q_lo: int, q_len: int,
              kv_len: int) -> None:
   """Tick marks and labels in tokens around a panel at `(x0, y0)` of size `pw × ph`."""
   ticks = []
@@ -435,14 +435,14 @@ def svg_axes(s: _Svg, x0: float, y0: float, pw: float, ph: float, q_lo: int, q_l
   s.rect(x0, y0, pw, ph, "none", stroke="#888", stroke_width="0.8")
 
 
-def svg_axis_titles(s: _Svg, x0: float, y0: float, pw: float, ph: float) -> None:
+def svg_axis_titles(s: Svg, x0: float, y0: float, pw: float, ph: float) -> None:
   """`k (key position)` under a panel and `q (query position)` (or `q` when short) beside it."""
   s.text(x0 + pw / 2, y0 + ph + 16, "k (key position)", size=10, anchor="middle", fill="#666")
   s.text(x0 - 48, y0 + ph / 2, "q (query position)" if ph >= 130 else "q", size=10,
          anchor="middle", fill="#666", transform=f"rotate(-90 {x0 - 48:.6g} {y0 + ph / 2:.6g})")
 
 
-def svg_legend(s: _Svg, x: float, y: float, items: Sequence[tuple[str, str]]) -> float:
+def svg_legend(s: Svg, x: float, y: float, items: Sequence[tuple[str, str]]) -> float:
   """Colour swatches with labels in a row from `(x, y)`; returns the x where the row ends."""
   for fill, label in items:
     s.rect(x, y - 9, 11, 11, fill, stroke="#777", stroke_width="0.5", class_="legend")
@@ -451,7 +451,7 @@ def svg_legend(s: _Svg, x: float, y: float, items: Sequence[tuple[str, str]]) ->
   return x
 
 
-def svg_panel_grid(s: _Svg, panels, draw, *, top: float, pw: float, ph: float, cols: int,
+def svg_panel_grid(s: Svg, panels, draw, *, top: float, pw: float, ph: float, cols: int,
                    rows: int, margin_l: float, gap_x: float, gap_y: float, q_offset: int,
                    q_len: int, kv_len: int, hidden: int, max_panels: int, min_width: float,
                    lines: Sequence[str]) -> str:
@@ -504,7 +504,7 @@ def render_svg(bm, *, max_panels: int = MAX_PANELS, max_cells: int = MAX_SVG_CEL
   ck = power_of_two_scale(bm.n_kv_tiles, max_cells)
   rq = power_of_two_scale(bm.n_q_tiles, max_cells)
   pics = [picture(bm, p, rq, ck) for p in shown]
-  while sum(len(_runs_of_cells(p.cells)[0]) for p in pics) > max_runs and \
+  while sum(len(runs_of_cells(p.cells)[0]) for p in pics) > max_runs and \
       max(pics[0].cells.shape) > 1:  # coarser until the rects fit the budget
     rq *= 2 if pics[0].cells.shape[0] > 1 else 1
     ck *= 2 if pics[0].cells.shape[1] > 1 else 1
@@ -515,7 +515,7 @@ def render_svg(bm, *, max_panels: int = MAX_PANELS, max_cells: int = MAX_SVG_CEL
   margin_l, gap_x, gap_y = 64.0, 84.0, 58.0
   head = header_lines(bm, st)
   top = 26 + 16 * (len(head) - 1) + 30
-  s = _Svg()
+  s = Svg()
   s.text(12, 22, head[0], size=14, weight="bold", fill="#111")
   for i, line in enumerate(head[1:]):
     s.text(12, 40 + 16 * i, line, size=11, fill="#444")
@@ -539,13 +539,13 @@ def _clip(text: str, n: int) -> str:
   return text if len(text) <= n else text[:max(1, n - 1)] + "…"
 
 
-def _svg_cells(s: _Svg, bm, pic: Picture, x0: float, y0: float, pw: float, ph: float) -> None:
+def _svg_cells(s: Svg, bm, pic: Picture, x0: float, y0: float, pw: float, ph: float) -> None:
   """The background, one rect per run of non-empty cells, and tile lines when visible."""
   xs = x0 + pw * pic.col_edges / bm.kv_len
   ys = y0 + ph * pic.row_edges / bm.q_len
   s.raw('<g shape-rendering="crispEdges">')
   s.rect(x0, y0, pw, ph, COLORS[EMPTY], class_="empty")
-  for r, a, z, v in zip(*_runs_of_cells(pic.cells)):
+  for r, a, z, v in zip(*runs_of_cells(pic.cells)):
     s.rect(xs[a], ys[r], xs[z] - xs[a], ys[r + 1] - ys[r], COLORS[int(v)],
            class_=STATE_NAMES[int(v)])
   n_rows, n_cols = pic.cells.shape
@@ -561,7 +561,7 @@ def _svg_cells(s: _Svg, bm, pic: Picture, x0: float, y0: float, pw: float, ph: f
 # ----------------------------------------------------------------------------- matplotlib
 
 
-def _matplotlib() -> tuple[Any, Any]:
+def matplotlib_modules() -> tuple[Any, Any]:
   """matplotlib's `colors` and `patches` modules."""
   try:
     import matplotlib  # noqa: F401
@@ -592,11 +592,11 @@ def plot(bm, ax=None, *, panel: int | None = None, max_cells: int = MAX_PLOT_CEL
   Raises:
     PlotDependencyError: matplotlib is not installed (`pip install 'maskc[plot]'`).
   """
-  colors, _ = _matplotlib()
+  colors, _ = matplotlib_modules()
   ps = panels(bm)
   if ax is None:
     import matplotlib.pyplot as plt
-    shown = ps[:MAX_PANELS] if panel is None else [ps[_panel_index(panel, ps)]]
+    shown = ps[:MAX_PANELS] if panel is None else [ps[panel_index(panel, ps)]]
     ncols = min(len(shown), 4)
     nrows = -(-len(shown) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 4.8 * nrows), squeeze=False,
@@ -607,12 +607,13 @@ def plot(bm, ax=None, *, panel: int | None = None, max_cells: int = MAX_PLOT_CEL
       a.set_visible(False)
     fig.suptitle(_one_line(header_lines(bm)[0]), fontsize=11)
     return axes[0, 0] if len(shown) == 1 else axes
-  p = ps[_panel_index(panel or 0, ps)]
+  p = ps[panel_index(panel or 0, ps)]
   _plot_panel(bm, ax, p, max_cells, colors, legend=legend, title=True)
   return ax
 
 
-def _panel_index(panel: int, ps: list[Panel]) -> int:
+def panel_index(panel: int, ps: list[Panel]) -> int:
+  """`panel` (negative counts from the end) as an index into the panels `ps`, checked."""
   if not -len(ps) <= panel < len(ps):
     raise MaskValueError(f"panel={panel} is out of range: this map has {len(ps)} panels")
   return panel % len(ps)

@@ -109,7 +109,7 @@ def splash_mask_info(bm, downcast_smem_data: bool = True, *,
         f"{bm.batch}",
         hint="Use backend='xla' or 'flash'; the splash backend itself lowers `document(s)` "
              "with batched segment ids to splash SegmentIds.")
-  _check_shards(bm, head_shards, q_seq_shards)
+  check_shards(bm, head_shards, q_seq_shards)
   if not bm.is_static:
     return _dynamic_info(bm, downcast_smem_data, head_shards, q_seq_shards)
   unique = len(bm.masks)
@@ -141,7 +141,7 @@ def splash_mask_info(bm, downcast_smem_data: bool = True, *,
   return fwd, fwd, dkv, fn
 
 
-def _check_shards(bm, head_shards: int, q_seq_shards: int) -> None:
+def check_shards(bm, head_shards: int, q_seq_shards: int) -> None:
   """Raises unless the shards split the q tiles (and the heads of a per-head map) evenly."""
   for name, n in (("head_shards", head_shards), ("q_seq_shards", q_seq_shards)):
     if not isinstance(n, (int, np.integer)) or n < 1:
@@ -159,7 +159,7 @@ def _check_shards(bm, head_shards: int, q_seq_shards: int) -> None:
 # ----------------------------------------------------------------------------- static
 
 
-def _tiles(runs: Runs, u: int):
+def tiles_of(runs: Runs, u: int):
   """Non-empty tiles of mask u as `(line, other, state)`, sorted by line then other."""
   t = expand_runs(Runs(*(np.asarray(a)[:1, u:u + 1] for a in runs)))
   return t.line, t.other, t.state
@@ -176,7 +176,7 @@ def _partial_blocks(
   blocks: list[np.ndarray] = []
   ids: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
   for u, pred in enumerate(bm.predicates):
-    line, other, st = _tiles(bm.rows, u)
+    line, other, st = tiles_of(bm.rows, u)
     sel = st == PARTIAL
     i, j = line[sel], other[sel]
     ids.append((i, j, numbered_tiles(bm, pred, bm.read_values(u), i, j, seen, blocks)))
@@ -246,7 +246,7 @@ def _shrunk_info(bm, ids, blocks, dkv: bool, head_shards: int = 1,
   nq, nk = bm.n_q_tiles, bm.n_kv_tiles
   rows = nq // q_seq_shards
   pi, pj, pid = ids[0]
-  line, other, st = _tiles(bm.cols if dkv else bm.rows, 0)
+  line, other, st = tiles_of(bm.cols if dkv else bm.rows, 0)
   i, j = (other, line) if dkv else (line, other)
   shards = []
   for s in range(q_seq_shards):

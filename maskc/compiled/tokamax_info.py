@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from maskc.compiled import predicate as _predicate
-from maskc.compiled.splash_info import MaskFunction, _check_shards, _tiles, numbered_tiles, small
+from maskc.compiled.splash_info import MaskFunction, check_shards, numbered_tiles, small, tiles_of
 from maskc.compiled.tiles import FULL, PARTIAL, grid_from_runs
 from maskc.language.errors import BackendError, MaskValueError
 
@@ -135,7 +135,7 @@ def compact_mask_info(bm: BlockMap, *, mask: int = 0, q_seq_shards: int = 1,
              "with batched ids into SegmentIds.")
   if not 0 <= mask < len(bm.predicates):
     raise MaskValueError(f"the map has {len(bm.predicates)} distinct masks, got {mask=}")
-  _check_shards(bm, 1, q_seq_shards)
+  check_shards(bm, 1, q_seq_shards)
   if not bm.is_static:
     if q_seq_shards != 1:
       raise MaskValueError(f"a traced map gives tokamax's dynamic MaskInfo, which maskc lays out "
@@ -150,7 +150,7 @@ def compact_mask_info(bm: BlockMap, *, mask: int = 0, q_seq_shards: int = 1,
   if use_mask_function and pred.reads_arrays:
     raise MaskValueError("a mask function evaluates masks of positions and scalars; "
                          f"`{pred}` reads operand arrays", hint="Pass use_mask_function=False.")
-  i, j, st = _tiles(bm.rows, mask)
+  i, j, st = tiles_of(bm.rows, mask)
   fn = None
   q_sequence = None
   if use_mask_function:

@@ -23,7 +23,7 @@ kernel object with its MaskInfo laid out per (head shard, q shard), to run under
 `make_splash_mha(..., head_shards=, q_seq_shards=)`.
 
 Any length: q, k and v are padded to multiples of the tiles and the MaskInfo comes
-from the map of the padded shape (`_padded`): the same tiles, the key tile holding
+from the map of the padded shape (`padded`): the same tiles, the key tile holding
 the padding PARTIAL rather than FULL, and every predicate `& k < kv_len`, so
 padding keys get no weight. Padding query rows are computed and dropped.
 
@@ -79,7 +79,7 @@ def _keys_below(pred: Predicate, kv_len: int) -> Predicate:
                              text=f"({pred.text}) & k < {kv_len}")
 
 
-def _padded(bm: BlockMap) -> BlockMap:
+def padded_map(bm: BlockMap) -> BlockMap:
   """`bm` over lengths rounded up to its tiles, keys past its `kv_len` masked out.
 
   The tiles are the same ones (rounding up adds no tile); only the last key tile,
@@ -96,14 +96,14 @@ def _padded(bm: BlockMap) -> BlockMap:
     last = xp.arange(nk) == nk - 1
     grid = xp.where((grid == FULL) & last, xp.asarray(PARTIAL, grid.dtype), grid)
     preds = tuple(_keys_below(p, bm.kv_len) for p in preds)
-  split = None if bm.segment_split is None else _padded(bm.segment_split)
+  split = None if bm.segment_split is None else padded_map(bm.segment_split)
   return dataclasses.replace(
       bm, q_len=nq * bq, kv_len=nk * bk, rows=runs_from_grid(xp, grid),
       col_runs=runs_from_grid(xp, xp.swapaxes(grid, -1, -2)), backward=None, predicates=preds,
       segment_split=split)
 
 
-def _plan(bm):
+def plan(bm):
   """How splash runs this map: `(BlockMap for MaskInfo, segment read slots or None)`."""
   if bm.batch is None and bm.is_static:
     return bm, None
@@ -256,8 +256,8 @@ def _prepare(q, k, v, bm, *, scale, logits_soft_cap, sinks, interpret) -> _Call:
   _check_tiles(bm.block_kv)
   scale, sinks, interpret = checked_inputs(q, k, v, bm, "splash", scale=scale, sinks=sinks,
                                            interpret=interpret)
-  info_bm, segment = _plan(bm)
-  kernel = _kernel(_padded(info_bm), logits_soft_cap, bool(interpret))
+  info_bm, segment = plan(bm)
+  kernel = _kernel(padded_map(info_bm), logits_soft_cap, bool(interpret))
   qh, kh, vh, ids = head_major(q, k, v, bm, scale, segment)
   if ids is None:
     return _Call(kernel, qh, kh, vh, None, None, sinks)

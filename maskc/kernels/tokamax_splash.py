@@ -53,7 +53,7 @@ from tokamax._src.ops.experimental.tpu.splash_attention import (  # type: ignore
 from maskc.compiled.blockmap import BlockMap
 from maskc.kernels import common
 from maskc.kernels.platform import platform
-from maskc.kernels.splash import _padded, _plan, checked_inputs, default_blocks, head_major
+from maskc.kernels.splash import checked_inputs, default_blocks, head_major, padded_map, plan
 from maskc.kernels.xla import NEG_LSE
 from maskc.language.errors import MaskValueError
 
@@ -241,8 +241,8 @@ def _prepare(q, k, v, bm, *, scale, logits_soft_cap, sinks, interpret) -> _Call:
   _check_tiles(bm.block_q, bm.block_kv)
   scale, sinks, interpret = checked_inputs(q, k, v, bm, "splash_tokamax", scale=scale,
                                            sinks=sinks, interpret=interpret)
-  info_bm, segment = _plan(bm)
-  padded = _padded(info_bm)
+  info_bm, segment = plan(bm)
+  padded = padded_map(info_bm)
   groups: tuple[tuple[tk.SplashAttentionKernel, np.ndarray | None], ...]
   if padded.head_index is None:
     groups = ((_kernel(padded, 0, logits_soft_cap, bool(interpret)), None),)

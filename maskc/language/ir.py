@@ -26,7 +26,7 @@ import dataclasses
 import difflib
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, dataclass_transform
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast, dataclass_transform
 
 from maskc.language.errors import (
   MaskLimitError,
@@ -39,8 +39,6 @@ from maskc.language.errors import (
 
 if TYPE_CHECKING:
   import numpy as np
-
-  from maskc.semantics.bind import ComputableMask
 
 CompareOp = Literal["<", "<=", "==", "!=", ">=", ">"]
 ArithOp = Literal["+", "-", "*", "//", "%"]
@@ -216,9 +214,9 @@ class Mask(Node):
 
   def bind(self, q_len: int, kv_len: int | None = None, *, q_offset: int | None = None,
            operands: Mapping[str, Any] | None = None, q_positions: Any = None,
-           kv_positions: Any = None) -> ComputableMask:
+           kv_positions: Any = None) -> Bound:
     """This mask at a shape with static operands (and positions): a lazy `ComputableMask`
-    (`maskc.semantics.bind`).
+    (`maskc.semantics.bind`; typed here by what it offers, `Bound`).
 
     >>> import maskc
     >>> maskc.parse("causal").bind(3)[1:, :].astype(int)
@@ -240,6 +238,32 @@ class Mask(Node):
     """
     return self.bind(q_len, kv_len, q_offset=q_offset, operands=operands,
                      q_positions=q_positions, kv_positions=kv_positions)[:, :]
+
+
+class Bound(Protocol):
+  """What `Mask.bind` returns (`maskc.ComputableMask`, built in `maskc.semantics.bind`): a
+  mask at a shape, lazy and sliceable. `bound[q0:q1, k0:k1]` evaluates that tile alone.
+
+  The IR is the ground floor and imports nothing above it, so it names the bound mask by
+  what it offers rather than by its class.
+  """
+
+  @property
+  def mask(self) -> Mask: ...
+
+  @property
+  def q_len(self) -> int: ...
+
+  @property
+  def kv_len(self) -> int: ...
+
+  @property
+  def q_offset(self) -> int: ...
+
+  @property
+  def shape(self) -> tuple[int, ...]: ...
+
+  def __getitem__(self, idx: Any) -> np.ndarray: ...
 
 
 # ----------------------------------------------------------------------------- from above
@@ -746,7 +770,7 @@ def call(definition: Definition, args: Sequence[Any], span: Span | None = None) 
   for requirement, message in definition.requirements:
     verdict = const_truth(instantiate(requirement, env, span))
     if verdict is False:
-      shown = f"{definition.name}({', '.join(_arg_text(a) for a in args)})"
+      shown = f"{definition.name}({', '.join(arg_text(a) for a in args)})"
       raise MaskValueError(f"{message}, got {shown}", span=span,
                            hint=f"`{definition.name}` requires {quote(requirement)}.")
   if is_mask_definition(definition):
@@ -754,7 +778,8 @@ def call(definition: Definition, args: Sequence[Any], span: Span | None = None) 
   return instantiate(definition.body, env, span)
 
 
-def _arg_text(a: Node) -> str:
+def arg_text(a: Node) -> str:
+  """A call's argument as it is written in a call: an operand's name, else its text."""
   if isinstance(a, Operand):
     return a.name
   quoted = quote(a)

@@ -33,16 +33,18 @@ from maskc.compiled.predicate import Predicate
 from maskc.compiled.predicate_compiler import compile_predicate
 from maskc.compiled.tiles import Runs, run_lengths
 from maskc.language import ir
+from maskc.language.arguments import MasksLike, as_mask, integer as _int
 from maskc.language.errors import MaskTypeError, MaskValueError
 from maskc.lowering import rules as lowering_rules
-from maskc.lowering.closed_forms import row_intervals
 from maskc.lowering.grid.refine import Budget
+from maskc.lowering.registry import RULESET
 from maskc.lowering.static import compile_static
 from maskc.lowering.traced import compile_dynamic
 from maskc.lowering.tuning import MEMORY_BUDGET
-from maskc.semantics.bind import MasksLike, Operands, Shape, _int, as_mask, prepare_operands
 from maskc.semantics.operand_arrays import OperandArrays
 from maskc.semantics.operand_runs import RunForm
+from maskc.semantics.operands import Operands, prepare_operands
+from maskc.semantics.shape import Shape
 
 # compiled static maps, with the lowering rules that made them (`maskc.lowering.rules.taken`)
 _CACHE: collections.OrderedDict[Any, tuple[BlockMap, frozenset[str]]] = collections.OrderedDict()
@@ -359,12 +361,16 @@ def _contiguous(bound: Binding, names: Collection[str],
 
 
 def _intervals(bound: Binding, contiguous: frozenset[str]) -> tuple[KeyIntervals, ...] | None:
-  """Each distinct mask's interval form (rule `row_intervals`); None with explicit
-  positions, where rows and columns are no runs of consecutive positions."""
-  if bound.shape.has_positions or not lowering_rules.enabled("row_intervals"):
+  """Each distinct mask's interval form, by the first interval rule (step "intervals");
+  None with explicit positions, where rows and columns are no runs of consecutive
+  positions."""
+  if bound.shape.has_positions:
     return None
-  lowering_rules.took("row_intervals")
-  return tuple(row_intervals.key_intervals(m, contiguous) for m in bound.masks)
+  for rule in RULESET.at("intervals"):
+    if rule.enabled():
+      rule.took()
+      return tuple(rule.run(m, contiguous) for m in bound.masks)
+  return None
 
 
 def _blockmap(bound: Binding, block_q: int, block_kv: int, *, rows: Runs,

@@ -22,12 +22,12 @@ from jax.typing import ArrayLike
 from maskc.compiled.blockmap import BlockMap
 from maskc.compiled.tiles import FULL, PARTIAL, Runs, run_lengths
 from maskc.language import ir
+from maskc.language.arguments import MasksLike, as_mask
 from maskc.language.errors import MaskValueError
 from maskc.lowering import rules as lowering_rules
 from maskc.lowering.compile import compile as compile_
 from maskc.lowering.grid.forms import pack_runs
 from maskc.lowering.registry import RULES
-from maskc.semantics.bind import MasksLike, as_mask
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ class PartReport:
     mask: the part's text (the whole mask at depth 0).
     depth: 0 for a whole mask, 1 for a part split off it, 2 for a part of that, ...
     rule: the part rule that lowered it (`band`, `periodic`, `one_axis`, `equal_reads`,
-      `distribute`, `parts`: `maskc.lowering.part_rules`), or `generic` for the range
+      `distribute`, `parts`: `maskc.lowering.closed_forms`), or `generic` for the range
       analysis. A part `distribute` rewrote is followed by the rewritten mask, one deeper.
     reason: for `generic`, why no rule matched; else the rule's description.
     rules: every rule taken while it lowered, its own parts' included (`tile_cover`,

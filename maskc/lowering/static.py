@@ -32,32 +32,34 @@ None allocates the tile grid or any `q_len × kv_len` array. The decided
 rectangles give the per-q-tile runs at once and the per-key-tile runs for the
 backward pass on demand.
 
-This module packs the runs of each mask; the ways live beside it: the rules that choose
-a way per part, in the order they are tried, in `maskc.lowering.part_rules` (every rule is
-listed in `maskc.lowering.registry`), the generic analysis in
-`maskc.lowering.range_analysis`, the closed forms of one part in
-`maskc.lowering.part_runs`, the combination of parts in `maskc.lowering.combined`, the
-pairs sampled there in `maskc.lowering.sampling`, and their tuning constants in
-`maskc.lowering.tuning`.
+This module packs the runs of each mask; the ways live beside it: the closed forms, one
+rule a module, in `maskc/lowering/closed_forms/` (listed in `maskc.lowering.registry`), the
+dispatch that tries them per part in `maskc.lowering.generic.dispatch`, the generic analysis
+in `maskc.lowering.generic.range_analysis`, the combination of parts in
+`maskc.lowering.generic.combination`, the pairs sampled there in
+`maskc.lowering.generic.sampling`, and their tuning constants in `maskc.lowering.tuning`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from maskc.compiled.tiles import Runs
+from maskc.language import ir
+from maskc.lowering.generic.dispatch import lower_part
 from maskc.lowering.grid.geometry import TileGeometry
+from maskc.lowering.grid.parts import PartRuns
 from maskc.lowering.grid.refine import Budget
 from maskc.lowering.grid.run_lists import stack_runs
-from maskc.lowering.part_rules import lower_part
-from maskc.lowering.rules import Site, enabled, step, took
+from maskc.lowering.registry import RULESET
+from maskc.lowering.rules import Site, step
 from maskc.lowering.tuning import MEMORY_BUDGET
-from maskc.semantics.bind import Shape
 from maskc.semantics.operand_runs import RunForm
 from maskc.semantics.ranges import Tables
+from maskc.semantics.shape import Shape
 
 
 class _Backward:
@@ -66,7 +68,7 @@ class _Backward:
   The compiler's memo, handed to the `BlockMap` as a function: the map never changes.
   """
 
-  def __init__(self, per_mask: list[Any]):
+  def __init__(self, per_mask: list[PartRuns]):
     self.per_mask = per_mask
     self.runs: Runs | None = None
 
@@ -77,22 +79,26 @@ class _Backward:
     return self.runs
 
 
-def compile_static(masks, shape: Shape, operands: Mapping[str, Any], batch: int | None,
-                   block_q: int, block_kv: int, refine: list[bool], budget: Budget | None = None,
-                   forms: dict[str, RunForm] | None = None):
+def compile_static(masks: Sequence[ir.Mask], shape: Shape, operands: Mapping[str, Any],
+                   batch: int | None, block_q: int, block_kv: int, refine: Sequence[bool],
+                   budget: Budget | None = None, forms: dict[str, RunForm] | None = None
+                   ) -> tuple[Runs, _Backward]:
   """Per-q-tile runs `[B, U, nq, R]` of the masks, and the memo computing the per-key-tile runs.
 
   `forms`: the per-token operands' runs where binding already found them.
   """
   geo = TileGeometry(shape, block_q, block_kv)
   budget = budget or Budget(MEMORY_BUDGET)
-  # shared: tables are built for the operands masks read
-  tables = Tables(np, operands, forms, budget=budget, same_runs=enabled("same_run_ids"))
+  # shared: tables are built for the operands masks read, by the first analysis rule that
+  # builds them (step "tables"), else as they are
+  rule = next((r for r in RULESET.at("tables") if r.enabled() and r.lower is not None), None)
+  tables: Tables = (Tables(np, operands, forms, budget=budget) if rule is None else
+                    rule.run(operands, forms, budget))
   with step("lower"):
-    per_mask = [lower_part(m, Site(geo, tables, batch, ref, budget))
+    per_mask = [lower_part(m, Site(geo, tables, batch, ref, budget, RULESET))
                 for m, ref in zip(masks, refine)]
-  if tables.same_runs_used:
-    took("same_run_ids")
+  if rule is not None and tables.same_runs_used:
+    rule.took()
   with step("combine"):  # the runs packed: where parts lowered apart are combined
     rows = stack_runs([r.runs(along_rows=True) for r in per_mask])
   return rows, _Backward(per_mask)

@@ -9,18 +9,18 @@ and changes over the line's tokens); other reads go through blocked range tables
 In an `&` / `|` with operand-free items (`causal & document(seg)`,
 `causal & chunk(8192) | bidirectional(img)`) and a static shape, those items are
 lowered at trace time by the static path to a constant tile grid, and only the
-others are analysed under `jit` (`_static_part`): the analysis over every tile,
+others are analysed under `jit` (rule `parts`, its traced lower): the analysis over every tile,
 the costliest kernel of a traced lowering, has less to do. The static grid's
 PARTIAL tiles are exact, so they need no refinement where the other items leave
 them so (as causal's diagonal tiles inside a document).
 
 `intervals | bidirectional(x)` (`causal & chunk(8192) | bidirectional(img)`) takes none
 of this: its runs follow from a few reductions per tile line, exactly
-(`maskc.lowering.closed_forms.widened_traced`), in 23 kernels where the analysis took 58.
+(`maskc.lowering.closed_forms.widened_band`), in 23 kernels where the analysis took 58.
 
 `bidirectional(x)`'s body, `runs(x)[q] == runs(x)[k] & x[q]`, is decided exactly
-from the run labels the tile lines read (`maskc.lowering.closed_forms.same_run`), seeded into the
-analysis: its tiles across a span's edge are never ambiguous.
+from the run labels the tile lines read (`maskc.lowering.closed_forms.same_run_ids`), seeded
+into the analysis: its tiles across a span's edge are never ambiguous.
 
 Ambiguous PARTIAL tiles (the analysis cannot prove them mixed) are listed once,
 in order, by one sort (top_k where one round holds them), and decided `chunk` at
@@ -78,24 +78,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from maskc.arrays.bit_words import WORD, bit_words, prefix_sums
-from maskc.compiled.tiles import Runs, expand_runs
+from maskc.compiled.tiles import Runs
 from maskc.language import ir
-from maskc.lowering.closed_forms.same_run import (
+from maskc.lowering.closed_forms.same_run_ids import (
   SameRun,
   label_key,
   labels,
   run_ids,
   same_run_truth,
-  same_runs,
-)
-from maskc.lowering.closed_forms.widened_traced import (
-  bounds_runs,
-  widened_bounds_traced,
-  widened_parts,
 )
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget, decide_parts, evaluate_tiles, subdivide
-from maskc.lowering.rules import enabled, took
+from maskc.lowering.registry import RULESET
+from maskc.lowering.rules import Rule
 from maskc.lowering.static import compile_static
 from maskc.lowering.tuning import (
   BIT_LINES,
@@ -107,19 +102,18 @@ from maskc.lowering.tuning import (
   MEMORY_BUDGET,
   PIECE_CHUNK,
   PIECE_ROUND,
-  STATIC_PART_TILES,
   SUB_PARTS,
   TILE_BYTES,
   WIDENED_TILE_BYTES,
 )
-from maskc.semantics.bind import Shape
 from maskc.semantics.operand_runs import reads_at, unit_read
 from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
+from maskc.semantics.shape import Shape
 
 PIECES = MAX_CUTS + SUB_PARTS  # pieces a line is cut into (some may be empty)
 
 
-def _sort(keys):
+def _sort(keys: Any) -> Any:
   """`keys` sorted along the last axis, where keys are distinct but for a fill value.
 
   Equal keys are then interchangeable, so the sort need not be stable: XLA's CPU
@@ -128,7 +122,7 @@ def _sort(keys):
   return jax.lax.sort(keys, dimension=keys.ndim - 1, is_stable=False)
 
 
-def _sort_few(keys, fill: int, few: int):
+def _sort_few(keys: Any, fill: int, few: int) -> Any:
   """`_sort(keys)`, from the `few` smallest keys of each line where no line has more.
 
   Where every line holds at most `few` keys below `fill` (the common case: a tile
@@ -147,14 +141,14 @@ def _sort_few(keys, fill: int, few: int):
   # every line fits: no slot `few` below the fill (argmin: one kernel, not a tree reduction)
   fits = last[jnp.argmin(last)] >= fill
 
-  def padded():  # in the keys' type, as the sort gives them: what reads them converts
+  def padded() -> Any:
     rest = jnp.full(keys.shape[:-1] + (width - few,), fill, keys.dtype)
     return jnp.concatenate([smallest[..., :few].astype(keys.dtype), rest], axis=-1)
 
   return jax.lax.cond(fits, padded, lambda: _sort(keys))
 
 
-def _listed(flags, size: int, few: int):
+def _listed(flags: Any, size: int, few: int) -> Any:
   """The places of `flags` (`[N]`) that are set, ascending, then `N` up to `size` entries:
   `_sort_few` of the keys `where(flags, place, N)`.
 
@@ -167,7 +161,7 @@ def _listed(flags, size: int, few: int):
   n = flags.shape[0]
   rows = -(-n // LIST_GROUP)
 
-  def keys():  # each set flag's place, `n` elsewhere
+  def keys() -> Any:
     return jnp.where(jnp.pad(flags, (0, size - n)), jnp.arange(size, dtype=jnp.int32), n)
 
   if rows <= few + 1 or size >= 1 << 24:  # few groups, or past float32's exact integers
@@ -182,13 +176,14 @@ def _listed(flags, size: int, few: int):
   smallest = (-neg).astype(jnp.int32)
   fits = (first[few] >= rows) & (smallest[few] >= n)
 
-  def padded():
+  def padded() -> Any:
     return jnp.concatenate([smallest[:few], jnp.full((size - few,), n, jnp.int32)])
 
   return jax.lax.cond(fits, padded, lambda: _sort(keys()))
 
 
-def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budget):
+def _refine(flat: Any, ambiguous: Any, decide: Any, evaluate: Any, chunk: int, eval_chunk: int,
+            budget: Any) -> Any:
   """Decides the ambiguous tiles: `decide` on `chunk` at a time, then `evaluate` what it leaves.
 
   The ambiguous tiles are listed once, in order, by one sort, or by top_k where
@@ -215,7 +210,7 @@ def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budg
   local_size = -(-chunk // eval_chunk) * eval_chunk + 1
   positions = np.arange(local_size, dtype=np.int32)  # a constant: jnp's is a loop operand
 
-  def body(carry):
+  def body(carry: Any) -> Any:
     r, flat, used = carry
     idx = jax.lax.dynamic_slice(todo, (r * chunk,), (chunk,))
     if decide is None:
@@ -228,11 +223,11 @@ def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budg
       unresolved = unresolved & (idx < n)
     local = _sort(jnp.where(jnp.pad(unresolved, (0, local_size - chunk)), positions, chunk))
 
-    def more(c):
+    def more(c: Any) -> Any:
       going = local[c[0] * eval_chunk] < chunk
       return going if budget is None else going & (c[2] < budget)
 
-    def step(c):
+    def step(c: Any) -> Any:
       s, flat, used = c
       at = jax.lax.dynamic_slice(local, (s * eval_chunk,), (eval_chunk,))
       valid = at < chunk
@@ -248,7 +243,7 @@ def _refine(flat, ambiguous, decide, evaluate, chunk: int, eval_chunk: int, budg
     _, flat, used = jax.lax.while_loop(more, step, (jnp.int32(0), flat, used))
     return r + 1, flat, used
 
-  def going(carry):
+  def going(carry: Any) -> Any:
     return todo[carry[0] * chunk] < n
 
   _, flat, _ = jax.lax.while_loop(going, body, (jnp.int32(0), flat, jnp.int32(0)))
@@ -269,7 +264,7 @@ class _Lines:
   """
 
   def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, axis: str, nb: int,
-               reads: list[tuple[str, int]] | None = None):
+               reads: list[tuple[str, int]] | None = None) -> None:
     n_lines, block, length = (geo.nq, geo.bq, geo.shape.q_len) if axis == "q" else (
         geo.nk, geo.bk, geo.shape.kv_len)
     t = jnp.arange(n_lines)
@@ -312,7 +307,7 @@ class _Lines:
         self.tile[(name, axis, shift)] = (out[2 * r], out[2 * r + 1])
       self._count = out[-1]
 
-  def pieces(self, sel):
+  def pieces(self, sel: Any) -> Any:
     """The pieces of lines `sel` (flat `b * n_lines + line`), `[len(sel), F, PIECES]`: the
     fields `piece` names, the pieces' `starts` and `ends` first (inclusive positions;
     `ends < starts`: no piece). For refinement only, a round's lines at a time: no pass
@@ -384,7 +379,7 @@ class _Lines:
     return other
 
 
-def _line_tokens(a, p, shift: int, offset):
+def _line_tokens(a: Any, p: Any, shift: int, offset: Any) -> Any:
   """Operand `a` (`[B', size]`) read at every line's positions `p + shift` (`[nb, lines,
   block]`), clipped to the operand as range queries clip it.
 
@@ -405,7 +400,7 @@ def _line_tokens(a, p, shift: int, offset):
   return a[rows, jnp.clip(p + shift, 0, size - 1)]
 
 
-def _shared_reads(geo: TileGeometry, q_reads, k_reads) -> list[tuple[str, int]] | None:
+def _shared_reads(geo: TileGeometry, q_reads: Any, k_reads: Any) -> list[tuple[str, int]] | None:
   """The reads of one set of lines serving both axes, or None where each axis needs its own.
 
   When q and key tiles cover the same positions (same tiles and lengths, offset 0)
@@ -424,7 +419,8 @@ def _shared_reads(geo: TileGeometry, q_reads, k_reads) -> list[tuple[str, int]] 
   return sorted(set(q_reads) | set(k_reads))
 
 
-def _decide_by_pieces(m, geo: TileGeometry, tables: Tables, lines, batch, b, i, j):
+def _decide_by_pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, lines: Any, batch: Any, b: Any,
+                      i: Any, j: Any) -> Any:
   """States of tiles `(b, i, j)` from their pieces, and whether each stays ambiguous.
 
   Each tile's q and k pieces are gathered from the lines' packed arrays (one gather
@@ -446,7 +442,7 @@ def _decide_by_pieces(m, geo: TileGeometry, tables: Tables, lines, batch, b, i, 
                       kp[:, 0], kp[:, 1], spans={"q": geo.bq, "k": geo.bk}, known=known)
 
 
-def _prepare_tables(m: ir.Mask, tables: Tables, spans: bool, pos_ok) -> None:
+def _prepare_tables(m: ir.Mask, tables: Tables, spans: bool, pos_ok: Any) -> None:
   """Builds the tables the analysis of `m` reads, before any loop (whose traces stay inside).
 
   With `spans`, reads at `q + c` and `k + c` need no range table; any other
@@ -470,35 +466,7 @@ def _prepare_tables(m: ir.Mask, tables: Tables, spans: bool, pos_ok) -> None:
           tables.monotone(ir.array_key(a))
 
 
-def _static_part(m: ir.Mask, geo: TileGeometry, refine: bool, memory: Budget):
-  """An `&` / `|` split into its operand-free items, lowered now, and the others.
-
-  The operand-free items depend on the shape only, static here (no traced offset
-  or positions): the static path lowers them at trace time to a constant tile
-  grid (it repeats a diagonal period, in milliseconds). Only the other items are
-  analysed over the grid under `jit`, and the two combined as the static path's
-  `_CombinedRuns` does: with EMPTY < PARTIAL < FULL, a tile of `a | b` is
-  `max(a, b)` and of `a & b` `min(a, b)`, exactly, but where both are PARTIAL.
-
-  Returns `(the other items joined, grid [nq, nk], is a union)`, or None where the
-  mask is no such `&` / `|`, the shape is traced or has positions, or the grid
-  would have more than `STATIC_PART_TILES` tiles.
-  """
-  split = ir.operand_free_split(m)
-  if (split is None or not split[0] or not split[1] or geo.positions or
-      not geo.shape.static or geo.nq * geo.nk > STATIC_PART_TILES or not enabled("parts")):
-    return None
-  took("parts")
-  free, rest, join = split
-  rows, _ = compile_static([ir.joined(free, join)], geo.shape, {}, None, geo.bq, geo.bk, [refine],
-                           memory)
-  tiles = expand_runs(rows)
-  grid = np.zeros((geo.nq, geo.nk), np.int8)
-  grid[tiles.line, tiles.other] = tiles.state
-  return ir.joined(rest, join), grid, join is ir.or_
-
-
-def _combine(fixed, state, certain, union: bool):
+def _combine(fixed: Any, state: Any, certain: Any, union: bool) -> Any:
   """A tile's state and certainty from its operand-free part's and its other part's.
 
   `fixed` is exact (refined: PARTIAL tiles are mixed); `state`, `certain` are the
@@ -516,7 +484,7 @@ def _combine(fixed, state, certain, union: bool):
 
 
 def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, refine: bool,
-                  budget: int | None, memory: Budget, same: Sequence[SameRun] = ()):
+                  budget: int | None, memory: Budget, same: Sequence[SameRun] = ()) -> Any:
   """The tile grid `[nb, nq, nk]` of one mask; `same`: its places decided from run labels."""
   nb = batch or 1
   memory.charge(nb * geo.nq * geo.nk * TILE_BYTES, "the traced analysis of the tile grid")
@@ -550,10 +518,12 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     known.update({key: (lo[:, None, :], hi[:, None, :])
                   for key, (lo, hi) in lines[1].tile.items()})
   b = jnp.arange(nb)[:, None, None] if batch else 0
-  split = _static_part(m, geo, refine, memory)
+  splitting = _traced_rule("part")
+  split = None if splitting is None else splitting.run_traced(m, geo, refine, memory,
+                                                          compile_static)
   analyzer = Analyzer(jnp, tables, q_lo, q_hi, k_lo, k_hi, b, geo.pos_ok,
                       spans={"q": geo.bq, "k": geo.bk} if spans else None, known=known)
-  # exact verdicts from the labels the lines read (`maskc.lowering.closed_forms.same_run`)
+  # exact verdicts from the labels the lines read (`maskc.lowering.closed_forms.same_run_ids`)
   for p in same:
     on_q, on_k = (p.key, "q", p.s), (p.key, "k", p.t)
     if geo.pos_ok is True and on_q in known and on_k in known:
@@ -569,7 +539,7 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   ambiguous = ((state == PARTIAL) & ~certain).reshape(-1)
   tiles = geo.nq * geo.nk
 
-  def coords(idx):  # indices are never negative: truncating division, no sign fix-ups
+  def coords(idx: Any) -> Any:
     rest = jax.lax.rem(idx, jnp.int32(tiles))
     tb = jax.lax.div(idx, jnp.int32(tiles))
     return (tb if batch else 0), jax.lax.div(rest, jnp.int32(geo.nk)), jax.lax.rem(
@@ -582,7 +552,7 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     per_tile = PIECES * PIECES
     round_tiles = PIECE_ROUND  # each round cuts its tiles' lines: few tiles, few lines
 
-    def decide(idx):
+    def decide(idx: Any) -> Any:
       tb, ti, tj = coords(idx)
       return _decide_by_pieces(m, geo, tables, lines, batch,
                                tb if batch else jnp.zeros_like(ti), ti, tj)
@@ -591,7 +561,7 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     per_tile = 256
     round_tiles = None
 
-    def decide(idx):
+    def decide(idx: Any) -> Any:
       tb, ti, tj = coords(idx)
       out, amb = subdivide(m, geo, tables, jnp, tb, ti, tj, 4, spans=spans)
       if max(geo.bq, geo.bk) >= 16:
@@ -600,7 +570,7 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
         amb = amb & amb16
       return out, amb
 
-  def evaluate(idx):
+  def evaluate(idx: Any) -> Any:
     tb, ti, tj = coords(idx)
     return evaluate_tiles(m, geo, tables, jnp, tb, ti, tj)
 
@@ -611,29 +581,36 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
   return flat.reshape(full_shape)
 
 
-def compile_dynamic(masks, shape: Shape, operands: Mapping[str, Any], batch: int | None,
-                    block_q: int, block_kv: int, refine: list[bool], budget: int | None,
-                    memory: Budget | None = None):
+def _traced_rule(step: str) -> Rule | None:
+  """The first enabled rule at `step` (`maskc.lowering.rules.STEPS`) with a traced lower."""
+  return next((r for r in RULESET.at(step) if r.traced is not None and r.enabled()), None)
+
+
+def compile_dynamic(masks: Sequence[ir.Mask], shape: Shape, operands: Mapping[str, Any],
+                    batch: int | None, block_q: int, block_kv: int, refine: list[bool],
+                    budget: int | None, memory: Budget | None = None) -> tuple[Runs, Runs]:
   """Per-q-tile and per-key-tile runs `[B, U, n, R]` of the masks, traced."""
   geo = TileGeometry(shape, block_q, block_kv, xp=jnp)
   memory = memory or Budget(MEMORY_BUDGET)
-  # bidirectional's body, decided from run labels
-  expanded = [same_runs(m) if enabled("same_run_ids") else (m, []) for m in masks]
-  found = [widened_parts(m, geo, same) if enabled("widened_band") else None
-           for m, same in expanded]
+  # bidirectional's body, decided from run labels (an analysis rule at step "tables")
+  labelling = _traced_rule("tables")
+  expanded: list[tuple[ir.Mask, list[SameRun]]] = [
+      (m, []) if labelling is None else labelling.run_traced(m) for m in masks]
+  # whole masks in closed form (a combine rule at step "join": the widened band)
+  joining = _traced_rule("join")
+  found = [None if joining is None else joining.run_traced(m, geo, same) for m, same in expanded]
   widened = [w for w in found if w is not None]
-  if len(widened) == len(found):  # `causal & chunk(8192) | bidirectional(img)`
-    took("widened_band")
+  if joining is not None and len(widened) == len(found):  # `causal | bidirectional(img)`
+    joining.took()
     nb = batch or 1
     memory.charge(nb * len(masks) * geo.nq * geo.nk * WIDENED_TILE_BYTES + sum(
-        operands[name].size * 32 for _, name in widened), "the widened band's runs")
-    return tuple(_stacked([bounds_runs(widened_bounds_traced(operands[name], intervals, geo,
-                                                             along_rows), nb, n)
-                           for intervals, name in widened])
-                 for along_rows, n in ((True, geo.nk), (False, geo.nq)))
+        operands[w.operand].size * 32 for w in widened), "the widened band's runs")
+    rows, cols = (_stacked([w.runs(operands[w.operand], geo, nb, along_rows) for w in widened])
+                  for along_rows in (True, False))
+    return rows, cols
   labelled = {p.operand for _, found in expanded for p in found}
-  if labelled:
-    took("same_run_ids")
+  if labelling is not None and labelled:
+    labelling.took()
   arrays: Mapping[str, Any] = operands
   if labelled:  # the labels, and run ids from them: one prefix sum (kernels) for both
     derived = {}
@@ -657,7 +634,7 @@ def _stacked(runs: list[Runs]) -> Runs:
   return Runs(*(jnp.stack(x, axis=1) for x in zip(*runs)))
 
 
-def _runs(grid) -> Runs:
+def _runs(grid: Any) -> Runs:
   """Maximal runs of equal non-empty states along the last axis of `grid` (`[..., n]`).
 
   The runs of `maskc.compiled.tiles.runs_from_grid` (`R = n` slots). Where every line has
@@ -672,10 +649,11 @@ def _runs(grid) -> Runs:
   if not BIT_LINES[0] <= n <= BIT_LINES[1]:
     return _sorted_runs(grid)
   fits, runs = _few_runs(grid.astype(jnp.int8))
-  return jax.lax.cond(fits, runs, lambda: _sorted_runs(grid, listed=_sort))
+  found: Runs = jax.lax.cond(fits, runs, lambda: _sorted_runs(grid, listed=_sort))
+  return found
 
 
-def _few_runs(g):
+def _few_runs(g: Any) -> Any:
   """Whether every line of `g` (`[..., n]`, `n` at most 1024) has at most `FEW_RUNS`
   runs, and a function giving its runs then, from the flags of the tiles where runs
   start and end packed into 32-bit words.
@@ -697,7 +675,7 @@ def _few_runs(g):
   flat = total.reshape(-1)
   fits = flat[jnp.argmax(flat)] <= FEW_RUNS  # argmax: one kernel
 
-  def runs():
+  def runs() -> Any:
     # flag i in word w: its rank r there, with 0 <= r < count in exactly one word
     r = jnp.arange(FEW_RUNS, dtype=jnp.int32)[:, None] - before[..., None, :]
     here = (r >= 0) & (r < count[..., None, :])  # [..., 2, FEW_RUNS, words]
@@ -725,7 +703,7 @@ def _few_runs(g):
   return fits, runs
 
 
-def _run_edges(g):
+def _run_edges(g: Any) -> Any:
   """Where a run of `g`'s non-empty states starts, and where one ends (its last tile),
   along the last axis: a tile whose state differs from its neighbour's, or the line's end."""
   pad = jnp.zeros(g.shape[:-1] + (1,), g.dtype)
@@ -734,7 +712,7 @@ def _run_edges(g):
           on & (g != jnp.concatenate([g[..., 1:], pad], axis=-1)))
 
 
-def _sorted_runs(grid, listed=None) -> Runs:
+def _sorted_runs(grid: Any, listed: Any = None) -> Runs:
   """`_runs` from one sort per line (`listed`: by default, top_k where no line has more
   than `FEW_RUNS` runs, `_sort_few`): each tile gives a start key
   `4 j + state` where a run starts and an end key `4 j + 3` where one ends, so the

@@ -19,7 +19,7 @@ PIECE_CHUNK = 1 << 16  # rectangles analysed at once when refining tiles: bounds
 ITEM_BYTES = 256  # working memory per rectangle analysed at once (intervals, flags, indices)
 NODE_BYTES = 24  # and per node of the mask analysed (see `analysis_bytes`)
 
-# --- The generic range analysis (`maskc.lowering.range_analysis`).
+# --- The generic range analysis (`maskc.lowering.generic.range_analysis`).
 
 LEAF_CHUNK = 1 << 15  # rectangles analysed at a time: bounds the analysis's work arrays
 MIN_ROUND = 256  # rectangles a round must have room for (fewer when fewer are left): rounds
@@ -36,13 +36,13 @@ FEW_RECTS = 256  # rectangles a round may have for that (its cost is then mostly
 SMALL_COVER = 4  # rectangles of the operands' tile cover of at most this many tiles start as
 # single tiles: rounds of halving would reach them anyway, one round per halving
 
-# --- Sampling pairs of tiles PARTIAL in two parts (`maskc.lowering.sampling`).
+# --- Sampling pairs of tiles PARTIAL in two parts (`maskc.lowering.generic.sampling`).
 
 SAMPLE_CHUNK = 1 << 16  # tiles sampled at a time: bounds the pairs evaluated at once
 SAMPLE_BYTES = 512  # working memory per tile sampled (five pairs, their positions and reads)
 SAMPLE_GROUP = 4  # pairs a tile evaluates at once, each with a value per node of the mask
 
-# --- Lowering an `&` / `|` in parts (`maskc.lowering.static`, `maskc.lowering.combined`).
+# --- Lowering an `&` / `|` in parts (rule `parts`, `maskc.lowering.generic.combination`).
 
 WHOLE_AFTER = 0.25  # operand changes per tile row above which an `&` is lowered whole: past
 # it the whole `&` prunes its operand items by its periodic ones faster than parts combine

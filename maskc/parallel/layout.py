@@ -34,9 +34,9 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from maskc.compiled.tiles import FULL, PARTIAL, run_lengths
+from maskc.language.arguments import MasksLike, integer
 from maskc.language.errors import MaskValueError
 from maskc.lowering.compile import compile as compile_
-from maskc.semantics.bind import MasksLike, _int
 
 # An array the layout permutes along its sequence axis: NumPy in, NumPy out; jax, jax.
 _Array = TypeVar("_Array", bound=ArrayLike)
@@ -171,16 +171,16 @@ def balance(mask: MasksLike, seq_len: int, shards: int, *, block: int,
   >>> lay.order.tolist(), round(lay.imbalance, 3)
   ([0, 7, 1, 6, 2, 5, 3, 4], 1.0)
   """
-  seq_len = _int("seq_len", seq_len, minimum=1)
-  shards = _int("shards", shards, minimum=1)
-  block = _int("block", block, minimum=1)
+  seq_len = integer("seq_len", seq_len, minimum=1)
+  shards = integer("shards", shards, minimum=1)
+  block = integer("block", block, minimum=1)
   if method not in METHODS:
     raise MaskValueError(f"unknown balance method {method!r}",
                          hint=f"Use one of {', '.join(METHODS)}.")
   pieces = {"contiguous": shards, "zigzag": 2 * shards, "balanced": None}[method]
   if chunk is None:
     chunk = block if pieces is None else seq_len // pieces
-  chunk = _int("chunk", chunk, minimum=1)
+  chunk = integer("chunk", chunk, minimum=1)
   if pieces is not None and chunk * pieces != seq_len:
     raise MaskValueError(f"{method} needs seq_len divisible into {pieces} chunks; got "
                          f"seq_len={seq_len}, chunk={chunk}",

@@ -36,10 +36,10 @@ import numpy as np
 from maskc.compiled.blockmap import BlockMap
 from maskc.compiled.tiles import run_lengths
 from maskc.language import ir
+from maskc.language.arguments import as_mask
 from maskc.language.errors import MaskTypeError, MaskValueError, OperandError
 from maskc.lowering.compile import compile as compile_
 from maskc.parallel.layout import Layout
-from maskc.semantics.bind import as_mask
 
 STRATEGIES = ("all_gather", "ring")
 _NDIM = {"scalar": 0, "token": 1, "pair": 2}

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import Any, cast
 
 import jax
@@ -328,7 +329,7 @@ _IDENTITY = {"min": lambda i: i.max, "max": lambda i: i.min, "sum": lambda i: 0,
              "or": lambda i: 0, "and": lambda i: -1}
 
 
-def reduce_many(xp, terms, axis):
+def reduce_many(xp: ModuleType, terms: Sequence[tuple[Any, str]], axis: Any) -> list[Any]:
   """Reductions `[(array, op)]` (op: "min", "max", "sum", "or", "and") over `axis`, together.
 
   In NumPy each is its own reduction. Under jax.numpy they are one variadic
@@ -345,19 +346,19 @@ def reduce_many(xp, terms, axis):
   arrays = [xp.asarray(a) for a, _ in terms]
   shape = np.broadcast_shapes(*(a.shape for a in arrays))
   axes = tuple(x % len(shape) for x in axes)
-  arrays = tuple(xp.broadcast_to(a, shape) for a in arrays)
+  full = tuple(xp.broadcast_to(a, shape) for a in arrays)
   ops = [op for _, op in terms]
   inits = tuple(
       xp.array(op in ("and", "min") if a.dtype == bool else _IDENTITY[op](np.iinfo(a.dtype)),
                a.dtype)
-      for a, op in zip(arrays, ops))
+      for a, op in zip(full, ops))
   fn = {"min": jax.lax.min, "max": jax.lax.max, "sum": jax.lax.add, "or": jax.lax.bitwise_or,
         "and": jax.lax.bitwise_and}
 
   def combine(x, y):
     return tuple(fn[op](u, v) for op, u, v in zip(ops, x, y))
 
-  return list(jax.lax.reduce(arrays, inits, combine, axes))
+  return list(jax.lax.reduce(full, inits, combine, axes))
 
 
 class Analyzer:
@@ -385,7 +386,7 @@ class Analyzer:
     self.spans = spans or {}
     self.known = known or {}
     self.info = np.iinfo(xp.asarray(0).dtype)  # int64, or int32 under jit without x64
-    # verdicts by node; callers may seed exact ones (`maskc.lowering.closed_forms.same_run`
+    # verdicts by node; callers may seed exact ones (`maskc.lowering.closed_forms.same_run_ids`
     # under `jit`)
     self.memo = ir.NodeMemo()
 
@@ -708,7 +709,7 @@ def same_runs(items: tuple[ir.Mask, ...]) -> tuple[ir.Mask, ...]:
 def same_run_read(eq: ir.Mask, truth: ir.Mask) -> str | None:
   """x, when `eq` is `runs(x)[a] == runs(x)[b]` and `truth` is `x[a]` or `x[b]`: the
   pattern whose equality means "a and b lie in one run of x's nonzeros" wherever the
-  `&` of the two holds (`same_runs`; `maskc.lowering.closed_forms.same_run` on the traced path)."""
+  `&` of the two holds (`same_runs`; `maskc.lowering.closed_forms.same_run_ids` on the traced path)."""
   if not (isinstance(eq, ir.Compare) and eq.ops == ("==",) and isinstance(truth, ir.Truth) and
           isinstance(truth.read, ir.Read) and not truth.read.runs and
           isinstance(truth.read.operand, ir.Operand)):

@@ -40,12 +40,13 @@ from jax.typing import ArrayLike
 
 from maskc.compiled.tiles import runs_from_grid
 from maskc.language import ir
+from maskc.language.arguments import as_mask, integer
 from maskc.language.errors import MaskTypeError, MaskValueError, OperandError
 from maskc.lowering import compile as _lower
 from maskc.lowering.grid.forms import unpacked
-from maskc.semantics.bind import Shape, _int, as_mask
 from maskc.semantics.evaluate import Env, evaluate_mask
 from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables
+from maskc.semantics.shape import Shape
 
 _LEAF = 1024  # rectangles of at most this many positions are evaluated, not split further
 _EVAL_CHUNK = 1 << 21  # positions evaluated at once
@@ -208,7 +209,7 @@ def equivalent(a: MaskOrDense, b: MaskOrDense, q_len: int | None = None,
   (False, 8, 0)
   """
   start = time.perf_counter()
-  bq, bk = _int("block_q", block_q, minimum=1), _int("block_kv", block_kv, minimum=1)
+  bq, bk = integer("block_q", block_q, minimum=1), integer("block_kv", block_kv, minimum=1)
   da, db = _dense(a, "a"), _dense(b, "b")
   ma = None if da is not None else as_mask(a)
   mb = None if db is not None else as_mask(b)

@@ -16,9 +16,10 @@ from jax.typing import ArrayLike
 
 from maskc.compiled import render
 from maskc.compiled.blockmap import EMPTY, FULL, PARTIAL, BlockMap
+from maskc.language.arguments import MasksLike
 from maskc.language.errors import MaskTypeError
 from maskc.lowering.compile import compile as compile_
-from maskc.semantics.bind import MasksLike, materialize
+from maskc.semantics.dense import materialize
 
 MAX_ELEMENT_ROWS = 256
 MAX_ELEMENT_COLS = 512
@@ -230,7 +231,7 @@ def element_svg(bm: BlockMap, dense: np.ndarray, *, max_panels: int = render.MAX
   n_grid_rows = -(-len(shown) // n_grid_cols)
   margin_l, gap_x, gap_y = 64.0, 84.0, 58.0
   head = render.header_lines(bm)
-  s = render._Svg()
+  s = render.Svg()
   s.text(12, 22, head[0], size=14, weight="bold", fill="#111")
   for i, line in enumerate(head[1:]):
     s.text(12, 40 + 16 * i, line, size=11, fill="#444")
@@ -245,19 +246,19 @@ def element_svg(bm: BlockMap, dense: np.ndarray, *, max_panels: int = render.MAX
       hidden=len(planes) - len(shown), max_panels=max_panels, min_width=legend_end, lines=head)
 
 
-def _element_cells(s: render._Svg, bm: BlockMap, el: np.ndarray, tiles: np.ndarray, x0: float,
+def _element_cells(s: render.Svg, bm: BlockMap, el: np.ndarray, tiles: np.ndarray, x0: float,
                    y0: float, cell: float) -> None:
   q_len, kv_len = el.shape
   xs = x0 + cell * np.minimum(np.arange(tiles.shape[1] + 1) * bm.block_kv, kv_len)
   ys = y0 + cell * np.minimum(np.arange(tiles.shape[0] + 1) * bm.block_q, q_len)
   s.raw('<g shape-rendering="crispEdges">')
   s.rect(x0, y0, cell * kv_len, cell * q_len, TILE_TINTS[EMPTY], class_="empty")
-  for r, a, z, v in zip(*render._runs_of_cells(tiles)):
+  for r, a, z, v in zip(*render.runs_of_cells(tiles)):
     s.rect(xs[a], ys[r], xs[z] - xs[a], ys[r + 1] - ys[r], TILE_TINTS[int(v)],
            class_=render.STATE_NAMES[int(v)])
   in_full = _tile_of(bm, el, tiles) == FULL
   for state, name in ((FULL, "allowed-full"), (PARTIAL, "allowed-partial")):
-    r, a, z, _ = render._runs_of_cells((el & (in_full == (state == FULL))).astype(np.int8))
+    r, a, z, _ = render.runs_of_cells((el & (in_full == (state == FULL))).astype(np.int8))
     d = "".join(f"M{x0 + cell * c:.6g} {y0 + cell * i:.6g}h{cell * (e - c):.6g}v{cell:.6g}"
                 f"h{-cell * (e - c):.6g}z" for i, c, e in zip(r, a, z))
     if d:
@@ -278,9 +279,9 @@ def _tile_of(bm: BlockMap, el: np.ndarray, tiles: np.ndarray) -> np.ndarray:
 def element_plot(bm: BlockMap, dense: np.ndarray, ax: Any = None, *, panel: int = 0) -> Any:
   """Draws one panel's elements over tinted tiles with matplotlib; returns the axes."""
   from matplotlib import colors as mcolors
-  _, patches = render._matplotlib()
+  _, patches = render.matplotlib_modules()
   planes = _planes(bm, dense)
-  p, el, tiles = planes[render._panel_index(panel, [x[0] for x in planes])]
+  p, el, tiles = planes[render.panel_index(panel, [x[0] for x in planes])]
   if ax is None:
     import matplotlib.pyplot as plt
     _, ax = plt.subplots(figsize=(6, 5.4), layout="constrained")

@@ -1,4 +1,5 @@
-"""One interval of keys per row, proved from a mask's IR: `BlockMap.key_intervals()`'s form.
+"""Rule `row_intervals`: one interval of keys per row, proved from a mask's IR:
+`BlockMap.key_intervals()`'s form.
 
 The same facts the closed forms rest on: bands of `q - k` (`exact_band`,
 `maskc.analysis.linear`), chunks, equal reads of runs (`equal_reads`, the body of
@@ -9,6 +10,8 @@ intervals and `|` joins them, exactly where the joined intervals share a key (se
 module). A mask, or a part, that none of these describes is every key: sound, never
 exact. Nothing here reads an operand value; `contiguous` names the operands whose
 ids are declared to be one run per value (checked on static values by the caller).
+An interval rule (step "intervals"): `maskc.lowering.compile` asks it for every map built
+on consecutive positions.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from maskc.compiled import intervals as iv
 from maskc.compiled.predicate_compiler import compile_predicate
 from maskc.language import ir
 from maskc.lowering.closed_forms.equal_reads import equal_reads
+from maskc.lowering.rules import Rule
 from maskc.semantics.ranges import same_run_read
 
 
@@ -147,3 +151,9 @@ def _key_side(op: str, a: ir.Term, b: ir.Term) -> frozenset[str] | None:
     return frozenset({"first"}) if below else frozenset({"last"})
   return None
 
+
+ROW_INTERVALS = Rule(
+    "row_intervals", "one interval of keys per row for `bm.key_intervals()`, proved from "
+    "bands, chunks, runs of equal reads and masks of one position "
+    "(maskc.lowering.closed_forms.row_intervals)", "intervals", "intervals", exact=True,
+    lower=key_intervals)

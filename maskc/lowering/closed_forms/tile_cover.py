@@ -1,4 +1,4 @@
-"""Where a mask can hold a true position at all, from its operands' runs: a tile cover.
+"""Rule `tile_cover`: where a mask can hold a true position at all, from its operands' runs.
 
 `document(seg)` is `seg[q] == seg[k]`: where each segment id is one run, every
 true position lies in a square `run × run` on the diagonal, and the rest of the
@@ -23,7 +23,8 @@ what lies inside. Known covers:
 At the end each tile row takes the hull of the columns of the intervals it
 meets: one rectangle per run of tile rows with the same columns.
 
-Anything else (and any axis with explicit positions) has none: the whole grid.
+Anything else (and any axis with explicit positions) has none: the whole grid. An analysis
+rule (step "start"): `maskc.lowering.generic.dispatch` asks it before the generic analysis.
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ from typing import NamedTuple, cast
 import numpy as np
 
 from maskc.language import ir
+from maskc.lowering.generic.range_analysis import Rects
+from maskc.lowering.grid.forms import Array
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget
+from maskc.lowering.rules import Rule, Site
 from maskc.semantics.operand_runs import RunTable, reads_at, unit_shift
 from maskc.semantics.ranges import Tables
 
@@ -42,14 +46,15 @@ from maskc.semantics.ranges import Tables
 class _Cover(NamedTuple):
   """Disjoint row intervals `[lo, hi)`, sorted, as keys `b * (q_len + 1) + row` (`batch`
   rows of them: 1 or the lowering's), each with tile columns `[c_lo, c_hi)`."""
-  lo: np.ndarray
-  hi: np.ndarray
-  c_lo: np.ndarray
-  c_hi: np.ndarray
+  lo: Array
+  hi: Array
+  c_lo: Array
+  c_hi: Array
   batch: int
 
 
-def tile_cover(m: ir.Mask, geo: TileGeometry, tables: Tables, nb: int, budget: Budget):
+def tile_cover(m: ir.Mask, geo: TileGeometry, tables: Tables, nb: int,
+               budget: Budget) -> Rects | None:
   """Rectangles of tiles `(b, i0, i1, j0, j1)` holding every tile where `m` can be true;
   None when no cover is known (the whole grid).
 
@@ -74,7 +79,8 @@ def tile_cover(m: ir.Mask, geo: TileGeometry, tables: Tables, nb: int, budget: B
   item = np.repeat(np.arange(n.size), n)
   flat = (b * geo.nq + t_lo)[item] + np.arange(item.size) - np.repeat(np.cumsum(n) - n, n)
   if not flat.size:
-    return tuple(np.zeros(0, np.int64) for _ in range(5))
+    none = np.zeros(0, np.int64)
+    return none, none, none, none, none
   at = np.flatnonzero(np.append(True, flat[1:] != flat[:-1]))
   rows = flat[at]
   c_lo = np.minimum.reduceat(cover.c_lo[item], at)
@@ -161,7 +167,7 @@ def _join(x: _Cover, y: _Cover, union: bool, geo: TileGeometry, nb: int) -> _Cov
 
 
 def _from_runs(t: RunTable, geo: TileGeometry, q_shift: int, k_shift: int | None,
-               keep: np.ndarray) -> _Cover:
+               keep: Array) -> _Cover:
   """The rows reading each `keep` run, with their columns.
 
   With `k_shift`, a run's columns are those reading it where its value is unique
@@ -190,7 +196,7 @@ def _from_runs(t: RunTable, geo: TileGeometry, q_shift: int, k_shift: int | None
   return _Cover((base + r_lo)[keep], (base + r_hi)[keep], c_lo[keep], c_hi[keep], t.batch)
 
 
-def _unique_in_row(values: np.ndarray, row: np.ndarray) -> np.ndarray:
+def _unique_in_row(values: Array, row: Array) -> Array:
   """Whether each run's value occurs in no other run of its batch row."""
   if values.size < 2 or np.all((values[1:] > values[:-1]) | (row[1:] != row[:-1])):
     return np.ones(values.size, bool)  # increasing in each batch row (sorted ids)
@@ -203,3 +209,14 @@ def _unique_in_row(values: np.ndarray, row: np.ndarray) -> np.ndarray:
   out = np.empty(values.size, bool)
   out[order] = ~repeated
   return out
+
+
+def lower(m: ir.Mask, site: Site) -> Rects | None:
+  """The rectangles the generic analysis of part `m` starts from, or None (the whole grid)."""
+  return tile_cover(m, site.geo, site.tables, site.batch or 1, site.budget)
+
+
+TILE_COVER = Rule(
+    "tile_cover", "the analysis starts from the rectangles where the operands' runs allow a "
+    "true pair (maskc.lowering.closed_forms.tile_cover)", "analysis", "start", exact=False,
+    lower=lower)

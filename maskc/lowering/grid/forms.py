@@ -2,7 +2,7 @@
 between them, in one place.
 
 A way of lowering a part gives its tiles in one of these forms; the combiner
-(`maskc.lowering.combined`) and the packing into a `BlockMap`'s `Runs` convert between
+(`maskc.lowering.generic.combination`) and the packing into a `BlockMap`'s `Runs` convert between
 them here:
 
 - `LineRuns` (`merged()`): runs `(b, line, a, z, state)`, one entry per run;
@@ -13,13 +13,13 @@ them here:
 - `Runs` (`runs()`, `maskc.compiled.tiles`): runs packed into padded `[nb, n_lines, R]`
   arrays; `pack_runs`, `pack_keyed` and `unpacked` convert;
 - `Pattern` (`pattern`): the runs every line of a batch row has, for a part that reads
-  one position only; `maskc.lowering.closed_forms.pattern_lines` splices it into lines;
+  one position only; `maskc.lowering.grid.pattern_lines` splices it into lines;
 - `maskc.compiled.intervals.KeyIntervals` (`bm.key_intervals()`, rule `row_intervals`):
   one interval of keys per row, proved from the IR, no tiles.
 
 Beyond these, a part's runs object says which forms it can give (`Form`, its `forms`), so
 that the combiner chooses a closed form by the forms of the parts it combines, not by the
-class that lowered them.
+class that lowered them (the typed protocols: `maskc.lowering.grid.parts`).
 
 A tile's flat key is `(b * n_lines + line) * (n_span + 1) + position`: the `+ 1` leaves a
 key between lines that no run covers, so runs of different lines never touch.
@@ -28,39 +28,44 @@ key between lines that no run covers, so runs of different lines never touch.
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from maskc.arrays.ragged import group_ends
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, Runs
+
+# A NumPy array of the static lowering (tile indices, flat keys and states are int64 and int8;
+# the lowering checks shapes and dtypes where it builds them, not in annotations).
+Array = npt.NDArray[Any]
 
 
 class Form(enum.Enum):
   """A form a part's runs can be given in, beyond `merged()` (`LineRuns`) and `runs()`
   (`Runs`), which every part gives. A part lists the ones it gives in `forms`."""
 
-  BAND = "band"
+  BAND = enum.auto()
   """An exact band `lo <= q - k <= hi`: `band` is `(lo, hi)`, `bounds(along_rows)` its
   `LineBounds` per line, the same for every batch row."""
-  INTERVALS = "intervals"
+  INTERVALS = enum.auto()
   """One interval of keys per row, a band's or a band's inside chunks: `intervals()`, a
-  `maskc.lowering.closed_forms.band_runs.Intervals`."""
-  LINE_BOUNDS = "line_bounds"
+  `maskc.lowering.grid.bands.Intervals`."""
+  LINE_BOUNDS = enum.auto()
   """Band-shaped lines: `bounds(along_rows)` is `LineBounds` per flat line (batch row and
   line), exact."""
-  WIDENS = "widens"
+  WIDENS = enum.auto()
   """Equal reads of runs that widen a band to one interval per row:
   `widened(intervals, along_rows)`, `LineBounds` per flat line or None."""
-  PATTERN = "pattern"
+  PATTERN = enum.auto()
   """Reads one position only: `pattern` (a `Pattern`), and `pattern_along(along_rows)`,
   whether its runs along these lines repeat it on every line or each line is one run."""
-  FLAT = "flat"
+  FLAT = enum.auto()
   """Gives `flat(along_rows)` (`FlatRuns`) directly, as it found or combined them."""
-  PIECES = "pieces"
+  PIECES = enum.auto()
   """The generic analysis's operand pieces of its lines (`pieces`), lent to an `&` / `|`
   that reads the same operands."""
-  JOIN = "join"
+  JOIN = enum.auto()
   """An `&` / `|` of parts lowered apart: `parts`, and `union` (True for `|`)."""
 
 
@@ -71,21 +76,21 @@ class LineRuns(NamedTuple):
   What `merged()` gives: sorted by `(b, line, a)`, neighbours of one state merged
   (`maskc.lowering.grid.run_lists.merge_runs`).
   """
-  b: np.ndarray
-  line: np.ndarray
-  a: np.ndarray
-  z: np.ndarray
-  state: np.ndarray
+  b: Array
+  line: Array
+  a: Array
+  z: Array
+  state: Array
 
 
 class Pattern(NamedTuple):
   """Runs of tiles `[a, z)` in `state` that every line of batch row `b` has (a part that
   reads one position only: `g[k]` along q tile rows), sorted by `b`, each row's runs in
   order and merged; never written out per line unless a line needs them."""
-  b: np.ndarray
-  a: np.ndarray
-  z: np.ndarray
-  state: np.ndarray
+  b: Array
+  a: Array
+  z: Array
+  state: Array
 
 
 class FlatRuns(NamedTuple):
@@ -94,21 +99,21 @@ class FlatRuns(NamedTuple):
   What `flat()` gives: sorted, EMPTY ones dropped, neighbours of one state merged
   (`merge_keyed`), so that lists of many lines combine as one sorted list.
   """
-  key: np.ndarray
-  end: np.ndarray
-  state: np.ndarray
+  key: Array
+  end: Array
+  state: Array
 
 
 # A line's tiles shaped like a band's (`bounds()`): `[4, n]` int64 bounds `s, f, g, e` per
 # line, the tiles `[s, f)` PARTIAL, `[f, g)` FULL, `[g, e)` PARTIAL, and none elsewhere
-# (`maskc.lowering.closed_forms.band_runs.band_bounds`). An array, not a tuple: lines are
+# (`maskc.lowering.grid.bands.band_bounds`). An array, not a tuple: lines are
 # sliced and taken along its second axis.
-LineBounds = np.ndarray
+LineBounds = Array
 
 BAND_STATES = np.array([PARTIAL, FULL, PARTIAL], np.int8)  # of [s, f), [f, g), [g, e)
 
 
-def keyed(merged: tuple[np.ndarray | int, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+def keyed(merged: tuple[Array | int, Array, Array, Array, Array],
           n_lines: int, n_span: int) -> FlatRuns:
   """Sorted runs `(b, line, a, z, state)` (`b` may be one row for all) as `(start key, stop
   key, state)`, where a tile's key is `(b * n_lines + line) * (n_span + 1) + position`: one
@@ -118,7 +123,8 @@ def keyed(merged: tuple[np.ndarray | int, np.ndarray, np.ndarray, np.ndarray, np
   return FlatRuns(base + a, base + z, np.asarray(state, np.int8))
 
 
-def split_keys(key, n_lines: int, n_span: int, batched: bool):
+def split_keys(key: Array, n_lines: int, n_span: int,
+               batched: bool) -> tuple[Array, Array, Array]:
   """`(b, line, position)` of flat keys (`keyed`); b is 0 where `batched` is False."""
   line, pos = np.divmod(key, n_span + 1)
   if batched:
@@ -128,7 +134,7 @@ def split_keys(key, n_lines: int, n_span: int, batched: bool):
   return b, line, pos
 
 
-def merge_keyed(key: np.ndarray, end: np.ndarray, state: np.ndarray) -> FlatRuns:
+def merge_keyed(key: Array, end: Array, state: Array) -> FlatRuns:
   """Sorted flat runs `(start key, stop key, state)` (`keyed`) with EMPTY ones dropped and
   neighbours of one state merged: keys of different lines never touch."""
   keep = state != EMPTY
@@ -146,7 +152,8 @@ def merge_keyed(key: np.ndarray, end: np.ndarray, state: np.ndarray) -> FlatRuns
   return FlatRuns(key[first], end[last], state[first])
 
 
-def pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
+def pack_runs(b: Array, line: Array, a: Array, z: Array, state: Array, nb: int,
+              n_lines: int) -> Runs:
   """Runs of non-empty tiles, sorted and merged (`merge_runs`), packed into
   `[nb, n_lines, R]` arrays."""
   count = np.bincount(b * n_lines + line if nb > 1 else line,
@@ -154,7 +161,8 @@ def pack_runs(b, line, a, z, state, nb: int, n_lines: int) -> Runs:
   return packed_lines(a, z, state, count, nb, n_lines)
 
 
-def pack_keyed(key, end, state, nb: int, n_lines: int, n_span: int) -> Runs:
+def pack_keyed(key: Array, end: Array, state: Array, nb: int, n_lines: int,
+               n_span: int) -> Runs:
   """Sorted, merged flat runs (`keyed`, `merge_keyed`) packed as `pack_runs` does. Where
   lines hold many runs each, each line's runs are found by binary search for its first
   key, not each key's line by division (twice as fast for hundreds of thousands of runs:
@@ -172,7 +180,7 @@ def pack_keyed(key, end, state, nb: int, n_lines: int, n_span: int) -> Runs:
   return packed_lines(key - base, end - base, state, count, nb, n_lines)
 
 
-def unpacked(runs: tuple[np.ndarray, ...], nb: int, n_lines: int, n_span: int) -> FlatRuns:
+def unpacked(runs: tuple[Array, ...], nb: int, n_lines: int, n_span: int) -> FlatRuns:
   """Packed runs (`[B', n_lines, R]` arrays, `B'` 1 or `nb`) as sorted flat runs `(start
   key, stop key, state)` (`keyed`): the counterpart of `pack_keyed`."""
   start, stop, state = (np.broadcast_to(x, (nb,) + x.shape[1:]) for x in runs[:3])
@@ -184,7 +192,8 @@ def unpacked(runs: tuple[np.ndarray, ...], nb: int, n_lines: int, n_span: int) -
   return FlatRuns(base + start[valid], base + stop[valid], state[valid].astype(np.int8))
 
 
-def packed_lines(a, z, state, count, nb: int, n_lines: int) -> Runs:
+def packed_lines(a: Array, z: Array, state: Array, count: Array, nb: int,
+                 n_lines: int) -> Runs:
   """Runs `[a, z)` in `state`, merged, line after line, each line's in order and `count` a
   line (positions within the line), in `[nb, n_lines, R]` arrays."""
   r = max(1, int(count.max()) if count.size else 1)
@@ -202,7 +211,7 @@ def packed_lines(a, z, state, count, nb: int, n_lines: int) -> Runs:
   return Runs(start, stop, st, count.reshape(nb, n_lines))
 
 
-def line_runs(bounds: LineBounds):
+def line_runs(bounds: LineBounds) -> tuple[Array, Array, Array, Array]:
   """The runs of lines with band bounds `bounds` (`[4, n]`: s, f, g, e), empty ones
   dropped: `(the line's index in bounds, a, z, state)`, in order."""
   s, f, g, e = bounds
@@ -212,7 +221,7 @@ def line_runs(bounds: LineBounds):
   return keep // 3, a[keep], z[keep], BAND_STATES[keep % 3]
 
 
-def keyed_band_runs(bounds: LineBounds, lines: np.ndarray | None, n_lines: int, n_span: int,
+def keyed_band_runs(bounds: LineBounds, lines: Array | None, n_lines: int, n_span: int,
                     nb: int = 1) -> FlatRuns:
   """The band's runs on sorted distinct flat lines `lines` (`b * n_lines + line`; None:
   every line of `nb` batch rows, with no lines picked), given its bounds `bounds`

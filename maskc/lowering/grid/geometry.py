@@ -12,7 +12,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from maskc.semantics.bind import Shape
+from maskc.semantics.shape import Shape
 
 
 class Axis:
@@ -26,7 +26,7 @@ class Axis:
   tiles come from sparse tables of the tiles' minima and maxima (static path).
   """
 
-  def __init__(self, xp, positions, length: int, block: int):
+  def __init__(self, xp: Any, positions: Any, length: int, block: int) -> None:
     self.xp = xp
     n = -(-length // block)
     pad = n * block - length
@@ -54,10 +54,10 @@ class Axis:
         span *= 2
       self._mins, self._maxs = np.stack(self._mins), np.stack(self._maxs)  # [levels, B', n]
 
-  def row(self, b):
+  def row(self, b: Any) -> Any:
     return b if self.many else 0
 
-  def hull(self, b, a, z):
+  def hull(self, b: Any, a: Any, z: Any) -> Any:
     """Inclusive position bounds of the tiles `[a, z)` (static, NumPy)."""
     a, z = np.asarray(a, np.int64), np.asarray(z, np.int64)
     n = np.maximum(z - a, 1)
@@ -71,13 +71,13 @@ class Axis:
     return (np.minimum(mins[j, r, a], mins[j, r, second]),
             np.maximum(maxs[j, r, a], maxs[j, r, second]))
 
-  def dense(self, b, i):
+  def dense(self, b: Any, i: Any) -> Any:
     return self.dense_tiles[self.row(b), i]
 
-  def start(self, b, i):
+  def start(self, b: Any, i: Any) -> Any:
     return self.first[self.row(b), i]
 
-  def at(self, b, idx):
+  def at(self, b: Any, idx: Any) -> Any:
     """Positions at row indices `idx` (clipped to the length), batch rows `b`."""
     return self.positions[self.row(b), idx]
 
@@ -91,7 +91,7 @@ class TileGeometry:
   `dense_k` say which; `b` selects the batch row of batched positions.
   """
 
-  def __init__(self, shape: Shape, block_q: int, block_kv: int, xp=np):
+  def __init__(self, shape: Shape, block_q: int, block_kv: int, xp: Any = np) -> None:
     self.shape, self.bq, self.bk = shape, block_q, block_kv
     self.nq = -(-shape.q_len // block_q)
     self.nk = -(-shape.kv_len // block_kv)
@@ -115,33 +115,33 @@ class TileGeometry:
   def batched_positions(self) -> bool:
     return any(a is not None and a.many for a in (self.qa, self.ka))
 
-  def q_bounds(self, a, z, b=0):
+  def q_bounds(self, a: Any, z: Any, b: Any = 0) -> Any:
     if self.qa is not None:
       return self.qa.hull(b, a, z)
     lo = a * self.bq
     hi = np.minimum(z * self.bq, self.shape.q_len) - 1
     return lo + self.shape.q_offset, hi + self.shape.q_offset
 
-  def k_bounds(self, a, z, b=0):
+  def k_bounds(self, a: Any, z: Any, b: Any = 0) -> Any:
     if self.ka is not None:
       return self.ka.hull(b, a, z)
     return a * self.bk, np.minimum(z * self.bk, self.shape.kv_len) - 1
 
-  def dense_q(self, b, i):
+  def dense_q(self, b: Any, i: Any) -> Any:
     return True if self.qa is None else self.qa.dense(b, i)
 
-  def dense_k(self, b, j):
+  def dense_k(self, b: Any, j: Any) -> Any:
     return True if self.ka is None else self.ka.dense(b, j)
 
-  def q_start(self, b, i):
+  def q_start(self, b: Any, i: Any) -> Any:
     """Position of tile i's first row (rows of a dense tile follow it one by one)."""
     return i * self.bq + self.shape.q_offset if self.qa is None else self.qa.start(b, i)
 
-  def k_start(self, b, j):
+  def k_start(self, b: Any, j: Any) -> Any:
     return j * self.bk if self.ka is None else self.ka.start(b, j)
 
-  def q_at(self, b, rows):
+  def q_at(self, b: Any, rows: Any) -> Any:
     return rows + self.shape.q_offset if self.qa is None else self.qa.at(b, rows)
 
-  def k_at(self, b, cols):
+  def k_at(self, b: Any, cols: Any) -> Any:
     return cols if self.ka is None else self.ka.at(b, cols)

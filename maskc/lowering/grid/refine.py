@@ -8,6 +8,8 @@ positions in bounded chunks.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from maskc.language import ir
@@ -26,7 +28,7 @@ class Budget:
   the limit bounds the sum of what lives at once, not each step alone.
   """
 
-  def __init__(self, limit: int):
+  def __init__(self, limit: int) -> None:
     self.limit = limit
     self.held = 0
 
@@ -60,7 +62,7 @@ def analysis_bytes(m: ir.Mask) -> int:
   return ITEM_BYTES + NODE_BYTES * ir.expanded_size(m, 1 << 12)
 
 
-def part_verdicts(xp, t, real):
+def part_verdicts(xp: Any, t: Any, real: Any) -> Any:
   """Per tile, from its parts' truths `[n, a, b]` (`real`: which parts exist): (state, mixed).
 
   A FULL part (or a certain PARTIAL one) witnesses a true position, an EMPTY one a
@@ -72,7 +74,7 @@ def part_verdicts(xp, t, real):
   state = xp.broadcast_to(xp.asarray(t.state, xp.int8), shape)
   certain = xp.broadcast_to(xp.asarray(t.certain, bool), shape) & (state == PARTIAL)
 
-  def flag(x, bit):
+  def flag(x: Any, bit: Any) -> Any:
     return x.astype(xp.int8) * xp.int8(bit)
 
   bits = (flag((state == FULL) | certain, 1) | flag((state == EMPTY) | certain, 2) |
@@ -82,8 +84,9 @@ def part_verdicts(xp, t, real):
   return out, bits & 3 == 3
 
 
-def decide_parts(m: ir.Mask, geo: TileGeometry, tables: Tables, xp, b, ql, qh, kl, kh, *,
-                 ok=True, spans: dict[str, int] | None = None, known: dict | None = None):
+def decide_parts(m: ir.Mask, geo: TileGeometry, tables: Tables, xp: Any, b: Any, ql: Any, qh: Any,
+                 kl: Any, kh: Any, *, ok: Any = True, spans: dict[str, int] | None = None,
+                 known: dict[Any, Any] | None = None) -> Any:
   """States of tiles from the analysis of their parts, and whether each stays ambiguous.
 
   Parts are position rectangles `[ql, qh] x [kl, kh]`, arrays broadcastable to
@@ -111,8 +114,8 @@ def decide_parts(m: ir.Mask, geo: TileGeometry, tables: Tables, xp, b, ql, qh, k
   return out, ((out == PARTIAL) & ~mixed) | ~ok
 
 
-def subdivide(m: ir.Mask, geo: TileGeometry, tables: Tables, xp, b, i, j, parts: int, *,
-              spans: bool = False):
+def subdivide(m: ir.Mask, geo: TileGeometry, tables: Tables, xp: Any, b: Any, i: Any, j: Any,
+              parts: int, *, spans: bool = False) -> Any:
   """Decides tiles `(b, i, j)` from their `parts × parts` sub-rectangles, without evaluating.
 
   A sub-rectangle that is FULL (or certainly PARTIAL) witnesses a true
@@ -155,7 +158,8 @@ def subdivide(m: ir.Mask, geo: TileGeometry, tables: Tables, xp, b, i, j, parts:
   return decide_parts(m, geo, tables, xp, bb, ql, qh, kl, kh, ok=dense, spans=span)
 
 
-def evaluate_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, xp, b, i, j):
+def evaluate_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, xp: Any, b: Any, i: Any, j: Any
+    ) -> Any:
   """Exact states of tiles `(b, i, j)` by evaluating them, `EVAL_CHUNK` elements at a time.
 
   Under `jit` the caller passes one chunk (`len(i) <= EVAL_CHUNK // tile size`),

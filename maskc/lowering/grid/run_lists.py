@@ -15,18 +15,19 @@ import numpy as np
 
 from maskc.arrays.ragged import group_ends, ranges
 from maskc.compiled.tiles import EMPTY, Runs
-from maskc.lowering.grid.forms import LineRuns
+from maskc.lowering.grid.forms import Array, FlatRuns, LineRuns
 
 
-def lines_of(key: np.ndarray, n_span: int) -> np.ndarray:
+def lines_of(key: Array, n_span: int) -> Array:
   """The distinct flat lines of sorted keys (`keyed`), in order."""
-  line = key // (n_span + 1)
+  line: Array = key // (n_span + 1)
   if line.size < 2:
     return line
-  return line[np.append(True, line[1:] != line[:-1])]
+  distinct: Array = line[np.append(True, line[1:] != line[:-1])]
+  return distinct
 
 
-def on_lines_mask(key: np.ndarray, lines: np.ndarray, n_span: int) -> np.ndarray:
+def on_lines_mask(key: Array, lines: Array, n_span: int) -> Array:
   """Which sorted keys (`keyed`) lie on one of the sorted distinct flat `lines`: each
   line's keys found by binary search, not each key's line."""
   start = lines * (n_span + 1)
@@ -34,7 +35,7 @@ def on_lines_mask(key: np.ndarray, lines: np.ndarray, n_span: int) -> np.ndarray
                 np.searchsorted(key, start + (n_span + 1)))
 
 
-def overlapping(a: np.ndarray, z: np.ndarray, starts: np.ndarray, stops: np.ndarray):
+def overlapping(a: Array, z: Array, starts: Array, stops: Array) -> tuple[Array, Array]:
   """For each run `[a, z)`: the range `[lo, hi)` (`hi >= lo`) of the sorted disjoint runs
   `[starts, stops)` that overlap it, by binary search (the runs of one list are disjoint,
   so their starts and their stops are both sorted)."""
@@ -42,26 +43,26 @@ def overlapping(a: np.ndarray, z: np.ndarray, starts: np.ndarray, stops: np.ndar
   return lo, np.maximum(np.searchsorted(starts, z, "left"), lo)  # past the last before z
 
 
-def marked(size: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def marked(size: int, lo: Array, hi: Array) -> Array:
   """A mask of `size` flags, set in every range `[lo, hi)`."""
   out = np.zeros(size, bool)
   out[ranges(lo, hi - lo)] = True
   return out
 
 
-def meeting_mask(x, y) -> np.ndarray:
+def meeting_mask(x: FlatRuns, y: FlatRuns) -> Array:
   """Which runs of sorted flat run list `x` (`keyed`) overlap a run of sorted flat run list
   `y`: each of y's runs finds the range of x's it meets (`overlapping`)."""
   return marked(x[0].size, *overlapping(y[0], y[1], x[0], x[1]))
 
 
-def on_lines(runs, lines: np.ndarray, n_span: int):
+def on_lines(runs: FlatRuns, lines: Array, n_span: int) -> FlatRuns:
   """Flat runs `(start key, stop key, state)` (`keyed`) of the sorted flat `lines` only."""
   keep = on_lines_mask(runs[0], lines, n_span)
-  return tuple(x[keep] for x in runs)
+  return FlatRuns(*(x[keep] for x in runs))
 
 
-def interleaved(x, y):
+def interleaved(x: FlatRuns, y: FlatRuns) -> FlatRuns:
   """Flat run lists `x` and `y` (`keyed`), each sorted, no run of one overlapping a run of
   the other, as one sorted list: the few runs of one placed among the many of the other
   by binary search, not a sort of both."""
@@ -70,14 +71,14 @@ def interleaved(x, y):
   at = np.searchsorted(x[0], y[0]) + np.arange(y[0].size)
   from_x = np.ones(x[0].size + y[0].size, bool)
   from_x[at] = False
-  out = tuple(np.empty(from_x.size, v.dtype) for v in x)
+  out = FlatRuns(*(np.empty(from_x.size, v.dtype) for v in x))
   for o, u, v in zip(out, x, y):
     o[at] = v
     o[from_x] = u
   return out
 
 
-def merge_runs(b: np.ndarray, line: np.ndarray, a: np.ndarray, z: np.ndarray, state: np.ndarray,
+def merge_runs(b: Array, line: Array, a: Array, z: Array, state: Array,
                in_order: bool = False) -> LineRuns:
   """Runs of non-empty tiles sorted by (b, line, a), adjacent runs of one state merged.
 
@@ -102,7 +103,7 @@ def merge_runs(b: np.ndarray, line: np.ndarray, a: np.ndarray, z: np.ndarray, st
   return LineRuns(b, line, a, z, state)
 
 
-def expand_leaves(leaves: tuple[np.ndarray, ...], along_rows: bool) -> LineRuns:
+def expand_leaves(leaves: tuple[Array, ...], along_rows: bool) -> LineRuns:
   """Leaves `(b, i0, i1, j0, j1, state)` as runs `(b, line, a, z, state)` of single lines."""
   b, i0, i1, j0, j1, state = leaves
   lo, hi, a, z = (i0, i1, j0, j1) if along_rows else (j0, j1, i0, i1)
@@ -113,7 +114,7 @@ def expand_leaves(leaves: tuple[np.ndarray, ...], along_rows: bool) -> LineRuns:
                   z.astype(np.int32)[item], state[item])
 
 
-def expand_in_order(leaves: tuple[np.ndarray, ...], along_rows: bool, n_lines: int) -> LineRuns:
+def expand_in_order(leaves: tuple[Array, ...], along_rows: bool, n_lines: int) -> LineRuns:
   """`expand_leaves`, sorted by `(b, line, a)`.
 
   The leaves are ordered by their first position `a`, so that expanding them
@@ -140,7 +141,7 @@ def stack_runs(runs: list[Runs]) -> Runs:
   if len(runs) == 1:
     return Runs(*(np.expand_dims(x, 1) for x in runs[0]))
   r = max(x.start.shape[-1] for x in runs)
-  def pad(arr):
+  def pad(arr: Array) -> Array:
     return np.pad(arr, [(0, 0)] * (arr.ndim - 1) + [(0, r - arr.shape[-1])])
   start, stop, state = (np.stack([pad(getattr(x, f)) for x in runs], axis=1)
                         for f in ("start", "stop", "state"))

@@ -12,6 +12,8 @@ over it from the row's start, and only the combined runs placed one by one.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -20,7 +22,8 @@ from maskc.lowering.grid.refine import Budget
 from maskc.lowering.tuning import SLOT_BYTES
 
 
-def spliced_pattern(pattern, nb: int, n_lines: int, lines, lo, hi, mid, budget: Budget) -> Runs:
+def spliced_pattern(pattern: Any, nb: int, n_lines: int, lines: Any, lo: Any, hi: Any, mid: Any,
+                    budget: Budget) -> Runs:
   """The packed runs `[nb, n_lines, R]` of lines that are a pattern of runs with a window
   replaced: on flat lines `lines` (`b * n_lines + line`, sorted), the pattern's runs
   `[lo, hi)` (indices into it) give way to the runs `mid`; every other line is the

@@ -6,26 +6,29 @@ PARTIAL ones split in two dimensions, first where an operand changes (`_split_hi
 between such cuts every read is constant, so the analysis is as sharp as without
 operands), then in halves, until each is decided, a single tile, or a strip of tiles the
 operand pieces prove PARTIAL throughout (`_leaves`). Ambiguous single tiles are decided
-by finer analysis and evaluation (`_decide_tiles`). `_StaticRuns` packs the decided
+by finer analysis and evaluation (`decide_tiles`). `GenericRuns` packs the decided
 rectangles into runs along either axis. Cost: the tiles on the mask's boundary plus the
 operand runs, times a logarithm.
+
+The analysis rules (step "start", `maskc.lowering.rules.STEPS`) shorten it: where one gives
+the rectangles the operands allow a true pair in, the analysis starts from those
+(`maskc.lowering.generic.dispatch` asks them, and hands them to `GenericRuns`).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from maskc.arrays.ragged import ranges
 from maskc.compiled.tiles import Runs
 from maskc.language import ir
-from maskc.lowering.closed_forms.tile_cover import tile_cover
-from maskc.lowering.grid.forms import Form, LineRuns, pack_runs
+from maskc.lowering.grid.forms import Array, Form, LineRuns, pack_runs
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget, analysis_bytes, evaluate_tiles, subdivide
 from maskc.lowering.grid.run_lists import expand_in_order, merge_runs
-from maskc.lowering.rules import enabled, took
 from maskc.lowering.tuning import (
   EVAL_CHUNK,
   EXPANDED_RUN_BYTES,
@@ -43,8 +46,14 @@ from maskc.lowering.tuning import (
 from maskc.semantics.operand_runs import Pieces, line_pieces, reads_at
 from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables
 
+# Rectangles of tiles `(b, i0, i1, j0, j1)`: batch row, q tiles `[i0, i1)`, key tiles `[j0, j1)`.
+Rects = tuple[Array, Array, Array, Array, Array]
+# Decided rectangles `(b, i0, i1, j0, j1, state)`, non-EMPTY: the analysis's leaves.
+Leaves = tuple[Array, Array, Array, Array, Array, Array]
 
-def _combine_pieces(item, n_items: int, state, certain):
+
+def _combine_pieces(item: Array, n_items: int, state: Any,
+                    certain: Any) -> tuple[Array, Array, Array]:
   """Per item, from its pieces' states: (state, has a true and a false position in every tile).
 
   Also returns whether each item holds a true and a false position somewhere
@@ -64,10 +73,11 @@ def _combine_pieces(item, n_items: int, state, certain):
   return out, uniform, mixed
 
 
-def _decide_by_pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, pieces, nb: int):
+def _decide_by_pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, b: Array | int, i: Array,
+                      j: Array, pieces: tuple[Pieces, Pieces], nb: int) -> tuple[Array, Array]:
   """States of tiles `(b, i, j)` from their operand pieces; and whether each stays ambiguous."""
   row_pieces, col_pieces = pieces
-  bb = b if not np.isscalar(b) else np.zeros_like(i)
+  bb = np.zeros_like(i) if isinstance(b, (int, np.integer)) else b
   fq, fk = bb * geo.nq + i, bb * geo.nk + j
   item, qlo, qhi = row_pieces.expand(fq)
   nk = col_pieces.count[fk][item]
@@ -83,8 +93,9 @@ def _decide_by_pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, pi
   return out, ((out == PARTIAL) & ~mixed) | ~dense
 
 
-def _decide_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, budget: Budget,
-                  pieces=None, nb: int = 1, evaluate: bool = True, beside: int = 0):
+def decide_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, b: Array | int, i: Array,
+                 j: Array, budget: Budget, pieces: tuple[Pieces, Pieces] | None = None,
+                 nb: int = 1, evaluate: bool = True, beside: int = 0) -> Array:
   """Exact states of ambiguous tiles: by finer analysis where it suffices, else by evaluation.
 
   Finer analysis first cuts tiles at their operands' changes (exact for prelude
@@ -101,8 +112,8 @@ def _decide_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, budget
     step = max(1, chunk_items // per_tile)
     for s0 in range(0, i.size, step):
       sl = slice(s0, s0 + step)
-      state, ambiguous = _decide_by_pieces(m, geo, tables, b[sl] if not np.isscalar(b) else 0,
-                                           i[sl], j[sl], pieces, nb)
+      state, ambiguous = _decide_by_pieces(m, geo, tables, _at(b, sl), i[sl], j[sl], pieces,
+                                           nb)
       out[sl] = state
       todo[sl] = ambiguous
   for parts in (4, 16):
@@ -112,21 +123,24 @@ def _decide_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, budget
     step = max(1, chunk_items // (parts * parts))
     for s0 in range(0, idx.size, step):
       sub = idx[s0:s0 + step]
-      bb = b[sub] if not np.isscalar(b) else 0
-      state, ambiguous = subdivide(m, geo, tables, np, bb, i[sub], j[sub], parts)
+      state, ambiguous = subdivide(m, geo, tables, np, _at(b, sub), i[sub], j[sub], parts)
       out[sub] = state
       todo[sub] = ambiguous
   idx = np.flatnonzero(todo)
   if idx.size and evaluate:
     budget.charge(min(EVAL_CHUNK, geo.bq * geo.bk) * 64, "evaluating a tile")
-    out[idx] = evaluate_tiles(m, geo, tables, np, b[idx] if not np.isscalar(b) else 0, i[idx],
-                               j[idx])
+    out[idx] = evaluate_tiles(m, geo, tables, np, _at(b, idx), i[idx], j[idx])
   return out
 
 
+def _at(b: Array | int, at: Any) -> Array | int:
+  """Batch rows `b` at `at` (a slice or indices), or 0 for every tile of batch row 0."""
+  return 0 if isinstance(b, (int, np.integer)) else b[at]
+
+
 def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, budget: Budget,
-            pieces: tuple[Pieces, Pieces] | None, hints: tuple[_Hints, _Hints],
-            start: tuple[np.ndarray, ...] | None = None):
+            pieces: tuple[Pieces, Pieces] | None, hints: tuple[Hints, Hints],
+            start: Rects | None = None) -> list[Array]:
   """The non-EMPTY decided rectangles of tiles `(b, i0, i1, j0, j1, state, ambiguous)`.
 
   With the EMPTY ones left out, they tile the grid (or the rectangles
@@ -149,9 +163,10 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
   work = analysis_bytes(m)
   per_rect, per_piece = work + RECT_BYTES, work + PIECE_BYTES
   zeros = np.zeros(nb, np.int64)
-  pending = [start or (np.arange(nb, dtype=np.int64), zeros, zeros + geo.nq, zeros, zeros + geo.nk)]
-  done = []
-  held = _nbytes(pending[0])  # what `pending` and `done` hold
+  pending: list[tuple[Array, ...]] = [
+      start or (np.arange(nb, dtype=np.int64), zeros, zeros + geo.nq, zeros, zeros + geo.nk)]
+  done: list[tuple[Array, ...]] = []
+  held = nbytes(pending[0])  # what `pending` and `done` hold
   while pending:
     rect = pending.pop()
     if not rect[0].size:
@@ -196,29 +211,31 @@ def _leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, bu
     kept = fin & (state != EMPTY)  # EMPTY leaves hold no runs: only counted
     done.append(tuple(x[kept] for x in (b, i0, i1, j0, j1, state)) +
                 ((state[kept] == PARTIAL) & ~certain[kept] & ~uniform[kept],))
-    held += _nbytes(done[-1])
+    held += nbytes(done[-1])
     split = ~fin
     if split.any():
       pending.append(_split(tuple(x[split] for x in rect), hints, geo.nq, geo.nk))
-      held += _nbytes(pending[-1])
-    held -= _nbytes(rect)
+      held += nbytes(pending[-1])
+    held -= nbytes(rect)
   if not done:
     return [np.zeros(0, np.int64)] * 5 + [np.zeros(0, np.int8), np.zeros(0, bool)]
   budget.charge(2 * held, "the decided rectangles of tiles")  # the parts and their concatenation
   return [np.concatenate(x) for x in zip(*done)]
 
 
-def _nbytes(arrays) -> int:
+def nbytes(arrays: Sequence[Array]) -> int:
+  """The bytes `arrays` hold."""
   return sum(x.nbytes for x in arrays)
 
 
-def _hold_leaves(leaves, budget: Budget):
+def hold_leaves(leaves: Leaves, budget: Budget) -> Leaves:
   """`leaves`, held in `budget` for as long as the lowering keeps them."""
-  budget.hold(_nbytes(leaves), "the decided rectangles of tiles")
+  budget.hold(nbytes(leaves), "the decided rectangles of tiles")
   return leaves
 
 
-def _split(rect, hints: tuple[_Hints, _Hints], nq: int, nk: int):
+def _split(rect: tuple[Array, ...], hints: tuple[Hints, Hints], nq: int,
+           nk: int) -> tuple[Array, ...]:
   """Children of rectangles: each side with hints cut at its median hint, the other sides
   halved when the rectangle has no hints at all.
 
@@ -262,7 +279,8 @@ def _split(rect, hints: tuple[_Hints, _Hints], nq: int, nk: int):
   return tuple(x[keep] for x in out)
 
 
-def _side_cuts(lo, hi, hint, hinted, free, ways: int):
+def _side_cuts(lo: Array, hi: Array, hint: Array, hinted: Array, free: Array,
+               ways: int) -> Array:
   """`ways + 1` cut points of each side: `lo, hint, ..., hint, hi` where it has a hint, `ways`
   equal parts where the rectangle has no hints, else the side whole (repeated cuts make
   empty parts)."""
@@ -273,7 +291,7 @@ def _side_cuts(lo, hi, hint, hinted, free, ways: int):
   return np.where(hinted, at_hint, np.where(free, equal, whole))
 
 
-def _cut_strips(rect, parts: int):
+def _cut_strips(rect: tuple[Array, ...], parts: int) -> tuple[Array, ...]:
   """Strips of tiles one tile thick, each cut along its length into `parts` equal parts."""
   b, i0, i1, j0, j1 = rect
   rows = i1 - i0 > 1  # a column of tiles: cut its rows
@@ -285,7 +303,7 @@ def _cut_strips(rect, parts: int):
           np.where(rows, j1, z))
 
 
-def _median_hint(hints: _Hints, b, lo, hi, n: int):
+def _median_hint(hints: Hints, b: Array, lo: Array, hi: Array, n: int) -> tuple[Array, Array]:
   """The median hint strictly inside `(lo, hi)` of batch row `b`, and how many there are."""
   if not hints.at.size:
     return hi, np.zeros(b.shape, np.int64)
@@ -297,24 +315,24 @@ def _median_hint(hints: _Hints, b, lo, hi, n: int):
   return np.where(count > 0, mid, hi), count
 
 
-class _Hints(NamedTuple):
+class Hints(NamedTuple):
   """Sorted flat tile boundaries `b * (n + 1) + t` (`at`), and how many lie at or before
   each boundary (`upto`, `[nb * (n + 1)]`): counting them is a gather, not a search."""
-  at: np.ndarray
-  upto: np.ndarray
+  at: Array
+  upto: Array
 
   @classmethod
-  def of(cls, bounds: np.ndarray, size: int) -> _Hints:
+  def of(cls, bounds: Array, size: int) -> Hints:
     """From flat boundaries (in `[0, size)`, repeats allowed)."""
     marked = np.bincount(bounds, minlength=size).astype(bool)
     return cls(np.flatnonzero(marked), np.cumsum(marked, dtype=np.int32))
 
 
-NO_HINTS = _Hints(np.zeros(0, np.int64), np.zeros(0, np.int32))
+NO_HINTS = Hints(np.zeros(0, np.int64), np.zeros(0, np.int32))
 
 
 def _split_hints(m: ir.Mask, geo: TileGeometry, tables: Tables, nb: int, along_rows: bool,
-                 budget: Budget) -> _Hints:
+                 budget: Budget) -> Hints:
   """The flat tile boundaries `b * (n + 1) + t` where an operand read along the axis changes.
 
   A change at a tile's first row gives the boundary before it; one inside a tile
@@ -345,18 +363,19 @@ def _split_hints(m: ir.Mask, geo: TileGeometry, tables: Tables, nb: int, along_r
       owner = np.repeat(np.arange(nb, dtype=np.int64), bounds.size)
       bounds = np.tile(bounds, nb)
     out.append(owner * (n + 1) + bounds)
-  return _Hints.of(np.concatenate(out), nb * (n + 1))
+  return Hints.of(np.concatenate(out), nb * (n + 1))
 
 
-def _strip_pieces(m, geo: TileGeometry, tables: Tables, batch, along_rows: bool, pieces: Pieces,
-                  b, i0, i1, j0, j1, max_pieces: int):
+def _strip_pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
+                  along_rows: bool, pieces: Pieces, b: Array, i0: Array, i1: Array, j0: Array,
+                  j1: Array, max_pieces: int) -> tuple[Array, Array, Array]:
   """(state, uniform, mixed) of strips one tile thick, from the pieces of their line, with at
   most about `max_pieces` pieces analysed at once."""
   n_lines = geo.nq if along_rows else geo.nk
   line = i0 if along_rows else j0
   flat = b * n_lines + line
   ends = np.cumsum(pieces.count[flat])
-  out = []
+  out: list[tuple[Array, Array, Array]] = []
   s0 = 0
   while s0 < flat.size:  # strips of at most `max_pieces` pieces (at least one strip)
     before = ends[s0 - 1] if s0 else 0  # pieces of the strips before s0
@@ -372,7 +391,10 @@ def _strip_pieces(m, geo: TileGeometry, tables: Tables, batch, along_rows: bool,
     t = Analyzer(np, tables, ql, qh, kl, kh, b[sl][item] if batch else 0).truth(m)
     out.append(_combine_pieces(item, s1 - s0, t.state, t.certain))
     s0 = s1
-  return tuple(np.concatenate(x) for x in zip(*out)) if len(out) > 1 else out[0]
+  if len(out) == 1:
+    return out[0]
+  st, uniform, mixed = (np.concatenate(x) for x in zip(*out))
+  return st, uniform, mixed
 
 
 def _line_pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
@@ -384,12 +406,12 @@ def _line_pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | Non
   """
   if geo.batched_positions:
     return None
-  return (_pieces(m, geo, tables, batch, True, budget),
-          _pieces(m, geo, tables, batch, False, budget))
+  return (pieces_of_lines(m, geo, tables, batch, True, budget),
+          pieces_of_lines(m, geo, tables, batch, False, budget))
 
 
-def _pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, along_rows: bool,
-            budget: Budget, lines: np.ndarray | None = None) -> Pieces:
+def pieces_of_lines(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
+                    along_rows: bool, budget: Budget, lines: Array | None = None) -> Pieces:
   """Each q tile row (or k tile column) cut at the changes of the operands read along it.
 
   `lines`: only these flat lines `b * n_lines + line` (sorted, distinct); the others
@@ -414,7 +436,7 @@ def _pieces(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None, al
   return Pieces(some.lo, some.hi, first, count)
 
 
-class _StaticRuns:
+class GenericRuns:
   """The runs of one mask along rows now and along columns on demand, from one set of leaves.
 
   Backward passes need the per-key-tile runs; a forward-only user never pays for
@@ -425,27 +447,26 @@ class _StaticRuns:
   exact = False  # exact where refined
 
   def __init__(self, m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
-               refine: bool, budget: Budget | None = None):
+               refine: bool, budget: Budget | None = None, start: Rects | None = None):
+    """`start`: the rectangles of tiles where the operands allow a true pair (an analysis
+    rule's, step "start"); None: the whole grid."""
     self.m, self.geo, self.batch = m, geo, batch
     self.budget = budget or Budget(MEMORY_BUDGET)
     nb = batch or 1
     self.pieces = _line_pieces(m, geo, tables, batch, self.budget)
     hints = (_split_hints(m, geo, tables, nb, True, self.budget),
              _split_hints(m, geo, tables, nb, False, self.budget))
-    # the analysis starts from the rectangles where the operands allow true positions
-    start = tile_cover(m, geo, tables, nb, self.budget) if enabled("tile_cover") else None
     if start is not None:
-      took("tile_cover")
       start = _small_as_tiles(start)
-    self.leaves = _hold_leaves(_decided_leaves(m, geo, tables, batch, refine, self.budget,
-                                               self.pieces, hints, start), self.budget)
+    self.leaves = hold_leaves(decided_leaves(m, geo, tables, batch, refine, self.budget,
+                                             self.pieces, hints, start), self.budget)
 
   def merged(self, along_rows: bool) -> LineRuns:
     """The runs as sorted, merged `(b, line, a, z, state)` arrays."""
     _, i0, i1, j0, j1, _ = self.leaves
     runs = int(((i1 - i0) if along_rows else (j1 - j0)).sum())
     # the leaves sorted (a copy), their runs, and the runs sorted (a copy and the order)
-    self.budget.charge(_nbytes(self.leaves) + runs * EXPANDED_RUN_BYTES, "the packed runs")
+    self.budget.charge(nbytes(self.leaves) + runs * EXPANDED_RUN_BYTES, "the packed runs")
     n_lines = self.geo.nq if along_rows else self.geo.nk
     return merge_runs(*expand_in_order(self.leaves, along_rows, n_lines), in_order=True)
 
@@ -454,7 +475,7 @@ class _StaticRuns:
                      self.geo.nq if along_rows else self.geo.nk)
 
 
-def _small_as_tiles(rects):
+def _small_as_tiles(rects: Rects) -> Rects:
   """Rectangles `(b, i0, i1, j0, j1)` with the small ones cut into their single tiles.
 
   Many short documents cover a thin band of one to three tiles per row: rounds of
@@ -476,33 +497,36 @@ def _small_as_tiles(rects):
           np.concatenate([j1[big], j + 1]))
 
 
-def _decided_leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
-                    refine: bool, budget: Budget, pieces: tuple[Pieces, Pieces] | None = None,
-                    hints: tuple[_Hints, _Hints] | None = None, start=None):
+def decided_leaves(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
+                   refine: bool, budget: Budget, pieces: tuple[Pieces, Pieces] | None = None,
+                   hints: tuple[Hints, Hints] | None = None, start: Rects | None = None
+                   ) -> Leaves:
   """The non-EMPTY leaves `(b, i0, i1, j0, j1, state)` of the grid (or of rectangles `start`).
 
   Ambiguous single tiles are decided exactly when `refine`; otherwise they stay PARTIAL.
-  A caller that keeps the leaves holds them in the budget (`_hold_leaves`).
+  A caller that keeps the leaves holds them in the budget (`hold_leaves`).
   """
-  return _leaves_and_exactness(m, geo, tables, batch, refine, budget, pieces, hints, start)[0]
+  return leaves_and_exactness(m, geo, tables, batch, refine, budget, pieces, hints, start)[0]
 
 
-def _leaves_and_exactness(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
-                          refine: bool, budget: Budget,
-                          pieces: tuple[Pieces, Pieces] | None = None,
-                          hints: tuple[_Hints, _Hints] | None = None, start=None):
-  """`_decided_leaves`, and whether they are exact: every PARTIAL leaf proven mixed in each
+def leaves_and_exactness(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | None,
+                         refine: bool, budget: Budget,
+                         pieces: tuple[Pieces, Pieces] | None = None,
+                         hints: tuple[Hints, Hints] | None = None, start: Rects | None = None
+                         ) -> tuple[Leaves, bool]:
+  """`decided_leaves`, and whether they are exact: every PARTIAL leaf proven mixed in each
   of its tiles (refined, or no ambiguous one left), as FULL and EMPTY leaves always are."""
   if hints is None:
     hints = (NO_HINTS, NO_HINTS)
   leaves = _leaves(m, geo, tables, batch, budget, pieces, hints, start)
   b, i0, i1, j0, j1, state, ambiguous = leaves
-  held = _nbytes(leaves)
+  held = nbytes(leaves)
   if refine and ambiguous.any():
     idx = np.flatnonzero(ambiguous)  # single tiles
-    state[idx] = _decide_tiles(m, geo, tables, b[idx] if batch else 0, i0[idx], j0[idx],
+    state[idx] = decide_tiles(m, geo, tables, b[idx] if batch else 0, i0[idx], j0[idx],
                                budget, pieces, batch or 1, beside=held + idx.nbytes)
   keep = state != EMPTY
-  budget.charge(held + _nbytes(leaves[:6]), "the decided rectangles of tiles")
+  budget.charge(held + nbytes(leaves[:6]), "the decided rectangles of tiles")
   exact = refine or not ambiguous.any()
-  return tuple(x[keep] for x in (b, i0, i1, j0, j1, state)), exact
+  kb, ki0, ki1, kj0, kj1, kst = (x[keep] for x in (b, i0, i1, j0, j1, state))
+  return (kb, ki0, ki1, kj0, kj1, kst), exact

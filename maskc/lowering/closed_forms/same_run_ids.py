@@ -1,4 +1,6 @@
-"""`runs(x)[q + s] == runs(x)[k + t] & x[q + s]` decided exactly under `jit`, from run labels.
+"""Rule `same_run_ids`: `runs(x)[q + s] == runs(x)[k + t] & x[q + s]` (`bidirectional(img)`'s
+body) analysed by the ids of x's runs of zeros and nonzeros (static) or by run labels,
+exactly (traced).
 
 `bidirectional(img)`'s body. Analysed as written, a tile line that crosses the
 start of an image span reads run ids {0, s} and `img` {0, 1}: both halves of the
@@ -16,19 +18,30 @@ min(b, d)]` holds an even label, everywhere when `a = b = c = d` is even, and is
 otherwise certainly mixed. The traced path seeds the analysis with that verdict
 (`Analyzer.memo`); refinement and evaluation read the mask as written.
 
-The static path has its own exact form of this mask (`maskc.lowering.closed_forms.equal_reads`).
+On the static path the analysis reads the ids of x's runs of zeros and nonzeros instead
+(`maskc.semantics.ranges.Tables(same_runs=True)`, which decides more tiles of the
+pattern than the run ids as written), and rule `equal_reads` lowers the pattern alone
+exactly. An analysis rule (step "tables"): its static lower builds the tables the
+analysis reads (`maskc.lowering.static`), its traced lower expands the pattern's places.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import cast
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any, cast
+
+import numpy as np
+from jax.typing import DTypeLike
 
 from maskc.arrays.bit_words import count_through
 from maskc.language import ir
-from maskc.semantics.bind import nonzero_run_starts
-from maskc.semantics.operand_runs import unit_shift
-from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Truth3, same_run_read
+from maskc.lowering.grid.refine import Budget
+from maskc.lowering.rules import Rule
+from maskc.semantics.integers import nonzero_run_starts
+from maskc.semantics.operand_runs import RunForm, unit_shift
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Tables, Truth3, same_run_read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +70,7 @@ def same_runs(m: ir.Mask) -> tuple[ir.Mask, list[SameRun]]:
   return _expand(m, found), found
 
 
-def labels(xp, x, dtype):
+def labels(xp: ModuleType, x: Any, dtype: DTypeLike) -> Any:
   """Run labels of `x` along its last axis: `2 c + (x == 0)`, c the nonzero runs started
   at or before each token."""
   nz, starts = nonzero_run_starts(xp, x)
@@ -65,12 +78,12 @@ def labels(xp, x, dtype):
   return 2 * started + xp.logical_not(nz).astype(dtype)
 
 
-def run_ids(xp, labels):
+def run_ids(xp: ModuleType, labels: Any) -> Any:
   """`runs(x)` from x's run labels (nonzero run j is labelled 2j; zeros are odd)."""
   return xp.where(labels % 2 == 0, labels // 2, xp.zeros_like(labels))
 
 
-def same_run_truth(xp, q_lo, q_hi, k_lo, k_hi) -> Truth3:
+def same_run_truth(xp: ModuleType, q_lo: Any, q_hi: Any, k_lo: Any, k_hi: Any) -> Truth3:
   """Exact verdicts from the labels each tile's rows and columns read (inclusive ranges)."""
   lo, hi = xp.maximum(q_lo, k_lo), xp.minimum(q_hi, k_hi)
   meets = (lo < hi) | ((lo == hi) & (lo % 2 == 0))
@@ -114,3 +127,17 @@ def _pattern(m: ir.And) -> SameRun | None:
       if s is not None and t is not None:
         return SameRun(m, name, s, t)
   return None
+
+
+def tables(arrays: Mapping[str, Any], forms: dict[str, RunForm] | None,
+           budget: Budget) -> Tables:
+  """The static lower: the tables the analysis reads, analysing the pattern by the ids of
+  x's runs of zeros and nonzeros (`Tables.same_runs_used` tells whether it did)."""
+  return Tables(np, arrays, forms, budget=budget, same_runs=True)
+
+
+SAME_RUN_IDS = Rule(
+    "same_run_ids", "`runs(x)[a] == runs(x)[b]` beside `x[a]` analysed by ids of x's "
+    "runs of zeros and nonzeros (static) or by run labels (traced, "
+    "maskc.lowering.closed_forms.same_run_ids)", "analysis", "tables", exact=False,
+    lower=tables, traced=same_runs)

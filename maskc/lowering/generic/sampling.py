@@ -2,15 +2,18 @@
 operands for them through their runs.
 
 Where both parts are exactly mixed in a tile, one sampled pair of the other value proves
-the whole mask PARTIAL there, with no analysis (`_sampled_mixed`). Also the operand
-reads that evaluate a few pairs without writing a per-token operand out (`_RunReads`).
+the whole mask PARTIAL there, with no analysis (`sampled_mixed`). Also the operand
+reads that evaluate a few pairs without writing a per-token operand out (`RunReads`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from maskc.language import ir
+from maskc.lowering.grid.forms import Array
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget
 from maskc.lowering.tuning import NODE_BYTES, SAMPLE_BYTES, SAMPLE_CHUNK, SAMPLE_GROUP
@@ -19,14 +22,14 @@ from maskc.semantics.operand_runs import RunTable
 from maskc.semantics.ranges import Tables
 
 
-def _tile_corners(geo: TileGeometry, i, j):
+def _tile_corners(geo: TileGeometry, i: Array, j: Array) -> tuple[Array, Array, Array, Array]:
   """The first and last row and column `(r0, r1, c0, c1)` of tiles `(i, j)`."""
   r0, c0 = i * geo.bq, j * geo.bk
   return (r0, np.minimum(r0 + geo.bq, geo.shape.q_len) - 1, c0,
           np.minimum(c0 + geo.bk, geo.shape.kv_len) - 1)
 
 
-def _diagonal_pairs(geo: TileGeometry, i, j):
+def diagonal_pairs(geo: TileGeometry, i: Array, j: Array) -> tuple[Array, Array, Array]:
   """`(row, column, on)`: the first pair `q == k` of each tile `(i, j)` and whether the
   diagonal crosses it at all (consecutive positions only: `geo.positions` is False)."""
   r0, r1, c0, c1 = _tile_corners(geo, i, j)
@@ -35,8 +38,8 @@ def _diagonal_pairs(geo: TileGeometry, i, j):
   return p - off, p, p <= np.minimum(r1 + off, c1)
 
 
-def _sampled_mixed(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union: bool,
-                   budget: Budget):
+def sampled_mixed(m: ir.Mask, geo: TileGeometry, tables: Tables, b: Array | int, i: Array,
+                  j: Array, union: bool, budget: Budget) -> Array:
   """Which tiles `(b, i, j)`, PARTIAL in two exactly mixed parts, hold a true pair of the
   `&` of them (a false one of the `|`) among a few sampled pairs: then the tile is mixed.
 
@@ -48,27 +51,28 @@ def _sampled_mixed(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union
   documents); then the corners of the tiles not decided yet. An `|` samples
   the corners first: a band in it (`causal & chunk(8192) | bidirectional(img)`)
   holds on the diagonal, its false pairs lie at corners off it. Pairs are
-  evaluated with per-token operands read through their runs (`_RunReads`), a bounded
+  evaluated with per-token operands read through their runs (`RunReads`), a bounded
   chunk of tiles at a time.
   """
   per_tile = SAMPLE_BYTES + SAMPLE_GROUP * NODE_BYTES * ir.expanded_size(m, 1 << 12)
   chunk = max(1, min(SAMPLE_CHUNK, budget.items(per_tile)))
   budget.charge(min(i.size, chunk) * per_tile, "sampling pairs of tiles")
-  out = [_sampled_chunk(m, geo, tables, b if np.isscalar(b) else b[s:s + chunk],
+  out = [_sampled_chunk(m, geo, tables, b if isinstance(b, (int, np.integer)) else b[s:s + chunk],
                         i[s:s + chunk], j[s:s + chunk], union)
          for s in range(0, i.size, chunk)]
   return np.concatenate(out) if out else np.zeros(0, bool)
 
 
-def _sampled_chunk(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union: bool):
-  """`_sampled_mixed` of one chunk."""
+def _sampled_chunk(m: ir.Mask, geo: TileGeometry, tables: Tables, b: Array | int, i: Array,
+                   j: Array, union: bool) -> Array:
+  """`sampled_mixed` of one chunk."""
   r0, r1, c0, c1 = _tile_corners(geo, i, j)
   samples = [(r0, c0), (r0, c1), (r1, c0), (r1, c1)]
   if not geo.positions:
-    row, col, on = _diagonal_pairs(geo, i, j)
+    row, col, on = diagonal_pairs(geo, i, j)
     diagonal = (np.where(on, row, r0), np.where(on, col, c0))
     samples = samples + [diagonal] if union else [diagonal] + samples
-  reads = _RunReads(tables)
+  reads = RunReads(tables)
   proved = np.zeros(i.shape, bool)
   split = SAMPLE_GROUP if union else 1
   for group in (samples[:split], samples[split:]):
@@ -77,21 +81,21 @@ def _sampled_chunk(m: ir.Mask, geo: TileGeometry, tables: Tables, b, i, j, union
       break
     rows = np.concatenate([r[todo] for r, _ in group])
     cols = np.concatenate([c[todo] for _, c in group])
-    bb = b if np.isscalar(b) else np.tile(b[todo], len(group))
+    bb = b if isinstance(b, (int, np.integer)) else np.tile(b[todo], len(group))
     v = evaluate_mask(m, Env(np, geo.q_at(bb, rows), geo.k_at(bb, cols), reads, bb))
     proof = ~v if union else v
     proved[todo] = proof.reshape(len(group), todo.size).any(axis=0)
   return proved
 
 
-class _RunReads:
+class RunReads:
   """Operand arrays for evaluating a few pairs: a per-token operand not written out yet
   (`maskc.semantics.operand_arrays`) is read through its run table instead of written out."""
 
   def __init__(self, tables: Tables):
     self.tables = tables
 
-  def __getitem__(self, name: str):
+  def __getitem__(self, name: str) -> Any:
     arrays = self.tables.arrays
     if getattr(arrays, "written", lambda _: True)(name):
       return arrays[name]
@@ -105,5 +109,5 @@ class _TokenReads:
     self.table = table
     self.shape = (table.batch, table.length)
 
-  def __getitem__(self, at):
+  def __getitem__(self, at: tuple[Any, Any]) -> Array:
     return self.table.values_at(*at)

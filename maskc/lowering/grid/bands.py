@@ -1,4 +1,4 @@
-"""Bands of `q - k`: their tiles in closed form, and other runs clipped to them.
+"""Bands of `q - k`: their tiles' bounds per line in closed form, and other runs clipped to them.
 
 `causal` (`0 <= q - k`), `sliding(w)` and `local(l, r)` are exactly a band `lo <=
 q - k <= hi` (`maskc.compiled.predicate_compiler.exact_band`). On a tile line with
@@ -15,57 +15,60 @@ the other runs alone. Only tiles PARTIAL in both stay to be decided, as in any
 The bounds follow from the least and greatest ends of the rows' intervals
 (`line_bounds`), for any mask that holds on one interval per row whose union over
 a line is one interval too (`Intervals`: a band, or a band inside chunks that
-holds the diagonal); `maskc.lowering.closed_forms.widened_band` and
-`maskc.lowering.closed_forms.widened_traced` widen them by equal reads.
+holds the diagonal); `maskc.lowering.closed_forms.widened_band` widens them by equal reads.
+The rules that use them: `band`, `met_bounds`, `spread` and `widened_band`
+(`maskc/lowering/closed_forms/`).
 """
 
 from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
 from maskc.analysis.linear import conjuncts, exact_band
 from maskc.language import ir
-from maskc.lowering.grid.forms import BAND_STATES, Form, LineBounds, LineRuns, line_runs
+from maskc.lowering.grid.forms import BAND_STATES, Array, FlatRuns, LineBounds
 from maskc.lowering.grid.geometry import TileGeometry
-from maskc.lowering.grid.run_lists import merge_runs
 
 # Positions, lengths and offsets beyond this stay off the closed form (sums of three
 # of them must stay in int64).
 _LIMIT = 1 << 60
 FAR = 1 << 61  # beyond any position (`band_fits`): an unbounded end
-_X_STATES, _Y_STATES = np.repeat(BAND_STATES, 3), np.tile(BAND_STATES, 3)  # of 9 pieces
 
 
-class _Tiles:
+class Tiles:
   """The tiles of one axis: tile `t` covers positions `[o + t b, o + min((t + 1) b, n) - 1]`
   (`xp`: NumPy, or jax.numpy under `jit`)."""
 
-  def __init__(self, offset: int, block: int, length: int, xp=np):
+  def __init__(self, offset: int, block: int, length: int, xp: ModuleType = np):
     self.o, self.b, self.n, self.xp = offset, block, length, xp
     self.count = -(-length // block)
 
-  def starting_by(self, x):
+  def starting_by(self, x: Any) -> Any:
     """How many tiles start at or before position `x`."""
     return self.xp.clip((x - self.o) // self.b + 1, 0, self.count)
 
-  def first_starting_from(self, x):
+  def first_starting_from(self, x: Any) -> Any:
     """The first tile that starts at or after position `x` (`count`: none)."""
     return self.xp.clip(-((self.o - x) // self.b), 0, self.count)
 
-  def ending_by(self, x):
+  def ending_by(self, x: Any) -> Any:
     """How many tiles end at or before position `x` (they come first: ends increase)."""
     whole = self.xp.clip((x - self.o + 1) // self.b, 0, self.count - 1)
     return self.xp.where(x >= self.o + self.n - 1, self.count, whole)
 
 
-def span_tiles(geo: TileGeometry, along_rows: bool, xp=np) -> _Tiles:
+def span_tiles(geo: TileGeometry, along_rows: bool, xp: ModuleType = np) -> Tiles:
   """The tiles each line spans: key tiles along rows, query tiles along columns."""
   shape = geo.shape
-  return (_Tiles(0, geo.bk, shape.kv_len, xp) if along_rows else
-          _Tiles(shape.q_offset, geo.bq, shape.q_len, xp))
+  return (Tiles(0, geo.bk, shape.kv_len, xp) if along_rows else
+          Tiles(shape.q_offset, geo.bq, shape.q_len, xp))
 
 
-def line_bounds(tiles: _Tiles, least_lo, most_lo, least_hi, most_hi):
+def line_bounds(tiles: Tiles, least_lo: Any, most_lo: Any, least_hi: Any,
+                most_hi: Any) -> tuple[Any, Any, Any, Any]:
   """Bounds `(s, f, g, e)` of lines whose rows hold on one interval `[L, H]` each, the
   union of which is one interval too, given the least and greatest of their `L` and `H`:
   a tile is non-EMPTY where the union reaches it, FULL where every row covers it."""
@@ -126,7 +129,8 @@ class Intervals:
     """Whether each row's interval holds the row's own position (`lo <= 0 <= hi`)."""
     return (self.lo is None or self.lo <= 0) and (self.hi is None or self.hi >= 0)
 
-  def ends(self, p, along_rows: bool, xp=np, far: int = FAR):
+  def ends(self, p: Any, along_rows: bool, xp: ModuleType = np,
+           far: int = FAR) -> tuple[Any, Any]:
     """The first and last position `(L, H)` of the interval of each line at positions `p`
     (query positions along rows, key positions along columns), `-far` / `far` where
     unbounded (`xp`: NumPy, or jax.numpy under `jit`, with a `far` that fits int32)."""
@@ -156,7 +160,7 @@ def _chunk(m: ir.Mask) -> int | None:
   return c if len(found) == 2 and c is not None and c == found.get("k") and c >= 1 else None
 
 
-def band_fits(geo: TileGeometry, band) -> bool:
+def band_fits(geo: TileGeometry, band: tuple[int | None, ...]) -> bool:
   """Whether the closed form holds for `geo`: consecutive positions (no explicit ones), a
   static offset, and every sum of positions and bounds inside int64."""
   shape = geo.shape
@@ -166,38 +170,8 @@ def band_fits(geo: TileGeometry, band) -> bool:
                                             *(b for b in band if b is not None)))
 
 
-class BandRuns:
-  """The runs of a band `lo <= q - k <= hi` on `geo` (`band_fits`), for `nb` batch rows:
-  one of the static lowering's ways (rule `band`: `maskc.lowering.part_rules`)."""
-
-  forms = frozenset({Form.BAND, Form.INTERVALS})
-  exact = True
-
-  def __init__(self, geo: TileGeometry, band: tuple[int | None, int | None], nb: int):
-    self.geo, self.band, self.nb = geo, band, nb
-    self._bounds: dict[bool, np.ndarray] = {}
-
-  def intervals(self) -> Intervals:
-    """The band as one interval per row."""
-    return Intervals(*self.band)
-
-  def bounds(self, along_rows: bool) -> LineBounds:
-    """`band_bounds` along rows or columns, computed once."""
-    if along_rows not in self._bounds:
-      self._bounds[along_rows] = band_bounds(self.geo, *self.band, along_rows)
-    return self._bounds[along_rows]
-
-  def merged(self, along_rows: bool) -> LineRuns:
-    """The runs as sorted, merged `(b, line, a, z, state)` arrays (where the band is all an
-    `&` has: no other runs to clip)."""
-    line, a, z, state = line_runs(self.bounds(along_rows))
-    b = np.repeat(np.arange(self.nb, dtype=np.int64), line.size)
-    line, a, z, state = (np.tile(x, self.nb) for x in (line, a, z, state))
-    # an empty FULL run leaves two PARTIAL ones side by side: merged into one
-    return merge_runs(b, line, a, z, state, in_order=True)
-
-
-def clipped_pieces(x, bounds: LineBounds, n_lines: int, n_span: int):
+def clipped_pieces(x: FlatRuns, bounds: LineBounds, n_lines: int,
+                   n_span: int) -> tuple[Array, Array, Array, Array]:
   """Flat sorted runs `x = (start key, stop key, state)` (`maskc.lowering.grid.forms.keyed`)
   cut at their lines' band bounds (`[4, n_lines]`, the same for every batch row, or `[4, batch
   * n_lines]` by flat line: s, f, g, e), the parts outside the band dropped: `(lo, hi, x's
@@ -216,25 +190,3 @@ def clipped_pieces(x, bounds: LineBounds, n_lines: int, n_span: int):
   hi = np.stack([np.minimum(end, f), np.minimum(end, g), np.minimum(end, e)], 1).reshape(-1)
   keep = np.flatnonzero(hi > lo)
   return lo[keep], hi[keep], state[keep // 3], BAND_STATES[keep % 3]
-
-
-def met_bounds_pieces(x_bounds: LineBounds, first: int, bounds: LineBounds, n_lines: int,
-                      n_span: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-  """The pieces of flat lines `first, first + 1, ...` whose tiles are both band-shaped
-  bounds, `x_bounds` (`[4, n]`, of those lines: equal reads of runs,
-  `maskc.lowering.closed_forms.equal_reads.equal_read_bounds`) and `bounds` (`[4, n_lines]`
-  for every batch row, or by flat line): each of x's three runs cut at the other's, as
-  `clipped_pieces` gives them, with no runs written first: `(lo, hi, x's state, the other's
-  state)`, flat keys in order, the parts outside either dropped."""
-  n = x_bounds.shape[1]
-  flat = np.arange(first, first + n, dtype=np.int64)
-  line = flat % n_lines if bounds.shape[1] == n_lines else flat
-  base = flat * (n_span + 1)
-  x, y = x_bounds + base, np.take(bounds, line, axis=1) + base
-  # [x's run, the other's run, line], then each line's nine pieces in order: broadcasts
-  # over the long axis, not over the short ones (four times as fast)
-  lo = np.maximum(x[:3, None, :], y[None, :3, :]).reshape(9, n).T.reshape(-1)
-  hi = np.minimum(x[1:, None, :], y[None, 1:, :]).reshape(9, n).T.reshape(-1)
-  keep = np.flatnonzero(hi > lo)
-  # states by tiling, not by `keep % 9` (int64 division is slow)
-  return (lo[keep], hi[keep], np.tile(_X_STATES, n)[keep], np.tile(_Y_STATES, n)[keep])
