@@ -29,7 +29,7 @@ import numpy as np
 from maskc.formats._tiles import distinct, line_intervals, require_static
 from maskc.language.errors import MaskValueError
 from maskc.lowering.compile import compile as compile_mask
-from maskc.semantics.bind import MasksLike
+from maskc.language.arguments import MasksLike
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ from maskc.language.errors import MaskTypeError, MaskValueError, short_repr
 from maskc.language.ir import Mask
 from maskc.language.parse import parse
 from maskc.lowering.compile import compile as compile_mask
-from maskc.semantics.bind import materialize
+from maskc.semantics.dense import materialize
 
 # Where splash's mask classes live: JAX's Pallas TPU ops, and tokamax's copy.
 _MODULES = ("jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask",

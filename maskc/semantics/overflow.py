@@ -42,9 +42,9 @@ def term_bounds(masks: Any, shape, arrays: dict[str, Any], batch: Any = None,
 
   Args:
     masks: a mask or a sequence of masks.
-    shape: a `maskc.semantics.bind.Shape`.
+    shape: a `maskc.semantics.shape.Shape`.
     arrays: operand arrays by name with a leading batch axis, and `"runs(x)"`
-      run-id tables, as `maskc.semantics.bind.prepare_operands` returns them.
+      run-id tables, as `maskc.semantics.operands.prepare_operands` returns them.
     batch: the batch rows evaluation reads (an int or an integer array, as in
       `maskc.semantics.evaluate.Env`), or None for every row. Rows only narrow the bounds;
       a traced or out-of-range value is treated as None.

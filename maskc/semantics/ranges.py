@@ -68,7 +68,7 @@ class Tables:
 
   Attributes:
     xp: the array module.
-    arrays: operands as prepared by `maskc.semantics.bind.prepare_operands`.
+    arrays: operands as prepared by `maskc.semantics.operands.prepare_operands`.
     forms: static path: per-token operands in run form where already known (else
       built from `arrays` when first needed).
     budget: static path: the lowering's memory budget, which holds the run tables
