@@ -53,7 +53,8 @@ import numpy as np
 
 import maskc
 from maskc.compiled import predicate as _predicate
-from maskc.kernels import api, attention, flash
+from maskc.kernels import api, attention
+from maskc.kernels.flash import kernel as flash
 from maskc.kernels import common as _common
 
 IMPLS = ("flash", "cudnn", "xla", "be-cudnn", "tokamax", "mosaic_gpu", "mosaic_gpu-bwd", "auto")
@@ -220,7 +221,7 @@ def _label(impl: str) -> str:
 def mosaic_fn(bm, backward: str):
   """`backend="mosaic_gpu"` on `bm`, differentiated by `backward` ("flash" or "mosaic_gpu":
   `mosaic_gpu.BACKWARD`, which is read when the call is traced, so set around the call)."""
-  from maskc.kernels import mosaic_gpu
+  from maskc.kernels.mosaic_gpu import forward as mosaic_gpu
 
   def fn(q, k, v):
     saved, mosaic_gpu.BACKWARD = mosaic_gpu.BACKWARD, backward
@@ -232,7 +233,7 @@ def mosaic_fn(bm, backward: str):
 
 
 def _mosaic_blocks() -> tuple[int, int]:
-  from maskc.kernels import mosaic_gpu
+  from maskc.kernels.mosaic_gpu import forward as mosaic_gpu
   return mosaic_gpu.BLOCK_SIZES
 
 

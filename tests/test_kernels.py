@@ -23,7 +23,8 @@ import maskc
 from attention_reference import numpy_scores, repeat_kv
 from helpers import assert_close
 from sampling import PARTS, count
-from maskc.kernels import api, dense, splash
+from maskc.kernels import api, dense
+from maskc.kernels.splash import jax_kernel as splash
 
 try:
   from maskc.testing import mask_trees as random_masks
@@ -489,7 +490,7 @@ def fake_platform(monkeypatch, name: str, real=()):
   for real (with its own errors, so `auto`'s fallback shows); any other raises
   `_Picked` once recorded, so no kernel is run.
   """
-  from maskc.kernels import flash
+  from maskc.kernels.flash import kernel as flash
   from maskc.kernels import platform as _platform
   # "splash" is tokamax's module where tokamax imports, JAX's otherwise.
   for mod in {_platform, api, flash, splash, api.BACKENDS["splash"].load()}:
@@ -578,7 +579,7 @@ def test_auto_falls_back_to_xla_where_the_native_kernel_cannot_run(monkeypatch):
 
 def test_auto_on_a_faked_tpu_runs_ragged_lengths_on_splash(monkeypatch):
   """End to end: `auto` on TPU takes a length off the tiles and matches dense."""
-  from maskc.kernels import flash
+  from maskc.kernels.flash import kernel as flash
   from maskc.kernels import platform as _platform
   splash_mod = api.BACKENDS["splash"].load()          # tokamax's where it imports, else JAX's
   for mod in {_platform, api, flash, splash, splash_mod}:

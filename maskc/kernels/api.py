@@ -134,19 +134,20 @@ class Backend:
 BACKENDS: Mapping[str, Backend] = types.MappingProxyType({
     "dense": Backend("dense", "maskc.kernels.dense", "materialized mask (reference)"),
     "xla": Backend("xla", "maskc.kernels.xla", "block-sparse jax.numpy, any platform"),
-    "flash": Backend("flash", "maskc.kernels.flash", "Pallas flash attention (GPU)"),
-    "splash": Backend("splash", "maskc.kernels.tokamax_splash",
+    "flash": Backend("flash", "maskc.kernels.flash.kernel", "Pallas flash attention (GPU)"),
+    "splash": Backend("splash", "maskc.kernels.splash.tokamax_kernel",
                       "tokamax's splash (MaxText's) when installed, else JAX's (TPU)",
                       requires="tokamax", fallback="splash_jax"),
-    "splash_tokamax": Backend("splash_tokamax", "maskc.kernels.tokamax_splash",
+    "splash_tokamax": Backend("splash_tokamax", "maskc.kernels.splash.tokamax_kernel",
                               "tokamax's splash attention (TPU)", requires="tokamax"),
-    "splash_jax": Backend("splash_jax", "maskc.kernels.splash", "JAX splash attention (TPU)"),
+    "splash_jax": Backend("splash_jax", "maskc.kernels.splash.jax_kernel",
+                          "JAX splash attention (TPU)"),
     "cudnn": Backend("cudnn", "maskc.kernels.cudnn", "cuDNN flash attention for bands (GPU)"),
     "tokamax": Backend("tokamax", "maskc.kernels.tokamax",
                        "tokamax's Mosaic GPU forward and flash's backward, for key "
                        "intervals (GPU)"),
     # Lowered for cuda but never run on a GPU: `auto` does not consider it (`choose`).
-    "mosaic_gpu": Backend("mosaic_gpu", "maskc.kernels.mosaic_gpu",
+    "mosaic_gpu": Backend("mosaic_gpu", "maskc.kernels.mosaic_gpu.forward",
                           "Pallas Mosaic GPU block-sparse forward, flash's backward (sm90; "
                           "not yet validated on a GPU)"),
 })

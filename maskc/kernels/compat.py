@@ -104,7 +104,7 @@ def dot(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = Fa
 
 # ----------------------------------------------------------------------------- Mosaic GPU
 #
-# The `mosaic_gpu` kernel (maskc.kernels.mosaic_gpu) uses Pallas Mosaic GPU's warpgroup
+# The `mosaic_gpu` kernel (maskc.kernels.mosaic_gpu.forward) uses Pallas Mosaic GPU's warpgroup
 # API (`plgpu.kernel`, TMA copies, `wgmma`, barriers, register layouts). What differs:
 # - jax 0.10 imports `absl` in Mosaic GPU without declaring it as a dependency, so where
 #   absl-py is missing `jax.experimental.pallas.mosaic_gpu` does not import at all;

@@ -13,7 +13,7 @@ naming `flash`.
 takes the same ranges but does not skip: on an H100 at 32K tokens it took about 52 ms for
 every mask, packed documents included, where flash's whole forward+backward takes 7.4 ms
 (docs/benchmarks.md). A forward pass cannot know whether a gradient will be taken, so
-this backend is one `jax.custom_vjp` (`maskc.kernels.flash.run_with_forward`): tokamax's
+this backend is one `jax.custom_vjp` (`maskc.kernels.flash.kernel.run_with_forward`): tokamax's
 forward, with its residuals (each row's softmax maximum and denominator) turned into the
 log-sum-exp flash's backward takes (`lse_from_residuals`), and flash's block-sparse
 backward on the same map. Forward-only use runs tokamax alone.
@@ -51,7 +51,8 @@ import jax
 import jax.numpy as jnp
 
 from maskc.compiled.blockmap import BlockMap
-from maskc.kernels import common, flash
+from maskc.kernels import common
+from maskc.kernels.flash import kernel as flash
 from maskc.language.errors import BackendError
 
 BLOCK_SIZES = (64, 64)  # the tiles the map is compiled at (flash's); tokamax picks its own
@@ -151,7 +152,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, bm: BlockMap, op: IntervalO
 def _forward(op: IntervalOp, scale: float, cap: float | None, q: jax.Array, k: jax.Array,
              v: jax.Array, start: jax.Array, stop: jax.Array) -> tuple[jax.Array, jax.Array]:
   """`op` on the intervals `[B or 1, Lq]`: `(out, lse [B, H, Lq])` as flash's backward takes
-  them (`maskc.kernels.flash.run_with_forward`)."""
+  them (`maskc.kernels.flash.kernel.run_with_forward`)."""
   b, lq = q.shape[0], q.shape[1]
   empty = jnp.broadcast_to(stop <= start, (b, lq))
   # a row with no key attends to key 0 (finite) and is zeroed below
