@@ -9,7 +9,7 @@
 #   3. benchmarks/gpu_attention.py at 8K and 32K (or $LENGTHS): flash, jax's cuDNN, and
 #      maskc's cudnn, tokamax (tokamax's forward, flash's backward) and auto engines,
 #      forward and forward+backward, then the cost model's rates as measured
-#      (maskc.kernels.api.GPU_COSTS);
+#      (each engine's GPU_COST, maskc.kernels.api.gpu_costs());
 #   4. the same at 128K for causal and packed documents, forward only;
 #   5. backend="mosaic_gpu" (the Pallas Mosaic GPU forward, and its opt-in Mosaic GPU
 #      backward, `maskc.kernels.mosaic_gpu.forward.BACKWARD = "mosaic_gpu"`; neither run on a GPU before):

@@ -119,6 +119,25 @@ def test_bind_checks_operands():
     maskc.parse("document(seg)").bind(4, operands={"seg": np.full(4, 2**63, np.uint64)})
 
 
+def test_a_misspelled_operand_gets_the_nearest_given_name():
+  seg = np.zeros(8, np.int32)
+  for call in (lambda ops: maskc.parse("causal & document(seg)").bind(8, operands=ops),
+               lambda ops: maskc.materialize("causal & document(seg)", 8, operands=ops),
+               lambda ops: maskc.compile("causal & document(seg)", 8, operands=ops)):
+    with pytest.raises(maskc.OperandError, match="missing operand `seg`") as e:
+      call({"segs": seg})
+    assert "`segs` was given" in str(e.value)
+    assert "Did you mean `seg` where you wrote `segs`?" in e.value.hint
+  # nothing near: no guess
+  with pytest.raises(maskc.OperandError) as e:
+    maskc.materialize("document(seg)", 8, operands={"img": seg})
+  assert "Did you mean" not in e.value.hint and "was given" not in str(e.value)
+  # a name the mask also reads is no guess for another
+  with pytest.raises(maskc.OperandError) as e:
+    maskc.materialize("document(seg) & document(segs)", 8, operands={"segs": seg})
+  assert "Did you mean" not in e.value.hint
+
+
 def test_bound_masks_compare_by_value():
   a = maskc.parse("document(seg)").bind(4, operands={"seg": np.array([0, 0, 1, 1])})
   b = maskc.parse("document(seg)").bind(4, operands={"seg": np.array([0, 0, 1, 1])})

@@ -35,7 +35,6 @@ from maskc.compiled.tiles import (
   Runs as Runs,
   grid_from_runs as grid_from_runs,
   runs_from_grid as runs_from_grid,
-  tile_lists,
 )
 
 if TYPE_CHECKING:
@@ -237,8 +236,10 @@ class BlockMap:
     `kv_num_blocks[b, h, i]` counts the PARTIAL key tiles of q tile i and
     `kv_indices[b, h, i, :n]` lists them in order; `full_kv_*` do the same for
     FULL tiles. `q_*` and `full_q_*` are the transpose, for the backward pass.
-    Index lists are padded with zeros to the number of tiles, as FlexAttention
-    pads them. Built from the runs: memory follows the output, never more.
+    Each index list has one entry per tile of the line: after its `n` tiles it goes on
+    with the line's other tiles, in order, as torch's `create_block_mask` lays them out
+    (a stable descending argsort of the tile grid), so every array equals torch's.
+    Built from the runs: memory follows the output, never more.
     """
     out: dict[str, Any] = {}
     lead = ((self.batch or 1), (self.heads or 1))
@@ -247,15 +248,13 @@ class BlockMap:
       for prefix, state in (("", PARTIAL), ("full_", FULL)):
         idx: TileArray
         count: TileArray
+        g = grid_from_runs(self.xp, runs, n_other) != state  # the line's chosen tiles first
         if self.is_static:
-          idx, count = tile_lists(runs, state)
-          idx = np.pad(idx, [(0, 0)] * (idx.ndim - 1) + [(0, n_other - idx.shape[-1])])
+          idx = np.argsort(g, axis=-1, kind="stable").astype(np.int32)
+          count = (~g).sum(-1).astype(np.int32)
         else:
-          g = grid_from_runs(jnp, runs, n_other) == state
-          j = jnp.arange(n_other, dtype=jnp.int32)
-          idx = jnp.sort(jnp.where(g, j, n_other), axis=-1)
-          count = g.sum(-1).astype(jnp.int32)
-          idx = jnp.where(idx >= n_other, 0, idx).astype(jnp.int32)
+          idx = jnp.argsort(g, axis=-1, stable=True).astype(jnp.int32)
+          count = (~g).sum(-1).astype(jnp.int32)
         out[f"{prefix}{name}_num_blocks"] = self._public(count).reshape(lead + count.shape[-1:])
         out[f"{prefix}{name}_indices"] = self._public(idx).reshape(lead + idx.shape[-2:])
     out["block_size"] = (self.block_q, self.block_kv)

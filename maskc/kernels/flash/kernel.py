@@ -59,6 +59,15 @@ from maskc.kernels.xla import NEG_LSE
 from maskc.language.errors import BackendError, MaskValueError
 
 BLOCK_SIZES = (64, 64)
+# The GPU cost model's rates on its tile work (`maskc.kernels.api.GPU_COSTS_MEASURED`):
+# forward TFLOP/s, backward TFLOP/s, fixed ms a call.
+GPU_COST = (278.0, 311.0, 0.05)
+BACKWARD_ENGINE = None
+installed = common.installed
+# Every mask runs (tiles Triton cannot load fail at run time, where `auto` falls back).
+refusal = common.no_refusal
+length_refusal = common.any_length
+forward_work = common.tile_work
 
 # JAX 0.11+ deprecates the Triton backend; maskc knows (see `compat`).
 compat.quiet_triton_deprecation()

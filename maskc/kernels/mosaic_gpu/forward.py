@@ -115,13 +115,18 @@ COMPUTE_WGS = 2
 DTYPES = (jnp.bfloat16, jnp.float16)
 # FA3's ping-pong between the two compute warpgroups (`Config.schedule_barrier`). A
 # module-level switch so that a first GPU session can rule it out if the kernel hangs
-# (`mosaic_gpu.SCHEDULE_BARRIER = False` before tracing); not a tuning knob.
+# (`maskc.kernels.mosaic_gpu.forward.SCHEDULE_BARRIER = False` before tracing); not a tuning knob.
 SCHEDULE_BARRIER = True
 # Which backward pass differentiates `backend="mosaic_gpu"` (read when a call is traced):
 # "flash", flash's Triton kernels (the default), or "mosaic_gpu", this module's own in
 # `maskc.kernels.mosaic_gpu.backward`, opt-in because it has never run on a GPU.
 BACKWARD = "flash"
 BACKWARDS = ("flash", "mosaic_gpu")
+GPU_COST = None  # never run on a GPU: no measured rate, and `auto` does not consider it
+BACKWARD_ENGINE = None  # not costed (its gradients run flash's backward unless `BACKWARD`)
+installed = common.installed
+length_refusal = common.any_length
+forward_work = common.tile_work
 
 
 def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
@@ -153,9 +158,11 @@ def padded_head_dim(d: int) -> int:
   return -(-d // 64) * 64
 
 
-def refusal(bm: BlockMap, *, head_dim: int, dv: int | None = None, dtype: Any = None,
+def refusal(bm: BlockMap, *, head_dim: int, dtype: Any = None, soft_cap: bool = False,
+            sinks: bool = False, dv: int | None = None,
             interpret: bool | None = None) -> str | None:
-  """Why this kernel cannot run `bm` with these inputs here, or None when it can."""
+  """Why this kernel cannot run `bm` with these inputs here, or None when it can (soft caps
+  and sinks go through)."""
   if interpret:
     return ("it has no interpret mode (Pallas interpret mode does not run Mosaic GPU's "
             "wgmma pipelines)")

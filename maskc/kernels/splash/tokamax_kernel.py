@@ -65,6 +65,14 @@ from maskc.kernels.xla import NEG_LSE
 from maskc.language.errors import MaskValueError
 
 LANES = 128
+GPU_COST = None  # a TPU kernel: not costed (on TPU, `auto` takes splash whatever the mask)
+BACKWARD_ENGINE = None
+installed = common.installed  # loading the module is what needs its packages
+# Every map is taken: one splash cannot run (batched operands beyond segment ids, key
+# tiles off 128) fails at run time, where `auto` falls back to xla.
+refusal = common.no_refusal
+length_refusal = common.any_length
+forward_work = common.tile_work
 # A sink logit that never wins against a real one but keeps empty rows at 0/1 = 0; it is
 # also the log-sum-exp of an empty row, which `run_with_lse` returns as is.
 _NO_SINK = NEG_LSE
