@@ -30,8 +30,8 @@ Columns (`--impls`):
 Masks: the five above by default; `--masks sliding-sink` adds `sliding(W) | sink(4)`,
 whose rows have a hole between the sink and the window.
 
-After the table, the rates the engines declare (`GPU_COST`, `maskc.kernels.api.gpu_costs()`) are printed as measured
-here: TFLOP/s on each engine's tile work (the cost model's `_work`), forward and
+After the table, the rates the engines declare (`GPU_COST`, `maskc.kernels.api.gpu_costs()`)
+are printed as measured here: TFLOP/s on each engine's work (its `forward_work`), forward and
 backward (tokamax's backward is flash's), the median over the rows an engine ran.
 `--dry-run` builds every BlockMap, counts allowed pairs and traces every function
 abstractly (`jax.eval_shape`), so the CPU-side path is checked without a GPU.
