@@ -28,6 +28,7 @@ maskc handles each case on purpose (docs/kernels.md, "The Triton deprecation"):
 from __future__ import annotations
 
 import inspect
+import types
 import warnings
 from typing import Any
 
@@ -35,10 +36,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+_triton: types.ModuleType | None
 try:  # Removed by a future JAX: flash then runs in interpret mode only.
   from jax.experimental.pallas import triton as _triton
 except ImportError:  # pragma: no cover - no JAX release in our range lacks it
-  _triton = None  # type: ignore[assignment]
+  _triton = None
 
 TRITON_ID = "jax-pallas-triton"
 # The start of JAX's message (jax/_src/pallas/triton/pallas_call_registration.py); a

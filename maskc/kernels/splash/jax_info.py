@@ -287,7 +287,7 @@ def _shrunk_shard(i, j, st, pi, pj, pid, rows: int, nk: int, dkv: bool, stored: 
     line, other, n_lines = i, j, rows
     key, pkey = i * nk + j, pi * nk + pj
   count = np.bincount(line, minlength=n_lines)
-  width = max(1, int(count.max()) if count.size else 1)
+  width = max(1, int(np.max(count)) if count.size else 1)
   first = np.concatenate([[0], np.cumsum(count)[:-1]])
   slot = np.arange(line.size) - first[line]
   if dkv:

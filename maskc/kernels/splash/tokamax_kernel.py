@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
-from tokamax._src.ops.experimental.tpu.splash_attention import (  # type: ignore[import-not-found, unused-ignore]
+from tokamax._src.ops.experimental.tpu.splash_attention import (  # type: ignore[import-not-found, import-untyped, unused-ignore]
   splash_attention_kernel as tk,
   splash_attention_mask as tm,
 )
