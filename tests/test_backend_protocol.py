@@ -193,3 +193,10 @@ def test_cudnn_off_a_gpu_says_so_before_anything_else():
   x = np.ones((1, 64, 1, 8), np.float32)  # float32 too: cuDNN would need a cast as well
   with pytest.raises(maskc.BackendError, match="runs on an NVIDIA GPU, and jax runs on cpu"):
     maskc.attention(x, x, x, "causal", backend="cudnn")
+
+
+def test_rings_start_from_a_backend_with_a_log_sum_exp(monkeypatch):
+  monkeypatch.setattr(api, "platform", lambda: "cpu")
+  assert api.choose_backend("auto", 16, 16) == "dense"           # tiny: dense attention
+  assert api.choose_backend("auto", 16, 16, need_lse=True) == "xla"
+  assert api.choose_backend("auto", 4096, 4096, need_lse=True) == "xla"
