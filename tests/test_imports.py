@@ -361,6 +361,13 @@ def test_the_graph_is_read_from_every_stage():
   assert set(module_files()) >= {"maskc.lowering.closed_forms.band_runs", "maskc.kernels.xla"}
 
 
+def test_every_folder_of_the_package_is_a_package():
+  """A folder without `__init__.py` would be a namespace package, which the wheel leaves out."""
+  folders = {p.parent for p in (ROOT / "maskc").rglob("*.py")}
+  bare = sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").is_file())
+  assert not bare, f"folders without __init__.py: {bare}"
+
+
 def test_each_stage_imports_only_the_stages_below_it():
   bad = stage_violations(import_graph())
   assert not bad, "imports of a stage above the importer's (see STAGES):\n" + _show(bad)
