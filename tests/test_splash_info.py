@@ -7,6 +7,10 @@ blocks everywhere.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import hypothesis.strategies as st
 import numpy as np
 import pytest
@@ -240,3 +244,14 @@ def test_blockmap_names_where_its_kernel_formats_went():
   with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
     bm.nonsense  # noqa: B018
   assert not hasattr(bm, "splash")
+
+
+def test_the_formats_are_reached_from_maskc_alone():
+  """`maskc.kernels.splash.mask_info(bm)`, as the README writes it, in a fresh process: the
+  kernels and their subpackages import on first access."""
+  code = ("import maskc\n"
+          "bm = maskc.compile('causal', 256, block_q=128, block_kv=128)\n"
+          "print(maskc.kernels.splash.mask_info(bm)[0].block_mask.tolist())\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.stdout.strip() == "[[[1, 0], [2, 1]]]"
