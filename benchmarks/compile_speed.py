@@ -3,9 +3,9 @@
 For each mask and length, both build block-sparsity metadata for the same mask
 and tiles in the same run; the table shows both times and their ratio. Where
 splash has a mask class (causal, local windows, chunked causal) it gets that
-class; elsewhere it gets maskc's `ComputableMask`, which splash accepts as a
-lazy `Mask`. Then maskc alone at 1M tokens with 128-tiles (`--operand-block`; peak memory by
-tracemalloc), and the traced path under `jax.jit`.
+class; elsewhere it gets maskc's `ComputableMask` as a lazy splash `Mask`
+(`maskc.kernels.splash.as_splash_mask`). Then maskc alone at 1M tokens with 128-tiles
+(`--operand-block`; peak memory by tracemalloc), and the traced path under `jax.jit`.
 
 Splash at 128K takes minutes per mask on a 2-core machine, so by default it
 runs there for `causal` only; `--splash-128k-all` runs every mask.
@@ -26,6 +26,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as smi
 
 import maskc
+from maskc.kernels.splash import as_splash_mask
 from maskc.lowering import compile as _lower
 
 OPERAND_REPEATS = 7  # calls per mask at 1M tokens: the best is what this machine can do
@@ -86,7 +87,7 @@ def splash_mask(text: str, n: int, operands: dict) -> sm.Mask:
     return sm.LocalMask(shape, window_size=(1023, 0), offset=0)
   if text == "causal & chunk(8192)":
     return sm.ChunkedCausalMask(shape, chunk_size=8192)
-  return maskc.parse(text).bind(n, operands=operands)
+  return as_splash_mask(maskc.parse(text).bind(n, operands=operands))
 
 
 def time_splash(text: str, n: int, block: int, operands: dict) -> float:

@@ -17,7 +17,7 @@ The model is `examples/nnx_decoder.py`'s decoder (its masks from `gemma3.yaml` o
   whole cache once, the step's row sliced from it), as a model without maskc decodes.
 
 - **maskc splits=...** (`--splits auto off`): maskc again with flash-decoding
-  (`maskc.kernels.flash_decode`) as the heuristic picks it (`auto`), off (`off`:
+  (`maskc.kernels.flash.decode`) as the heuristic picks it (`auto`), off (`off`:
   `MAX_SPLITS = 1`, one program walks all of a row's key tiles) or capped at `N`
   (`MAX_SPLITS = N`). Each maskc cell names the largest split flash took in the step
   (`S 17`), or `no flash` where the step ran on another engine (on a CPU: xla, and the
@@ -49,7 +49,7 @@ import numpy as np
 from flax import nnx
 
 import maskc
-from maskc.kernels import flash_decode
+from maskc.kernels.flash import decode as flash_decode
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PARAMS = {"gemma3": {"W": 512}, "gemma3-vouched": {"W": 512}, "llama4": {"C": 512, "W": 256}}

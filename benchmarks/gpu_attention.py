@@ -30,8 +30,8 @@ Columns (`--impls`):
 Masks: the five above by default; `--masks sliding-sink` adds `sliding(W) | sink(4)`,
 whose rows have a hole between the sink and the window.
 
-After the table, the rates `maskc.kernels.api.GPU_COSTS` holds are printed as measured
-here: TFLOP/s on each engine's tile work (the cost model's `_work`), forward and
+After the table, the rates the engines declare (`GPU_COST`, `maskc.kernels.api.gpu_costs()`)
+are printed as measured here: TFLOP/s on each engine's work (its `forward_work`), forward and
 backward (tokamax's backward is flash's), the median over the rows an engine ran.
 `--dry-run` builds every BlockMap, counts allowed pairs and traces every function
 abstractly (`jax.eval_shape`), so the CPU-side path is checked without a GPU.
@@ -53,7 +53,8 @@ import numpy as np
 
 import maskc
 from maskc.compiled import predicate as _predicate
-from maskc.kernels import api, attention, flash
+from maskc.kernels import api, attention
+from maskc.kernels.flash import kernel as flash
 from maskc.kernels import common as _common
 
 IMPLS = ("flash", "cudnn", "xla", "be-cudnn", "tokamax", "mosaic_gpu", "mosaic_gpu-bwd", "auto")
@@ -173,12 +174,13 @@ def cell(fn, args, flops: float, repeats: int, dry_run: bool) -> tuple[str, floa
 def print_costs(times: dict, work: dict) -> None:
   """The cost model's rates as measured: TFLOP/s on tile work, forward and backward.
 
-  An engine whose gradients run another engine's backward (`api.BACKWARD_ENGINE`: tokamax
+  An engine whose gradients run another engine's backward (its `BACKWARD_ENGINE`: tokamax
   runs flash's) has its backward rate measured on that engine's work and printed with it.
   """
+  costs = api.gpu_costs()
   print("\nGPU_COSTS as measured here (TFLOP/s on tile work; median over rows run):")
   for impl, engine in ENGINES.items():
-    back = api.BACKWARD_ENGINE.get(engine, engine)
+    back = api.BACKENDS[engine].load().BACKWARD_ENGINE or engine
     fwd, bwd = [], []
     for (name, length), w in work.items():
       t_f, t_fb = times.get((impl, name, length, "fwd")), times.get((impl, name, length,
@@ -190,7 +192,7 @@ def print_costs(times: dict, work: dict) -> None:
     rates = [f"{np.median(x):.0f}" if x else "-" for x in (fwd, bwd)]
     whose = "" if back == engine else f" ({back}'s)"
     print(f"  {engine:<8} fwd {rates[0]:>5}  bwd {rates[1]:>5}{whose}   (in code: "
-          f"{api.GPU_COSTS[engine][0]:.0f}, {api.GPU_COSTS[back][1]:.0f})")
+          f"{costs[engine][0]:.0f}, {costs[back][1]:.0f})")
   # mosaic_gpu is not in the cost model yet (auto never picks it): its forward rate alone,
   # on the work of its own map (the non-EMPTY tiles at its tiles).
   fwd = [w["mosaic_gpu"] * HEADS_BATCH[0] / t / 1e9 for (name, length), w in work.items()
@@ -220,7 +222,7 @@ def _label(impl: str) -> str:
 def mosaic_fn(bm, backward: str):
   """`backend="mosaic_gpu"` on `bm`, differentiated by `backward` ("flash" or "mosaic_gpu":
   `mosaic_gpu.BACKWARD`, which is read when the call is traced, so set around the call)."""
-  from maskc.kernels import mosaic_gpu
+  from maskc.kernels.mosaic_gpu import forward as mosaic_gpu
 
   def fn(q, k, v):
     saved, mosaic_gpu.BACKWARD = mosaic_gpu.BACKWARD, backward
@@ -232,7 +234,7 @@ def mosaic_fn(bm, backward: str):
 
 
 def _mosaic_blocks() -> tuple[int, int]:
-  from maskc.kernels import mosaic_gpu
+  from maskc.kernels.mosaic_gpu import forward as mosaic_gpu
   return mosaic_gpu.BLOCK_SIZES
 
 
@@ -297,13 +299,15 @@ def main(argv=None) -> None:
       for impl in ("cudnn", "xla"):
         fns[impl] = reference(impl, name, bm, args.window)
       pick = api.choose(bm, platform="gpu", head_dim=args.head_dim, dtype=jnp.bfloat16)
-      work[name, length] = {e: api._work(e, bm, args.head_dim) for e in ENGINES.values()}
+      work[name, length] = {e: api.BACKENDS[e].load().forward_work(bm, args.head_dim)
+                            for e in ENGINES.values()}
       if {"mosaic_gpu", "mosaic_gpu-bwd"} & set(args.impls):
         bm_mg = maskc.compile(m, length, block_q=args.mosaic_blocks[0],
                               block_kv=args.mosaic_blocks[1], operands=used)
         fns["mosaic_gpu"] = mosaic_fn(bm_mg, "flash")
         fns["mosaic_gpu-bwd"] = mosaic_fn(bm_mg, "mosaic_gpu")
-        work[name, length]["mosaic_gpu"] = api._work("flash", bm_mg, args.head_dim)
+        work[name, length]["mosaic_gpu"] = api.BACKENDS["mosaic_gpu"].load().forward_work(
+            bm_mg, args.head_dim)
       for mode in args.modes:
         factor = 3.5 if mode == "fwd+bwd" else 1.0
         flops = 4 * args.head_dim * pairs * args.batch * args.heads * factor

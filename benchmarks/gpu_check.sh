@@ -9,10 +9,10 @@
 #   3. benchmarks/gpu_attention.py at 8K and 32K (or $LENGTHS): flash, jax's cuDNN, and
 #      maskc's cudnn, tokamax (tokamax's forward, flash's backward) and auto engines,
 #      forward and forward+backward, then the cost model's rates as measured
-#      (maskc.kernels.api.GPU_COSTS);
+#      (each engine's GPU_COST, maskc.kernels.api.gpu_costs());
 #   4. the same at 128K for causal and packed documents, forward only;
 #   5. backend="mosaic_gpu" (the Pallas Mosaic GPU forward, and its opt-in Mosaic GPU
-#      backward, `mosaic_gpu.BACKWARD = "mosaic_gpu"`; neither run on a GPU before):
+#      backward, `maskc.kernels.mosaic_gpu.forward.BACKWARD = "mosaic_gpu"`; neither run on a GPU before):
 #      a. a smoke run, one small causal call against the dense reference (SMOKE_S, 45 s: a
 #         kernel that deadlocks on its barriers hangs here, not in the tests);
 #      b. the same for the Mosaic GPU backward: one small causal gradient against the
@@ -110,7 +110,8 @@ fi
 if [ "${BWD_SMOKE_S:-45}" != 0 ]; then
   (cd /tmp && timeout "${BWD_SMOKE_S:-45}" $PY -c "
 import jax, jax.numpy as jnp, maskc
-from maskc.kernels import api, mosaic_gpu
+from maskc.kernels import api
+from maskc.kernels.mosaic_gpu import forward as mosaic_gpu
 mosaic_gpu.BACKWARD = 'mosaic_gpu'
 bm = maskc.compile('causal', 512, block_q=128, block_kv=128)
 x = [jax.random.normal(jax.random.key(i), (1, 512, 2, 128), jnp.bfloat16) for i in range(3)]

@@ -3,7 +3,7 @@
 For each tile shape `(block_q, block_kv)` it times the forward kernel under each
 `(num_warps, num_stages)`, keeps the best, then times forward+backward under each
 setting of the two backward kernels. The last lines compare the best settings,
-and the defaults in `maskc/kernels/flash.py` (`BLOCK_SIZES`, `launch_params`), with
+and the defaults in `maskc/kernels/flash/kernel.py` (`BLOCK_SIZES`, `launch_params`), with
 `jax.nn.dot_product_attention(implementation="cudnn")` on the same inputs.
 
     python benchmarks/gpu_tuning.py --length 16384 --mask causal
@@ -25,7 +25,8 @@ import jax.numpy as jnp
 
 import gpu_attention
 import maskc
-from maskc.kernels import attention, flash
+from maskc.kernels import attention
+from maskc.kernels.flash import kernel as flash
 
 BLOCKS = [(64, 64), (128, 64), (64, 128), (128, 128)]
 LAUNCH = [(4, 2), (4, 3), (8, 2), (8, 3), (8, 4)]

@@ -4,9 +4,9 @@ For each mask and length both sides build the forward and dkv MaskInfo for the s
 mask and tiles: tokamax's `process_mask` + `process_mask_dkv` (its default dkv full grid)
 on tokamax's own mask class where it has one (causal, local window, chunked causal) and on
 `as_tokamax(cm)` (maskc's bound mask, which tokamax slices tile by tile) elsewhere; maskc's
-`maskc.compile` + `BlockMap.tokamax_splash()`, stored partial blocks (no mask function, so
-both sides evaluate and deduplicate the same blocks). The maskc columns are the best of 3
-runs (compile cache cleared each time), tokamax's one run (its cache cleared).
+`maskc.compile` + `maskc.kernels.splash.tokamax_mask_info(bm)`, stored partial blocks (no
+mask function, so both sides evaluate and deduplicate the same blocks). The maskc columns are
+the best of 3 runs (compile cache cleared each time), tokamax's one run (its cache cleared).
 
 tokamax's `process_mask` slices every tile of the mask in Python: at 128K with 512-tiles
 that is 65,536 tiles per call, two calls. `--tokamax-limit` (seconds, default 300) skips
@@ -27,7 +27,8 @@ from tokamax._src.ops.experimental.tpu.splash_attention import (
 )
 
 import maskc
-from maskc.kernels.tokamax_splash import as_tokamax
+from maskc.kernels.splash import tokamax_mask_info
+from maskc.kernels.splash.tokamax_kernel import as_tokamax
 from maskc.lowering import compile as _lower
 
 
@@ -70,7 +71,7 @@ def time_maskc(text: str, n: int, block: int, ops: dict, repeat: int = 3) -> tup
     t0 = time.perf_counter()
     bm = maskc.compile(text, n, block_q=block, block_kv=block, operands=ops, q_offset=0)
     t1 = time.perf_counter()
-    bm.tokamax_splash(use_mask_function=False)
+    tokamax_mask_info(bm, use_mask_function=False)
     t2 = time.perf_counter()
     best_total, best_info = min(best_total, t2 - t0), min(best_info, t2 - t1)
   return best_total, best_info

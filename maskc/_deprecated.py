@@ -32,7 +32,7 @@ MODULES = {
     "maskc._blockmap": "maskc.compiled.blockmap", "maskc._tiles": "maskc.compiled.tiles",
     "maskc._predicate": "maskc.compiled.predicate",
     "maskc._compile_predicate": "maskc.compiled.predicate_compiler",
-    "maskc._splash_info": "maskc.compiled.splash_info", "maskc._render": "maskc.compiled.render",
+    "maskc._splash_info": "maskc.kernels.splash.jax_info", "maskc._render": "maskc.compiled.render",
     "maskc._lower": "maskc.lowering.compile", "maskc._lower_static": "maskc.lowering.static",
     "maskc._lower_dynamic": "maskc.lowering.traced",
     "maskc._lowering_rules": "maskc.lowering.rules",

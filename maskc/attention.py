@@ -99,10 +99,10 @@ def attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike, v: jax.typing.Ar
     return api.attention(q, k, v, mask, backend=backend, **kw)
   _, lq, _, lkv, _, _ = _common.check_qkv(q, k, v)
   name = api.choose_backend(backend, lq, lkv)
-  if name == "dense":
+  if not api.BACKENDS[name].reads_tiles:
     bm = bind_map(mask, lq, lkv, q_offset=q_offset, operands=operands,
                    q_positions=q_positions, kv_positions=kv_positions)
-    return api.attention(q, k, v, bm, backend="dense", **kw)
+    return api.attention(q, k, v, bm, backend=name, **kw)
   bq, bk = api.default_blocks(name, lq, lkv)
   bm = compile(mask, lq, lkv, block_q=block_q or bq, block_kv=block_kv or bk,
                q_offset=q_offset, operands=operands, q_positions=q_positions,
@@ -188,14 +188,12 @@ def sharded_attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike,
         raise MaskValueError(f"{what} = {n} does not divide over {sizes[name]} devices of "
                              f"mesh axis {axis!r}")
   shards = sizes["seq_axis"]
-  name = api.choose_backend(backend, lq // shards, lkv)
-  if strategy == "ring" and name == "dense":
-    if backend == "dense":
-      raise BackendError("the ring strategy combines its steps by their log-sum-exp, which "
-                         "the dense backend does not return",
-                         hint="Use backend='xla', 'flash' or 'splash', or "
-                              "strategy='all_gather'.")
-    name = "xla"
+  name = api.choose_backend(backend, lq // shards, lkv, need_lse=strategy == "ring")
+  if strategy == "ring" and api.BACKENDS[name].load().run_with_lse is None:
+    raise BackendError(f"the ring strategy combines its steps by their log-sum-exp, which "
+                       f"the {name} backend does not return (it has no run_with_lse)",
+                       hint="Use backend='xla', 'flash' or 'splash', or "
+                            "strategy='all_gather'.")
   groups = _sharding.head_groups(mask, h, sizes["head_axis"])
   masks = [m for gs in groups for m, _ in gs]
   if isinstance(layout, Layout):
@@ -205,17 +203,18 @@ def sharded_attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike,
     chunk = layout.chunk
   else:
     chunk = lq // (2 * shards) if layout == "zigzag" else lq // shards
-  if name == "dense":
+  if not api.BACKENDS[name].reads_tiles:
     bq = bk = chunk
   else:
     dq, dk = api.default_blocks(name, max(1, lq // shards), lkv)
     bq, bk = block_q or math.gcd(dq, chunk), block_kv or math.gcd(dk, chunk)
-    if name in api.SPLASH and bk % 128:
+    lanes = api.BACKENDS[name].block_kv_multiple
+    if bk % lanes:
       raise MaskValueError(
-          f"splash needs key tiles of 128 tokens, but the layout's chunks of {chunk} tokens "
-          f"allow tiles of {bk}",
-          hint=f"Use a sequence length whose per-shard chunks are multiples of 128 (here L a "
-               f"multiple of {128 * lq // chunk}), or backend='xla' or 'flash'.")
+          f"{name} needs key tiles of {lanes} tokens, but the layout's chunks of {chunk} "
+          f"tokens allow tiles of {bk}",
+          hint=f"Use a sequence length whose per-shard chunks are multiples of {lanes} (here "
+               f"L a multiple of {lanes * lq // chunk}), or backend='xla' or 'flash'.")
   traced = _sharding.is_traced(operands)
   if not isinstance(layout, Layout):
     if traced:

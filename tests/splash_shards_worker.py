@@ -1,4 +1,4 @@
-"""Runs splash kernels built by `maskc.kernels.splash.make_kernel` under `jax.shard_map`.
+"""Runs splash kernels built by `maskc.kernels.splash.jax_kernel.make_kernel` under `jax.shard_map`.
 
 On 8 fake CPU devices (`XLA_FLAGS=--xla_force_host_platform_device_count=8`, set
 before JAX starts, so this runs as its own process:
@@ -54,7 +54,7 @@ def main(path: str) -> None:
   from jax.sharding import PartitionSpec as P
 
   import maskc
-  from maskc.kernels import splash
+  from maskc.kernels.splash import jax_kernel as splash
 
   assert len(jax.devices()) == 8
   results = {}

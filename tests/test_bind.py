@@ -1,10 +1,8 @@
-"""Binding masks to shapes: lazy `ComputableMask` tiles, splash interop, `materialize` under jit.
+"""Binding masks to shapes: lazy `ComputableMask` tiles, `materialize` under jit.
 
-A `ComputableMask` must slice like the dense mask, evaluate its
-`mask_function` with NumPy and jax.numpy, and be accepted by JAX's splash
-`MultiHeadMask` / `process_mask` with the same block metadata as splash's own
-masks. `materialize` must give the NumPy answer under `jax.jit` with traced
-operands of every supported shape.
+A `ComputableMask` must slice like the dense mask and evaluate its `mask_function` with
+NumPy and jax.numpy (splash's use of it: tests/test_splash_info.py). `materialize` must
+give the NumPy answer under `jax.jit` with traced operands of every supported shape.
 """
 
 import hypothesis.strategies as st
@@ -13,9 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
-from jax.experimental.pallas.ops.tpu.splash_attention import (
-    splash_attention_mask_info as mask_info_lib)
 
 import maskc
 from maskc.testing import mask_trees, prefill_shapes, seeded_operand_values
@@ -124,6 +119,25 @@ def test_bind_checks_operands():
     maskc.parse("document(seg)").bind(4, operands={"seg": np.full(4, 2**63, np.uint64)})
 
 
+def test_a_misspelled_operand_gets_the_nearest_given_name():
+  seg = np.zeros(8, np.int32)
+  for call in (lambda ops: maskc.parse("causal & document(seg)").bind(8, operands=ops),
+               lambda ops: maskc.materialize("causal & document(seg)", 8, operands=ops),
+               lambda ops: maskc.compile("causal & document(seg)", 8, operands=ops)):
+    with pytest.raises(maskc.OperandError, match="missing operand `seg`") as e:
+      call({"segs": seg})
+    assert "`segs` was given" in str(e.value)
+    assert "Did you mean `seg` where you wrote `segs`?" in e.value.hint
+  # nothing near: no guess
+  with pytest.raises(maskc.OperandError) as e:
+    maskc.materialize("document(seg)", 8, operands={"img": seg})
+  assert "Did you mean" not in e.value.hint and "was given" not in str(e.value)
+  # a name the mask also reads is no guess for another
+  with pytest.raises(maskc.OperandError) as e:
+    maskc.materialize("document(seg) & document(segs)", 8, operands={"segs": seg})
+  assert "Did you mean" not in e.value.hint
+
+
 def test_bound_masks_compare_by_value():
   a = maskc.parse("document(seg)").bind(4, operands={"seg": np.array([0, 0, 1, 1])})
   b = maskc.parse("document(seg)").bind(4, operands={"seg": np.array([0, 0, 1, 1])})
@@ -164,66 +178,6 @@ def test_no_mask_function_for_array_operands():
   cm = maskc.parse("document(seg)").bind(4, operands={"seg": np.array([0, 0, 1, 1])})
   assert not hasattr(cm, "mask_function")
   assert not hasattr(cm, "q_sequence")
-
-
-# ----------------------------------------------------------------------------- splash interop
-
-
-def process(mask, block_shape):
-  multi = mask_lib.MultiHeadMask(tuple(mask) if isinstance(mask, (list, tuple)) else (mask,))
-  if hasattr(mask_info_lib, "process_mask"):
-    info, _ = mask_info_lib.process_mask(multi, block_shape)
-  else:
-    info, _ = mask_info_lib._process_mask(multi, block_shape, is_dkv=False)
-  return info
-
-
-def assert_same_info(a, b):
-  for name in ("block_mask", "data_next", "mask_next", "partial_mask_blocks"):
-    x, y = getattr(a, name), getattr(b, name)
-    if x is None or y is None:
-      assert x is None and y is None, name
-    else:
-      np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
-
-
-@pytest.mark.parametrize("q_len,kv_len,block", [(256, 256, (64, 64)), (128, 256, (64, 128)),
-                                                (256, 256, (128, 64))])
-def test_splash_causal(q_len, kv_len, block):
-  cm = maskc.parse("causal").bind(q_len, kv_len)
-  theirs = mask_lib.CausalMask((q_len, kv_len), offset=kv_len - q_len)
-  assert_same_info(process(cm, block), process(theirs, block))
-
-
-@pytest.mark.parametrize("window", [(32, 0), (100, 20), (0, 64)])
-def test_splash_local(window):
-  cm = maskc.parse(f"local({window[0]}, {window[1]})").bind(256)
-  theirs = mask_lib.LocalMask((256, 256), window, offset=0)
-  assert_same_info(process(cm, (64, 64)), process(theirs, (64, 64)))
-
-
-def test_splash_chunked_causal():
-  cm = maskc.parse("causal & chunk(64)").bind(256)
-  theirs = mask_lib.ChunkedCausalMask((256, 256), chunk_size=64)
-  assert_same_info(process(cm, (32, 32)), process(theirs, (32, 32)))
-
-
-def test_splash_multi_head():
-  heads = [maskc.parse("causal").bind(256), maskc.parse("local(64, 0)").bind(256)]
-  theirs = [mask_lib.CausalMask((256, 256)), mask_lib.LocalMask((256, 256), (64, 0), 0)]
-  assert_same_info(process(heads, (64, 64)), process(theirs, (64, 64)))
-
-
-def test_splash_with_array_operands():
-  seg = np.repeat(np.arange(4), 64)
-  cm = maskc.parse("causal & document(seg)").bind(256, operands={"seg": seg})
-  assert_same_info(process(cm, (64, 64)), process(mask_lib.NumpyMask(cm[:, :]), (64, 64)))
-
-
-def test_splash_combines_computable_masks():
-  cm = maskc.parse("sliding(48)").bind(128)
-  ours = mask_lib.LogicalAnd(cm, mask_lib.CausalMask((128, 128)))
-  np.testing.assert_array_equal(ours[:, :], cm[:, :])
 
 
 # ----------------------------------------------------------------------------- materialize, jit

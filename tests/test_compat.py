@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import maskc
-from maskc.kernels import api, compat, flash
+from maskc.kernels import api, compat
+from maskc.kernels.flash import kernel as flash
 from maskc.language.errors import BackendError
 
 

@@ -216,7 +216,7 @@ class TestFlashLowersForCuda:
     fwd, _ = lowered("flash", "cuda", case, self.length, interpret=True)
     assert count_triton(fwd) == 0
 
-  # Flash-decoding (maskc.kernels.flash_decode): a decode step's one q tile of a few rows
+  # Flash-decoding (maskc.kernels.flash.decode): a decode step's one q tile of a few rows
   # (block_q = q_len, the kernel's tile 16 rows) over a cache of many 64-key tiles, split
   # (`splits`; None: the heuristic's pick). (mask, dtype, head dim, heads, cap, sinks, q_len,
   # splits, traced: the map compiled under jit from a traced offset and operands, as
@@ -231,7 +231,7 @@ class TestFlashLowersForCuda:
 
   @pytest.mark.parametrize("case", DECODE, ids=lambda c: f"{c[0]}|L{c[6]}|S{c[7]}")
   def test_split_decode_lowers_to_triton(self, case):
-    from maskc.kernels import flash
+    from maskc.kernels.flash import kernel as flash
     mask, dtype, d, (h, hkv), cap, sinks, lq, splits, traced = case
     lkv = 1000                                   # 16 key tiles of 64, the last one ragged
     ops = {n: a for n, a in operands(lkv).items() if f"{n}[" in mask or f"({n})" in mask}

@@ -1,4 +1,4 @@
-"""Flash-decoding in the flash kernel (`maskc.kernels.flash_decode`), in interpret mode.
+"""Flash-decoding in the flash kernel (`maskc.kernels.flash.decode`), in interpret mode.
 
 A decode step's map has one q tile of a few rows over many key tiles; the forward pass
 splits each q tile's key tiles into `S` shares and merges them by log-sum-exp. Checked
@@ -26,7 +26,8 @@ from hypothesis import given, settings
 import maskc
 from attention_reference import NEG_LSE, jnp_reference, numpy_reference
 from helpers import assert_close
-from maskc.kernels import flash, flash_decode
+from maskc.kernels.flash import kernel as flash
+from maskc.kernels.flash import decode as flash_decode
 
 TOL = 1e-5
 BF16_TOL = 2e-2

@@ -30,7 +30,8 @@ import pytest
 import maskc
 from attention_reference import jnp_reference, numpy_gradients, numpy_reference
 from helpers import assert_norm_close
-from maskc.kernels import api, flash, xla
+from maskc.kernels import api, xla
+from maskc.kernels.flash import kernel as flash
 
 F32_TOL = 2e-5
 BF16_TOL = 2e-2
@@ -275,7 +276,7 @@ def test_auto_picks_flash_on_gpu():
   assert api.choose_backend("auto", 4096, 4096) == "flash"
 
 
-# Flash-decoding (maskc.kernels.flash_decode): decode steps, block_q = q_len (the kernel's
+# Flash-decoding (maskc.kernels.flash.decode): decode steps, block_q = q_len (the kernel's
 # tile 16 rows), over long caches. (id, mask, q_len, kv_len, heads, kv heads, head dim,
 # dtype, soft cap, sinks, operands)
 DECODE_CASES = [
@@ -291,7 +292,7 @@ DECODE_CASES = [
 def test_flash_decoding_on_gpu_matches_references(case):
   """The split forward (the heuristic's S, and S = 1) on the device: the same rows as the
   dense reference, gradients through flash's backward on the combined lse included."""
-  from maskc.kernels import flash_decode
+  from maskc.kernels.flash import decode as flash_decode
   name, mask, lq, lkv, h, hkv, d, dtype, cap, has_sinks, kind = case
   dtype = jnp.dtype(dtype)
   ops = case_operands(kind, lkv, len(name))
@@ -448,7 +449,7 @@ def test_tokamax_residuals_give_the_log_sum_exp_on_gpu():
 
 
 # ----------------------------------------------------------------------------- mosaic_gpu
-# `backend="mosaic_gpu"` (maskc.kernels.mosaic_gpu): the Pallas Mosaic GPU forward, flash's
+# `backend="mosaic_gpu"` (maskc.kernels.mosaic_gpu.forward): the Pallas Mosaic GPU forward, flash's
 # backward (its own Mosaic GPU backward, opt-in, has its test below). Never run on a GPU before these tests; they check it over flash's matrix (CASES),
 # each case moved to what the kernel takes: bfloat16 or float16 inputs (float32 cases
 # alternate between the two), 128-row tiles with 64 or 128 keys, the tile-constant case's
@@ -486,7 +487,7 @@ def _mosaic_ops(kind, n: int, seed: int) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("case", MOSAIC_CASES, ids=[c[0] for c in MOSAIC_CASES])
 def test_mosaic_gpu_on_gpu_matches_references(case):
-  from maskc.kernels import mosaic_gpu
+  from maskc.kernels.mosaic_gpu import forward as mosaic_gpu
   name, mask, lq, lkv, h, hkv, d, dtype, cap, has_sinks, (bq, bk), kind = case
   if (why := mosaic_gpu.compat.mosaic_gpu_unavailable()) is not None:
     pytest.fail(f"Pallas Mosaic GPU is not usable with this jax: {why}")
@@ -518,14 +519,14 @@ def test_mosaic_gpu_on_gpu_matches_references(case):
 
 
 # The opt-in Mosaic GPU backward (`mosaic_gpu.BACKWARD = "mosaic_gpu"`,
-# maskc.kernels.mosaic_gpu_backward), never run before these: the forward's cases, sinks
+# maskc.kernels.mosaic_gpu.backward), never run before these: the forward's cases, sinks
 # included, each gradient (sinks' too) against float64 NumPy's backward formula
 # (`numpy_gradients`). gpu_check.sh runs them after a one-call smoke run of their own.
 
 
 @pytest.mark.parametrize("case", MOSAIC_CASES, ids=[c[0] for c in MOSAIC_CASES])
 def test_mosaic_backward_on_gpu_matches_float64(case, monkeypatch):
-  from maskc.kernels import mosaic_gpu
+  from maskc.kernels.mosaic_gpu import forward as mosaic_gpu
   name, mask, lq, lkv, h, hkv, d, dtype, cap, has_sinks, (bq, bk), kind = case
   if (why := mosaic_gpu.compat.mosaic_gpu_unavailable()) is not None:
     pytest.fail(f"Pallas Mosaic GPU is not usable with this jax: {why}")
@@ -568,7 +569,7 @@ MOSAIC_LSE_CASES = [
 @pytest.mark.parametrize("case", MOSAIC_LSE_CASES, ids=[c[0] for c in MOSAIC_LSE_CASES])
 def test_mosaic_gpu_run_with_lse_on_gpu(case):
   """`run_with_lse`'s values against float64 NumPy (no gradient yet)."""
-  from maskc.kernels import mosaic_gpu
+  from maskc.kernels.mosaic_gpu import forward as mosaic_gpu
   name, mask, lq, lkv, ops, cap, dtype = case
   rng = np.random.default_rng(lq)
   ops = lse_operands(ops, lkv, rng)
@@ -591,7 +592,7 @@ def test_mosaic_gpu_run_with_lse_on_gpu(case):
 def test_mosaic_backward_run_with_lse_on_gpu(case, monkeypatch):
   """`run_with_lse` differentiated through both outputs by the Mosaic GPU backward (the lse
   cotangent enters as `delta − dlse`), against float64 NumPy."""
-  from maskc.kernels import mosaic_gpu
+  from maskc.kernels.mosaic_gpu import forward as mosaic_gpu
   name, mask, lq, lkv, ops, cap, dtype = case
   monkeypatch.setattr(mosaic_gpu, "BACKWARD", "mosaic_gpu")
   rng = np.random.default_rng(lq)

@@ -5,10 +5,11 @@ folders: each folder imports only folders below it in `STAGES` (or itself), so n
 runs between folders; no module takes part in an import circle either; `maskc/language/ir.py`
 is the ground floor (it imports only the error hierarchy); the compiler never imports a
 kernel, but for `maskc.attention`, which imports them when first called; and kernels read
-only the compiled contract. No module uses another's private names (`_x`), but for a private
-module of its own package. Imports inside functions count like top-level ones (a
-function-level import is how a circle hides); imports under `if TYPE_CHECKING:` do not,
-since they never run.
+only the compiled contract; the compiler imports no Pallas and no tokamax, and `import maskc`
+loads neither. No module uses another's private names (`_x`), but for a private module of its
+own package. Imports inside functions count like top-level ones (a function-level import is
+how a circle hides), and so do imports under `if TYPE_CHECKING:`: a circle of types is a
+circle of meaning, which a lower stage resolves by naming what it needs (a protocol) instead.
 
 Run `python tests/test_imports.py [--dot] [ROOT]` to print the graph of a checkout (one line
 per imported module, `*` marking those imported only inside functions), its circles and the
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import pathlib
+import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -40,9 +43,13 @@ IR = "maskc.language.ir"
 IR_MAY_IMPORT = {"maskc.language.errors"}
 KERNELS = "maskc.kernels"
 # What a kernel may import of maskc: the compiled contract (the BlockMap, its predicate
-# and tile vocabulary, and the errors). `maskc.compiled.splash_info` is the BlockMap's splash format,
-# reached through `BlockMap.splash()`, never imported by a kernel.
-KERNEL_CONTRACT = {"maskc.compiled.blockmap", "maskc.compiled.predicate", "maskc.compiled.tiles", "maskc.language.errors"}
+# and tile vocabulary, and the errors). Kernel formats (splash's MaskInfo) are the kernels'
+# own, built from the BlockMap (`maskc.kernels.splash.mask_info(bm)`).
+KERNEL_CONTRACT = {"maskc.compiled.blockmap", "maskc.compiled.predicate", "maskc.compiled.tiles",
+                   "maskc.language.errors"}
+# Packages the compiler never imports, not even lazily: the kernels' own (Pallas and
+# tokamax), which `import maskc` must not load.
+KERNEL_PACKAGES = ("jax.experimental.pallas", "jax._src.pallas", "tokamax")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +61,13 @@ class Edge:
     target: the imported module, e.g. `maskc.language.ir` (for `from maskc import _ir`).
     line: the line of the import statement in the source file.
     in_function: whether the import runs inside a function (or method) body.
+    type_checking: whether it sits under `if TYPE_CHECKING:` (for type checkers only).
   """
   source: str
   target: str
   line: int
   in_function: bool
+  type_checking: bool = False
 
 
 def module_files(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
@@ -90,32 +99,37 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def _imports(tree: ast.AST):
-  """Yields (import node, inside a function) for every import that can run."""
-  stack: list[tuple[ast.AST, bool]] = [(tree, False)]
+  """Yields (import node, inside a function, under `if TYPE_CHECKING:`) for every import."""
+  stack: list[tuple[ast.AST, bool, bool]] = [(tree, False, False)]
   while stack:
-    node, in_function = stack.pop()
+    node, in_function, typing_only = stack.pop()
     if isinstance(node, (ast.Import, ast.ImportFrom)):
-      yield node, in_function
+      yield node, in_function, typing_only
       continue
     if isinstance(node, ast.If) and _is_type_checking(node.test):
-      stack.extend((child, in_function) for child in node.orelse)
+      stack.extend((child, in_function, True) for child in node.body)
+      stack.extend((child, in_function, typing_only) for child in node.orelse)
       continue
     inner = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-    stack.extend((child, inner) for child in ast.iter_child_nodes(node))
+    stack.extend((child, inner, typing_only) for child in ast.iter_child_nodes(node))
+
+
+def _from_base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+  """The module a `from ... import` statement imports from, relative levels resolved."""
+  if not node.level:
+    return node.module or ""
+  package = module if is_package else module.rpartition(".")[0]
+  for _ in range(node.level - 1):
+    package = package.rpartition(".")[0]
+  return f"{package}.{node.module}" if node.module else package
 
 
 def _resolve(module: str, is_package: bool, node: ast.Import | ast.ImportFrom,
              known: set[str]) -> list[str]:
-  """The maskc modules one import statement loads (its names, when they are modules)."""
+  """The modules one import statement loads (its names, when they are maskc modules)."""
   if isinstance(node, ast.Import):
     return [alias.name for alias in node.names]
-  if node.level:  # relative: `from . import x`, `from ._common import y`
-    package = module if is_package else module.rpartition(".")[0]
-    for _ in range(node.level - 1):
-      package = package.rpartition(".")[0]
-    base = f"{package}.{node.module}" if node.module else package
-  else:
-    base = node.module or ""
+  base = _from_base(module, is_package, node)
   out = []
   for alias in node.names:
     sub = f"{base}.{alias.name}"
@@ -125,15 +139,19 @@ def _resolve(module: str, is_package: bool, node: ast.Import | ast.ImportFrom,
 
 def import_graph(root: pathlib.Path = ROOT) -> list[Edge]:
   """Every import of a maskc module by a maskc module, sorted by source, line and target."""
+  return [e for e in all_imports(root) if e.target == "maskc" or e.target.startswith("maskc.")]
+
+
+def all_imports(root: pathlib.Path = ROOT) -> list[Edge]:
+  """Every import by a maskc module, of maskc or of any other package (`jax.numpy`, ...)."""
   files = module_files(root)
   known = set(files)
   edges = set()
   for module, path in files.items():
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    for node, in_function in _imports(tree):
+    for node, in_function, typing_only in _imports(tree):
       for target in _resolve(module, path.stem == "__init__", node, known):
-        if target == "maskc" or target.startswith("maskc."):
-          edges.add(Edge(module, target, node.lineno, in_function))
+        edges.add(Edge(module, target, node.lineno, in_function, typing_only))
   return sorted(edges, key=lambda e: (e.source, e.line, e.target))
 
 
@@ -210,6 +228,13 @@ def compiler_to_kernel_violations(edges: list[Edge]) -> list[Edge]:
   return [e for e in edges if _is_compiler(e.source) and _under(e.target, KERNELS)]
 
 
+def kernel_package_violations(edges: list[Edge]) -> list[Edge]:
+  """Imports of Pallas or tokamax (`KERNEL_PACKAGES`) by a compiler module, lazy ones too:
+  only the kernels (and `maskc.attention`, which calls them) may import them."""
+  return [e for e in edges if _is_compiler(e.source)
+          and any(_under(e.target, p) for p in KERNEL_PACKAGES)]
+
+
 def kernel_violations(edges: list[Edge]) -> list[Edge]:
   """Imports by a kernel module of maskc beyond the contract and the kernels themselves."""
   return [e for e in edges if _under(e.source, KERNELS) and not _under(e.target, KERNELS)
@@ -217,8 +242,9 @@ def kernel_violations(edges: list[Edge]) -> list[Edge]:
 
 
 def _show(edges: list[Edge], indent: str = "  ") -> str:
-  return "\n".join(f"{indent}{e.source} -> {e.target}  "
-                   f"(line {e.line}{', in a function' * e.in_function})" for e in edges)
+  return "\n".join(f"{indent}{e.source} -> {e.target}  (line {e.line}"
+                   f"{', in a function' * e.in_function}"
+                   f"{', under TYPE_CHECKING' * e.type_checking})" for e in edges)
 
 
 def _pairs(edges: list[Edge]) -> dict[tuple[str, str], bool]:
@@ -229,8 +255,10 @@ def _pairs(edges: list[Edge]) -> dict[tuple[str, str], bool]:
   return out
 
 
-def report(edges: list[Edge]) -> str:
-  """The graph (one line per imported module), its circles and the rule violations, as text."""
+def report(every: list[Edge]) -> str:
+  """The graph (one line per imported module), its circles and the rule violations, as text,
+  from every import (`all_imports`)."""
+  edges = [e for e in every if e.target == "maskc" or e.target.startswith("maskc.")]
   lines = ["import graph (`*`: imported only inside functions):"]
   width = max(len(e.source) for e in edges)
   for (source, target), lazy in _pairs(edges).items():
@@ -244,6 +272,8 @@ def report(edges: list[Edge]) -> str:
   for title, bad in (("a stage imports one above it", stage_violations(edges)),
                      ("the IR imports", ir_violations(edges)),
                      ("the compiler imports a kernel", compiler_to_kernel_violations(edges)),
+                     ("the compiler imports Pallas or tokamax",
+                      kernel_package_violations(every)),
                      ("a kernel imports compiler internals", kernel_violations(edges))):
     lines.append(f"{title}: {len(bad)}")
     if bad:
@@ -315,16 +345,6 @@ def private_uses(root: pathlib.Path = ROOT) -> list[PrivateUse]:
   return sorted(out, key=lambda u: (u.source, u.name, u.line))
 
 
-def _from_base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
-  """The module a `from ... import` statement imports from, resolved."""
-  if not node.level:
-    return node.module or ""
-  package = module if is_package else module.rpartition(".")[0]
-  for _ in range(node.level - 1):
-    package = package.rpartition(".")[0]
-  return f"{package}.{node.module}" if node.module else package
-
-
 # ----------------------------------------------------------------------------- the rules
 
 
@@ -339,6 +359,13 @@ def test_the_graph_is_read_from_every_stage():
   assert any(e.source == PUBLIC_FACE and e.in_function and _under(e.target, KERNELS)
              for e in edges)
   assert set(module_files()) >= {"maskc.lowering.closed_forms.band", "maskc.kernels.xla"}
+
+
+def test_every_folder_of_the_package_is_a_package():
+  """A folder without `__init__.py` would be a namespace package, which the wheel leaves out."""
+  folders = {p.parent for p in (ROOT / "maskc").rglob("*.py")}
+  bare = sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").is_file())
+  assert not bare, f"folders without __init__.py: {bare}"
 
 
 def test_each_stage_imports_only_the_stages_below_it():
@@ -364,6 +391,23 @@ def test_the_errors_module_is_a_leaf():
 def test_the_compiler_imports_no_kernel():
   bad = compiler_to_kernel_violations(import_graph())
   assert not bad, "compiler modules import kernels:\n" + _show(bad)
+
+
+def test_the_compiler_imports_no_pallas_nor_tokamax():
+  bad = kernel_package_violations(all_imports())
+  assert not bad, "compiler modules import a kernel package:\n" + _show(bad)
+
+
+def test_import_maskc_loads_no_pallas_nor_optional_packages():
+  """What the rules above promise, measured: a fresh `import maskc` loads none of them."""
+  code = ("import sys, maskc\n"
+          "heavy = ('jax.experimental.pallas', 'jax._src.pallas', 'tokamax', 'torch', 'flax')\n"
+          "print('\\n'.join(sorted(m for m in sys.modules\n"
+          "                        if any(m == h or m.startswith(h + '.') for h in heavy))))")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       check=True)
+  assert out.stdout.strip() == "", "import maskc loaded:\n" + out.stdout
 
 
 def test_kernels_import_only_the_contract():
@@ -426,18 +470,19 @@ def test_the_reader_resolves_every_import_form(tmp_path):
       "maskc/kernels/api.py": "from .common import x\nfrom ..lowering import static\n"
                               "class K:\n  def m(self):\n    import maskc.lowering.compile\n",
       "maskc/kernels/common.py": "", "maskc/grammar/__init__.py": ""})
-  got = {(e.source, e.target, e.in_function) for e in import_graph(root)}
+  got = {(e.source, e.target, e.in_function, e.type_checking) for e in import_graph(root)}
   assert got == {
-      ("maskc", "maskc.lowering.compile", False),
-      ("maskc.attention", "maskc.kernels.api", True),
-      ("maskc.lowering.compile", "maskc.lowering.static", False),
-      ("maskc.lowering.compile", "maskc.tools", False),
-      ("maskc.lowering.compile", "maskc", False),
-      ("maskc.lowering.compile", "maskc.parallel", False),
-      ("maskc.kernels", "maskc.kernels.api", False),
-      ("maskc.kernels.api", "maskc.kernels.common", False),
-      ("maskc.kernels.api", "maskc.lowering.static", False),
-      ("maskc.kernels.api", "maskc.lowering.compile", True)}
+      ("maskc", "maskc.lowering.compile", False, False),
+      ("maskc.attention", "maskc.kernels.api", True, False),
+      ("maskc.lowering.compile", "maskc.lowering.static", False, False),
+      ("maskc.lowering.compile", "maskc.tools", False, False),
+      ("maskc.lowering.compile", "maskc", False, False),
+      ("maskc.lowering.compile", "maskc.config", False, True),
+      ("maskc.lowering.compile", "maskc.parallel", False, False),
+      ("maskc.kernels", "maskc.kernels.api", False, False),
+      ("maskc.kernels.api", "maskc.kernels.common", False, False),
+      ("maskc.kernels.api", "maskc.lowering.static", False, False),
+      ("maskc.kernels.api", "maskc.lowering.compile", True, False)}
 
 
 def test_the_rules_catch_each_kind_of_violation(tmp_path):
@@ -454,10 +499,17 @@ def test_the_rules_catch_each_kind_of_violation(tmp_path):
       "maskc/kernels/__init__.py": "",
       "maskc/kernels/common.py": "from maskc.compiled.blockmap import B\n",
       "maskc/kernels/api.py": "import maskc\nfrom maskc.language.errors import E\n",
-      "maskc/compiled/__init__.py": "", "maskc/compiled/blockmap.py": "",
+      "maskc/compiled/__init__.py": "",
+      "maskc/compiled/blockmap.py": "from typing import TYPE_CHECKING\n"
+                                    "if TYPE_CHECKING:\n  from maskc.compiled.info import I\n",
+      "maskc/compiled/info.py": "from maskc.compiled.blockmap import B\n"
+                                "from jax.experimental.pallas.ops import tpu\n",
       "maskc/grammar/__init__.py": ""})
   edges = import_graph(root)
-  assert cycles(_cycle_edges(edges)) == [["maskc.language.ir", "maskc.language.printer"]]
+  assert cycles(_cycle_edges(edges)) == [["maskc.compiled.blockmap", "maskc.compiled.info"],
+                                         ["maskc.language.ir", "maskc.language.printer"]]
+  assert [(e.source, e.target) for e in kernel_package_violations(all_imports(root))] == [
+      ("maskc.compiled.info", "jax.experimental.pallas.ops")]
   assert [(e.source, e.target) for e in ir_violations(edges)] == [
       ("maskc.language.ir", "maskc.language.printer")]
   assert [(e.source, e.target) for e in compiler_to_kernel_violations(edges)] == [
@@ -495,5 +547,6 @@ def test_cycles_finds_every_circle_and_self_import():
 if __name__ == "__main__":
   # python tests/test_imports.py [--dot] [ROOT]: the graph as text (or Graphviz) for a checkout.
   args = [a for a in sys.argv[1:] if a != "--dot"]
-  graph = import_graph(pathlib.Path(args[0]) if args else ROOT)
-  print(dot(graph) if "--dot" in sys.argv[1:] else report(graph))
+  every = all_imports(pathlib.Path(args[0]) if args else ROOT)
+  print(dot(import_graph(pathlib.Path(args[0]) if args else ROOT)) if "--dot" in sys.argv[1:]
+        else report(every))

@@ -23,7 +23,8 @@ import maskc
 from attention_reference import numpy_scores, repeat_kv
 from helpers import assert_close
 from sampling import PARTS, count
-from maskc.kernels import api, dense, splash
+from maskc.kernels import api, dense
+from maskc.kernels.splash import jax_kernel as splash
 
 try:
   from maskc.testing import mask_trees as random_masks
@@ -489,7 +490,7 @@ def fake_platform(monkeypatch, name: str, real=()):
   for real (with its own errors, so `auto`'s fallback shows); any other raises
   `_Picked` once recorded, so no kernel is run.
   """
-  from maskc.kernels import flash
+  from maskc.kernels.flash import kernel as flash
   from maskc.kernels import platform as _platform
   # "splash" is tokamax's module where tokamax imports, JAX's otherwise.
   for mod in {_platform, api, flash, splash, api.BACKENDS["splash"].load()}:
@@ -533,7 +534,7 @@ def picks(monkeypatch, platform: str, q_len: int, mask: str, ops=None, real=(), 
     ("gpu", 1024, "causal", ["flash"]),
     ("gpu", 64, "full", ["flash"]),
     ("gpu", 300, "causal & anc[q, k]", ["flash"]),
-    # CPU: dense when tiny (api.tiny) or nearly full, else block-sparse xla
+    # CPU: dense when tiny (dense.tiny) or nearly full, else block-sparse xla
     ("cpu", 256, "sliding(8)", ["dense"]),
     ("cpu", 257, "sliding(8)", ["xla"]),
     ("cpu", 1024, "sliding(64)", ["xla"]),
@@ -578,7 +579,7 @@ def test_auto_falls_back_to_xla_where_the_native_kernel_cannot_run(monkeypatch):
 
 def test_auto_on_a_faked_tpu_runs_ragged_lengths_on_splash(monkeypatch):
   """End to end: `auto` on TPU takes a length off the tiles and matches dense."""
-  from maskc.kernels import flash
+  from maskc.kernels.flash import kernel as flash
   from maskc.kernels import platform as _platform
   splash_mod = api.BACKENDS["splash"].load()          # tokamax's where it imports, else JAX's
   for mod in {_platform, api, flash, splash, splash_mod}:
@@ -921,12 +922,17 @@ class TestCudnn:
       cudnn.arguments(bm)
     assert "flash" in str(err.value)
 
-  def test_refuses_soft_cap_sinks_and_float32(self):
+  def test_refuses_soft_cap_sinks_and_float32(self, monkeypatch):
+    from maskc.kernels import platform as _platform
     bm = maskc.compile("causal", 32, block_q=16, block_kv=16)
     x = jnp.ones((1, 32, 2, 16), jnp.bfloat16)
     for kw, what in ((dict(logits_soft_cap=2.0), "soft cap"), (dict(sinks=jnp.ones(2)), "sinks")):
       with pytest.raises(maskc.BackendError, match=what):
         maskc.kernels.attention(x, x, x, bm, backend="cudnn", **kw)
+    # off a GPU that comes first: no cast would make cuDNN run here
+    with pytest.raises(maskc.BackendError, match="runs on an NVIDIA GPU"):
+      maskc.kernels.attention(x.astype(jnp.float32), x, x, bm, backend="cudnn")
+    monkeypatch.setattr(_platform, "platform", lambda: "gpu")
     with pytest.raises(maskc.BackendError, match="bfloat16 and float16"):
       maskc.kernels.attention(x.astype(jnp.float32), x, x, bm, backend="cudnn")
 
@@ -1107,8 +1113,10 @@ def test_gpu_cost_prices_tokamax_with_flash_backward():
   tok_f, tok_b = api.gpu_cost("tokamax", bm, 128)
   flash_f, flash_b = api.gpu_cost("flash", bm, 128)
   assert tok_b == flash_b and tok_f < flash_f
-  fwd, _, fixed = api.GPU_COSTS["tokamax"]
-  assert tok_f == pytest.approx(api._work("tokamax", bm, 128) / (fwd * 1e9) + fixed)
+  tokamax = api.BACKENDS["tokamax"].load()
+  fwd, _, fixed = tokamax.GPU_COST
+  assert tok_f == pytest.approx(tokamax.forward_work(bm, 128) / (fwd * 1e9) + fixed)
+  assert tokamax.BACKWARD_ENGINE == "flash"
 
 
 def test_auto_on_a_faked_gpu_falls_back_from_cudnn_to_flash(monkeypatch):
@@ -1124,7 +1132,7 @@ def test_auto_on_a_faked_gpu_falls_back_from_cudnn_to_flash(monkeypatch):
 @pytest.mark.parametrize("backend", ["cudnn", "tokamax"])
 def test_rings_refuse_engines_without_a_log_sum_exp(backend):
   from maskc.kernels import sharded
-  assert not hasattr(api.BACKENDS[backend].load(), "run_with_lse")
+  assert api.BACKENDS[backend].load().run_with_lse is None
   with pytest.raises(maskc.BackendError, match="run_with_lse") as err:
     sharded._lse_runner(backend, None)
   assert "flash" in str(err.value)

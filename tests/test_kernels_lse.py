@@ -23,7 +23,9 @@ import maskc
 import attention_reference
 from attention_reference import jnp_reference, numpy_reference
 from helpers import assert_close
-from maskc.kernels import flash, splash, xla
+from maskc.kernels import xla
+from maskc.kernels.flash import kernel as flash
+from maskc.kernels.splash import jax_kernel as splash
 
 TOL = 1e-5
 HEADS = [(1, 1), (2, 1), (4, 2)]

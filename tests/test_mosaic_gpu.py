@@ -27,7 +27,8 @@ import pytest
 import maskc
 from helpers import assert_norm_close
 from maskc.compiled import predicate as _predicate
-from maskc.kernels import api, common, mosaic_gpu
+from maskc.kernels import api, common
+from maskc.kernels.mosaic_gpu import forward as mosaic_gpu
 from maskc.kernels.xla import NEG_LSE
 
 TOL = 2e-2          # bf16 inputs
@@ -233,7 +234,7 @@ def test_emulated_gradients_are_flash_backward(emulated, case):
 @pytest.fixture
 def emulated_backward(emulated, monkeypatch):
   """Also the opt-in Mosaic GPU backward, its kernels replaced by their dense emulations."""
-  from maskc.kernels import mosaic_gpu_backward
+  from maskc.kernels.mosaic_gpu import backward as mosaic_gpu_backward
   monkeypatch.setattr(mosaic_gpu, "BACKWARD", "mosaic_gpu")
   monkeypatch.setattr(mosaic_gpu_backward, "_dq", emulated_dq)
   monkeypatch.setattr(mosaic_gpu_backward, "_dkv", emulated_dkv)
@@ -382,7 +383,7 @@ def test_shared_memory_budget():
 def test_backward_plans_every_shape_the_forward_takes():
   """The opt-in backward fits wherever the forward does: two dq warpgroups but at head dim
   256 (one, 64 rows a CTA), one dk/dv warpgroup per 64 keys, at least two slots each."""
-  from maskc.kernels import mosaic_gpu_backward as mb
+  from maskc.kernels.mosaic_gpu import backward as mb
   for d in (64, 128, 256):
     for bk in (64, 128):
       if not mosaic_gpu.stages_for(d, bk):

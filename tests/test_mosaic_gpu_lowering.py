@@ -37,7 +37,8 @@ import pytest
 import maskc
 from cuda_lowering import (  # noqa: F401  (cuda_plugin: a fixture)
     count_mosaic_gpu, count_triton, cuda_plugin, lower_for, operands)
-from maskc.kernels import attention, compat, mosaic_gpu
+from maskc.kernels import attention, compat
+from maskc.kernels.mosaic_gpu import forward as mosaic_gpu
 
 pytestmark = [pytest.mark.lowering,
               pytest.mark.usefixtures("cuda_plugin", "mosaic_gpu_imports")]

@@ -223,6 +223,36 @@ def test_flex_counts_and_density_come_from_the_runs(case):
   assert bm.density == pytest.approx((g != 0).mean())
 
 
+def torch_ordered(chosen: np.ndarray) -> np.ndarray:
+  """torch's `_dense_to_ordered` index lists, written out: per line its chosen tiles in
+  order, then the line's other tiles in order."""
+  out = np.zeros(chosen.shape, np.int32)
+  for line in np.ndindex(chosen.shape[:-1]):
+    row = chosen[line]
+    out[line] = np.concatenate([np.flatnonzero(row), np.flatnonzero(~row)])
+  return out
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("text", ["causal", "sliding(20) | sink(3)", "causal & document(seg)"])
+def test_flex_index_lists_are_padded_as_torch_pads_them(text, traced):
+  seg = np.repeat(np.arange(6), 16)[None].repeat(2, 0).astype(np.int32)
+  seg[1] = np.sort(seg[1][::-1] % 4)
+  m = maskc.parse(text)
+  ops = {"seg": seg} if m.operands else {}
+
+  def flex(ops):
+    return maskc.compile(m, 96, block_q=16, block_kv=8, operands=ops).flex()
+
+  got = jax.jit(flex)({n: jnp.asarray(a) for n, a in ops.items()}) if traced else flex(ops)
+  bm = maskc.compile(m, 96, block_q=16, block_kv=8, operands=ops)
+  g = np.asarray(bm.grid).reshape(((bm.batch or 1), 1, bm.n_q_tiles, bm.n_kv_tiles))
+  for name, gg in (("kv", g), ("q", np.swapaxes(g, -1, -2))):
+    for prefix, state in (("", 1), ("full_", 2)):
+      np.testing.assert_array_equal(np.asarray(got[f"{prefix}{name}_indices"]),
+                                    torch_ordered(gg == state), err_msg=f"{prefix}{name}")
+
+
 # ----------------------------------------------------------------------------- reliability
 
 

@@ -1,11 +1,11 @@
 """Splash MaskInfo laid out for a mesh (`head_shards`, `q_seq_shards`), and the kernel on it.
 
-`BlockMap.splash(head_shards=, q_seq_shards=)` must give what JAX splash's own
+`maskc.kernels.splash.mask_info(bm, head_shards=, q_seq_shards=)` must give what JAX splash's own
 `process_mask` / `process_mask_dkv` give with those arguments (equal up to the
 numbering of deduplicated partial blocks, as in `tests/test_splash_info.py`), for
 the masks splash expresses: causal, local, chunked causal, full and a NumpyMask
 of a random mask; also per-head masks and splash's dynamic (traced) layout. The
-kernel from `maskc.kernels.splash.make_kernel` runs under `jax.shard_map` on 8
+kernel from `maskc.kernels.splash.jax_kernel.make_kernel` runs under `jax.shard_map` on 8
 fake CPU devices in a subprocess (`tests/splash_shards_worker.py`, slow), and
 here on one device by running each shard's slice of the MaskInfo by hand.
 """
@@ -25,8 +25,8 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as smi
 
 import maskc
-from maskc.compiled.splash_info import splash_mask_info
-from maskc.kernels import splash
+from maskc.kernels.splash import mask_info
+from maskc.kernels.splash import jax_kernel as splash
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fake_devices  # noqa: E402
@@ -49,10 +49,7 @@ def theirs(masks, head_shards: int, q_seq_shards: int, block: int = BLOCK):
 
 
 def check_same(bm, their_masks, hs: int, qs: int, **kw) -> None:
-  if kw:
-    fwd, dq, dkv, _ = splash_mask_info(bm, head_shards=hs, q_seq_shards=qs, **kw)
-  else:
-    fwd, dq, dkv, _ = bm.splash(head_shards=hs, q_seq_shards=qs)
+  fwd, dq, dkv, _ = mask_info(bm, head_shards=hs, q_seq_shards=qs, **kw)
   t_fwd, t_dkv = theirs(their_masks, hs, qs, bm.block_q)
   assert_same_info(fwd, t_fwd)
   assert_same_info(dq, t_fwd)
@@ -95,7 +92,7 @@ def test_random_masks_match_splash(seed, density, shards, tiles):
   bm = maskc.compile("m[q, k]", n, block_q=bq, block_kv=bk, operands={"m": m})
   hs, qs = shards
   kw = dict(head_shards=hs, q_seq_shards=qs)
-  fwd, dq, dkv, _ = bm.splash(**kw)
+  fwd, dq, dkv, _ = mask_info(bm, **kw)
   mh = sm.MultiHeadMask((sm.NumpyMask(m),) * 2)
   t_fwd, _ = smi.process_mask(mh, (bq, bk), **kw)
   t_dkv, _ = smi.process_mask_dkv(mh, (bq, bk), **kw)
@@ -114,7 +111,7 @@ def test_full_mask(hs, qs):
     return
   with pytest.raises(ValueError):
     theirs([sm.FullMask((L, L))] * HEADS, hs, qs)
-  fwd, _, dkv, _ = splash_mask_info(bm, head_shards=hs, q_seq_shards=qs,
+  fwd, _, dkv, _ = mask_info(bm, head_shards=hs, q_seq_shards=qs,
                                     use_mask_function=False)
   for info in (fwd, dkv):
     assert info.block_mask.shape == (hs, n, n)
@@ -134,7 +131,7 @@ def test_per_head_masks_match_splash(order, hs, qs):
   bm = maskc.compile(heads, L, block_q=BLOCK, block_kv=BLOCK)
   dense = {t: np.asarray(maskc.materialize(t, L)) for t in texts.values()}
   check_same(bm, [sm.NumpyMask(dense[t]) for t in heads], hs, qs)
-  fwd, _, _, _ = bm.splash(head_shards=hs, q_seq_shards=qs)
+  fwd, _, _, _ = mask_info(bm, head_shards=hs, q_seq_shards=qs)
   assert fwd.block_mask.shape[0] == (hs if order == "AABB" and hs == 2 else 4)
 
 
@@ -147,7 +144,7 @@ def test_dynamic_layout_matches_splash(hs, qs):
   def infos(m):
     bm = maskc.compile("causal & m[q, k]", n, block_q=BLOCK, block_kv=BLOCK, operands={"m": m})
     assert not bm.is_static
-    fwd, _, dkv, _ = bm.splash(head_shards=hs, q_seq_shards=qs)
+    fwd, _, dkv, _ = mask_info(bm, head_shards=hs, q_seq_shards=qs)
     return tuple(info[:4] for info in (fwd, dkv))
 
   ours = jax.jit(infos)(jnp.asarray(m))
@@ -166,12 +163,12 @@ def test_dynamic_layout_matches_splash(hs, qs):
 def test_shards_must_divide_the_tiles_and_heads():
   bm = maskc.compile("causal", 384, block_q=128, block_kv=128)
   with pytest.raises(maskc.MaskValueError, match="q_seq_shards=2"):
-    bm.splash(q_seq_shards=2)
+    mask_info(bm, q_seq_shards=2)
   with pytest.raises(maskc.MaskValueError, match="positive"):
-    bm.splash(head_shards=0)
+    mask_info(bm, head_shards=0)
   heads = maskc.compile(["causal", "full", "causal"], 256, block_q=128, block_kv=128)
   with pytest.raises(maskc.MaskValueError, match="head_shards=2"):
-    heads.splash(head_shards=2)
+    mask_info(heads, head_shards=2)
   with pytest.raises(maskc.MaskValueError, match="multiple"):
     splash.make_kernel(maskc.compile("causal", 200, block_q=128, block_kv=128))
 

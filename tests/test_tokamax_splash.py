@@ -1,6 +1,6 @@
-"""tokamax's splash attention fed maskc's MaskInfo (`maskc.kernels.tokamax_splash`).
+"""tokamax's splash attention fed maskc's MaskInfo (`maskc.kernels.splash.tokamax_kernel`).
 
-- `BlockMap.tokamax_splash()` against tokamax's own `process_mask` /
+- `maskc.kernels.splash.tokamax_mask_info(bm)` against tokamax's own `process_mask` /
   `process_dynamic_mask` on the same masks: equal field by field, but for the
   write-only steps maskc schedules for q tiles without an active tile;
 - `as_tokamax(cm)`: a bound mask handed to tokamax equals the dense mask, and
@@ -32,7 +32,9 @@ from tokamax._src.ops.experimental.tpu.splash_attention import (  # noqa: E402
 
 import maskc  # noqa: E402
 from helpers import assert_close  # noqa: E402
-from maskc.kernels import api, tokamax_splash, xla  # noqa: E402
+from maskc.kernels import api, xla  # noqa: E402
+from maskc.kernels.splash import tokamax_mask_info  # noqa: E402
+from maskc.kernels.splash import tokamax_kernel as tokamax_splash  # noqa: E402
 
 TILES = st.sampled_from([(128, 128), (128, 256), (256, 128), (64, 128)])
 LENGTHS = st.sampled_from([512, 1024])
@@ -82,7 +84,7 @@ def check(text: str, their_mask, q_len: int, kv_len: int, bq: int, bk: int, *,
   """maskc's MaskInfo of `text` against tokamax's `process_mask` of `their_mask`."""
   bm = maskc.compile(text, q_len, kv_len, block_q=bq, block_kv=bk, operands=operands,
                      q_offset=q_offset)
-  fwd, dkv, fn = bm.tokamax_splash(q_seq_shards=shards, dkv_active=dkv_active,
+  fwd, dkv, fn = tokamax_mask_info(bm, q_seq_shards=shards, dkv_active=dkv_active,
                                    use_mask_function=use_mask_function)
   t_fwd, t_fn = tmi.process_mask(their_mask, (bq, bk), q_seq_shards=shards)
   t_dkv, _ = tmi.process_mask_dkv(their_mask, (bq, bk), q_seq_shards=shards,
@@ -159,8 +161,8 @@ def test_traced_map_equals_process_dynamic_mask():
 
   @jax.jit
   def ours(anc):
-    return maskc.compile(mask, 512, block_q=128, block_kv=128,
-                         operands={"anc": anc}).tokamax_splash()[:2]
+    return tokamax_mask_info(maskc.compile(mask, 512, block_q=128, block_kv=128,
+                                           operands={"anc": anc}))[:2]
 
   fwd, dkv = ours(jnp.asarray(anc))
   dense = jnp.asarray(maskc.materialize(mask, 512, operands={"anc": anc}))
@@ -178,11 +180,11 @@ def test_traced_map_equals_process_dynamic_mask():
 def test_per_head_maps_give_one_info_per_mask():
   bm = maskc.compile(["causal", "sliding(100)", "causal"], 512, block_q=128, block_kv=128)
   for u, their in enumerate((tm.CausalMask((512, 512)), tm.LocalMask((512, 512), (99, 0), 0))):
-    fwd, dkv, _ = bm.tokamax_splash(mask=u)
+    fwd, dkv, _ = tokamax_mask_info(bm, mask=u)
     t_fwd, _ = tmi.process_mask(their, (128, 128))
     assert_same(fwd, t_fwd, f"head mask {u}")
   with pytest.raises(maskc.MaskValueError, match="distinct masks"):
-    bm.tokamax_splash(mask=2)
+    tokamax_mask_info(bm, mask=2)
 
 
 def test_unsupported_maps_raise_with_a_hint():
@@ -190,11 +192,11 @@ def test_unsupported_maps_raise_with_a_hint():
   bm = maskc.compile("causal & document(seg)", 256, block_q=128, block_kv=128,
                      operands={"seg": seg})
   with pytest.raises(maskc.BackendError, match="xla"):
-    bm.tokamax_splash()
+    tokamax_mask_info(bm)
   with pytest.raises(maskc.MaskValueError, match="multiples"):
-    maskc.compile("causal", 200, block_q=128, block_kv=128).tokamax_splash()
+    tokamax_mask_info(maskc.compile("causal", 200, block_q=128, block_kv=128))
   with pytest.raises(maskc.MaskValueError, match="q tiles"):
-    maskc.compile("causal", 384, block_q=128, block_kv=128).tokamax_splash(q_seq_shards=2)
+    tokamax_mask_info(maskc.compile("causal", 384, block_q=128, block_kv=128), q_seq_shards=2)
   x = jnp.ones((1, 256, 1, 16))
   with pytest.raises(maskc.MaskValueError, match="multiples of 128"):
     tokamax_splash.run(x, x, x, maskc.compile("causal", 256, block_q=64, block_kv=128))

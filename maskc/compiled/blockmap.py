@@ -3,10 +3,14 @@
 A mask lowered to tiles, with everything a kernel needs and nothing of the
 language: the compact runs of tiles (canonical format), one compiled
 `Predicate` per distinct mask for its PARTIAL tiles, the operand arrays those
-predicates read, and the structural facts the compiler found. The grid, the
-FlexAttention index lists and the splash `MaskInfo` derive from the runs on
-demand; none of them is stored on the object, which never changes after the
-compiler built it.
+predicates read, and the structural facts the compiler found. The grid and the
+FlexAttention index lists derive from the runs on demand; none of them is stored
+on the object, which never changes after the compiler built it.
+
+No kernel's format lives here: the kernels build theirs from the map
+(`maskc.kernels.splash.mask_info(bm)` for JAX's splash `MaskInfo`,
+`maskc.kernels.splash.tokamax_mask_info(bm)` for tokamax's), so the compiled
+contract, and `import maskc`, load no Pallas.
 """
 
 from __future__ import annotations
@@ -21,13 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import DTypeLike
 
-from maskc.compiled import (
-  intervals as _intervals,
-  predicate as _predicate,
-  render as _render,
-  splash_info as _splash_info,
-  tokamax_info as _tokamax_info,
-)
+from maskc.compiled import intervals as _intervals, predicate as _predicate, render as _render
 from maskc.compiled.intervals import KeyIntervals
 from maskc.compiled.predicate import Predicate, ReadValues
 from maskc.compiled.tiles import (
@@ -37,16 +35,16 @@ from maskc.compiled.tiles import (
   Runs as Runs,
   grid_from_runs as grid_from_runs,
   runs_from_grid as runs_from_grid,
-  tile_lists,
 )
 
 if TYPE_CHECKING:
-  from maskc.compiled.splash_info import MaskFunction, MaskInfo
-  from maskc.compiled.tokamax_info import CompactMaskInfo
   from maskc.language.ir import Mask
 
 # What a map hands out per tile: NumPy arrays for a static map, jax arrays for a traced one.
 TileArray = np.ndarray | jax.Array
+# Kernel formats the map once built itself, and where they are built now.
+_MOVED = {"splash": "`maskc.kernels.splash.mask_info(bm, ...)` (same arguments)",
+          "tokamax_splash": "`maskc.kernels.splash.tokamax_mask_info(bm, ...)` (same arguments)"}
 
 
 @jax.tree_util.register_pytree_node_class
@@ -238,8 +236,10 @@ class BlockMap:
     `kv_num_blocks[b, h, i]` counts the PARTIAL key tiles of q tile i and
     `kv_indices[b, h, i, :n]` lists them in order; `full_kv_*` do the same for
     FULL tiles. `q_*` and `full_q_*` are the transpose, for the backward pass.
-    Index lists are padded with zeros to the number of tiles, as FlexAttention
-    pads them. Built from the runs: memory follows the output, never more.
+    Each index list has one entry per tile of the line: after its `n` tiles it goes on
+    with the line's other tiles, in order, as torch's `create_block_mask` lays them out
+    (a stable descending argsort of the tile grid), so every array equals torch's.
+    Built from the runs: memory follows the output, never more.
     """
     out: dict[str, Any] = {}
     lead = ((self.batch or 1), (self.heads or 1))
@@ -248,43 +248,17 @@ class BlockMap:
       for prefix, state in (("", PARTIAL), ("full_", FULL)):
         idx: TileArray
         count: TileArray
+        g = grid_from_runs(self.xp, runs, n_other) != state  # the line's chosen tiles first
         if self.is_static:
-          idx, count = tile_lists(runs, state)
-          idx = np.pad(idx, [(0, 0)] * (idx.ndim - 1) + [(0, n_other - idx.shape[-1])])
+          idx = np.argsort(g, axis=-1, kind="stable").astype(np.int32)
+          count = (~g).sum(-1).astype(np.int32)
         else:
-          g = grid_from_runs(jnp, runs, n_other) == state
-          j = jnp.arange(n_other, dtype=jnp.int32)
-          idx = jnp.sort(jnp.where(g, j, n_other), axis=-1)
-          count = g.sum(-1).astype(jnp.int32)
-          idx = jnp.where(idx >= n_other, 0, idx).astype(jnp.int32)
+          idx = jnp.argsort(g, axis=-1, stable=True).astype(jnp.int32)
+          count = (~g).sum(-1).astype(jnp.int32)
         out[f"{prefix}{name}_num_blocks"] = self._public(count).reshape(lead + count.shape[-1:])
         out[f"{prefix}{name}_indices"] = self._public(idx).reshape(lead + idx.shape[-2:])
     out["block_size"] = (self.block_q, self.block_kv)
     return out
-
-  def splash(self, *, downcast_smem_data: bool = True, head_shards: int = 1,
-             q_seq_shards: int = 1) -> tuple[MaskInfo, MaskInfo, MaskInfo, MaskFunction | None]:
-    """Splash `MaskInfo`s `(fwd, dq, dkv, mask_function)` for JAX's splash kernel.
-
-    `head_shards` / `q_seq_shards` lay them out for a mesh as splash's `process_mask`
-    does (see `maskc.compiled.splash_info.splash_mask_info`).
-    """
-    return _splash_info.splash_mask_info(self, downcast_smem_data=downcast_smem_data,
-                                         head_shards=head_shards, q_seq_shards=q_seq_shards)
-
-  def tokamax_splash(self, *, mask: int = 0, q_seq_shards: int = 1,
-                     dkv_active: bool | None = None, downcast_smem_data: bool = True,
-                     use_mask_function: bool | None = None
-                     ) -> tuple[CompactMaskInfo, CompactMaskInfo, MaskFunction | None]:
-    """`(fwd, dkv, mask_function)` in tokamax splash's compacted `MaskInfo` layout.
-
-    One 2-D mask per call (`mask` picks a per-head map's distinct mask); see
-    `maskc.compiled.tokamax_info.compact_mask_info`.
-    """
-    return _tokamax_info.compact_mask_info(self, mask=mask, q_seq_shards=q_seq_shards,
-                                           dkv_active=dkv_active,
-                                           downcast_smem_data=downcast_smem_data,
-                                           use_mask_function=use_mask_function)
 
   def to_dense(self) -> TileArray:
     """The mask this map was compiled from, dense: bool `[..., q_len, kv_len]`.
@@ -395,6 +369,13 @@ class BlockMap:
     last = xp.where(count > 0, last, -1)
     rows = np.arange(self.q_len) // self.block_q
     return first[..., rows], last[..., rows]
+
+  if not TYPE_CHECKING:  # type checkers see no catch-all attribute
+    def __getattr__(self, name: str) -> Any:
+      # Only reached for names the class does not have: the kernel formats that left it.
+      if name in _MOVED:
+        raise AttributeError(f"BlockMap.{name}() moved to the kernels: call {_MOVED[name]}")
+      raise AttributeError(f"'BlockMap' object has no attribute {name!r}")
 
   # ------------------------------------------------------------------ statistics
 

@@ -94,7 +94,7 @@ def tile_lists(runs: Runs, want: int) -> tuple[np.ndarray, np.ndarray]:
   n_lines = lead_shape[-1]
   flat = t.lead * n_lines + t.line
   count = np.bincount(flat, minlength=int(np.prod(lead_shape))).astype(np.int32)
-  m = max(1, int(count.max()) if count.size else 1)
+  m = max(1, int(np.max(count)) if count.size else 1)
   first = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
   slot = np.arange(flat.size) - first[flat]
   idx = np.zeros((count.size, m), np.int32)

@@ -1,9 +1,12 @@
 """`attention(q, k, v, blockmap, ...)`: one entry point for compiled masks, several backends.
 
-Backends live in one immutable registry (as in tokamax). Each is a module with
-`run(q, k, v, blockmap, *, scale, logits_soft_cap, sinks, interpret)` and
-`default_blocks(q_len, kv_len)`, imported only when first used, so an optional
-backend's dependencies cost nothing until then. The XLA path is always there.
+Backends live in one immutable registry (as in tokamax), `BACKENDS`. Each entry (`Backend`)
+names its module, imported only when first used (so an optional backend's dependencies
+cost nothing until then), and declares where `auto` considers it. Each module declares the
+`BackendModule` protocol: `run`, `run_with_lse` (or None), `default_blocks`, `refusal`,
+`length_refusal`, `installed`, `forward_work`, its `GPU_COST` and `BACKWARD_ENGINE`.
+`auto`, `choose` and the cost model read those, never a backend's name. The XLA path is
+always there.
 
 | name | where | |
 |---|---|---|
@@ -18,8 +21,8 @@ backend's dependencies cost nothing until then. The XLA path is always there.
 | `mosaic_gpu` | GPU sm90 | Mosaic GPU forward; flash's backward or its own (opt-in); never run |
 
 Which splash runs is explicit: name `splash_tokamax` or `splash_jax`, or `splash`
-for MaxText's choice, tokamax's kernel when `tokamax` imports (`pip install
-maskc[tokamax]`, Python >= 3.12 with jax >= 0.11.1) and JAX's otherwise
+for MaxText's choice, tokamax's kernel when `tokamax` imports (the `tokamax` extra,
+Python >= 3.12 with jax >= 0.11.1) and JAX's otherwise
 (`Backend.resolved()` says which). Both take the same masks; tokamax's also
 needs `block_q` to be a multiple of 128.
 
@@ -29,17 +32,17 @@ What `backend="auto"` picks, and why (`choose`):
   when a mask reads batched operands other than segment ids `s[q] == s[k]`
   (splash's MaskInfo has no batch axis) or `block_kv` is not a multiple of 128.
 - GPU: the mask is compiled at flash's tiles (`choose_backend`), then `choose`
-  picks on the compiled map, by the cost model `GPU_COSTS`, among the engines that
-  can run it: `cudnn` (a band), `tokamax` (installed, bf16/f16, and one exact interval
-  of keys per row; priced as its forward plus flash's backward, which it runs),
-  `flash` (every mask). Where the chosen engine refuses at run time, `auto`
-  falls back to flash, then to xla (tiles that are not powers of two >= 16).
+  picks on the compiled map, by the cost model (`gpu_cost`, each engine's `GPU_COST`),
+  among the engines that can run it: `cudnn` (a band), `tokamax` (installed, bf16/f16,
+  and one exact interval of keys per row; priced as its forward plus flash's backward,
+  which it runs), `flash` (every mask). Where the chosen engine refuses at run time,
+  `auto` falls back to flash, then to xla (tiles that are not powers of two >= 16).
   `mosaic_gpu` is never picked: it has been lowered for cuda but never run on a GPU,
   so it has no measured cost and no checked numerics yet (name it to use it).
-- CPU: `dense` for tiny masks (`tiny`: at most `TINY` pairs and `TINY_KEYS` keys) or
-  when the compiled map's density is above `NEARLY_FULL`, else `xla`. On CPU the Pallas
-  kernels only interpret, and for tiny or nearly full masks the block bookkeeping
-  costs more than the skipped tiles save.
+- CPU: `dense` for tiny masks (`maskc.kernels.dense.tiny`: at most `TINY` pairs and
+  `TINY_KEYS` keys) or when the compiled map's density is above `NEARLY_FULL`, else
+  `xla`. On CPU the Pallas kernels only interpret, and for tiny or nearly full masks the
+  block bookkeeping costs more than the skipped tiles save.
 
 `choose_backend` makes the first choice from the platform and lengths before
 compiling (it decides the tile sizes: on a GPU, flash's, so that the map serves every
@@ -57,52 +60,106 @@ from typing import Any, NamedTuple, Protocol, cast
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.typing import ArrayLike, DTypeLike
 
 from maskc.compiled.blockmap import BlockMap
 from maskc.kernels import common
 from maskc.kernels.platform import platform as platform
-from maskc.language.errors import BackendError, MaskValueError
-
-# Tiny masks and nearly full ones gain nothing from block sparsity on CPU.
-TINY = 256 * 256
-# Keys above which even a few query rows gain from skipping tiles: a decode row over a
-# cache of 1K keys runs in about half dense's time on xla (CPU, 2026-11-26; below 512
-# keys dense wins), though its pair count is far under TINY.
-TINY_KEYS = 512
-NEARLY_FULL = 0.9
+from maskc.language.errors import BackendError, MaskValueError, nearest
 
 
-def tiny(q_len: int, kv_len: int) -> bool:
-  """Whether a mask is small enough that dense attention beats xla's tile bookkeeping on
-  CPU: at most `TINY` pairs and `TINY_KEYS` keys."""
-  return q_len * kv_len <= TINY and kv_len <= TINY_KEYS
+class RunWithLse(Protocol):
+  """`run_with_lse(q, k, v, bm, ...)`: `(out [B, Lq, H, Dv] f32, lse [B, Lq, H] f32)`,
+  differentiable through both (`maskc.kernels.xla.run_with_lse` states the contract)."""
+
+  def __call__(self, q: jax.Array, k: jax.Array, v: jax.Array, bm: BlockMap, *,
+               scale: float | None = None, logits_soft_cap: float | None = None,
+               interpret: bool | None = None) -> tuple[jax.Array, jax.Array]: ...
 
 
 class BackendModule(Protocol):
-  """What a backend's module provides (this module's docstring; `dense` has no tiles)."""
+  """What every backend's module declares; `auto`, `choose` and the cost model read these,
+  never a backend's name (its `Backend` entry declares the rest: where `auto` considers it).
+
+  Attributes:
+    run_with_lse: attention and its differentiable log-sum-exp (ring attention needs
+      it), or None: the backend has none.
+    GPU_COST: the cost model's rates on a GPU, `(forward TFLOP/s, backward TFLOP/s,
+      fixed ms a call)` counted on `forward_work`, or None: not costed (where `auto`
+      considers it, it takes candidates in the registry's order instead).
+    BACKWARD_ENGINE: the backend whose backward pass this one's gradients run, priced at
+      that backend's rate (tokamax runs flash's), or None: its own.
+  """
+
+  run_with_lse: RunWithLse | None
+  GPU_COST: tuple[float, float, float] | None
+  BACKWARD_ENGINE: str | None
 
   def run(self, q: jax.Array, k: jax.Array, v: jax.Array, bm: BlockMap, *,
           scale: float | None = None, logits_soft_cap: float | None = None,
-          sinks: ArrayLike | None = None, interpret: bool | None = None) -> jax.Array: ...
+          sinks: ArrayLike | None = None, interpret: bool | None = None) -> jax.Array:
+    """Attention `[B, Lq, H, Dv]` under a compiled map."""
+    ...
 
-  def default_blocks(self, q_len: int, kv_len: int) -> tuple[int, int]: ...
+  def default_blocks(self, q_len: int, kv_len: int) -> tuple[int, int]:
+    """The tile sizes to compile maps at for this backend."""
+    ...
+
+  def refusal(self, bm: BlockMap, *, head_dim: int, dtype: DTypeLike, soft_cap: bool = False,
+              sinks: bool = False) -> str | None:
+    """Why `auto` should not run `bm` on this backend (it cannot, or another does it
+    better), or None."""
+    ...
+
+  def length_refusal(self, q_len: int, kv_len: int) -> str | None:
+    """`refusal` before a map is compiled, from the lengths alone (or None)."""
+    ...
+
+  def installed(self) -> bool:
+    """Whether the optional packages it needs import here."""
+    ...
+
+  def forward_work(self, bm: BlockMap, head_dim: int) -> float:
+    """The forward FLOPs it spends on `bm` per batch row and head (what `GPU_COST` counts)."""
+    ...
 
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
-  """A registered attention backend: its module, imported on first use.
+  """A registered attention backend: its module, imported on first use, and where `auto`
+  considers it (known without importing it).
 
-  `requires` names the optional package the module imports (None: jax is
-  enough). When it is missing, a backend with a `fallback` loads that backend
-  instead; one without raises `BackendError` saying what to install.
+  Attributes:
+    name, module, description: the backend, the module implementing `BackendModule`.
+    requires: the optional package the module imports (None: jax is enough). When it is
+      missing, a backend with a `fallback` loads that backend instead; one without raises
+      `BackendError` saying what to install.
+    auto_on: the platforms (`"cpu"`, `"gpu"`, `"tpu"`) on which `auto` considers it. The
+      registry's order is `auto`'s preference where costs do not decide.
+    compiles_for: the platforms on which `auto` compiles maps at this backend's tiles
+      before choosing (one per platform: the map then serves every candidate there, and
+      the fallbacks).
+    auto_reason: what `choose` says when it picks this backend without a cost.
+    falls_back_to: where `auto` goes, in order, when this backend refuses a call at run
+      time (the last one's errors are raised).
+    reads_tiles: whether it reads the map's tiles; one that does not (dense attention)
+      is handed a map bound without lowering (`maskc.lowering.compile.bind_map`).
+    block_kv_multiple: what `block_kv` must be a multiple of (splash: 128 lanes).
+    static_maps: it builds static metadata per map (splash's MaskInfo), so sharded
+      attention switches between maps rather than stacking them.
   """
   name: str
   module: str
   description: str = ""
   requires: str | None = None
   fallback: str | None = None
+  auto_on: tuple[str, ...] = ()
+  compiles_for: tuple[str, ...] = ()
+  auto_reason: str = ""
+  falls_back_to: tuple[str, ...] = ()
+  reads_tiles: bool = True
+  block_kv_multiple: int = 1
+  static_maps: bool = False
 
   def load(self) -> BackendModule:
     try:
@@ -114,8 +171,9 @@ class Backend:
         return BACKENDS[self.fallback].load()
       raise BackendError(
           f"the {self.name} backend needs {self.requires}, which does not import here: {e}",
-          hint=f"Install it (`pip install maskc[{self.requires}]`; {self.requires} needs "
-               "Python >= 3.12 and jax >= 0.11.1), or use backend='splash_jax'.") from e
+          hint=f"Install it (`pip install -e '.[{self.requires}]'` in a maskc checkout; "
+               f"{self.requires} needs Python >= 3.12 and jax >= 0.11.1), or use "
+               "backend='splash_jax'.") from e
 
   def resolved(self) -> str:
     """The registered backend that runs for this name: itself, or its fallback."""
@@ -131,77 +189,98 @@ class Backend:
                 if b.module == self.module and b.fallback is None)
 
 
+_SPLASH_FALLBACK = ("xla",)
+_GPU_FALLBACK = ("flash", "xla")  # flash runs every mask on a GPU, the xla path everywhere
 BACKENDS: Mapping[str, Backend] = types.MappingProxyType({
-    "dense": Backend("dense", "maskc.kernels.dense", "materialized mask (reference)"),
-    "xla": Backend("xla", "maskc.kernels.xla", "block-sparse jax.numpy, any platform"),
-    "flash": Backend("flash", "maskc.kernels.flash", "Pallas flash attention (GPU)"),
-    "splash": Backend("splash", "maskc.kernels.tokamax_splash",
+    "dense": Backend("dense", "maskc.kernels.dense", "materialized mask (reference)",
+                     auto_on=("cpu",), reads_tiles=False,
+                     auto_reason="a tiny or nearly full mask, where dense attention is cheaper "
+                                 "than block bookkeeping"),
+    "xla": Backend("xla", "maskc.kernels.xla", "block-sparse jax.numpy, any platform",
+                   auto_on=("cpu",), compiles_for=("cpu",),
+                   auto_reason="block-sparse jax.numpy, whose work tracks the density"),
+    "flash": Backend("flash", "maskc.kernels.flash.kernel", "Pallas flash attention (GPU)",
+                     auto_on=("gpu",), compiles_for=("gpu",), falls_back_to=("xla",)),
+    "splash": Backend("splash", "maskc.kernels.splash.tokamax_kernel",
                       "tokamax's splash (MaxText's) when installed, else JAX's (TPU)",
-                      requires="tokamax", fallback="splash_jax"),
-    "splash_tokamax": Backend("splash_tokamax", "maskc.kernels.tokamax_splash",
-                              "tokamax's splash attention (TPU)", requires="tokamax"),
-    "splash_jax": Backend("splash_jax", "maskc.kernels.splash", "JAX splash attention (TPU)"),
-    "cudnn": Backend("cudnn", "maskc.kernels.cudnn", "cuDNN flash attention for bands (GPU)"),
+                      requires="tokamax", fallback="splash_jax", auto_on=("tpu",),
+                      compiles_for=("tpu",), auto_reason="splash attention (Mosaic), whatever "
+                                                         "the mask",
+                      falls_back_to=_SPLASH_FALLBACK, block_kv_multiple=128, static_maps=True),
+    "splash_tokamax": Backend("splash_tokamax", "maskc.kernels.splash.tokamax_kernel",
+                              "tokamax's splash attention (TPU)", requires="tokamax",
+                              falls_back_to=_SPLASH_FALLBACK, block_kv_multiple=128,
+                              static_maps=True),
+    "splash_jax": Backend("splash_jax", "maskc.kernels.splash.jax_kernel",
+                          "JAX splash attention (TPU)", falls_back_to=_SPLASH_FALLBACK,
+                          block_kv_multiple=128, static_maps=True),
+    "cudnn": Backend("cudnn", "maskc.kernels.cudnn", "cuDNN flash attention for bands (GPU)",
+                     auto_on=("gpu",), falls_back_to=_GPU_FALLBACK),
     "tokamax": Backend("tokamax", "maskc.kernels.tokamax",
                        "tokamax's Mosaic GPU forward and flash's backward, for key "
-                       "intervals (GPU)"),
-    # Lowered for cuda but never run on a GPU: `auto` does not consider it (`choose`).
-    "mosaic_gpu": Backend("mosaic_gpu", "maskc.kernels.mosaic_gpu",
+                       "intervals (GPU)", auto_on=("gpu",), falls_back_to=_GPU_FALLBACK),
+    # Lowered for cuda but never run on a GPU: `auto` does not consider it.
+    "mosaic_gpu": Backend("mosaic_gpu", "maskc.kernels.mosaic_gpu.forward",
                           "Pallas Mosaic GPU block-sparse forward, flash's backward (sm90; "
-                          "not yet validated on a GPU)"),
+                          "not yet validated on a GPU)", falls_back_to=_GPU_FALLBACK),
 })
-# The splash backends: static MaskInfo, key tiles of 128 (`maskc.attention`, sharding).
-SPLASH = frozenset({"splash", "splash_tokamax", "splash_jax"})
-
-# The GPU cost model: per engine, (forward TFLOP/s, backward TFLOP/s, fixed ms a call),
-# TFLOP/s counted on the tile work an engine does (`_work`). Measured on one NVIDIA H100
-# 80GB HBM3 (jax 0.11.2, tokamax 0.0.17), bf16, B=1, 16 heads of 128, at 32K, all three
-# engines in one run, medians over the five masks of the GPU table: 2026-11-26,
-# `GPU_TESTS=tokamax LENGTHS=32768 bash benchmarks/gpu_check.sh` (docs/benchmarks.md,
-# "with tokamax's forward and flash's backward"). At 8K every engine runs 10-30% below
-# these rates (launches weigh more); the same run's ranking holds there. tokamax's own
-# backward (185 TFLOP/s, an earlier run that day) does not skip key blocks, so
-# `backend="tokamax"` runs flash's backward instead (`BACKWARD_ENGINE`) and the model
-# never uses that rate.
-GPU_COSTS: Mapping[str, tuple[float, float, float]] = types.MappingProxyType({
-    "cudnn": (597.0, 540.0, 0.05),
-    "tokamax": (549.0, 185.0, 0.05),
-    "flash": (278.0, 311.0, 0.05),
-})
+# The GPU cost model's rates are each engine's `GPU_COST` (`maskc.kernels.flash.kernel`,
+# `cudnn`, `tokamax`), TFLOP/s counted on the work the engine does (`forward_work`).
+# Measured on one NVIDIA H100 80GB HBM3 (jax 0.11.2, tokamax 0.0.17), bf16, B=1, 16 heads of
+# 128, at 32K, all three engines in one run, medians over the five masks of the GPU table:
+# 2026-11-26, `GPU_TESTS=tokamax LENGTHS=32768 bash benchmarks/gpu_check.sh`
+# (docs/benchmarks.md, "with tokamax's forward and flash's backward"). At 8K every engine
+# runs 10-30% below these rates (launches weigh more); the same run's ranking holds there.
 GPU_COSTS_MEASURED = ("2026-11-26, H100, `GPU_TESTS=tokamax LENGTHS=32768 bash "
                       "benchmarks/gpu_check.sh`")
-# The engine whose backward pass each engine's gradients run (tokamax: flash's, on the
-# same map; `maskc.kernels.tokamax`).
-BACKWARD_ENGINE: Mapping[str, str] = types.MappingProxyType({"tokamax": "flash"})
 # A backward pass does 2.5 times a forward pass's matmul work (5 matmuls against 2).
 BACKWARD_WORK = 2.5
-# Engines whose `run_with_lse` returns a differentiable log-sum-exp (rings need one).
-WITH_LSE = ("xla", "flash", "splash", "splash_tokamax", "splash_jax")
+DEFAULT_HEAD_DIM = 128          # what `choose` assumes when not told
+DEFAULT_DTYPE = jnp.bfloat16
 
 
 def check_backend(backend: str) -> None:
-  """Raises BackendError unless `backend` is "auto" or registered."""
+  """Raises BackendError unless `backend` is "auto" or registered (with the nearest name)."""
   if backend != "auto" and backend not in BACKENDS:
+    names = ["auto", *BACKENDS]
+    guess = nearest(backend, names) if isinstance(backend, str) else None
     raise BackendError(f"unknown attention backend {backend!r}",
-                       hint=f"Choose one of: auto, {', '.join(BACKENDS)}.")
+                       hint=(f"Did you mean {guess!r}? " if guess else "") +
+                            f"Choose one of: {', '.join(names)}.")
 
 
-def choose_backend(backend: str, q_len: int, kv_len: int) -> str:
+def gpu_costs() -> dict[str, tuple[float, float, float]]:
+  """The cost model's rates: each GPU candidate's `GPU_COST` (see `GPU_COSTS_MEASURED`)."""
+  out = {}
+  for b in BACKENDS.values():
+    if "gpu" in b.auto_on and (cost := b.load().GPU_COST) is not None:
+      out[b.name] = cost
+  return out
+
+
+def choose_backend(backend: str, q_len: int, kv_len: int, *, need_lse: bool = False) -> str:
   """The backend `attention` starts from, before a mask is compiled.
 
-  `"auto"` picks splash on TPU and flash on GPU, whatever the mask or length (they
-  fall back to xla for a mask they cannot run; see the module's table); on CPU it
-  picks dense for tiny masks (`tiny`, where the block bookkeeping costs more than it
-  saves) and xla otherwise. `attention` may still move an xla
-  choice to dense once it sees the compiled map's density.
+  A named backend is kept. `"auto"` starts from the backend whose tiles the platform's
+  maps are compiled at (`Backend.compiles_for`: splash on TPU, flash on GPU, xla
+  elsewhere), unless a candidate before it in the registry takes these lengths
+  (`length_refusal`: dense for tiny masks on CPU, where the block bookkeeping costs more
+  than it saves). `need_lse` keeps to backends with a `run_with_lse` (rings).
+  `attention` may still move the choice once it sees the compiled map (`choose`).
   """
   check_backend(backend)
   if backend != "auto":
     return backend
-  name = _platform_backend()
-  if name == "xla" and tiny(q_len, kv_len):
-    return "dense"
-  return name
+  where = _where(platform())
+  tiled = next(b for b in BACKENDS.values() if where in b.compiles_for)
+  for b in _candidates(where):
+    if b is tiled:
+      break
+    mod = b.load()
+    if (mod.installed() and not (need_lse and mod.run_with_lse is None)
+        and mod.length_refusal(q_len, kv_len) is None):
+      return b.name
+  return tiled.name
 
 
 class Choice(NamedTuple):
@@ -210,115 +289,107 @@ class Choice(NamedTuple):
   reason: str
 
 
-def choose(bm: BlockMap, *, platform: str | None = None, head_dim: int,
-           dtype: DTypeLike, soft_cap: bool = False, sinks: bool = False,
+def choose(bm: BlockMap, *, platform: str | None = None, head_dim: int = DEFAULT_HEAD_DIM,
+           dtype: DTypeLike = DEFAULT_DTYPE, soft_cap: bool = False, sinks: bool = False,
            need_lse: bool = False) -> Choice:
   """The backend `auto` runs a compiled map on, and a one-line reason.
 
-  On a GPU: every engine that can run the map (`cudnn` for a band, `tokamax` when
-  installed for one exact interval of keys per row in bf16/f16, `flash` always) is costed
-  by `GPU_COSTS` on the map's work, forward plus backward (`gpu_cost`; tokamax's backward
-  is flash's), and the cheapest wins. On a
-  TPU: splash. On a CPU: dense for tiny or nearly full maps, else xla.
+  The candidates are the backends registered for the platform (`Backend.auto_on`) that
+  are installed, have a `run_with_lse` when one is needed, and do not refuse the map
+  (each module's `refusal`). Where every candidate left is costed (`GPU_COST`: on a GPU,
+  `cudnn` for a band, `tokamax` for one exact interval of keys per row in bf16/f16,
+  `flash` for every mask), the cheapest by the cost model wins (`gpu_cost`: forward plus
+  backward, tokamax's backward being flash's); else the first in the registry's order
+  (TPU: splash; CPU: dense for tiny or nearly full maps, else xla).
 
   Args:
     bm: the compiled map (at flash's tiles on a GPU: `choose_backend`).
     platform: `"gpu"`, `"tpu"` or `"cpu"` (default: where jax runs).
-    head_dim: the query/key head dimension. dtype: q's dtype.
+    head_dim: the query/key head dimension (default 128, `DEFAULT_HEAD_DIM`).
+    dtype: q's dtype (default bfloat16, `DEFAULT_DTYPE`).
     soft_cap, sinks: whether the call has a logit soft cap / sink logits.
     need_lse: only engines with a differentiable log-sum-exp (`run_with_lse`; rings).
 
   Returns:
     `Choice(backend, reason)`.
 
-  >>> import jax.numpy as jnp, maskc
+  Raises:
+    BackendError: no backend registered for the platform takes the map.
+
+  >>> import maskc
   >>> from maskc.kernels.api import choose
-  >>> choose(maskc.compile("causal", 4096, block_q=64, block_kv=64), platform="gpu",
-  ...        head_dim=128, dtype=jnp.bfloat16).backend
+  >>> choose(maskc.compile("causal", 4096, block_q=64, block_kv=64), platform="gpu").backend
   'cudnn'
   """
-  where = platform_name() if platform is None else platform
-  if where == "tpu":
-    return Choice("splash", "TPU: splash attention (Mosaic), whatever the mask")
-  if where != "gpu":
-    if dense_is_better(bm):
-      return Choice("dense", "CPU: a tiny or nearly full mask, where dense attention is "
-                             "cheaper than block bookkeeping")
-    return Choice("xla", "CPU: block-sparse jax.numpy, whose work tracks the density")
+  where = _where(platform_name() if platform is None else platform)
   refused: dict[str, str] = {}
-  costs: dict[str, float] = {}
-  for name in ("cudnn", "tokamax", "flash"):
-    why = _refusal(name, bm, head_dim=head_dim, dtype=dtype, soft_cap=soft_cap, sinks=sinks,
-                   need_lse=need_lse)
+  accepted: list[tuple[Backend, BackendModule]] = []
+  for b in _candidates(where):
+    mod, why = _refusal(b, bm, head_dim=head_dim, dtype=dtype, soft_cap=soft_cap, sinks=sinks,
+                        need_lse=need_lse)
     if why is not None:
-      refused[name] = why
-      continue
-    costs[name] = sum(gpu_cost(name, bm, head_dim))
-  best = min(costs, key=costs.__getitem__)
-  others = ", ".join(f"{n} {c:.3g}" for n, c in sorted(costs.items(), key=lambda x: x[1])
-                     if n != best)
+      refused[b.name] = why
+    else:
+      accepted.append((b, cast(BackendModule, mod)))
   skipped = "; ".join(f"not {n}: {w}" for n, w in refused.items())
-  return Choice(best, f"GPU: {best}, estimated {costs[best]:.3g} ms fwd+bwd per batch row "
-                      f"and head" + (f" (vs {others})" if others else "") +
+  if not accepted:
+    raise BackendError(f"no backend for {where} takes this map: {skipped}",
+                       hint="Name a backend (`backend='xla'` runs every mask anywhere).")
+  if not all(mod.GPU_COST is not None for _, mod in accepted):
+    best = accepted[0][0]
+    return Choice(best.name, f"{where.upper()}: {best.auto_reason or best.description}" +
+                  (f"; {skipped}" if skipped else ""))
+  costs = {b.name: sum(gpu_cost(b.name, bm, head_dim)) for b, _ in accepted}
+  name = min(costs, key=costs.__getitem__)
+  others = ", ".join(f"{n} {c:.3g}" for n, c in sorted(costs.items(), key=lambda x: x[1])
+                     if n != name)
+  return Choice(name, f"{where.upper()}: {name}, estimated {costs[name]:.3g} ms fwd+bwd per "
+                      f"batch row and head" + (f" (vs {others})" if others else "") +
                 (f"; {skipped}" if skipped else ""))
 
 
 def gpu_cost(name: str, bm: BlockMap, head_dim: int) -> tuple[float, float]:
-  """`(forward, backward)` ms per batch row and head that engine `name` is estimated to take
-  on `bm` by `GPU_COSTS`: its forward work at its forward rate, and the backward engine's
-  (`BACKWARD_ENGINE`) work, 2.5 times a forward's, at that engine's backward rate, each
-  with the fixed cost of a call."""
-  back = BACKWARD_ENGINE.get(name, name)
-  fwd, _, fixed = GPU_COSTS[name]
-  _, bwd, fixed_b = GPU_COSTS[back]
-  return (_work(name, bm, head_dim) / (fwd * 1e9) + fixed,
-          BACKWARD_WORK * _work(back, bm, head_dim) / (bwd * 1e9) + fixed_b)
+  """`(forward, backward)` ms per batch row and head that backend `name` is estimated to
+  take on `bm`: its forward work (`forward_work`) at its forward rate (`GPU_COST`), and its
+  backward engine's (`BACKWARD_ENGINE`, else itself) work, 2.5 times a forward's, at that
+  engine's backward rate, each with the fixed cost of a call.
+
+  Raises:
+    BackendError: the backend (or its backward engine) has no `GPU_COST`.
+  """
+  mod = BACKENDS[name].load()
+  back = BACKENDS[mod.BACKWARD_ENGINE].load() if mod.BACKWARD_ENGINE else mod
+  if mod.GPU_COST is None or back.GPU_COST is None:
+    raise BackendError(f"backend {name!r} has no GPU cost (its module's GPU_COST is None)")
+  fwd, _, fixed = mod.GPU_COST
+  _, bwd, fixed_b = back.GPU_COST
+  return (mod.forward_work(bm, head_dim) / (fwd * 1e9) + fixed,
+          BACKWARD_WORK * back.forward_work(bm, head_dim) / (bwd * 1e9) + fixed_b)
 
 
-def _refusal(name: str, bm: BlockMap, *, head_dim: int, dtype: DTypeLike, soft_cap: bool,
-             sinks: bool, need_lse: bool) -> str | None:
-  """Why engine `name` cannot run `bm` on a GPU, or None."""
-  if need_lse and name not in WITH_LSE:
-    return "no differentiable log-sum-exp"
-  if name == "flash":
-    return None
-  if name == "cudnn":
-    if soft_cap or sinks:
-      return "no soft cap or sinks"
-    if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
-      return f"runs bfloat16 and float16, not {jnp.dtype(dtype)}"
-    if head_dim % 8 or head_dim > 256:
-      return f"head dim {head_dim}"
-    try:
-      BACKENDS["cudnn"].load().arguments(bm)  # type: ignore[attr-defined]
-    except BackendError:
-      return "no band cuDNN expresses"
-    return None
-  mod = BACKENDS["tokamax"].load()
-  if not mod.installed():  # type: ignore[attr-defined]
-    return "tokamax is not installed"
-  why = mod.refusal(bm, head_dim=head_dim, dtype=dtype, sinks=sinks)  # type: ignore[attr-defined]
-  return None if why is None else why.split(" (")[0]
+def _refusal(b: Backend, bm: BlockMap, *, head_dim: int, dtype: DTypeLike, soft_cap: bool,
+             sinks: bool, need_lse: bool) -> tuple[BackendModule | None, str | None]:
+  """`(module, None)` when `auto` may run `bm` on `b`, else `(module or None, why not)`."""
+  try:
+    mod = b.load()
+  except BackendError:
+    return None, f"{b.requires} does not import here"
+  if not mod.installed():
+    return mod, f"{b.name} is not installed"
+  if need_lse and mod.run_with_lse is None:
+    return mod, "no differentiable log-sum-exp"
+  why = mod.refusal(bm, head_dim=head_dim, dtype=dtype, soft_cap=soft_cap, sinks=sinks)
+  return mod, None if why is None else why.split(" (")[0]
 
 
-def _work(name: str, bm: BlockMap, head_dim: int) -> float:
-  """The forward FLOPs engine `name` spends on `bm`, per batch row and head: the non-EMPTY
-  tiles for flash and cuDNN (which skips masked tiles of its band itself), each 128-row
-  tile's hull of key intervals for tokamax (it skips the key blocks outside it)."""
-  lead = int(np.prod(bm.lead_shape or (1,)))
-  sparse = bm.attention_flops(head_dim)[0] / lead if bm.is_static else \
-      4.0 * bm.q_len * bm.kv_len * head_dim
-  if name != "tokamax" or not bm.is_static:
-    return float(sparse)
-  start, stop, _ = bm.key_intervals()
-  rows = 128
-  n = -(-bm.q_len // rows)
-  pad = n * rows - bm.q_len
-  lo = np.pad(np.asarray(start), [(0, 0)] * (start.ndim - 1) + [(0, pad)], mode="edge")
-  hi = np.pad(np.asarray(stop), [(0, 0)] * (stop.ndim - 1) + [(0, pad)], mode="edge")
-  lo = lo.reshape(lo.shape[:-1] + (n, rows)).min(-1)
-  hi = hi.reshape(hi.shape[:-1] + (n, rows)).max(-1)
-  return float(4.0 * rows * np.maximum(hi - lo, 0).sum() * head_dim / lead)
+def _candidates(where: str) -> list[Backend]:
+  """The backends `auto` considers on a platform, in the registry's order."""
+  return [b for b in BACKENDS.values() if where in b.auto_on]
+
+
+def _where(name: str) -> str:
+  """A platform as `auto` knows it: one some backend is registered for, else `"cpu"`."""
+  return name if any(name in b.auto_on for b in BACKENDS.values()) else "cpu"
 
 
 def platform_name() -> str:
@@ -326,15 +397,8 @@ def platform_name() -> str:
   return platform()
 
 
-def _platform_backend() -> str:
-  """The block-sparse backend native to the platform jax runs on (xla on CPU)."""
-  return {"tpu": "splash", "gpu": "flash"}.get(platform(), "xla")
-
-
 def default_blocks(backend: str, q_len: int, kv_len: int) -> tuple[int, int]:
   """The tile sizes `backend` runs best with at these lengths."""
-  if backend == "dense":
-    return q_len, kv_len
   return BACKENDS[backend].load().default_blocks(q_len, kv_len)
 
 
@@ -390,22 +454,16 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, bm: BlockMap, *, backend
                   sinks=sinks is not None).backend
   kw: dict[str, Any] = dict(scale=scale, logits_soft_cap=logits_soft_cap, sinks=sinks,
                             interpret=interpret)
+  chain = BACKENDS[name].falls_back_to
   try:
     return BACKENDS[name].load().run(q, k, v, bm, **kw)
   except (BackendError, MaskValueError):
-    if not auto or name in ("xla", "dense"):
+    if not auto or not chain:
       raise
-  # `auto` promises an answer: flash runs every mask on a GPU, the xla path everywhere.
-  if name not in ("flash", *SPLASH):
+  # `auto` promises an answer: the backend's fallbacks (`Backend.falls_back_to`), in order.
+  for fallback in chain[:-1]:
     try:
-      return BACKENDS["flash"].load().run(q, k, v, bm, **kw)
+      return BACKENDS[fallback].load().run(q, k, v, bm, **kw)
     except (BackendError, MaskValueError):
       pass
-  return BACKENDS["xla"].load().run(q, k, v, bm, **kw)
-
-
-def dense_is_better(bm: BlockMap) -> bool:
-  """Whether dense attention beats block sparsity on CPU: tiny or nearly full masks."""
-  if tiny(bm.q_len, bm.kv_len):
-    return True
-  return bm.is_static and bm.density > NEARLY_FULL
+  return BACKENDS[chain[-1]].load().run(q, k, v, bm, **kw)

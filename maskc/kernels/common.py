@@ -17,6 +17,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
 from maskc.compiled import predicate as _predicate
 from maskc.compiled.blockmap import BlockMap
@@ -263,3 +264,34 @@ def check_sinks(sinks, heads: int):
   if sinks.shape != (heads,):
     raise MaskValueError(f"sinks must have shape [heads]=({heads},), got {sinks.shape}")
   return sinks.astype(jnp.float32)
+
+
+# ----------------------------------------------------------------------------- plain declarations
+# What a backend module declares (`maskc.kernels.api.BackendModule`) when it has nothing of its
+# own to say: `installed = common.installed`, and so on.
+
+
+def installed() -> bool:
+  """Whether the backend's packages import here: always, for one that needs only jax."""
+  return True
+
+
+def no_refusal(bm: BlockMap, *, head_dim: int, dtype: DTypeLike, soft_cap: bool = False,
+               sinks: bool = False) -> str | None:
+  """No reason against any map: the backend runs them all (or refuses a call at run time,
+  where `auto` falls back)."""
+  return None
+
+
+def any_length(q_len: int, kv_len: int) -> str | None:
+  """No reason against any lengths before a map is compiled."""
+  return None
+
+
+def tile_work(bm: BlockMap, head_dim: int) -> float:
+  """Forward FLOPs (two matmuls) on the map's non-EMPTY tiles, per batch row and head: the
+  work of a kernel that visits those tiles. A traced map counts every tile."""
+  if not bm.is_static:
+    return 4.0 * bm.q_len * bm.kv_len * head_dim
+  lead = int(np.prod(bm.lead_shape or (1,)))
+  return float(bm.attention_flops(head_dim)[0] / lead)

@@ -28,6 +28,7 @@ maskc handles each case on purpose (docs/kernels.md, "The Triton deprecation"):
 from __future__ import annotations
 
 import inspect
+import types
 import warnings
 from typing import Any
 
@@ -35,10 +36,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+_triton: types.ModuleType | None
 try:  # Removed by a future JAX: flash then runs in interpret mode only.
   from jax.experimental.pallas import triton as _triton
 except ImportError:  # pragma: no cover - no JAX release in our range lacks it
-  _triton = None  # type: ignore[assignment]
+  _triton = None
 
 TRITON_ID = "jax-pallas-triton"
 # The start of JAX's message (jax/_src/pallas/triton/pallas_call_registration.py); a
@@ -104,7 +106,7 @@ def dot(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = Fa
 
 # ----------------------------------------------------------------------------- Mosaic GPU
 #
-# The `mosaic_gpu` kernel (maskc.kernels.mosaic_gpu) uses Pallas Mosaic GPU's warpgroup
+# The `mosaic_gpu` kernel (maskc.kernels.mosaic_gpu.forward) uses Pallas Mosaic GPU's warpgroup
 # API (`plgpu.kernel`, TMA copies, `wgmma`, barriers, register layouts). What differs:
 # - jax 0.10 imports `absl` in Mosaic GPU without declaring it as a dependency, so where
 #   absl-py is missing `jax.experimental.pallas.mosaic_gpu` does not import at all;

@@ -39,10 +39,20 @@ import jax
 import jax.numpy as jnp
 
 from maskc.compiled.blockmap import BlockMap
-from maskc.kernels import common
+from maskc.kernels import common, platform as _platform
 from maskc.language.errors import BackendError
 
 BLOCK_SIZES = (64, 64)  # the tiles the map is compiled at; cuDNN reads none of them
+# The GPU cost model's rates on the map's tile work (cuDNN skips the masked tiles of its
+# band itself; `maskc.kernels.api.GPU_COSTS_MEASURED`): forward TFLOP/s, backward TFLOP/s,
+# fixed ms a call.
+GPU_COST = (597.0, 540.0, 0.05)
+BACKWARD_ENGINE = None
+run_with_lse = None  # cuDNN's log-sum-exp gets no gradient in JAX's backward rule
+installed = common.installed
+length_refusal = common.any_length
+forward_work = common.tile_work
+DTYPES = (jnp.bfloat16, jnp.float16)
 
 
 def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
@@ -89,6 +99,22 @@ def arguments(bm: BlockMap) -> dict[str, Any]:
   return kw
 
 
+def refusal(bm: BlockMap, *, head_dim: int, dtype: Any, soft_cap: bool = False,
+            sinks: bool = False) -> str | None:
+  """Why cuDNN cannot run `bm` with such inputs (what `check` would raise), or None."""
+  if soft_cap or sinks:
+    return "no soft cap or sinks"
+  if jnp.dtype(dtype) not in DTYPES:
+    return f"runs bfloat16 and float16, not {jnp.dtype(dtype)}"
+  if head_dim % 8 or head_dim > 256:
+    return f"head dim {head_dim}"
+  try:
+    arguments(bm)
+  except BackendError:
+    return "no band cuDNN expresses"
+  return None
+
+
 def _text(bm: BlockMap) -> str:
   return " ; ".join(str(m) for m in bm.masks)
 
@@ -110,8 +136,13 @@ def check(q, k, v, bm: BlockMap, *, implementation: str = "cudnn",
     raise BackendError(f"backend 'cudnn' has no {what} (jax.nn.dot_product_attention "
                        f"takes neither)", hint="Use backend='flash' or 'xla'.")
   if implementation == "cudnn":
+    if (where := _platform.platform()) != "gpu":
+      # before the dtype: no cast would make it run here
+      raise BackendError(f"backend 'cudnn' runs on an NVIDIA GPU, and jax runs on {where} "
+                         f"here",
+                         hint="Use backend='auto' or 'xla' here, or run on a GPU.")
     dt = jnp.result_type(q)
-    if dt not in (jnp.bfloat16, jnp.float16):
+    if dt not in DTYPES:
       raise BackendError(f"backend 'cudnn' runs bfloat16 and float16, not {dt}",
                          hint="Cast q, k and v, or use backend='flash'.")
     if d % 8 or d > 256 or v.shape[-1] != d:

@@ -11,8 +11,52 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
+from maskc.compiled.blockmap import BlockMap
 from maskc.kernels import common
+
+# Tiny masks and nearly full ones gain nothing from block sparsity: `auto` runs them here on
+# CPU (`refusal`, `length_refusal`).
+TINY = 256 * 256
+# Keys above which even a few query rows gain from skipping tiles: a decode row over a
+# cache of 1K keys runs in about half dense's time on xla (CPU, 2026-11-26; below 512
+# keys dense wins), though its pair count is far under TINY.
+TINY_KEYS = 512
+NEARLY_FULL = 0.9
+
+run_with_lse = None  # no log-sum-exp: rings run xla instead
+GPU_COST = None
+BACKWARD_ENGINE = None
+installed = common.installed
+forward_work = common.tile_work
+
+
+def tiny(q_len: int, kv_len: int) -> bool:
+  """Whether a mask is small enough that dense attention beats xla's tile bookkeeping on
+  CPU: at most `TINY` pairs and `TINY_KEYS` keys."""
+  return q_len * kv_len <= TINY and kv_len <= TINY_KEYS
+
+
+def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
+  """One tile, the whole mask: dense attention reads no tiles."""
+  return q_len, kv_len
+
+
+def length_refusal(q_len: int, kv_len: int) -> str | None:
+  """Why `auto` should not start from dense attention at these lengths: they are not tiny."""
+  if tiny(q_len, kv_len):
+    return None
+  return f"{q_len} x {kv_len} is not tiny: skipping EMPTY tiles saves more than it costs"
+
+
+def refusal(bm: BlockMap, *, head_dim: int, dtype: DTypeLike, soft_cap: bool = False,
+            sinks: bool = False) -> str | None:
+  """Why `auto` should not run `bm` densely: neither tiny nor nearly full, block sparsity
+  is cheaper (dense attention runs every map when named)."""
+  if tiny(bm.q_len, bm.kv_len) or (bm.is_static and bm.density > NEARLY_FULL):
+    return None
+  return "neither tiny nor nearly full: block sparsity is cheaper"
 
 
 def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):

@@ -136,13 +136,11 @@ class _Choice:
 def _lse_runner(backend: str, interpret):
   """The backend's `run_with_lse(q, k, v, bm, *, scale, logits_soft_cap)` for ring steps."""
   mod = api.BACKENDS[backend].load()
-  fn = getattr(mod, "run_with_lse", None)
+  fn = mod.run_with_lse
   if fn is None:
     raise BackendError(f"the {backend} backend has no run_with_lse, which ring steps need",
                        hint="Use strategy='all_gather', or backend='flash' (GPU) or 'xla'; "
                             "backend='auto' runs rings on flash on a GPU.")
-  if backend == "xla":
-    return fn
   return functools.partial(fn, interpret=interpret)
 
 
@@ -181,7 +179,7 @@ def run(q, k, v, plan, *, mesh, batch_axis=None, head_axis=None, seq_axis=None,
   h = q.shape[2]
   sink_arr = jnp.zeros((h,), jnp.float32) if sinks is None else jnp.asarray(sinks, jnp.float32)
   kw = dict(scale=scale, logits_soft_cap=logits_soft_cap)
-  stack = backend not in api.SPLASH
+  stack = not api.BACKENDS[backend].static_maps
   lse_fn = _lse_runner(backend, interpret) if plan.strategy == "ring" else None
   have_sinks = sinks is not None
 

@@ -13,7 +13,7 @@ naming `flash`.
 takes the same ranges but does not skip: on an H100 at 32K tokens it took about 52 ms for
 every mask, packed documents included, where flash's whole forward+backward takes 7.4 ms
 (docs/benchmarks.md). A forward pass cannot know whether a gradient will be taken, so
-this backend is one `jax.custom_vjp` (`maskc.kernels.flash.run_with_forward`): tokamax's
+this backend is one `jax.custom_vjp` (`maskc.kernels.flash.kernel.run_with_forward`): tokamax's
 forward, with its residuals (each row's softmax maximum and denominator) turned into the
 log-sum-exp flash's backward takes (`lse_from_residuals`), and flash's block-sparse
 backward on the same map. Forward-only use runs tokamax alone.
@@ -49,12 +49,24 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from maskc.compiled.blockmap import BlockMap
-from maskc.kernels import common, flash
+from maskc.kernels import common
+from maskc.kernels.flash import kernel as flash
 from maskc.language.errors import BackendError
 
 BLOCK_SIZES = (64, 64)  # the tiles the map is compiled at (flash's); tokamax picks its own
+# The GPU cost model's rates on its key-interval work (`forward_work`;
+# `maskc.kernels.api.GPU_COSTS_MEASURED`): forward TFLOP/s, backward TFLOP/s, fixed ms a
+# call. Its own backward (185 TFLOP/s, an earlier run that day) does not skip key blocks,
+# so its gradients run flash's backward on the same map (`BACKWARD_ENGINE`), and the cost
+# model prices them at flash's rate: the 185 is never used.
+GPU_COST = (549.0, 185.0, 0.05)
+BACKWARD_ENGINE = "flash"
+run_with_lse = None  # rings (`maskc.sharded_attention`) do not use this backend
+length_refusal = common.any_length
+ROWS = 128  # the q rows tokamax's kernel takes per block, over one hull of key intervals
 
 
 def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
@@ -68,8 +80,9 @@ def installed() -> bool:
 
 
 def refusal(bm: BlockMap, *, head_dim: int | None = None, dtype: Any = None,
-            sinks: bool = False) -> str | None:
-  """Why this backend cannot run `bm`, or None when it can (tokamax's presence apart)."""
+            soft_cap: bool = False, sinks: bool = False) -> str | None:
+  """Why this backend cannot run `bm`, or None when it can (tokamax's presence apart; soft
+  caps go through)."""
   if sinks:
     return "tokamax's kernel has no sinks"
   if bm.heads is not None and len(set(bm.head_index or ())) > 1:
@@ -85,6 +98,22 @@ def refusal(bm: BlockMap, *, head_dim: int | None = None, dtype: Any = None,
     return ("its rows are not one exact interval of keys each (declare segment ids "
             "contiguous under jit: maskc.compile(..., contiguous=['seg']))")
   return None
+
+
+def forward_work(bm: BlockMap, head_dim: int) -> float:
+  """The forward FLOPs per batch row and head: each 128-row block's hull of key intervals
+  (tokamax's kernel skips the key blocks outside it). A traced map counts its tiles."""
+  if not bm.is_static:
+    return common.tile_work(bm, head_dim)
+  lead = int(np.prod(bm.lead_shape or (1,)))
+  start, stop, _ = bm.key_intervals()
+  n = -(-bm.q_len // ROWS)
+  pad = n * ROWS - bm.q_len
+  lo = np.pad(np.asarray(start), [(0, 0)] * (start.ndim - 1) + [(0, pad)], mode="edge")
+  hi = np.pad(np.asarray(stop), [(0, 0)] * (stop.ndim - 1) + [(0, pad)], mode="edge")
+  lo = lo.reshape(lo.shape[:-1] + (n, ROWS)).min(-1)
+  hi = hi.reshape(hi.shape[:-1] + (n, ROWS)).max(-1)
+  return float(4.0 * ROWS * np.maximum(hi - lo, 0).sum() * head_dim / lead)
 
 
 def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=None):
@@ -151,7 +180,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, bm: BlockMap, op: IntervalO
 def _forward(op: IntervalOp, scale: float, cap: float | None, q: jax.Array, k: jax.Array,
              v: jax.Array, start: jax.Array, stop: jax.Array) -> tuple[jax.Array, jax.Array]:
   """`op` on the intervals `[B or 1, Lq]`: `(out, lse [B, H, Lq])` as flash's backward takes
-  them (`maskc.kernels.flash.run_with_forward`)."""
+  them (`maskc.kernels.flash.kernel.run_with_forward`)."""
   b, lq = q.shape[0], q.shape[1]
   empty = jnp.broadcast_to(stop <= start, (b, lq))
   # a row with no key attends to key 0 (finite) and is zeroed below

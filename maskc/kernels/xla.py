@@ -28,6 +28,12 @@ from maskc.compiled import predicate as _predicate
 from maskc.kernels import common
 
 BLOCK_SIZES = (128, 128)
+GPU_COST = None  # not costed: on CPU `auto` takes it unless dense attention is cheaper
+BACKWARD_ENGINE = None
+installed = common.installed
+refusal = common.no_refusal
+length_refusal = common.any_length
+forward_work = common.tile_work
 
 
 def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
@@ -49,14 +55,16 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
   return common.per_mask(one, q, k, v, bm, sinks)
 
 
-def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None):
+def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=None):
   """Attention and its log-sum-exp: `(out [B, Lq, H, Dv] f32, lse [B, Lq, H] f32)`.
 
   For combining partial attentions over disjoint key sets exactly (ring attention):
   `out = sum_t exp(lse_t - LSE) out_t` with `LSE = logsumexp_t lse_t`. Rows with no
   allowed key have `out = 0` and `lse = NEG_LSE` (finite, so combining stays NaN-free).
-  One mask for every head (the map must not be per-head).
+  One mask for every head (the map must not be per-head). `interpret` is ignored (no
+  Pallas here).
   """
+  del interpret
   b, lq, h, lkv, _, d = common.check_qkv(q, k, v)
   common.check_blockmap(bm, "xla", lq, lkv, b)
   common.check_one_mask(bm)

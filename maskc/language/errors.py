@@ -8,7 +8,9 @@ source and a position and render the offending line with a caret under it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import reprlib
+from collections.abc import Iterable
 from typing import Any
 
 # What an error quotes is bounded, whatever the input: a value is shown by `short_repr`,
@@ -156,6 +158,17 @@ class ConfigError(MaskError, ValueError):
       head, *rest = super()._render().split("\n", 1)
       return "\n".join([f"{head} ({self.source})", *rest])
     return super()._render()
+
+
+def nearest(name: str, candidates: Iterable[str]) -> str | None:
+  """The candidate closest to `name`, if any is close: the "did you mean" of every hint
+  (mask names, operands, backends, config keys).
+
+  >>> nearest("casual", ["causal", "chunk"])
+  'causal'
+  """
+  found = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+  return found[0] if found else None
 
 
 def config_where(file: str | None, path: str | None) -> str | None:

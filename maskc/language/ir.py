@@ -23,9 +23,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import difflib
 import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast, dataclass_transform
 
 from maskc.language.errors import (
@@ -35,6 +34,7 @@ from maskc.language.errors import (
   MaskValueError,
   OperandError,
   Span,
+  nearest as nearest,
 )
 
 if TYPE_CHECKING:
@@ -534,12 +534,6 @@ def mask(value: Any, span: Span | None = None) -> Mask:
     raise MaskNameError(f"`{value.name}` is not a known mask", span=value.span or span,
                         hint=_mask_name_hint(value.name))
   raise MaskTypeError(f"expected a mask, got {type(value).__name__} {quote(value)}", span=span)
-
-
-def nearest(name: str, candidates: Iterable[str]) -> str | None:
-  """The candidate closest to `name`, if any is close (for "did you mean" hints)."""
-  found = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
-  return found[0] if found else None
 
 
 def _mask_name_hint(name: str) -> str:

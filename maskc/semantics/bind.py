@@ -2,7 +2,8 @@
 
 Slicing a `ComputableMask` evaluates only that tile, in int64 with NumPy; masks that
 read no array operands also evaluate at row and column indices (`mask_function`), as a
-kernel does. It is JAX splash's `Mask`, so splash's `process_mask` takes it.
+kernel does. It is a plain sliceable mask: the compiler imports no kernel, so a kernel
+that takes masks of its own wraps it (`maskc.kernels.splash.as_splash_mask`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _splash
 from jax.typing import ArrayLike
 
 from maskc.language import ir
@@ -26,18 +26,18 @@ from maskc.semantics.overflow import check_fits
 from maskc.semantics.shape import Shape, batch_of, uses_q
 
 
-class ComputableMask(_splash.Mask):
+class ComputableMask:
   """A mask bound to a shape, an offset and static operands; lazy and sliceable.
 
   Tiles are computed in int64 with NumPy and are exact: binding raises
   `MaskValueError` when a term of the mask could leave int64 at this shape with
   these operands (or a runtime scalar breaks a definition's `where` clause).
 
-  `cm[q0:q1, k0:k1]` evaluates only that tile (a NumPy bool array), so a
-  ComputableMask can be handed to JAX's splash attention wherever a splash
-  `Mask` is accepted (`MultiHeadMask`, `process_mask`). Masks that read no
-  array operands also expose `q_sequence` and `mask_function(q_ids, kv_ids)`
-  (row and column indices), which splash evaluates inside its kernel.
+  `cm[q0:q1, k0:k1]` evaluates only that tile (a NumPy bool array). Masks that
+  read no array operands also expose `q_sequence` and `mask_function(q_ids,
+  kv_ids)` (row and column indices), which a kernel can evaluate inside itself.
+  Splash attention takes it wrapped as its own `Mask`
+  (`maskc.kernels.splash.as_splash_mask(cm)`, `as_tokamax_mask(cm)`).
 
   >>> import maskc
   >>> cm = maskc.parse("causal").bind(4)

@@ -28,8 +28,8 @@ def is_traced(value: Any) -> bool:
 
 def jax_int_bits() -> int:
   """The width of the integers the jax.numpy path computes in: 64 with `jax_enable_x64`, else 32."""
-  # jax's config sets its options as attributes at runtime: the read follows `jax.enable_x64`.
-  return 64 if jax.config.jax_enable_x64 else 32  # type: ignore[attr-defined]
+  # what jax makes of int64 follows the flag and `with jax.enable_x64(...)` alike
+  return 64 if jax.dtypes.canonicalize_dtype(np.int64) == np.int64 else 32
 
 
 def jax_int() -> Any:

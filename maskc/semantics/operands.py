@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maskc.language import ir
-from maskc.language.errors import MaskValueError, OperandError
+from maskc.language.errors import MaskValueError, OperandError, nearest
 from maskc.semantics.evaluate import Env, evaluate
 from maskc.semantics.integers import NUMPY_BITS, is_traced, jax_int, jax_int_bits, runs_of
 from maskc.semantics.operand_arrays import OperandArrays, Unwritten
@@ -114,10 +114,7 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: Mapping[str, Any] | Non
   batch_from = None
   for spec in specs:
     if spec.name not in operands:
-      raise OperandError(
-          f"missing operand `{spec.name}`: the mask reads it as a {spec.kind} operand of "
-          f"shape {_EXPECT[spec.kind]}",
-          hint=f"Pass operands={{'{spec.name}': ...}}.")
+      raise _missing(spec, operands, specs)
     value = operands[spec.name]
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and \
         spec.kind == "scalar":
@@ -183,6 +180,20 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: Mapping[str, Any] | Non
   if has_reads:
     _check_reads(m, shape, result)
   return result
+
+
+def _missing(spec: ir.OperandSpec, operands: Mapping[str, Any],
+             specs: tuple[ir.OperandSpec, ...]) -> OperandError:
+  """The error for an operand the mask reads but the call does not give, with the given
+  name it most likely meant (`operands={"segs": ...}` for `seg`)."""
+  read = {s.name for s in specs}
+  guess = nearest(spec.name, [n for n in operands if isinstance(n, str) and n not in read])
+  given = f"; `{guess}` was given, which the mask does not read" if guess else ""
+  hint = f"Pass operands={{'{spec.name}': ...}}."
+  if guess:
+    hint = f"Did you mean `{spec.name}` where you wrote `{guess}`? " + hint
+  return OperandError(f"missing operand `{spec.name}`: the mask reads it as a {spec.kind} "
+                      f"operand of shape {_EXPECT[spec.kind]}{given}", hint=hint)
 
 
 def _unwritten(form: RunForm) -> Unwritten:

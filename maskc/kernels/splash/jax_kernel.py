@@ -1,7 +1,7 @@
 """Adapter to JAX's splash attention: our MaskInfo, splash's TPU kernel.
 
-The kernel is JAX's `SplashAttentionKernel`, built from `BlockMap.splash()`
-(`maskc.compiled.splash_info`) rather than from splash's `process_mask`, so building it
+The kernel is JAX's `SplashAttentionKernel`, built from `mask_info(bm)`
+(`maskc.kernels.splash.jax_info`) rather than from splash's `process_mask`, so building it
 costs the mask's partial tiles, not its whole grid. On CPU it runs in Pallas
 interpret mode.
 
@@ -47,10 +47,19 @@ from maskc.compiled.predicate import Instr, Predicate
 from maskc.compiled.tiles import FULL, PARTIAL, grid_from_runs, runs_from_grid
 from maskc.kernels import common
 from maskc.kernels.platform import platform
+from maskc.kernels.splash.jax_info import mask_info
 from maskc.kernels.xla import NEG_LSE
 from maskc.language.errors import BackendError, MaskValueError
 
 LANES = 128
+GPU_COST = None  # a TPU kernel: not costed (on TPU, `auto` takes splash whatever the mask)
+BACKWARD_ENGINE = None
+installed = common.installed  # loading the module is what needs its packages
+# Every map is taken: one splash cannot run (batched operands beyond segment ids, key
+# tiles off 128) fails at run time, where `auto` falls back to xla.
+refusal = common.no_refusal
+length_refusal = common.any_length
+forward_work = common.tile_work
 # A sink logit that never wins against a real one but keeps empty rows at 0/1 = 0; it
 # is also the log-sum-exp of an empty row, which `run_with_lse` returns as is.
 _NO_SINK = NEG_LSE
@@ -127,14 +136,14 @@ def _to_jax(info):
 
 @functools.lru_cache(maxsize=32)
 def _static_infos(bm, head_shards: int = 1, q_seq_shards: int = 1):
-  return bm.splash(head_shards=head_shards, q_seq_shards=q_seq_shards)
+  return mask_info(bm, head_shards=head_shards, q_seq_shards=q_seq_shards)
 
 
 def _kernel(bm, cap, interpret: bool, head_shards: int = 1, q_seq_shards: int = 1):
   if bm.is_static:
     infos = _static_infos(bm, head_shards, q_seq_shards)
   else:
-    infos = bm.splash(head_shards=head_shards, q_seq_shards=q_seq_shards)
+    infos = mask_info(bm, head_shards=head_shards, q_seq_shards=q_seq_shards)
   fwd, dq, dkv, fn = infos
   to_jax = _to_jax
   bq, bk = bm.block_q, bm.block_kv
@@ -152,7 +161,7 @@ def make_kernel(bm: BlockMap, *, head_shards: int = 1, q_seq_shards: int = 1,
   """JAX's `SplashAttentionKernel` for a compiled map, laid out for a mesh.
 
   What splash's `make_splash_mha(mask, head_shards=, q_seq_shards=)` returns, with
-  the MaskInfo from the BlockMap (`BlockMap.splash(head_shards=, q_seq_shards=)`,
+  the MaskInfo from the BlockMap (`mask_info(bm, head_shards=, q_seq_shards=)`,
   the same arrays splash's `process_mask` gives for masks it can express). Use it
   as splash's own, MaxText style: one batch row is `kernel(q, k, v)` with
   `q [H, Lq, D]` already scaled, `k, v [Hkv, Lkv, D]`, optional `segment_ids=` and

@@ -6,7 +6,7 @@ has a Mosaic GPU lowering; it has never been compiled by ptxas, run, or timed. I
 numerics are checked by `tests/test_gpu.py` on the first GPU session. `auto` never picks
 it until then.
 
-The walk is flash's (`maskc.kernels.flash`): for each q tile, the FULL key tiles of its
+The walk is flash's (`maskc.kernels.flash.kernel`): for each q tile, the FULL key tiles of its
 BlockMap row, then its PARTIAL ones, from index lists built from the compact runs; EMPTY
 tiles are never loaded, wherever they are in the row (holes included). PARTIAL tiles
 evaluate the compiled predicate (`maskc.compiled.predicate`) in registers.
@@ -50,7 +50,7 @@ Gradients, two backward passes, chosen by the module-level `BACKWARD` (read when
 is traced, like `SCHEDULE_BARRIER`):
 
 - `BACKWARD = "flash"` (the default): flash's backward on the same map
-  (`maskc.kernels.flash.run_with_forward`, as the tokamax backend does): this kernel
+  (`maskc.kernels.flash.kernel.run_with_forward`, as the tokamax backend does): this kernel
   returns each row's log-sum-exp, which is all flash's backward needs besides the output.
   So `jax.grad` through `backend="mosaic_gpu"` runs the Triton backward kernels, which
   need Triton's tiles (powers of two, which 128 × 64/128 are); `interpret` is passed on to
@@ -58,7 +58,7 @@ is traced, like `SCHEDULE_BARRIER`):
   calls with sinks (flash's backward for a foreign forward has no sink gradient, and a
   zero one would be silently wrong) and `run_with_lse`.
 - `BACKWARD = "mosaic_gpu"` (opt-in; **not yet run on a GPU**, only cross-lowered): the
-  backward in Pallas Mosaic GPU, `maskc.kernels.mosaic_gpu_backward`: a dq kernel per q
+  backward in Pallas Mosaic GPU, `maskc.kernels.mosaic_gpu.backward`: a dq kernel per q
   tile over this walk, a dk/dv kernel per key tile over the map's columns, PARTIAL tiles
   masked by this module's `tile_mask`. It differentiates sinks and `run_with_lse` too. It
   becomes the default once `tests/test_gpu.py -k mosaic` passes on a GPU.
@@ -86,8 +86,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from maskc.compiled.blockmap import BlockMap
-from maskc.kernels import common, compat, flash, mosaic_gpu_backward as _backward
-from maskc.kernels.mosaic_gpu_tiles import (
+from maskc.kernels import common, compat
+from maskc.kernels.flash import kernel as flash
+from maskc.kernels.mosaic_gpu import backward as _backward
+from maskc.kernels.mosaic_gpu.tiles import (
   BLOCK_KV,
   BLOCK_Q,
   LOG2E,
@@ -113,13 +115,18 @@ COMPUTE_WGS = 2
 DTYPES = (jnp.bfloat16, jnp.float16)
 # FA3's ping-pong between the two compute warpgroups (`Config.schedule_barrier`). A
 # module-level switch so that a first GPU session can rule it out if the kernel hangs
-# (`mosaic_gpu.SCHEDULE_BARRIER = False` before tracing); not a tuning knob.
+# (`maskc.kernels.mosaic_gpu.forward.SCHEDULE_BARRIER = False` before tracing); not a tuning knob.
 SCHEDULE_BARRIER = True
 # Which backward pass differentiates `backend="mosaic_gpu"` (read when a call is traced):
 # "flash", flash's Triton kernels (the default), or "mosaic_gpu", this module's own in
-# `maskc.kernels.mosaic_gpu_backward`, opt-in because it has never run on a GPU.
+# `maskc.kernels.mosaic_gpu.backward`, opt-in because it has never run on a GPU.
 BACKWARD = "flash"
 BACKWARDS = ("flash", "mosaic_gpu")
+GPU_COST = None  # never run on a GPU: no measured rate, and `auto` does not consider it
+BACKWARD_ENGINE = None  # not costed (its gradients run flash's backward unless `BACKWARD`)
+installed = common.installed
+length_refusal = common.any_length
+forward_work = common.tile_work
 
 
 def default_blocks(q_len: int, kv_len: int) -> tuple[int, int]:
@@ -151,9 +158,11 @@ def padded_head_dim(d: int) -> int:
   return -(-d // 64) * 64
 
 
-def refusal(bm: BlockMap, *, head_dim: int, dv: int | None = None, dtype: Any = None,
+def refusal(bm: BlockMap, *, head_dim: int, dtype: Any = None, soft_cap: bool = False,
+            sinks: bool = False, dv: int | None = None,
             interpret: bool | None = None) -> str | None:
-  """Why this kernel cannot run `bm` with these inputs here, or None when it can."""
+  """Why this kernel cannot run `bm` with these inputs here, or None when it can (soft caps
+  and sinks go through)."""
   if interpret:
     return ("it has no interpret mode (Pallas interpret mode does not run Mosaic GPU's "
             "wgmma pipelines)")
@@ -446,7 +455,8 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
 def _backward_choice(bm: BlockMap) -> str:
   """`BACKWARD`, checked."""
   if BACKWARD not in BACKWARDS:
-    raise MaskValueError(f"mosaic_gpu.BACKWARD must be one of {BACKWARDS}, got {BACKWARD!r}")
+    raise MaskValueError(f"maskc.kernels.mosaic_gpu.forward.BACKWARD must be one of "
+                         f"{BACKWARDS}, got {BACKWARD!r}")
   return BACKWARD
 
 
@@ -527,7 +537,8 @@ def _no_grad_fwd(cfg, d, q, k, v, sinks, ins):
 def _no_grad_bwd(cfg, d, res, do):
   raise BackendError("backend 'mosaic_gpu' has no backward pass with sinks by default (flash's "
                      "backward, which it borrows, has none for a foreign forward; "
-                     "mosaic_gpu.BACKWARD = 'mosaic_gpu' has one, not yet run on a GPU)",
+                     "maskc.kernels.mosaic_gpu.forward.BACKWARD = 'mosaic_gpu' has one, not "
+                     "yet run on a GPU)",
                      hint="Use backend='flash' to differentiate attention with sinks.")
 
 
@@ -537,7 +548,7 @@ _no_grad_forward.defvjp(_no_grad_fwd, _no_grad_bwd)
 def run_with_lse(q, k, v, bm, *, scale=None, logits_soft_cap=None, interpret=None):
   """Attention and its log-sum-exp: `(out [B, Lq, H, Dv] f32, lse [B, Lq, H] f32)`.
 
-  The contract of `maskc.kernels.flash.run_with_lse` (rows with no key: `out = 0`,
+  The contract of `maskc.kernels.flash.kernel.run_with_lse` (rows with no key: `out = 0`,
   `lse = NEG_LSE`; one mask for every head), with one difference: the kernel stores
   `out` in the inputs' dtype (its output buffer is the q tile's shared memory), and it
   is returned cast to float32. Differentiable (through both outputs) only with
@@ -576,10 +587,10 @@ def _lse_fwd(cfg, d, q, k, v, ins):
 
 def _lse_bwd(cfg, d, res, cts):
   raise BackendError("backend 'mosaic_gpu' has no backward pass for run_with_lse with "
-                     "flash's backward (mosaic_gpu.BACKWARD = 'mosaic_gpu' has one, not yet "
-                     "run on a GPU)",
-                     hint="Use maskc.kernels.flash.run_with_lse to differentiate through the "
-                          "log-sum-exp.")
+                     "flash's backward (maskc.kernels.mosaic_gpu.forward.BACKWARD = "
+                     "'mosaic_gpu' has one, not yet run on a GPU)",
+                     hint="Use maskc.kernels.flash.kernel.run_with_lse to differentiate through "
+                          "the log-sum-exp.")
 
 
 _lse_forward.defvjp(_lse_fwd, _lse_bwd)

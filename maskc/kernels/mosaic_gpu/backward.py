@@ -6,13 +6,13 @@ GPU lowering and that its shared memory fits; ptxas, numerics and speed are unch
 `tests/test_gpu.py -k mosaic` runs on a GPU. So the default gradient of `backend="mosaic_gpu"`
 stays flash's Triton backward; this one runs only after
 
-    from maskc.kernels import mosaic_gpu
-    mosaic_gpu.BACKWARD = "mosaic_gpu"     # before tracing
+    from maskc.kernels.mosaic_gpu import forward
+    forward.BACKWARD = "mosaic_gpu"     # before tracing
 
 It is FlashAttention-2's backward in two kernels, with the forward's machinery
-(`maskc.kernels.mosaic_gpu`: warp-specialized CTAs, a memory warpgroup TMA-copying tiles
+(`maskc.kernels.mosaic_gpu.forward`: warp-specialized CTAs, a memory warpgroup TMA-copying tiles
 into `stages` shared-memory slots, `wgmma` into float32 accumulators, scores in base 2),
-and its tile code (`maskc.kernels.mosaic_gpu_tiles`). `mosaic_gpu`'s entry points call
+and its tile code (`maskc.kernels.mosaic_gpu.tiles`). `mosaic_gpu`'s entry points call
 `backward` from their `custom_vjp`s:
 
 - **dq**, one CTA per (head, q rows, batch row): each compute warpgroup holds 64 query rows
@@ -30,7 +30,7 @@ and its tile code (`maskc.kernels.mosaic_gpu_tiles`). `mosaic_gpu`'s entry point
   sharing each q step, a 64-key tile one.
 
 PARTIAL tiles evaluate the compiled predicate with the forward's code
-(`mosaic_gpu_tiles.tile_mask`), every read kind included: in the dk/dv kernel the tile's query
+(`tiles.tile_mask`), every read kind included: in the dk/dv kernel the tile's query
 axis is 1, its key-side reads are loaded once per CTA, the q-side ones per step, and
 pairwise reads come from the pairwise array transposed (built in the backward, not kept).
 
@@ -57,7 +57,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from maskc.kernels import compat
-from maskc.kernels.mosaic_gpu_tiles import (
+from maskc.kernels.mosaic_gpu.tiles import (
   BLOCK_Q,
   LOG2E,
   MAX_STAGES,

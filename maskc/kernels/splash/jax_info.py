@@ -1,4 +1,4 @@
-"""Splash `MaskInfo` from a BlockMap, for JAX's `SplashAttentionKernel`.
+"""JAX splash's `MaskInfo` from a BlockMap, for JAX's `SplashAttentionKernel`.
 
 Splash's own `process_mask` visits every tile of the mask and slices it to
 classify it: seconds at 32K tokens, a minute at 128K. The BlockMap already
@@ -16,18 +16,15 @@ kernel (`mask_function`, as splash does for its `CausalMask` or `LocalMask`).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info import MaskInfo
 
 from maskc.compiled import predicate as _predicate
+from maskc.compiled.blockmap import BlockMap
 from maskc.compiled.predicate import Predicate
 from maskc.compiled.tiles import EMPTY, PARTIAL, Runs, expand_runs
 from maskc.language.errors import BackendError, MaskValueError
-
-if TYPE_CHECKING:
-  from maskc.compiled.blockmap import BlockMap
 
 _EVAL_CHUNK = 1 << 22  # mask elements evaluated at once
 
@@ -54,10 +51,9 @@ class MaskFunction:
     return _predicate.evaluate(self.predicate, xp, q_ids + self.q_offset, kv_ids, fetch)
 
 
-def splash_mask_info(bm, downcast_smem_data: bool = True, *,
-                     use_mask_function: bool | None = None, head_shards: int = 1,
-                     q_seq_shards: int = 1
-                     ) -> tuple[MaskInfo, MaskInfo, MaskInfo, MaskFunction | None]:
+def mask_info(bm: BlockMap, *, downcast_smem_data: bool = True,
+              use_mask_function: bool | None = None, head_shards: int = 1,
+              q_seq_shards: int = 1) -> tuple[MaskInfo, MaskInfo, MaskInfo, MaskFunction | None]:
   """`(fwd, dq, dkv, mask_function)` MaskInfos for JAX's splash kernel, from a BlockMap.
 
   Args:
@@ -78,7 +74,7 @@ def splash_mask_info(bm, downcast_smem_data: bool = True, *,
       all heads gives a leading axis of `head_shards`; per-head masks give one row
       per head shard when each shard's heads share a mask, else one per head.
       Run the kernel under `jax.shard_map` with `manual_sharding_spec` (see
-      `maskc.kernels.splash.make_kernel`).
+      `maskc.kernels.splash.jax_kernel.make_kernel`).
 
   Returns:
     `(fwd_mask_info, dq_mask_info, dkv_mask_info, mask_function_or_None)`. The dq
@@ -93,7 +89,7 @@ def splash_mask_info(bm, downcast_smem_data: bool = True, *,
 
   >>> import maskc
   >>> bm = maskc.compile("causal", 512, block_q=128, block_kv=128)
-  >>> fwd, dq, dkv, fn = bm.splash()
+  >>> fwd, dq, dkv, fn = mask_info(bm)
   >>> fwd.block_mask[0].tolist()
   [[1, 0, 0, 0], [2, 1, 0, 0], [2, 2, 1, 0], [2, 2, 2, 1]]
   """
@@ -141,7 +137,7 @@ def splash_mask_info(bm, downcast_smem_data: bool = True, *,
   return fwd, fwd, dkv, fn
 
 
-def check_shards(bm, head_shards: int, q_seq_shards: int) -> None:
+def check_shards(bm: BlockMap, head_shards: int, q_seq_shards: int) -> None:
   """Raises unless the shards split the q tiles (and the heads of a per-head map) evenly."""
   for name, n in (("head_shards", head_shards), ("q_seq_shards", q_seq_shards)):
     if not isinstance(n, (int, np.integer)) or n < 1:
@@ -291,7 +287,7 @@ def _shrunk_shard(i, j, st, pi, pj, pid, rows: int, nk: int, dkv: bool, stored: 
     line, other, n_lines = i, j, rows
     key, pkey = i * nk + j, pi * nk + pj
   count = np.bincount(line, minlength=n_lines)
-  width = max(1, int(count.max()) if count.size else 1)
+  width = max(1, int(np.max(count)) if count.size else 1)
   first = np.concatenate([[0], np.cumsum(count)[:-1]])
   slot = np.arange(line.size) - first[line]
   if dkv:

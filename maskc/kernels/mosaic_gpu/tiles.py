@@ -1,7 +1,7 @@
 """What the Mosaic GPU forward and backward kernels share: their config, inputs and tile code.
 
-`maskc.kernels.mosaic_gpu` (the forward kernel and the backend's entry points) and
-`maskc.kernels.mosaic_gpu_backward` (the opt-in dq and dk/dv kernels) both import from
+`maskc.kernels.mosaic_gpu.forward` (the forward kernel and the backend's entry points) and
+`maskc.kernels.mosaic_gpu.backward` (the opt-in dq and dk/dv kernels) both import from
 here, so neither imports the other's kernels: the tile geometry constants, `Config` and
 `Inputs`, and the code every kernel runs per tile:
 

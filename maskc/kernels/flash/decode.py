@@ -4,7 +4,7 @@ A decode step has one q tile (one query row, or a handful) per batch row and hea
 flash's forward launches `B · H` programs, each walking every key tile of its row in
 sequence: 32 programs for 4 rows of 8 heads, on a GPU of 132 SMs, each walking
 thousands of key tiles at long contexts. Flash-decoding (Dao et al., 2023) splits each
-q tile's list of key tiles (FULL then PARTIAL, as `maskc.kernels.flash._meta` lists
+q tile's list of key tiles (FULL then PARTIAL, as `maskc.kernels.flash.kernel._meta` lists
 them) into `S` contiguous shares, one program per `(batch, head, q tile, split)`, each
 writing its rows' partial output and log-sum-exp; `combine` then merges the shares
 exactly, the way ring attention merges `run_with_lse` parts:

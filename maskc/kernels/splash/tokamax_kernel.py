@@ -4,13 +4,13 @@ tokamax (`tokamax._src.ops.experimental.tpu.splash_attention`) carries its own
 splash kernel: a compacted schedule of active tiles instead of JAX splash's
 dense grid, a fused backward (dq, dk and dv in one kernel), and 2-D masks only.
 The kernel here is tokamax's `SplashAttentionKernel`, built from
-`BlockMap.tokamax_splash()` (`maskc.compiled.tokamax_info`), never from
+`tokamax_mask_info(bm)` (`maskc.kernels.splash.tokamax_info`), never from
 tokamax's `process_mask`, so building it costs the mask's partial tiles, not
 its whole grid. On CPU it runs in Pallas interpret mode. tokamax needs Python
 3.12 and jax 0.11.1 or later (`pip install maskc[tokamax]`); this module is the
 only one of maskc that imports it.
 
-What it runs, as the JAX splash adapter (`maskc.kernels.splash`) does:
+What it runs, as the JAX splash adapter (`maskc.kernels.splash.jax_kernel`) does:
 - a static mask without batched operands: its compacted MaskInfo, with partial
   tiles stored or, for masks of positions and scalars, evaluated in the kernel;
 - a mask whose segment conjuncts `s[q] == s[k]` read batched or traced ids, with
@@ -22,7 +22,7 @@ A per-head map runs one kernel per distinct mask, over that mask's heads.
 Other batched operands raise `BackendError` naming `xla` and `flash`.
 `block_q` and `block_kv` must be multiples of 128 (tokamax's own constraint).
 
-Any length: padded to whole tiles as in `maskc.kernels.splash` (padding keys
+Any length: padded to whole tiles as in `maskc.kernels.splash.jax_kernel` (padding keys
 are masked by the predicate, padding rows dropped). Rows with no allowed key
 are exactly zero, with zero gradients: the adapter always passes sink logits
 (a very negative one when the caller has none), and schedules a write-only
@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
-from tokamax._src.ops.experimental.tpu.splash_attention import (  # type: ignore[import-not-found, unused-ignore]
+from tokamax._src.ops.experimental.tpu.splash_attention import (  # type: ignore[import-not-found, import-untyped, unused-ignore]
   splash_attention_kernel as tk,
   splash_attention_mask as tm,
 )
@@ -53,11 +53,26 @@ from tokamax._src.ops.experimental.tpu.splash_attention import (  # type: ignore
 from maskc.compiled.blockmap import BlockMap
 from maskc.kernels import common
 from maskc.kernels.platform import platform
-from maskc.kernels.splash import checked_inputs, default_blocks, head_major, padded_map, plan
+from maskc.kernels.splash.jax_kernel import (
+  checked_inputs,
+  default_blocks,
+  head_major,
+  padded_map,
+  plan,
+)
+from maskc.kernels.splash.tokamax_info import tokamax_mask_info
 from maskc.kernels.xla import NEG_LSE
 from maskc.language.errors import MaskValueError
 
 LANES = 128
+GPU_COST = None  # a TPU kernel: not costed (on TPU, `auto` takes splash whatever the mask)
+BACKWARD_ENGINE = None
+installed = common.installed  # loading the module is what needs its packages
+# Every map is taken: one splash cannot run (batched operands beyond segment ids, key
+# tiles off 128) fails at run time, where `auto` falls back to xla.
+refusal = common.no_refusal
+length_refusal = common.any_length
+forward_work = common.tile_work
 # A sink logit that never wins against a real one but keeps empty rows at 0/1 = 0; it is
 # also the log-sum-exp of an empty row, which `run_with_lse` returns as is.
 _NO_SINK = NEG_LSE
@@ -74,7 +89,7 @@ def _check_tiles(bq: int, bk: int) -> None:
 
 @functools.lru_cache(maxsize=32)
 def _static_infos(bm: BlockMap, mask: int, q_seq_shards: int):
-  return bm.tokamax_splash(mask=mask, q_seq_shards=q_seq_shards)
+  return tokamax_mask_info(bm, mask=mask, q_seq_shards=q_seq_shards)
 
 
 def _kernel(bm: BlockMap, mask: int, cap: float | None, interpret: bool,
@@ -83,7 +98,7 @@ def _kernel(bm: BlockMap, mask: int, cap: float | None, interpret: bool,
   if bm.is_static:
     fwd, dkv, fn = _static_infos(bm, mask, q_seq_shards)
   else:
-    fwd, dkv, fn = bm.tokamax_splash(mask=mask)
+    fwd, dkv, fn = tokamax_mask_info(bm, mask=mask)
   bq, bk = bm.block_q, bm.block_kv
   config = tk.SplashConfig(
       block_q=bq, block_kv=bk, block_kv_compute=bk, block_q_dkv=bq, block_kv_dkv=bk,
@@ -112,7 +127,7 @@ def make_kernel(bm: BlockMap, *, q_seq_shards: int = 1, logits_soft_cap: float |
   """tokamax's `SplashAttentionKernel` for a compiled map of one mask, laid out for a mesh.
 
   What tokamax's `make_splash_mha(mask, config=, q_seq_shards=)` returns, with
-  the MaskInfo from the BlockMap (`BlockMap.tokamax_splash(q_seq_shards=)`).
+  the MaskInfo from the BlockMap (`tokamax_mask_info(bm, q_seq_shards=)`).
   Use it as tokamax's own: one batch row is `kernel(q, k, v)` with
   `q [H, Lq, D]` already scaled, `k, v [Hkv, Lkv, D]`, optional `segment_ids=`
   (`tk.SegmentIds`) and `sinks=`. On a mesh, shard its MaskInfo with
@@ -135,7 +150,7 @@ def make_kernel(bm: BlockMap, *, q_seq_shards: int = 1, logits_soft_cap: float |
     BackendError: the map has a batch axis.
 
   >>> import maskc
-  >>> from maskc.kernels.tokamax_splash import make_kernel
+  >>> from maskc.kernels.splash.tokamax_kernel import make_kernel
   >>> bm = maskc.compile("causal", 512, block_q=128, block_kv=128)
   >>> make_kernel(bm, q_seq_shards=2).fwd_mask_info.num_active_blocks.tolist()
   [3, 7]
@@ -361,8 +376,8 @@ def as_tokamax(cm: Any) -> tm.Mask:
   (`make_splash_mha`, `process_mask`): tokamax slices tiles from it, and a mask
   of positions and scalars also gives tokamax `q_sequence` and `mask_function`
   to evaluate it in the kernel. maskc's compiler cannot import tokamax (it is
-  optional), so the adapter lives here; the `ComputableMask` itself is already
-  a JAX splash `Mask`.
+  optional), so the adapter lives here, as JAX splash's does in
+  `maskc.kernels.splash.masks` (`as_splash_mask`).
 
   Args:
     cm: a `ComputableMask` (`maskc.parse(text).bind(q_len, kv_len, ...)`) without
@@ -376,7 +391,7 @@ def as_tokamax(cm: Any) -> tm.Mask:
     MaskValueError: `cm` is no bound mask, or has a batch axis.
 
   >>> import maskc
-  >>> from maskc.kernels.tokamax_splash import as_tokamax
+  >>> from maskc.kernels.splash.tokamax_kernel import as_tokamax
   >>> m = as_tokamax(maskc.parse("causal").bind(4))
   >>> m[1:3, :].astype(int).tolist()
   [[1, 1, 0, 0], [1, 1, 1, 0]]

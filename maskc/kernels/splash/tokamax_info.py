@@ -6,12 +6,12 @@ row-major order, instead of JAX splash's dense `[H, nq, nk]` grid with
 "next tile" indices. Its `process_mask` builds that list by slicing every tile
 of a 2-D mask; here it is read off the BlockMap's runs, and only the PARTIAL
 tiles are evaluated (to store their blocks, deduplicated), as for JAX's splash
-(`maskc.compiled.splash_info`).
+(`maskc.kernels.splash.jax_info`).
 
 The arrays are NumPy (static maps) or jax arrays (traced maps) in a
 `CompactMaskInfo`, whose fields are tokamax's `MaskInfo` fields in the same
 order; nothing here imports tokamax (it is optional and needs Python 3.12):
-`maskc.kernels.tokamax_splash` wraps them in tokamax's own type.
+`maskc.kernels.splash.tokamax_kernel` wraps them in tokamax's own type.
 
 One layout difference from `process_mask`, on purpose: in the forward list a q
 tile with no active tile at all gets one step `(i, 0)` with `block_mask = 0`
@@ -22,17 +22,21 @@ initializes and writes that tile's output (zeros with maskc's sink logits);
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from maskc.compiled import predicate as _predicate
-from maskc.compiled.splash_info import MaskFunction, check_shards, numbered_tiles, small, tiles_of
+from maskc.compiled.blockmap import BlockMap
 from maskc.compiled.tiles import FULL, PARTIAL, grid_from_runs
+from maskc.kernels.splash.jax_info import (
+  MaskFunction,
+  check_shards,
+  numbered_tiles,
+  small,
+  tiles_of,
+)
 from maskc.language.errors import BackendError, MaskValueError
-
-if TYPE_CHECKING:
-  from maskc.compiled.blockmap import BlockMap
 
 _EVAL_CHUNK = 1 << 22  # mask elements evaluated at once
 
@@ -80,7 +84,7 @@ class CompactMaskInfo(NamedTuple):
   q_sequence: Any
 
 
-def compact_mask_info(bm: BlockMap, *, mask: int = 0, q_seq_shards: int = 1,
+def tokamax_mask_info(bm: BlockMap, *, mask: int = 0, q_seq_shards: int = 1,
                       dkv_active: bool | None = None, downcast_smem_data: bool = True,
                       use_mask_function: bool | None = None
                       ) -> tuple[CompactMaskInfo, CompactMaskInfo, MaskFunction | None]:
@@ -117,7 +121,7 @@ def compact_mask_info(bm: BlockMap, *, mask: int = 0, q_seq_shards: int = 1,
 
   >>> import maskc
   >>> bm = maskc.compile("sliding(200)", 512, block_q=128, block_kv=128)
-  >>> fwd, dkv, fn = bm.tokamax_splash()
+  >>> fwd, dkv, fn = tokamax_mask_info(bm)
   >>> fwd.active_rows.tolist(), fwd.active_cols.tolist(), fwd.block_mask.tolist()
   ([0, 1, 1, 2, 2, 2, 3, 3, 3], [0, 0, 1, 0, 1, 2, 1, 2, 3], [1, 1, 1, 1, 1, 1, 1, 1, 1])
   """

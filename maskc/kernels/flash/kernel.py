@@ -21,7 +21,7 @@ MoBA-style block selection) are one value per tile, loaded as a scalar. Every
 load is a power-of-two block (the tiles), as Triton requires; the arrays a block
 slices from may have any shape.
 
-Decoding (`maskc.kernels.flash_decode`): a map of one q tile may have any `block_q`
+Decoding (`maskc.kernels.flash.decode`): a map of one q tile may have any `block_q`
 (one query row, or a handful); the kernel pads its tile to a power of two >= 16 rows, the
 least a Triton dot takes. When the launch has few programs and its rows many key tiles,
 each q tile's key tiles are split into `S` shares, one program per `(b, h, q tile,
@@ -52,12 +52,22 @@ from jax.experimental import pallas as pl
 
 from maskc.compiled import predicate as _predicate
 from maskc.compiled.predicate import Predicate
-from maskc.kernels import common, compat, flash_decode
+from maskc.kernels import common, compat
+from maskc.kernels.flash import decode as flash_decode
 from maskc.kernels.platform import platform
 from maskc.kernels.xla import NEG_LSE
 from maskc.language.errors import BackendError, MaskValueError
 
 BLOCK_SIZES = (64, 64)
+# The GPU cost model's rates on its tile work (`maskc.kernels.api.GPU_COSTS_MEASURED`):
+# forward TFLOP/s, backward TFLOP/s, fixed ms a call.
+GPU_COST = (278.0, 311.0, 0.05)
+BACKWARD_ENGINE = None
+installed = common.installed
+# Every mask runs (tiles Triton cannot load fail at run time, where `auto` falls back).
+refusal = common.no_refusal
+length_refusal = common.any_length
+forward_work = common.tile_work
 
 # JAX 0.11+ deprecates the Triton backend; maskc knows (see `compat`).
 compat.quiet_triton_deprecation()
@@ -591,7 +601,7 @@ def run(q, k, v, bm, *, scale=None, logits_soft_cap=None, sinks=None, interpret=
   """The backend entry point: attention `[B, Lq, H, Dv]` with the Pallas flash kernel.
 
   `splits` is how many shares each q tile's key tiles are split into in the forward pass
-  (flash-decoding, `maskc.kernels.flash_decode`): None picks by `flash_decode.splits`
+  (flash-decoding, `maskc.kernels.flash.decode`): None picks by `flash_decode.splits`
   (1 unless the launch has few programs and its rows many key tiles), 1 never splits.
   """
   b, lq, h, lkv, hkv, d = common.check_qkv(q, k, v)
