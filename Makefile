@@ -33,10 +33,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) $(PYTEST) --durations=15
 
-# ruff and mypy (the lint extra), configured in pyproject.toml: the public modules are
-# type-checked strictly, the rest with mypy's defaults.
+# ruff and mypy (the lint extra), configured in pyproject.toml: ruff over everything with
+# Python in it; the public modules are type-checked strictly, the rest with mypy's defaults.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check maskc
+	$(VENV)/bin/ruff check maskc tests benchmarks examples
 	$(VENV)/bin/mypy maskc
 
 # Cross-lowering checks (tests/test_cross_lowering.py, tests/test_mosaic_gpu_lowering.py): flash

@@ -53,8 +53,7 @@ import numpy as np
 
 import maskc
 from maskc.compiled import predicate as _predicate
-from maskc.kernels import api, attention, flash
-from maskc.kernels import common as _common
+from maskc.kernels import api, attention, common as _common, flash
 
 IMPLS = ("flash", "cudnn", "xla", "be-cudnn", "tokamax", "mosaic_gpu", "mosaic_gpu-bwd", "auto")
 DEFAULT_IMPLS = ("flash", "cudnn", "xla", "be-cudnn", "tokamax", "auto")

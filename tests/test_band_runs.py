@@ -1,27 +1,31 @@
-"""Bands of `q - k` in closed form (`maskc.lowering.closed_forms.band_runs`): their tiles, and other parts' runs
-clipped to them, against dense masks."""
+"""Bands of `q - k` in closed form (`maskc.lowering.closed_forms.band_runs`): their tiles, and
+other parts' runs clipped to them, against dense masks."""
 
 import numpy as np
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 import maskc
-from maskc.lowering import compile as _lower
-from maskc.lowering import combined as _combined
-from maskc.lowering import part_rules as _part_rules
-from maskc.lowering import part_runs as _part_runs
+from helpers import tile_states
+from maskc.analysis.linear import exact_band
+from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
+from maskc.lowering import (
+  combined as _combined,
+  compile as _lower,
+  part_rules as _part_rules,
+  part_runs as _part_runs,
+  range_analysis as _range_analysis,
+)
+from maskc.lowering.closed_forms.band_runs import (
+  band_bounds,
+  clipped_pieces,
+  met_bounds_pieces,
+)
+from maskc.lowering.grid.forms import line_runs
+from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget
 from maskc.lowering.rules import Site
-from maskc.lowering import range_analysis as _range_analysis
-from maskc.semantics.ranges import Tables
-from maskc.lowering.closed_forms.band_runs import (BandRuns, band_bounds, clipped_pieces,
-                                                  met_bounds_pieces)
-from maskc.lowering.grid.forms import line_runs
 from maskc.semantics.bind import Shape
-from maskc.analysis.linear import exact_band
-from maskc.lowering.grid.geometry import TileGeometry
-from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
-from helpers import tile_states
+from maskc.semantics.ranges import Tables
 
 bounds_st = st.one_of(st.none(), st.integers(-40, 40))
 

@@ -29,7 +29,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # the command line and the test helpers use like any user.
 STAGES = ["maskc.grammar", "maskc.language", "maskc.arrays", "maskc.analysis", "maskc.semantics",
           "maskc.compiled", "maskc.lowering.tuning", "maskc.lowering.grid",
-          "maskc.lowering.closed_forms", "maskc.lowering", "maskc.tools", "maskc.config", "maskc.parallel", "maskc.kernels",
+          "maskc.lowering.closed_forms", "maskc.lowering", "maskc.tools", "maskc.config",
+          "maskc.parallel", "maskc.kernels",
           "maskc.attention", "maskc.ir", "maskc._deprecated", "maskc", "maskc.testing",
           "maskc.cli", "maskc.flax"]
 
@@ -39,9 +40,10 @@ IR = "maskc.language.ir"
 IR_MAY_IMPORT = {"maskc.language.errors"}
 KERNELS = "maskc.kernels"
 # What a kernel may import of maskc: the compiled contract (the BlockMap, its predicate
-# and tile vocabulary, and the errors). `maskc.compiled.splash_info` is the BlockMap's splash format,
-# reached through `BlockMap.splash()`, never imported by a kernel.
-KERNEL_CONTRACT = {"maskc.compiled.blockmap", "maskc.compiled.predicate", "maskc.compiled.tiles", "maskc.language.errors"}
+# and tile vocabulary, and the errors). `maskc.compiled.splash_info` is the BlockMap's splash
+# format, reached through `BlockMap.splash()`, never imported by a kernel.
+KERNEL_CONTRACT = {"maskc.compiled.blockmap", "maskc.compiled.predicate", "maskc.compiled.tiles",
+                   "maskc.language.errors"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,7 +355,8 @@ def test_the_rules_catch_each_kind_of_violation(tmp_path):
       "maskc/language/ir.py": "from maskc.language.errors import E\n"
                               "def f():\n  from maskc.language import printer\n",
       "maskc/language/printer.py": "from maskc.language import ir\n",
-      "maskc/semantics/__init__.py": "", "maskc/semantics/bind.py": "from maskc.lowering import x\n",
+      "maskc/semantics/__init__.py": "",
+      "maskc/semantics/bind.py": "from maskc.lowering import x\n",
       "maskc/lowering/__init__.py": "", "maskc/lowering/x.py": "",
       "maskc/lowering/splash.py": "def f():\n  from maskc.kernels.common import x\n",
       "maskc/kernels/__init__.py": "",

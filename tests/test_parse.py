@@ -628,7 +628,7 @@ def parse_or_mask_error(text: str) -> None:
   assert isinstance(m, maskc.Mask)
   assert maskc.parse(str(m)) == m
   m.simplify()
-  m.operands
+  _ = m.operands
 
 
 @given(st.text(alphabet=ALPHABET, max_size=80))

@@ -168,8 +168,7 @@ def test_row_labels_use_positions_with_offset():
 
 
 def test_huge_map_renders_small_without_building_the_grid(monkeypatch):
-  from maskc.compiled import blockmap as _blockmap
-  from maskc.compiled import tiles as _tiles
+  from maskc.compiled import blockmap as _blockmap, tiles as _tiles
 
   def no_grid(*args, **kwargs):
     raise AssertionError("the 64 MB tile grid was built")

@@ -1,26 +1,26 @@
-"""A band widened by equal reads (`maskc.lowering.closed_forms.widened_band`): `band | bidirectional(img)` as
-bounds per line, against dense masks."""
+"""A band widened by equal reads (`maskc.lowering.closed_forms.widened_band`):
+`band | bidirectional(img)` as bounds per line, against dense masks."""
 
 import jax
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 import maskc
-from maskc.lowering import compile as _lower
-from maskc.lowering import traced as _lower_dynamic
-from maskc.lowering.grid.refine import Budget
-from maskc.lowering.part_rules import EQUAL_READS
-from maskc.lowering.rules import Site
-from maskc.lowering import combined as _combined
-from maskc.lowering import range_analysis as _range_analysis
-from maskc.semantics.ranges import Tables
+from helpers import assert_exact, tile_states
+from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
+from maskc.lowering import (
+  combined as _combined,
+  compile as _lower,
+  range_analysis as _range_analysis,
+  traced as _lower_dynamic,
+)
 from maskc.lowering.closed_forms.band_runs import Intervals
 from maskc.lowering.grid.geometry import TileGeometry
-from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
-from maskc.lowering.rules import taken
-from helpers import assert_exact, tile_states
+from maskc.lowering.grid.refine import Budget
+from maskc.lowering.part_rules import EQUAL_READS
+from maskc.lowering.rules import Site, taken
+from maskc.semantics.ranges import Tables
 from sampling import PARTS, count
 
 BANDS = ["causal", "sliding(W)", "local(L, R)", "q - k >= A & q - k <= B", "k - q >= A",
