@@ -525,7 +525,7 @@ def test_yaml_needs_pyyaml(tmp_path, monkeypatch):
   path = write(tmp_path, "m.yaml", LLAMA4_YAML)
   monkeypatch.setitem(sys.modules, "yaml", None)
   err = error_of(path, exc=maskc.ConfigError)
-  assert "needs PyYAML" in str(err) and "pip install 'maskc[yaml]'" in str(err)
+  assert "needs PyYAML" in str(err) and 'pip install -e ".[yaml]"' in str(err)
   assert maskc.load_config(LLAMA4).num_layers == 8  # dicts need no YAML
 
 

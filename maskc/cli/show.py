@@ -17,7 +17,7 @@ from typing import TextIO
 
 import maskc
 from maskc.cli.args import OPERAND_VALUES_HELP, add_shape_arguments, can_encode, operands_from_items
-from maskc.compiled.render import _matplotlib
+from maskc.language.errors import MissingExtraError
 from maskc.tools.show import MAX_ELEMENT_COLS, MAX_ELEMENT_ROWS, MaskView
 
 
@@ -86,8 +86,11 @@ def _save_svg(view: MaskView, path: str) -> None:
 
 
 def _save_png(view: MaskView, path: str) -> None:
-  _matplotlib()  # a MaskError naming the `plot` extra when matplotlib is missing
-  import matplotlib
+  try:
+    import matplotlib
+  except ImportError:
+    raise MissingExtraError("--png needs matplotlib, which is not installed", extra="plot",
+                            hint="Or write --svg, which needs nothing.") from None
   if "matplotlib.pyplot" not in sys.modules:
     matplotlib.use("Agg")  # no window from a command line tool
   import matplotlib.pyplot as plt

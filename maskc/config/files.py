@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from maskc.language.errors import ConfigError, Span, short_repr
+from maskc.language.errors import ConfigError, Span, install_command, short_repr
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_DEPTH = 64
@@ -214,7 +214,7 @@ def _load_yaml(text: str, file: str) -> Any:
     import yaml
   except ImportError:
     raise ConfigError("reading a YAML config needs PyYAML, which is not installed", file=file,
-                      hint="Install it with `pip install 'maskc[yaml]'`, or write the config "
+                      hint=f"Install it with `{install_command('yaml')}`, or write the config "
                            "as JSON or TOML.") from None
   loader = _yaml_loader(yaml)(text, file)
   try:

@@ -276,7 +276,7 @@ def load_config(config: Any, /, *, section: str | None = None, **params: Any) ->
   """Loads and checks the attention masks of a model config.
 
   Args:
-    config: a path to a `.yaml`/`.yml` (needs PyYAML: `pip install 'maskc[yaml]'`),
+    config: a path to a `.yaml`/`.yml` (needs PyYAML: `pip install -e ".[yaml]"`),
       `.json` or `.toml` file, or a mapping with the same keys (see the schema in
       `maskc.config.model`'s docstring).
     section: a dotted key path to the mask config inside a larger file

@@ -136,6 +136,32 @@ class BackendError(MaskError, NotImplementedError):
   """The chosen backend cannot run this mask; the message names one that can."""
 
 
+class MissingExtraError(MaskError, ImportError):
+  """An optional dependency is not installed; the hint names the extra of maskc that
+  installs it (`install_command`).
+
+  Attributes:
+    extra: the extra's name in pyproject.toml (`plot`, `flax`, `yaml`, ...).
+  """
+
+  def __init__(self, message: str, *, extra: str, hint: str | None = None) -> None:
+    self.extra = extra
+    install = f"Install it with `{install_command(extra)}`."
+    super().__init__(message, hint=f"{install} {hint}" if hint else install)
+
+
+def install_command(extra: str) -> str:
+  """The command that installs maskc's optional `extra`, in the form that works where
+  maskc is installed from its checkout (`pip install -e .`, run in the checkout).
+
+  Every hint about a missing optional dependency names it so.
+
+  >>> install_command("yaml")
+  'pip install -e ".[yaml]"'
+  """
+  return f'pip install -e ".[{extra}]"'
+
+
 class ConfigError(MaskError, ValueError):
   """A model config is malformed: a wrong key, type or count, an undeclared operand, or a
   file too large or too deeply nested to read.
