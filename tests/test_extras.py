@@ -1,6 +1,7 @@
 """Missing optional dependencies: each error names the extra that installs it, in the form
 that works from a checkout (`pip install -e ".[flax]"`), as `install_command` writes it."""
 
+import subprocess
 import sys
 
 import pytest
@@ -13,6 +14,19 @@ from maskc.language.errors import MissingExtraError, install_command
 
 def test_install_command_names_the_extra_on_the_checkout():
   assert install_command("plot") == 'pip install -e ".[plot]"'
+
+
+def test_import_maskc_flax_without_flax_names_the_extra():
+  # A fresh interpreter in which `import flax` fails, as where Flax is not installed.
+  code = ("import sys; sys.modules['flax'] = None\n"
+          "import maskc\n"
+          "try:\n  import maskc.flax\n"
+          "except ImportError as e:\n"
+          "  print(type(e).__name__, isinstance(e, maskc.MaskError)); print(e)\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       timeout=300).stdout
+  assert out.splitlines()[0] == "MissingExtraError True", out
+  assert "needs Flax" in out and 'pip install -e ".[flax]"' in out
 
 
 def test_cli_png_without_matplotlib_names_the_extra(capsys, monkeypatch, tmp_path):

@@ -1,7 +1,8 @@
 """maskc in Flax NNX models: `maskc.flax.Attention`, an attention module with a maskc mask.
 
-Needs Flax (`pip install "maskc[flax]"`). This package imports Flax and maskc's public
-API only; `import maskc` never imports it.
+Needs Flax (`pip install -e ".[flax]"`); without it, `import maskc.flax` raises a
+`MissingExtraError` (an `ImportError`) that says so. This package imports Flax and maskc's
+public API only; `import maskc` never imports it.
 
 >>> from flax import nnx
 >>> from maskc.flax import Attention
@@ -9,6 +10,13 @@ API only; `import maskc` never imports it.
 8
 """
 
-from maskc.flax._attention import Attention as Attention
+import importlib.util
+
+from maskc.language.errors import MissingExtraError
+
+if importlib.util.find_spec("flax") is None:
+  raise MissingExtraError("maskc.flax needs Flax, which is not installed", extra="flax")
+
+from maskc.flax._attention import Attention as Attention  # noqa: E402  (after the check)
 
 __all__ = ["Attention"]
