@@ -337,14 +337,17 @@ def test_unused_broken_definition_is_still_an_error():
   err = error_of({"definitions": {"good": "causal", "bad": "q // Z == 0"}, "layers": ["good"]},
                  exc=maskc.MaskTypeError)
   assert "(definitions.bad, line 1, column 6)" in str(err) and caret_column(err) == 6
-  assert "set it under `params:`" in str(err)
+  assert "Set `Z` under `params:`" in str(err)
 
 
 def test_unbound_parameter_says_how_to_bind_it():
   err = error_of({"definitions": {"local": "causal & chunk(C)"}, "layers": ["local"]},
                  exc=maskc.MaskTypeError)
   assert "(definitions.local, line 1, column 16)" in str(err)
-  assert "set it under `params:` or pass `load_config(..., C=...)`" in str(err)
+  assert ("Divide by a literal or a parameter bound at parse time. Set `C` under `params:` or "
+          "pass `load_config(..., C=8192)`.\nThe mask at layers[0] uses this definition."
+          in str(err))
+  assert "maskc.parse(" not in str(err)  # the config's terms, not Python's
   assert "The mask at layers[0] uses this definition." in str(err)
 
 

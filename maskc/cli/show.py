@@ -16,7 +16,14 @@ import sys
 from typing import TextIO
 
 import maskc
-from maskc.cli.args import OPERAND_VALUES_HELP, add_shape_arguments, can_encode, operands_from_items
+from maskc.cli.args import (
+  OPERAND_VALUES_HELP,
+  add_shape_arguments,
+  can_encode,
+  check_operands,
+  operands_from_items,
+  parse_mask,
+)
 from maskc.language.errors import MissingExtraError
 from maskc.tools.show import MAX_ELEMENT_COLS, MAX_ELEMENT_ROWS, MaskView
 
@@ -53,8 +60,9 @@ def run_show(args: argparse.Namespace, out: TextIO) -> int:
   width = args.width if args.width is not None else min(120, shutil.get_terminal_size().columns)
   if width < 10:
     raise maskc.MaskValueError(f"--width must be at least 10, got {width}")
-  m = maskc.parse(args.expr)
+  m = parse_mask(args)
   operands = operands_from_items(args.operand)
+  check_operands(m, operands)
   view = maskc.show(m, args.q_len, args.kv_len, q_offset=args.offset, operands=operands,
                     block_q=args.block_q, block_kv=args.block_kv)
   if args.tiles and view.elements:

@@ -72,7 +72,7 @@ from maskc.config.params import read_params, unused_params
 from maskc.config.texts import MaskTexts
 from maskc.config.where import Where, shown
 from maskc.language import ir
-from maskc.language.errors import ConfigError, OperandError, short_repr
+from maskc.language.errors import ConfigError, OperandError, Unbound, short_repr
 from maskc.language.parse import nearest
 from maskc.lowering.compile import compile as compile_mask
 
@@ -172,8 +172,7 @@ class MaskConfig:
       names = ", ".join(f"`{d.name}` ({d.kind}, shape {d.shape}, {d.dtype})" for d in missing)
       raise OperandError(f"missing operand{'s' if len(missing) > 1 else ''} {names}",
                          source=self.source,
-                         hint="Pass operands={" + ", ".join(f"'{d.name}': ..." for d in missing)
-                         + "}.")
+                         unbound=[Unbound(d.name, "operand", d.kind) for d in missing])
     done: dict[Layer, Any] = {}
     out = []
     for m in self.layers:
@@ -232,7 +231,7 @@ def _load(data: Any, where: Where, caller: dict[str, Any]) -> tuple[MaskConfig, 
   num_heads = _count(data, "num_heads", where)
   params = read_params(data, caller, where)
   declared = read_operands(data, params, where)
-  texts = MaskTexts(where, params, declared)
+  texts = MaskTexts(where, params)
   texts.read_definitions(data.get("definitions"))
   for name in texts.defined:
     if name in params.values:

@@ -152,4 +152,4 @@ def _operand_error(texts: MaskTexts, parsed: Parsed, name: str, message: str,
   err = ConfigError(message, path=parsed.path, file=texts.where.file, span=span, hint=hint)
   if span is None:
     return err
-  return texts.relocate(err, parsed.program, parsed.segments, parsed.path, name_hint=False)
+  return texts.relocate(err, parsed.program, parsed.segments, parsed.path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Container, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from maskc.config.files import key_path
@@ -18,14 +18,17 @@ from maskc.config.params import Params
 from maskc.config.where import Where
 from maskc.language import ir
 from maskc.language.errors import (
+  PYTHON,
+  Frontend,
   MaskError,
-  MaskTypeError,
-  MaskValueError,
   Span,
+  Unbound,
   config_where,
+  example,
+  names,
   short_repr,
 )
-from maskc.language.parse import BUILTINS, RESERVED, parse, parse_definitions, prelude
+from maskc.language.parse import parse, parse_definitions
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Between the definitions and a mask: `;` ends the definitions even if the mask starts
@@ -60,8 +63,8 @@ class MaskTexts:
     defined: the names the definitions define.
   """
 
-  def __init__(self, where: Where, params: Params, operands: Container[str]) -> None:
-    self.where, self.params, self.operands = where, params, operands
+  def __init__(self, where: Where, params: Params) -> None:
+    self.where, self.params = where, params
     self.parsed: dict[str, Parsed] = {}
     self.texts: list[str] = []
     self.definitions = ""
@@ -132,9 +135,10 @@ class MaskTexts:
     self.parsed[text] = Parsed(mask, program, segments, path)
     return mask
 
-  def relocate(self, err: MaskError, program: str, segments: list[Segment], path: str,
-               name_hint: bool = True) -> MaskError:
-    """`err` with its span moved from the synthesized program into the config text."""
+  def relocate(self, err: MaskError, program: str, segments: list[Segment],
+               path: str) -> MaskError:
+    """`err` with its span moved from the synthesized program into the config text, saying
+    how to bind names in config terms."""
     span, where = err.span, path
     if span is not None and span.text == program and segments:
       seg = segments[0]
@@ -146,13 +150,6 @@ class MaskTexts:
       line = seg.text.count("\n", 0, rel) + 1
       column = rel - (seg.text.rfind("\n", 0, rel) + 1) + 1
       span, where = Span(line, column, rel, rel_end, seg.text), seg.path
-      word = seg.text[rel:rel_end]
-      # A free name where an integer belongs became a scalar operand: say how to bind it.
-      if (name_hint and isinstance(err, (MaskTypeError, MaskValueError))
-          and _NAME.fullmatch(word) and not self.known(word)):
-        extra = (f"`{word}` is not a parameter, a definition or a declared operand: set it "
-                 f"under `params:` or pass `load_config(..., {word}=...)`.")
-        err.hint = f"{err.hint}\n{extra}" if err.hint else extra
     if where != path:  # the error sits in a definition: say which mask reached it
       extra = f"The mask at {path} uses this definition."
       err.hint = f"{err.hint}\n{extra}" if err.hint else extra
@@ -161,9 +158,18 @@ class MaskTexts:
     if span is None:
       err.message = f"{err.message} ({config_where(self.where.file, where)})"
     err.with_source(config_where(self.where.file, where))
-    return err
+    return err.speaking_for(CONFIG)
 
-  def known(self, name: str) -> bool:
-    """Whether `name` means something in the config's masks."""
-    return (name in self.params.values or name in self.defined or name in prelude()
-            or name in self.operands or name in RESERVED or name in BUILTINS)
+
+class _Config:
+  """A model config's terms for binding a name: `params:`, or `load_config(..., C=8192)`."""
+
+  def bind_params(self, params: Sequence[Unbound]) -> str:
+    args = ", ".join(f"{p.name}={example(p)}" for p in params)
+    return f"Set {names(params)} under `params:` or pass `load_config(..., {args})`."
+
+  def pass_operands(self, operands: Sequence[Unbound]) -> str:
+    return PYTHON.pass_operands(operands)  # at compile time, a Python call passes them
+
+
+CONFIG: Frontend = _Config()

@@ -35,6 +35,7 @@ from maskc.language.errors import (
   MaskValueError,
   OperandError,
   Span,
+  Unbound,
 )
 
 if TYPE_CHECKING:
@@ -631,14 +632,14 @@ def arith(op: ArithOp, lhs: Any, rhs: Any, span: Span | None = None) -> Term:
   if op == "*" and not (isinstance(lhs, (Const, Param)) or isinstance(rhs, (Const, Param))):
     raise MaskTypeError(
         f"`*` needs a constant on one side, got {quote(lhs)} and {quote(rhs)}", span=span,
-        hint="Multiply by a literal or a parameter bound at parse time: `q * 2`, or "
-             "`maskc.parse(text, W=64)` for `q * W`.")
+        hint="Multiply by a literal or a parameter bound at parse time: `q * 2`.",
+        unbound=[Unbound(t.name, "param", example=64) for t in (lhs, rhs)
+                 if isinstance(t, Scalar)][:1])
   if op in ("//", "%") and not isinstance(rhs, (Const, Param)):
     raise MaskTypeError(
         f"`{op}` needs a constant divisor, got {quote(rhs)}", span=rhs.span or span,
-        hint=f"Divide by a literal or a parameter bound at parse time, e.g. "
-             f"`maskc.parse(text, {rhs}=8192)`." if isinstance(rhs, Scalar) else
-             "Divide by a literal or a parameter bound at parse time.")
+        hint="Divide by a literal or a parameter bound at parse time.",
+        unbound=[Unbound(rhs.name, "param", example=8192)] if isinstance(rhs, Scalar) else [])
   return Arith(op, lhs, rhs, span)
 
 
