@@ -524,6 +524,43 @@ def test_file_syntax_errors_have_a_caret(tmp_path, name, text, message, line, co
   assert message in str(err) and f"({path}, line {line}, column {column})" in str(err)
 
 
+YAML_ERRORS = [  # text, what the hint says
+    ("num_layers: 2\nlayers:\n  - causal\n - full\n", "Check the indentation"),
+    ("num_layers: 2\nparams:\n  C: 8\n   W: 4\n", "Check the indentation"),
+    ("num_layers: 2\nparams:\n    C: 8\n  W: 4\n", "Check the indentation"),
+    ("num_layers: 2\n  default: causal\n", "Check the indentation"),
+    ("num_layers: 2\nparams:\n\tC: 8\n", "spaces only: replace the tabs"),
+    ("num_layers: 1\ndefault: causal: x\n", "A value that holds `: `"),
+    ("num_layers: 1\ndefault: *causal\n", "YAML reads `*`"),
+    ("num_layers: 1\ndefault: & causal\n", "YAML reads `&`"),
+    ("num_layers: 1\ndefault: !causal\n", "YAML reads `!`"),
+    ("num_layers: 1\ndefault: | causal\n", "YAML reads `|`"),
+    ("num_layers: 1\ndefault: > causal\n", "YAML reads `>`"),
+    ("num_layers: 1\ndefault: @causal\n", "YAML reads `@`"),
+    ("num_layers: 2\nlayers: [causal, full\n", "Close the bracket"),
+    ("num_layers: 1\ndefault: \"causal\n", "Close the quote"),
+]
+
+
+@pytest.mark.parametrize("text,hint", YAML_ERRORS)
+def test_yaml_errors_get_the_hint_for_what_went_wrong(tmp_path, text, hint):
+  pytest.importorskip("yaml")
+  err = error_of(write(tmp_path, "m.yaml", text), exc=maskc.ConfigError)
+  assert "invalid YAML" in str(err) and hint in err.hint, err
+  if "indentation" in hint or "tabs" in hint:
+    assert "Quote" not in err.hint and "quote" not in err.hint  # not about quoting at all
+
+
+@pytest.mark.parametrize("text,hint", YAML_ERRORS)
+def test_yaml_hints_read_pyyamls_own_parser_too(text, hint):
+  """PyYAML without libyaml words its errors differently; the hint is the same."""
+  yaml = pytest.importorskip("yaml")
+  from maskc.config.files import _yaml_hint
+  with pytest.raises(yaml.MarkedYAMLError) as info:
+    yaml.load(text, Loader=yaml.SafeLoader)  # the pure-Python parser
+  assert hint in (_yaml_hint(info.value, text) or ""), info.value
+
+
 def test_yaml_needs_pyyaml(tmp_path, monkeypatch):
   path = write(tmp_path, "m.yaml", LLAMA4_YAML)
   monkeypatch.setitem(sys.modules, "yaml", None)

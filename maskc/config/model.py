@@ -34,10 +34,10 @@ A layer entry is mask text, `{mask: text}`, `{heads: [text, ...]}` (one mask
 per head) or null (the default). Mask text is a program of the mask language:
 it may hold its own definitions before its last line.
 
-In YAML, quote mask text that starts with `~`, `&`, `*`, `|` or `!` (YAML reads
-those itself). In TOML, quote definition keys with brackets (`"streaming(w)" =
-"sliding(w) | sink(4)"`) and write a layer list as `[[layers]]` tables with
-`mask = "..."`, whose key paths then read `layers[3].mask` as in errors.
+In YAML, quote mask text that starts with `&`, `*`, `!`, `|`, `>`, `%` or `@`, or
+holds `: ` (YAML reads those itself). In TOML, quote definition keys with brackets
+(`"streaming(w)" = "sliding(w) | sink(4)"`) and write a layer list as `[[layers]]`
+tables with `mask = "..."`, whose key paths then read `layers[3].mask` as in errors.
 
 This module is the schema, the loaded `MaskConfig` and `load_config`, which reads
 each section with the module for it: `params` (parameters), `operands`
