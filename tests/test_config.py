@@ -429,6 +429,19 @@ def test_bad_operand_declarations(operands, message, path):
   assert message in str(err) and err.path == path and f"({path})" in str(err)
 
 
+@pytest.mark.parametrize("config, path, guess", [
+    ({"operands": {"seg": {"kind": "tokn"}}}, "operands.seg.kind", "token"),
+    ({"operands": {"seg": "scaler"}}, "operands.seg", "scalar"),
+    ({"operands": {"seg": {"knd": "token"}}}, "operands.seg.knd", "kind"),
+    ({"layers": [{"mask": "causal"}, {"heds": ["causal"]}]}, "layers[1].heds", "heads"),
+    ({"num_layers": 2, "layers": {"patern": ["causal"]}}, "layers.patern", "pattern"),
+])
+def test_misspelled_keys_and_kinds_get_a_did_you_mean(config, path, guess):
+  config = {"layers": ["causal & document(seg)"], **config}
+  err = error_of(config, exc=maskc.ConfigError)
+  assert err.path == path and err.hint.startswith(f"Did you mean `{guess}`? "), err
+
+
 # ----------------------------------------------------------------------------- structure
 
 

@@ -7,9 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from maskc.config.files import key_path
-from maskc.config.where import Where, shown
+from maskc.config.where import Where, did_you_mean, shown
 from maskc.language.errors import short_repr
-from maskc.language.parse import nearest
 
 # `context_parallel:` keys and their values (those of `maskc.sharded_attention`).
 CHOICES = {"layout": ("contiguous", "zigzag", "balanced"), "strategy": ("all_gather", "ring")}
@@ -51,16 +50,13 @@ def read_context_parallel(data: Mapping[str, Any], where: Where) -> ContextParal
   for key, value in raw.items():
     p = key_path(base, str(key))
     if key not in CHOICES:
-      guess = nearest(str(key), tuple(CHOICES))
       raise where.error(f"unknown key `{shown(key)}` in context_parallel", p,
-                        hint=(f"Did you mean `{guess}`? " if guess else "")
+                        hint=did_you_mean(str(key), CHOICES)
                         + "context_parallel has `layout` and `strategy`.")
     choices = CHOICES[key]
     if not isinstance(value, str) or value not in choices:
-      guess = nearest(value, choices) if isinstance(value, str) else None
       raise where.error(f"context_parallel {key} {short_repr(value)} is not one of "
                         f"{', '.join(choices)}", p,
-                        hint=(f"Did you mean `{guess}`? " if guess else "")
-                        + f"{key}: {' | '.join(choices)}.")
+                        hint=did_you_mean(value, choices) + f"{key}: {' | '.join(choices)}.")
     values[key] = value
   return ContextParallel(**values)

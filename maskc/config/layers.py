@@ -9,7 +9,7 @@ from typing import Any
 from maskc.config.files import key_path
 from maskc.config.mask_spec import Layer
 from maskc.config.texts import MaskTexts
-from maskc.config.where import Where, shown
+from maskc.config.where import Where, did_you_mean, shown
 from maskc.language.errors import short_repr
 
 # A layer's entry and where it sits; None for a layer that takes the default.
@@ -29,7 +29,8 @@ def read_entry(texts: MaskTexts, value: Any, path: str) -> Layer | None:
       if key not in ("mask", "heads"):
         raise where.error(f"unknown key `{shown(key)}` in a layer entry",
                           key_path(path, str(key)),
-                          hint="A layer entry has `mask: text` or `heads: [text, ...]`.")
+                          hint=did_you_mean(key, ("mask", "heads"))
+                          + "A layer entry has `mask: text` or `heads: [text, ...]`.")
     if ("mask" in value) == ("heads" in value):
       raise where.error("a layer entry needs exactly one of `mask` and `heads`", path,
                         hint="{mask: causal} or {heads: [causal, \"sliding(128)\"]}")
@@ -71,7 +72,8 @@ def read_layers(texts: MaskTexts, raw: Any, num_layers: int | None) -> list[Entr
   for key in raw:
     if key not in ("pattern", "overrides"):
       raise where.error(f"unknown key `{shown(key)}` in layers", key_path(base, str(key)),
-                        hint="layers: {pattern: [...], overrides: {0: ...}}")
+                        hint=did_you_mean(key, ("pattern", "overrides"))
+                        + "layers: {pattern: [...], overrides: {0: ...}}")
   if num_layers is None:
     raise where.error("a layer pattern needs num_layers", base,
                       hint="Add `num_layers: N`; the pattern repeats to fill N layers.")

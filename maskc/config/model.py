@@ -70,10 +70,9 @@ from maskc.config.mask_spec import Layer
 from maskc.config.operands import OperandDecl as OperandDecl, check_operands, read_operands
 from maskc.config.params import read_params, unused_params
 from maskc.config.texts import MaskTexts
-from maskc.config.where import Where, shown
+from maskc.config.where import Where, did_you_mean, shown
 from maskc.language import ir
 from maskc.language.errors import ConfigError, OperandError, Unbound, short_repr
-from maskc.language.parse import nearest
 from maskc.lowering.compile import compile as compile_mask
 
 if TYPE_CHECKING:
@@ -223,9 +222,8 @@ def _load(data: Any, where: Where, caller: dict[str, Any]) -> tuple[MaskConfig, 
                       where.root, hint=f"Its keys are {', '.join(_TOP_KEYS)}.")
   for key in data:
     if key not in _TOP_KEYS:
-      guess = nearest(str(key), _TOP_KEYS)
       raise where.error(f"unknown key `{shown(key)}`", where.path(str(key)),
-                        hint=(f"Did you mean `{guess}`? " if guess else "")
+                        hint=did_you_mean(str(key), _TOP_KEYS)
                         + f"A mask config's keys are {', '.join(_TOP_KEYS)}.")
   num_layers = _count(data, "num_layers", where)
   num_heads = _count(data, "num_heads", where)

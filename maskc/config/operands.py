@@ -12,7 +12,7 @@ import numpy as np
 from maskc.config.files import key_path
 from maskc.config.params import Params
 from maskc.config.texts import MaskTexts, Parsed
-from maskc.config.where import Where, check_name, shown
+from maskc.config.where import Where, check_name, did_you_mean, shown
 from maskc.language import ir
 from maskc.language.errors import ConfigError, MaskError, config_where, short_repr
 
@@ -77,7 +77,9 @@ def read_operands(data: Mapping[str, Any], params: Params,
       for key in spec:
         if key not in ("kind", "dtype", "doc"):
           raise where.error(f"unknown key `{shown(key)}` in operand `{name}`",
-                            key_path(p, str(key)), hint="An operand has `kind`, `dtype` and `doc`.")
+                            key_path(p, str(key)),
+                            hint=did_you_mean(key, ("kind", "dtype", "doc"))
+                            + "An operand has `kind`, `dtype` and `doc`.")
       if "kind" not in spec:
         raise where.error(f"operand `{name}` needs a kind", p,
                           hint="kind: token (per token), scalar or pair (pairwise).")
@@ -87,8 +89,9 @@ def read_operands(data: Mapping[str, Any], params: Params,
                         f"{short_repr(spec)}", p, hint=f"{name}: {{kind: token, dtype: int32}}")
     if not isinstance(kind, str) or kind not in KINDS:
       raise where.error(f"operand `{name}` has unknown kind {short_repr(kind)}", kind_path,
-                        hint="Kinds are token (per token, [L] or [B, L]), scalar ([] or [B]) "
-                             "and pair (pairwise, [Lq, Lk] or [B, Lq, Lk]).")
+                        hint=did_you_mean(kind, KINDS)
+                        + "Kinds are token (per token, [L] or [B, L]), scalar ([] or [B]) "
+                          "and pair (pairwise, [Lq, Lk] or [B, Lq, Lk]).")
     if dtype is not None:
       try:
         dt = np.dtype(dtype) if isinstance(dtype, str) else None

@@ -7,11 +7,12 @@ that pair for the config being loaded, and builds its errors.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 from maskc.config.files import key_path
 from maskc.language.errors import ConfigError, short_repr
-from maskc.language.parse import BUILTINS, RESERVED, prelude
+from maskc.language.parse import BUILTINS, RESERVED, nearest, prelude
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,13 @@ def shown(key: Any) -> str:
   """A config key as an error quotes it: short keys as they are, long ones cut."""
   text = str(key) if isinstance(key, str) else short_repr(key, 60)
   return text if len(text) <= 60 else text[:57] + "..."
+
+
+def did_you_mean(word: Any, choices: Iterable[str]) -> str:
+  """"Did you mean `x`? " for the choice nearest `word`, or "" when none is near (or `word`
+  is not text)."""
+  guess = nearest(word, choices) if isinstance(word, str) else None
+  return f"Did you mean `{guess}`? " if guess else ""
 
 
 def check_name(where: Where, name: Any, path: str, what: str) -> None:
