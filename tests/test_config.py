@@ -429,6 +429,12 @@ def test_bad_operand_declarations(operands, message, path):
   assert message in str(err) and err.path == path and f"({path})" in str(err)
 
 
+def test_a_misspelled_operand_gets_a_did_you_mean_from_the_declared_ones():
+  err = error_of({"layers": ["sliding(8) | bidirectional(image)"], "operands": {"img": "token"}},
+                 exc=maskc.ConfigError)
+  assert "reads operand `image`" in str(err) and err.hint.startswith("Did you mean `img`? ")
+
+
 @pytest.mark.parametrize("config, path, guess", [
     ({"operands": {"seg": {"kind": "tokn"}}}, "operands.seg.kind", "token"),
     ({"operands": {"seg": "scaler"}}, "operands.seg", "scalar"),

@@ -112,6 +112,7 @@ def check_operands(texts: MaskTexts, declared: dict[str, Declared],
   declarations (dtypes filled in: `bool` where a mask reads it as a mask) and warnings
   for those no mask reads."""
   used: dict[str, bool] = {}
+  used_names = {s.name for parsed in texts.parsed.values() for s in parsed.mask.operands}
   for parsed in texts.parsed.values():
     for spec in parsed.mask.operands:
       decl = declared.get(spec.name)
@@ -119,7 +120,8 @@ def check_operands(texts: MaskTexts, declared: dict[str, Declared],
         raise _operand_error(
             texts, parsed, spec.name, f"the mask reads operand `{spec.name}` as a {spec.kind} "
             f"operand, but the config does not declare it",
-            hint=(f"Declare it: `operands: {{{spec.name}: {{kind: {spec.kind}, dtype: "
+            hint=(did_you_mean(spec.name, [d for d in declared if d not in used_names])
+                  + f"Declare it: `operands: {{{spec.name}: {{kind: {spec.kind}, dtype: "
                   f"{'bool' if spec.boolean else 'int32'}}}}}`. If `{spec.name}` is a "
                   f"parameter, set it under `params:` or pass "
                   f"`load_config(..., {spec.name}=...)`."))
