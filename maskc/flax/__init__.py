@@ -1,7 +1,7 @@
 """maskc in Flax NNX models: `maskc.flax.Attention`, an attention module with a maskc mask.
 
 Needs Flax (`pip install -e ".[flax]"`); without it, `import maskc.flax` raises a
-`MissingExtraError` (an `ImportError`) that says so. This package imports Flax and maskc's
+`maskc.MissingExtraError` (an `ImportError`) that says so. This package imports Flax and maskc's
 public API only; `import maskc` never imports it.
 
 >>> from flax import nnx
@@ -10,12 +10,15 @@ public API only; `import maskc` never imports it.
 8
 """
 
-import importlib.util
+import maskc
 
-from maskc.language.errors import MissingExtraError
-
-if importlib.util.find_spec("flax") is None:
-  raise MissingExtraError("maskc.flax needs Flax, which is not installed", extra="flax")
+try:
+  import flax  # noqa: F401  (only to say which extra is missing)
+except ModuleNotFoundError as e:
+  if e.name != "flax":
+    raise
+  raise maskc.MissingExtraError("maskc.flax needs Flax, which is not installed",
+                                extra="flax") from None
 
 from maskc.flax._attention import Attention as Attention  # noqa: E402  (after the check)
 
