@@ -390,6 +390,12 @@ def test_free_integer_name_becomes_an_undeclared_operand():
   assert "set it under `params:`" in str(err)
 
 
+def test_the_caret_survives_a_named_mask_parsed_before_elsewhere():
+  # `sliding(W)` expanded once from another text: expansions are cached whatever their spans.
+  maskc.parse("sliding(W) | sink(2)")
+  test_free_integer_name_becomes_an_undeclared_operand()
+
+
 def test_operand_kind_mismatch():
   err = error_of({"operands": {"seg": "scalar"}, "layers": ["causal", "document(seg)"]},
                  exc=maskc.ConfigError)

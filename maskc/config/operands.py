@@ -4,6 +4,7 @@ exactly what is declared, each operand as the kind it is declared."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +15,7 @@ from maskc.config.params import Params
 from maskc.config.texts import MaskTexts, Parsed
 from maskc.config.where import Where, check_name, did_you_mean, shown
 from maskc.language import ir
-from maskc.language.errors import ConfigError, MaskError, config_where, short_repr
+from maskc.language.errors import ConfigError, MaskError, Span, config_where, short_repr
 
 # The kinds `kind:` accepts, by their spellings.
 KINDS = {"token": "token", "per_token": "token", "per-token": "token", "scalar": "scalar",
@@ -154,7 +155,22 @@ def _operand_error(texts: MaskTexts, parsed: Parsed, name: str, message: str,
         span = s if span is None or s.start < span.start else span
     if span is not None:
       break
+  if span is None:
+    # Expansions of calls are cached across texts (spans aside, equal calls are one), so a
+    # read inside a named mask may carry the span of another text that used it first.
+    span = _first_use(parsed.program, name)
   err = ConfigError(message, path=parsed.path, file=texts.where.file, span=span, hint=hint)
   if span is None:
     return err
   return texts.relocate(err, parsed.program, parsed.segments, parsed.path)
+
+
+def _first_use(program: str, name: str) -> Span | None:
+  """The first place `name` stands as a word in `program`, comments aside."""
+  text = re.sub(r"#[^\n]*", lambda m: " " * len(m.group()), program)
+  m = re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", text)
+  if m is None:
+    return None
+  line = program.count("\n", 0, m.start()) + 1
+  column = m.start() - (program.rfind("\n", 0, m.start()) + 1) + 1
+  return Span(line, column, m.start(), m.end(), program)
