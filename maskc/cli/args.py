@@ -32,6 +32,9 @@ from maskc.language.errors import (
 )
 from maskc.language.parse import parse
 
+# The shapes an operand of each kind takes, as text.
+SHAPES = {"scalar": "[] or [B]", "token": "[L] or [B, L]", "pair": "[Lq, Lk] or [B, Lq, Lk]"}
+
 OPERAND_VALUES_HELP = (
     "Operand values: a bare integer is a scalar (kv_len=10); comma-separated items make a "
     "per-token array, each an integer or v*n for v repeated n times (img=0*3,1*5,0*4); "
@@ -121,16 +124,13 @@ def check_operands(mask: ir.Mask, given: Collection[str]) -> None:
   missing = [s for s in mask.operands if s.name not in given]
   if not missing:
     return
-  what = ", ".join(f"`{s.name}` ({s.kind}, shape {_SHAPES[s.kind]})" for s in missing)
+  what = ", ".join(f"`{s.name}` ({s.kind}, shape {SHAPES[s.kind]})" for s in missing)
   unused = [g for g in given if g not in {s.name for s in mask.operands}]
   guesses = [(s.name, ir.nearest(s.name, unused)) for s in missing]
   hint = " ".join(f"`{g}` is given but not read: did you mean `{s}`?"
                   for s, g in guesses if g) or None
   raise OperandError(f"missing operand{'s' if len(missing) > 1 else ''} {what}", hint=hint,
                      unbound=[Unbound(s.name, "operand", s.kind) for s in missing])
-
-
-_SHAPES = {"scalar": "[] or [B]", "token": "[L] or [B, L]", "pair": "[Lq, Lk] or [B, Lq, Lk]"}
 
 
 def operands_from_items(items: Sequence[str]) -> dict[str, np.ndarray | int]:

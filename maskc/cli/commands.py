@@ -24,6 +24,7 @@ import maskc
 from maskc.cli.args import (
   CLI,
   OPERAND_VALUES_HELP,
+  SHAPES,
   add_mask_arguments,
   add_shape_arguments,
   can_encode,
@@ -36,7 +37,6 @@ from maskc.cli.show import add_show
 MAX_DENSE_ROWS = 256
 MAX_DENSE_COLS = 512
 
-_SHAPES = {"scalar": "[] or [B]", "token": "[L] or [B, L]", "pair": "[Lq, Lk] or [B, Lq, Lk]"}
 _KINDS = {"scalar": "scalar", "token": "per-token", "pair": "pairwise"}
 
 
@@ -64,7 +64,7 @@ def _run_check(args: argparse.Namespace, out: TextIO) -> int:
   width = max(len(s.name) for s in specs)
   for s in specs:
     kind = _KINDS[s.kind] + (", boolean" if s.boolean else "")
-    out.write(f"  {s.name:<{width}}  {kind:<20}  shape {_SHAPES[s.kind]}\n")
+    out.write(f"  {s.name:<{width}}  {kind:<20}  shape {SHAPES[s.kind]}\n")
   return 0
 
 
