@@ -13,7 +13,7 @@ EXTRAS ?= test,plot,lint,tokamax,flax
 JOBS ?= auto
 PYTEST = -m pytest -q -p no:cacheprovider -n $(JOBS)
 
-.PHONY: demo test lint test-slow test-lowering test-torch test-current versions test-gpu bench clean
+.PHONY: demo test lint test-slow test-lowering test-torch test-current versions test-gpu bench notebooks clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,10 +33,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) $(PYTEST) --durations=15
 
-# ruff and mypy (the lint extra), configured in pyproject.toml: the public modules are
-# type-checked strictly, the rest with mypy's defaults.
+# ruff and mypy (the lint extra), configured in pyproject.toml: ruff over everything with
+# Python in it; the public modules are type-checked strictly, the rest with mypy's defaults.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check maskc
+	$(VENV)/bin/ruff check maskc tests benchmarks examples notebooks
 	$(VENV)/bin/mypy maskc
 
 # Cross-lowering checks (tests/test_cross_lowering.py, tests/test_mosaic_gpu_lowering.py): flash
@@ -117,6 +117,11 @@ test-gpu:
 
 bench: $(STAMP)
 	$(PY) benchmarks/compile_speed.py
+
+# Re-runs the notebooks in place and writes their outputs, which are committed
+# (notebooks/run.py keeps them deterministic; tests/test_notebooks.py checks them).
+notebooks: $(STAMP)
+	$(PY) notebooks/run.py
 
 clean:
 	rm -rf .venv .venv-lowering .venv-current .venv-lowering-current .venv-torch build dist \

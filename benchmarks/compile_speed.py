@@ -22,8 +22,10 @@ import tracemalloc
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as smi
+from jax.experimental.pallas.ops.tpu.splash_attention import (
+  splash_attention_mask as sm,
+  splash_attention_mask_info as smi,
+)
 
 import maskc
 from maskc.kernels.splash import as_splash_mask
@@ -174,7 +176,7 @@ def main() -> None:
   # allocator in the same state (a first call after fresh pages costs up to twice as
   # much), so the ratios to `causal` compare like with like.
   for round_ in range(OPERAND_REPEATS + 1):
-    for c, (label, text, _) in enumerate(cases):
+    for c, (_, text, _) in enumerate(cases):
       if c in failed:
         continue
       _lower._CACHE.clear()

@@ -20,6 +20,7 @@ characters and tokens) and random byte strings are parsed; anything but a
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 import time
@@ -98,7 +99,7 @@ def reference(mask: maskc.Mask, q_len, kv_len, q_offset, ops, batch):
   k = np.arange(kv_len, dtype=object)[None, :]
   out = []
   for b in range(batch or 1):
-    def op(name):
+    def op(name, b=b):
       a = ops[name]
       return a[b] if batch else a
     out.append(np.broadcast_to(np.asarray(_eval(mask, q, k, op), bool), (q_len, kv_len)))
@@ -170,6 +171,12 @@ def _eval(m, q, k, op):
   if isinstance(m, ir.Call):
     return _eval(maskc.language.ir.expand(m), q, k, op)
   raise TypeError(type(m))
+
+
+def traced_grid(m, q_len, kv_len, bq, bk, offset, operands):
+  """The tile grid compiled with the operands traced (jit it)."""
+  return maskc.compile(m, q_len, kv_len, block_q=bq, block_kv=bk, q_offset=offset,
+                       operands=operands).grid
 
 
 def check_tiles(grid, dense, bq, bk):
@@ -244,8 +251,8 @@ def lowering_cases(n: int, seed: int, report) -> dict:
     if case % 250 == 0 and offset < 2**31 and not big:
       key = (str(m), q_len, kv_len, offset, bq, bk, tuple(sorted(ops_m)))
       try:
-        fn = traced_fn.get(key) or jax.jit(lambda o, m=m: maskc.compile(
-            m, q_len, kv_len, block_q=bq, block_kv=bk, q_offset=offset, operands=o).grid)
+        fn = traced_fn.get(key) or jax.jit(
+            functools.partial(traced_grid, m, q_len, kv_len, bq, bk, offset))
         tgrid = np.asarray(fn({k: jnp.asarray(v) for k, v in ops_m.items()}))
         stats["traced"] += 1
         if check_tiles(tgrid, dense, bq, bk):

@@ -53,9 +53,8 @@ import numpy as np
 
 import maskc
 from maskc.compiled import predicate as _predicate
-from maskc.kernels import api, attention
+from maskc.kernels import api, attention, common as _common
 from maskc.kernels.flash import kernel as flash
-from maskc.kernels import common as _common
 
 IMPLS = ("flash", "cudnn", "xla", "be-cudnn", "tokamax", "mosaic_gpu", "mosaic_gpu-bwd", "auto")
 DEFAULT_IMPLS = ("flash", "cudnn", "xla", "be-cudnn", "tokamax", "auto")

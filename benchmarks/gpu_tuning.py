@@ -77,7 +77,8 @@ def compare(settings: list[str], lengths: list[int], masks: list[str], h: int, d
         (bq, bk), fwd, bwd = parse_setting(setting)
         ops = {"seg": seg} if "seg" in text else {}
         bm = maskc.compile(text, n, block_q=bq, block_kv=bk, operands=ops)
-        fn = lambda q, k, v, bm=bm: attention(q, k, v, bm, backend="flash")
+        def fn(q, k, v, bm=bm):
+          return attention(q, k, v, bm, backend="flash")
         with_launch(fwd, bwd)
         tf, tb = timed(fn, (q, k, v), False), timed(fn, (q, k, v), True)
         print(f"{n:>7}  {text:<24}{setting:<18}{tf:>10.2f}{tb:>12.2f}", flush=True)
@@ -112,7 +113,8 @@ def main(argv=None) -> None:
   results, all_fwd = [], {}
   for bq, bk in BLOCKS:
     bm = maskc.compile(args.mask, n, block_q=bq, block_kv=bk)
-    fn = lambda q, k, v, bm=bm: attention(q, k, v, bm, backend="flash")
+    def fn(q, k, v, bm=bm):
+      return attention(q, k, v, bm, backend="flash")
     fwd_times = {}
     for launch in LAUNCH:
       with_launch(launch, default("dq", d, bq, bk))

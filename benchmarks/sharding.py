@@ -150,30 +150,40 @@ def cpu_run(n: int, block: int, backends=("xla",), pallas_n: int = 2048) -> None
       masks.insert(1, ("sliding(1024) | global(64)", None, False))
     interp = True if backend != "xla" else None
     for mask, ops, traced in masks:
-      def plain(q, k, v, seg, m=mask):
-        return maskc.attention(q, k, v, m, backend=backend, interpret=interp,
-                               operands=None if seg is None else {"seg": seg}, **blocks)
-
-      def timed(f):
-        """ms of `f`: its operands jit arguments when traced, else constants of the jit."""
-        if traced:
-          return _best(jax.jit(f), q, k, v, ops)
-        return _best(jax.jit(lambda q, k, v: f(q, k, v, ops)), q, k, v)
-      row = [timed(plain)]
-      for strategy in ("all_gather", "ring"):
-        def sharded(q, k, v, seg, m=mask, s=strategy):
-          return maskc.sharded_attention(
-              q, k, v, m, mesh=mesh, seq_axis="context", strategy=s,
-              layout="zigzag" if traced else "balanced",
-              operands=None if seg is None else {"seg": seg}, backend=backend,
-              interpret=interp, **blocks)
-        try:
-          row.append(timed(sharded))
-        except maskc.MaskError as e:   # e.g. a backend without run_with_lse for ring
-          row.append(f"({type(e).__name__})")
+      row = _timings(mesh, backend, blocks, interp, (q, k, v), mask, ops, traced)
       name = mask.replace("|", "\\|") + (", traced seg" if traced else "")
       cells = [c if isinstance(c, str) else f"{1e3 * c:.1f}" for c in row]
       print(f"| {backend}, {length:,} | `{name}` | " + " | ".join(cells) + " |", flush=True)
+
+
+def _timings(mesh, backend, blocks, interp, qkv, mask, ops, traced) -> list:
+  """Seconds per call of one mask, unsharded then per strategy (a string where it raises)."""
+  def plain(q, k, v, seg):
+    return maskc.attention(q, k, v, mask, backend=backend, interpret=interp,
+                           operands=None if seg is None else {"seg": seg}, **blocks)
+
+  def timed(f):
+    """ms of `f`: its operands jit arguments when traced, else constants of the jit."""
+    if traced:
+      return _best(jax.jit(f), *qkv, ops)
+    return _best(jax.jit(lambda q, k, v: f(q, k, v, ops)), *qkv)
+
+  def sharded(strategy):
+    def run(q, k, v, seg):
+      return maskc.sharded_attention(
+          q, k, v, mask, mesh=mesh, seq_axis="context", strategy=strategy,
+          layout="zigzag" if traced else "balanced",
+          operands=None if seg is None else {"seg": seg}, backend=backend,
+          interpret=interp, **blocks)
+    return run
+
+  row = [timed(plain)]
+  for strategy in ("all_gather", "ring"):
+    try:
+      row.append(timed(sharded(strategy)))
+    except maskc.MaskError as e:   # e.g. a backend without run_with_lse for ring
+      row.append(f"({type(e).__name__})")
+  return row
 
 
 if __name__ == "__main__":

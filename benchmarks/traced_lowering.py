@@ -30,9 +30,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compile_speed import image_spans, packed_segments
-
 import maskc
+from compile_speed import image_spans, packed_segments
 from maskc.lowering import compile as _lower
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import pathlib
 import time
 from collections.abc import Callable, Mapping
@@ -43,6 +44,21 @@ from maskc.flax import Attention
 
 HERE = pathlib.Path(__file__).parent
 CONFIGS = {"gemma3": HERE / "gemma3.yaml", "llama4": HERE / "llama4.yaml"}
+SUFFIXES = (".yaml", ".yml", ".json", ".toml")
+
+
+def config_source(config: Any) -> Any:
+  """What `maskc.load_config` reads for `config`: a named config's file, else `config` (a
+  file or a mapping); a name that is neither is a `ConfigError` listing the configs."""
+  if isinstance(config, str) and config in CONFIGS:
+    return CONFIGS[config]
+  if isinstance(config, str) and pathlib.Path(config).suffix.lower() not in SUFFIXES:
+    guess = difflib.get_close_matches(config, CONFIGS, n=1)
+    raise maskc.ConfigError(
+        f"unknown config {config!r}",
+        hint=(f"Did you mean `{guess[0]}`? " if guess else "") + "The configs are "
+             f"{', '.join(CONFIGS)}; or give a config file ({', '.join(SUFFIXES)}).")
+  return config
 
 Array = jax.Array
 Operands = Mapping[str, Any]
@@ -222,7 +238,7 @@ def run(config: Any = "gemma3", *, steps: int = 120, batch: int = 8, length: int
     params: overrides of the config's parameters (`W=32`).
   """
   t0 = time.perf_counter()
-  masks = maskc.load_config(CONFIGS.get(config, config), **params)
+  masks = maskc.load_config(config_source(config), **params)
   cfg = ModelConfig(masks=masks)
   rng = np.random.default_rng(seed)
   model = Decoder(cfg, rngs=nnx.Rngs(seed))
@@ -272,13 +288,15 @@ def run(config: Any = "gemma3", *, steps: int = 120, batch: int = 8, length: int
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--config", default="gemma3",
-                      help="gemma3, llama4, or a config file (default gemma3)")
+                      help=f"{', '.join(CONFIGS)}, or a config file (default gemma3)")
   parser.add_argument("--steps", type=int, default=120, help="training steps (default 120)")
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args()
-  result = run(args.config, steps=args.steps, seed=args.seed)
-  masks = maskc.load_config(CONFIGS.get(args.config, args.config))
-  print(masks)
+  try:
+    result = run(args.config, steps=args.steps, seed=args.seed)
+  except maskc.MaskError as e:  # an unknown config, or a config file that does not load
+    parser.exit(1, f"{parser.prog}: error: {e}\n")
+  print(maskc.load_config(config_source(args.config)))
   print("KV cache per layer: " + ", ".join(
       "full" if w is None else f"ring of {w}" for w in result.windows))
   print(f"loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f} in {len(result.losses)} steps")

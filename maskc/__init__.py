@@ -64,6 +64,7 @@ from maskc.language.errors import (
   MaskSyntaxError as MaskSyntaxError,
   MaskTypeError as MaskTypeError,
   MaskValueError as MaskValueError,
+  MissingExtraError as MissingExtraError,
   OperandError as OperandError,
   Span as Span,
 )
@@ -94,7 +95,7 @@ __all__ = [
     # errors and warnings
     "MaskError", "MaskSyntaxError", "MaskNameError", "MaskTypeError", "MaskValueError",
     "MaskLimitError", "MaskRecursionError", "OperandError", "BackendError", "ConfigError",
-    "ConfigWarning", "Span",
+    "MissingExtraError", "ConfigWarning", "Span",
     # types public functions take and return
     "Mask", "MaskLike", "ComputableMask", "BlockMap", "MaskConfig", "OperandDecl", "MaskSpec",
     "MaskView", "Equivalence", "Layout", "Explanation", "PartReport",

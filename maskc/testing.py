@@ -50,7 +50,7 @@ from jax.typing import ArrayLike
 
 from maskc.language import builders as mb, ir
 from maskc.language.arguments import MaskLike, as_mask
-from maskc.language.errors import MaskValueError, short_repr
+from maskc.language.errors import MaskValueError, MissingExtraError, short_repr
 from maskc.semantics.evaluate import Env, evaluate
 from maskc.semantics.shape import Shape
 from maskc.tools.equivalence import Counterexample, Equivalence, MaskOrDense, equivalent
@@ -78,10 +78,9 @@ def _strategies() -> ModuleType:
   try:
     import hypothesis.strategies as st
   except ImportError as e:  # pragma: no cover - exercised only without hypothesis
-    raise ImportError(
-        "maskc.testing's strategies need hypothesis, a test dependency: "
-        "`pip install hypothesis` (or `pip install maskc[test]`). assert_masks_equal works "
-        "without it.") from e
+    raise MissingExtraError(
+        "maskc.testing's strategies need hypothesis, a test dependency", extra="test",
+        hint="(Or `pip install hypothesis` alone.) assert_masks_equal works without it.") from e
   return st
 
 

@@ -116,8 +116,8 @@ def main(path: str, only: str = "") -> None:
     a, ref = np.asarray(a, np.float64), np.asarray(ref, np.float64)
     return float(np.abs(a - ref).max() / max(np.abs(ref).max(), 1e-30))
 
-  results = {}
-  for case in [c for c in CASES if case_id(c).startswith(prefixes)]:
+  def run_case(case) -> dict:
+    """Relative errors of one `CASES` case (see there)."""
     shape, names, strategy, layout, mask, kind, grads = case
     ops = operands[kind]
     mesh = Mesh(np.array(jax.devices()).reshape(shape), names)
@@ -147,6 +147,11 @@ def main(path: str, only: str = "") -> None:
                                        strategy=strategy, layout=lay, operands=ops,
                                        backend="xla", inputs_permuted=True, **axes)
     res["inputs_permuted"] = rel(permuted, lay.permute(want))
+    return res
+
+  results = {}
+  for case in [c for c in CASES if case_id(c).startswith(prefixes)]:
+    res = run_case(case)
     results[case_id(case)] = res
     print(case_id(case), res, flush=True)
   for case in [c for c in BACKEND_CASES if backend_case_id(c).startswith(prefixes)]:

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import maskc
-from maskc.parallel.layout import PARTIAL_COST, _balanced_order
 from helpers import FULL, PARTIAL, tile_truth
+from maskc.parallel.layout import PARTIAL_COST, _balanced_order
 
 
 def numpy_work(dense: np.ndarray, rows: np.ndarray, cols: np.ndarray, block: int) -> float:

@@ -1,11 +1,14 @@
-"""The `maskc` command line: `check`, `dense`, and the operand-value syntax."""
+"""The `maskc` command line: `check`, `dense`, parameters, hints in command-line terms, and the
+operand-value syntax."""
 
 import numpy as np
 import pytest
 
 import maskc
 from maskc.cli import commands as cli
+from maskc.cli.args import CLI
 from maskc.cli.operands import MAX_OPERAND_ITEMS, parse_operand_value
+from maskc.language.errors import Unbound
 
 
 def run(capsys, *argv):
@@ -228,6 +231,77 @@ def test_dense_notes_unused_operands(capsys):
   code, out, err = run(capsys, "dense", "causal", "--q-len", "3", "--operand", "imgg=1,0,1")
   assert code == 0
   assert "does not read operand `imgg`" in err
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def test_check_binds_parameters(capsys):
+  code, out, err = run(capsys, "check", "causal & chunk(C) | sliding(W)", "--param", "C=8_192",
+                       "--param", "W=64")
+  assert code == 0 and err == ""
+  assert "canonical:  causal & chunk(8192) | sliding(64)" in out
+  assert "operands:   none" in out
+
+
+def test_dense_and_show_bind_parameters(capsys):
+  code, out, _ = run(capsys, "dense", "causal & chunk(C)", "--param", "C=3", "--q-len", "6",
+                     "--ascii")
+  assert code == 0
+  rows = [line.split()[-1] for line in out.splitlines()[4:10]]
+  q, k = np.arange(6)[:, None], np.arange(6)[None, :]
+  assert rows == ["".join("#" if v else "." for v in row) for row in (k <= q) & (q // 3 == k // 3)]
+  code, out, _ = run(capsys, "show", "causal & chunk(C)", "--param", "C=8", "--q-len", "32",
+                     "--ascii")
+  assert code == 0 and "causal & chunk(8)" in out
+
+
+def test_an_unbound_parameter_is_hinted_in_cli_terms(capsys):
+  code, _, err = run(capsys, "check", "causal & chunk(C)")
+  assert code == 1
+  assert "Bind `C`: `--param C=8192`." in err
+  assert "maskc.parse(" not in err  # Python advice means nothing on a command line
+
+
+def test_a_missing_operand_is_hinted_in_cli_terms(capsys):
+  code, _, err = run(capsys, "dense", "causal & document(seg)", "--q-len", "8")
+  assert code == 1
+  assert "missing operand `seg` (token, shape [L] or [B, L])" in err
+  assert "Pass `seg`: `--operand seg=...`." in err and "operands={" not in err
+  code, _, err = run(capsys, "show", "sliding(W)", "--q-len", "8")
+  assert code == 1
+  assert "`--operand W=...`, or bind `W` when parsing: `--param W=...`" in err
+
+
+def test_a_misspelled_operand_gets_a_did_you_mean(capsys):
+  code, _, err = run(capsys, "dense", "causal & document(seg)", "--q-len", "8",
+                     "--operand", "segs=0*4,1*4")
+  assert code == 1 and "`segs` is given but not read: did you mean `seg`?" in err
+
+
+def test_the_python_api_keeps_python_advice():
+  with pytest.raises(maskc.MaskTypeError) as info:
+    maskc.parse("causal & chunk(C)")
+  err = info.value
+  assert err.unbound == (Unbound("C", "param", example=8192),)
+  assert "`maskc.parse(text, C=8192)`" in str(err)
+  assert "`--param C=8192`" in err.render(CLI) and "maskc.parse(" not in err.render(CLI)
+
+
+@pytest.mark.parametrize("item,needle", [
+    ("C", "--param takes NAME=VALUE"), ("3C=4", "--param takes NAME=VALUE"),
+    ("C=big", "parameter `C` must be an integer, got 'big'"),
+])
+def test_bad_parameters(capsys, item, needle):
+  code, _, err = run(capsys, "check", "chunk(C)", "--param", item)
+  assert code == 1 and needle in err
+  code, _, err = run(capsys, "check", "chunk(C)", "--param", "C=1", "--param", "C=2")
+  assert code == 1 and "parameter `C` is given twice" in err
+
+
+def test_an_unused_parameter_is_noted(capsys):
+  code, _, err = run(capsys, "check", "sliding(W)  # w", "--param", "w=3")
+  assert code == 0 and "does not use parameter `w`" in err
 
 
 # ----------------------------------------------------------------------------- operand values

@@ -337,14 +337,17 @@ def test_unused_broken_definition_is_still_an_error():
   err = error_of({"definitions": {"good": "causal", "bad": "q // Z == 0"}, "layers": ["good"]},
                  exc=maskc.MaskTypeError)
   assert "(definitions.bad, line 1, column 6)" in str(err) and caret_column(err) == 6
-  assert "set it under `params:`" in str(err)
+  assert "Set `Z` under `params:`" in str(err)
 
 
 def test_unbound_parameter_says_how_to_bind_it():
   err = error_of({"definitions": {"local": "causal & chunk(C)"}, "layers": ["local"]},
                  exc=maskc.MaskTypeError)
   assert "(definitions.local, line 1, column 16)" in str(err)
-  assert "set it under `params:` or pass `load_config(..., C=...)`" in str(err)
+  assert ("Divide by a literal or a parameter bound at parse time. Set `C` under `params:` or "
+          "pass `load_config(..., C=8192)`.\nThe mask at layers[0] uses this definition."
+          in str(err))
+  assert "maskc.parse(" not in str(err)  # the config's terms, not Python's
   assert "The mask at layers[0] uses this definition." in str(err)
 
 
@@ -387,6 +390,12 @@ def test_free_integer_name_becomes_an_undeclared_operand():
   assert "set it under `params:`" in str(err)
 
 
+def test_the_caret_survives_a_named_mask_parsed_before_elsewhere():
+  # `sliding(W)` expanded once from another text: expansions are cached whatever their spans.
+  maskc.parse("sliding(W) | sink(2)")
+  test_free_integer_name_becomes_an_undeclared_operand()
+
+
 def test_operand_kind_mismatch():
   err = error_of({"operands": {"seg": "scalar"}, "layers": ["causal", "document(seg)"]},
                  exc=maskc.ConfigError)
@@ -424,6 +433,25 @@ def test_bad_operand_declarations(operands, message, path):
   err = error_of({"operands": operands, "layers": ["causal & document(seg)"]},
                  exc=maskc.ConfigError)
   assert message in str(err) and err.path == path and f"({path})" in str(err)
+
+
+def test_a_misspelled_operand_gets_a_did_you_mean_from_the_declared_ones():
+  err = error_of({"layers": ["sliding(8) | bidirectional(image)"], "operands": {"img": "token"}},
+                 exc=maskc.ConfigError)
+  assert "reads operand `image`" in str(err) and err.hint.startswith("Did you mean `img`? ")
+
+
+@pytest.mark.parametrize("config, path, guess", [
+    ({"operands": {"seg": {"kind": "tokn"}}}, "operands.seg.kind", "token"),
+    ({"operands": {"seg": "scaler"}}, "operands.seg", "scalar"),
+    ({"operands": {"seg": {"knd": "token"}}}, "operands.seg.knd", "kind"),
+    ({"layers": [{"mask": "causal"}, {"heds": ["causal"]}]}, "layers[1].heds", "heads"),
+    ({"num_layers": 2, "layers": {"patern": ["causal"]}}, "layers.patern", "pattern"),
+])
+def test_misspelled_keys_and_kinds_get_a_did_you_mean(config, path, guess):
+  config = {"layers": ["causal & document(seg)"], **config}
+  err = error_of(config, exc=maskc.ConfigError)
+  assert err.path == path and err.hint.startswith(f"Did you mean `{guess}`? "), err
 
 
 # ----------------------------------------------------------------------------- structure
@@ -521,11 +549,48 @@ def test_file_syntax_errors_have_a_caret(tmp_path, name, text, message, line, co
   assert message in str(err) and f"({path}, line {line}, column {column})" in str(err)
 
 
+YAML_ERRORS = [  # text, what the hint says
+    ("num_layers: 2\nlayers:\n  - causal\n - full\n", "Check the indentation"),
+    ("num_layers: 2\nparams:\n  C: 8\n   W: 4\n", "Check the indentation"),
+    ("num_layers: 2\nparams:\n    C: 8\n  W: 4\n", "Check the indentation"),
+    ("num_layers: 2\n  default: causal\n", "Check the indentation"),
+    ("num_layers: 2\nparams:\n\tC: 8\n", "spaces only: replace the tabs"),
+    ("num_layers: 1\ndefault: causal: x\n", "A value that holds `: `"),
+    ("num_layers: 1\ndefault: *causal\n", "YAML reads `*`"),
+    ("num_layers: 1\ndefault: & causal\n", "YAML reads `&`"),
+    ("num_layers: 1\ndefault: !causal\n", "YAML reads `!`"),
+    ("num_layers: 1\ndefault: | causal\n", "YAML reads `|`"),
+    ("num_layers: 1\ndefault: > causal\n", "YAML reads `>`"),
+    ("num_layers: 1\ndefault: @causal\n", "YAML reads `@`"),
+    ("num_layers: 2\nlayers: [causal, full\n", "Close the bracket"),
+    ("num_layers: 1\ndefault: \"causal\n", "Close the quote"),
+]
+
+
+@pytest.mark.parametrize("text,hint", YAML_ERRORS)
+def test_yaml_errors_get_the_hint_for_what_went_wrong(tmp_path, text, hint):
+  pytest.importorskip("yaml")
+  err = error_of(write(tmp_path, "m.yaml", text), exc=maskc.ConfigError)
+  assert "invalid YAML" in str(err) and hint in err.hint, err
+  if "indentation" in hint or "tabs" in hint:
+    assert "Quote" not in err.hint and "quote" not in err.hint  # not about quoting at all
+
+
+@pytest.mark.parametrize("text,hint", YAML_ERRORS)
+def test_yaml_hints_read_pyyamls_own_parser_too(text, hint):
+  """PyYAML without libyaml words its errors differently; the hint is the same."""
+  yaml = pytest.importorskip("yaml")
+  from maskc.config.files import _yaml_hint
+  with pytest.raises(yaml.MarkedYAMLError) as info:
+    yaml.load(text, Loader=yaml.SafeLoader)  # the pure-Python parser
+  assert hint in (_yaml_hint(info.value, text) or ""), info.value
+
+
 def test_yaml_needs_pyyaml(tmp_path, monkeypatch):
   path = write(tmp_path, "m.yaml", LLAMA4_YAML)
   monkeypatch.setitem(sys.modules, "yaml", None)
   err = error_of(path, exc=maskc.ConfigError)
-  assert "needs PyYAML" in str(err) and "pip install 'maskc[yaml]'" in str(err)
+  assert "needs PyYAML" in str(err) and 'pip install -e ".[yaml]"' in str(err)
   assert maskc.load_config(LLAMA4).num_layers == 8  # dicts need no YAML
 
 

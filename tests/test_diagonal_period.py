@@ -10,24 +10,24 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import maskc
-from maskc.lowering import compile as _lower
+from helpers import tile_states
 from maskc import testing as mt
 from maskc.analysis.diagonal_period import diagonal_period
 from maskc.compiled.tiles import grid_from_runs
+from maskc.lowering import compile as _lower
 from maskc.lowering.rules import taken
-from helpers import tile_states
 
 
 @pytest.mark.parametrize("text, period", [
     ("causal", 1), ("sliding(100)", 1), ("local(3, 7)", 1), ("causal & chunk(48)", 48),
     ("(q - k) % 4 == 0", 1), ("q % 4 == 0", 4), ("q % 6 == k % 4", 12),
     ("q // 2 - k // 2 < 3", 2), ("abs(q - k) < 9", 1), ("min(q, k) == q", 1), ("full", 1),
-    ("q < 5", None), ("2 * q - k > 3", None), ("abs(q) < 5", None), ("causal & document(seg)", None),
-    ("causal | prefix(16)", None), ("sliding(64) | sink(4)", None), ("q // 6 == k // 4", None),
+    ("q < 5", None), ("2 * q - k > 3", None), ("abs(q) < 5", None),
+    ("causal & document(seg)", None), ("causal | prefix(16)", None),
+    ("sliding(64) | sink(4)", None), ("q // 6 == k // 4", None),
 ])
 def test_known_periods(text, period):
   assert diagonal_period(maskc.parse(text)) == period

@@ -2,13 +2,12 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import maskc
+from helpers import assert_sound
 from maskc import testing
 from maskc.tools.equivalence import Equivalence, UnsoundBlockMapWarning, equivalent
-from helpers import assert_sound
 
 # Shapes `(q_len, kv_len, q_offset)`: square, ragged (chunked prefill), decode, more
 # queries than keys, explicit offsets, and lengths that are not multiples of the tiles.

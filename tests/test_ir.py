@@ -16,8 +16,13 @@ from hypothesis import assume, given
 
 import maskc
 from maskc.ir import k, q
-from maskc.testing import (mask_trees, prefill_shapes, prelude_combinations, seeded_operand_values,
-                           terms)
+from maskc.testing import (
+  mask_trees,
+  prefill_shapes,
+  prelude_combinations,
+  seeded_operand_values,
+  terms,
+)
 
 EVAL_SHAPES = [(1, 1), (5, 5), (3, 11), (8, 13)]
 
@@ -252,7 +257,7 @@ def test_mask_has_no_truth_value(value):
 
 def test_chained_python_comparison_hints():
   with pytest.raises(maskc.MaskTypeError) as info:
-    q - 4 < k <= q  # Python evaluates `(q - 4 < k) and (k <= q)`
+    _ = q - 4 < k <= q  # Python evaluates `(q - 4 < k) and (k <= q)`
   assert "a < b <= c" in str(info.value)
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-import maskc
 import attention_reference
+import maskc
 from attention_reference import jnp_reference, numpy_reference
 from helpers import assert_close
 from maskc.kernels import xla

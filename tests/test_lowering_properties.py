@@ -3,12 +3,11 @@
 import jax
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import maskc
-from maskc.compiled.blockmap import grid_from_runs
 from helpers import FULL, PARTIAL, assert_exact, assert_sound
+from maskc.compiled.blockmap import grid_from_runs
 
 # Prelude leaves (exactness is promised for these combined with & | ^ ~).
 _prelude_leaf = st.one_of(
@@ -32,7 +31,8 @@ _comparison = st.tuples(_term, st.sampled_from(["<", "<=", "==", "!=", ">=", ">"
 
 def _combine(leaf):
   return st.recursive(leaf, lambda sub: st.one_of(
-      st.tuples(sub, st.sampled_from(["&", "|", "^"]), sub).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
+      st.tuples(sub, st.sampled_from(["&", "|", "^"]), sub)
+      .map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
       sub.map(lambda s: f"~{s}" if not s.startswith("~") else f"~({s})")), max_leaves=4)
 
 

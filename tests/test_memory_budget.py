@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import maskc
-from maskc.lowering import compile as _lower
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL
+from maskc.lowering import compile as _lower
 
 N = 1 << 14  # tokens: with 16-tiles, a grid of 1024 x 1024 tiles (1 MiB as int8)
 BLOCK = 16

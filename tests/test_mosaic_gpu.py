@@ -50,7 +50,8 @@ def emulated_allowed(cfg: mosaic_gpu.Config, meta, ins: mosaic_gpu.Inputs, *,
   part = (tiles * ((t >= meta[..., :1]) & (t < meta[..., 1:2]))[..., None]).sum(2) > 0
   if transpose:                                                      # [B', nk, nq] -> q-major
     full, part = jnp.swapaxes(full, 1, 2), jnp.swapaxes(part, 1, 2)
-  grow = lambda g: jnp.repeat(jnp.repeat(g, bq, axis=1), bk, axis=2)   # [B', Lq_pad, Lkv_pad]
+  def grow(g):
+    return jnp.repeat(jnp.repeat(g, bq, axis=1), bk, axis=2)   # [B', Lq_pad, Lkv_pad]
   ns = len(cfg.pred.scalars)
   qpos = jnp.arange(lq_pad)[None, :, None] + ins.scal[:, ns][:, None, None]
   kpos = jnp.arange(lkv_pad)[None, None, :]
@@ -127,7 +128,8 @@ def emulated_dkv(bc, q, k, v, do, lse2, delta, meta_b, ins: mosaic_gpu.Inputs, p
   b, lkv_pad, hkv, d = k.shape
   dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q.astype(jnp.float32), precision="highest")
   dv = jnp.einsum("bhqk,bqhd->bkhd", p, do.astype(jnp.float32), precision="highest")
-  group = lambda x: x.reshape(b, lkv_pad, hkv, cfg.groups, d).sum(3).astype(k.dtype)
+  def group(x):
+    return x.reshape(b, lkv_pad, hkv, cfg.groups, d).sum(3).astype(k.dtype)
   return group(dk * cfg.scale), group(dv)
 
 
@@ -170,7 +172,8 @@ def case_id(case) -> str:
 
 def inputs(b: int, lq: int, lkv: int, h: int, hkv: int, d: int, seed: int = 0):
   rng = np.random.default_rng(seed)
-  f = lambda *s: jnp.asarray(rng.standard_normal(s, np.float32)).astype(jnp.bfloat16)
+  def f(*s):
+    return jnp.asarray(rng.standard_normal(s, np.float32)).astype(jnp.bfloat16)
   return f(b, lq, h, d), f(b, lkv, hkv, d), f(b, lkv, hkv, d), f(b, lq, h, d)
 
 
@@ -223,7 +226,8 @@ GRAD_CASES = [pytest.param(c, id=case_id(c), marks=pytest.mark.slow)
 @pytest.mark.parametrize("case", GRAD_CASES)
 def test_emulated_gradients_are_flash_backward(emulated, case):
   ours, dense, (q, k, v, w) = run_case(case)
-  loss = lambda fn: lambda q, k, v: (fn(q, k, v).astype(jnp.float32) * w).sum()
+  def loss(fn):
+    return lambda q, k, v: (fn(q, k, v).astype(jnp.float32) * w).sum()
   grads = jax.grad(loss(ours), (0, 1, 2))(q, k, v)
   refs = jax.grad(loss(dense), (0, 1, 2))(q.astype(jnp.float32), k.astype(jnp.float32),
                                           v.astype(jnp.float32))
@@ -254,10 +258,13 @@ def test_emulated_mosaic_backward_matches_dense(emulated_backward, case):
   if has_sinks:                           # differentiated w.r.t. the sinks too
     ours_s, dense_s, s0 = ours, dense, jnp.linspace(-1.0, 1.0, h)
   else:
-    ours_s = lambda q, k, v, s: ours(q, k, v)
-    dense_s = lambda q, k, v, s: dense(q, k, v)
+    def ours_s(q, k, v, s):
+      return ours(q, k, v)
+    def dense_s(q, k, v, s):
+      return dense(q, k, v)
     s0 = jnp.zeros((h,), jnp.float32)
-  loss = lambda fn: lambda q, k, v, s: (fn(q, k, v, s).astype(jnp.float32) * w).sum()
+  def loss(fn):
+    return lambda q, k, v, s: (fn(q, k, v, s).astype(jnp.float32) * w).sum()
   grads = jax.grad(loss(ours_s), (0, 1, 2, 3))(q, k, v, s0)
   refs = jax.grad(loss(dense_s), (0, 1, 2, 3))(q.astype(jnp.float32), k.astype(jnp.float32),
                                                v.astype(jnp.float32), s0)

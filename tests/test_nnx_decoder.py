@@ -89,3 +89,18 @@ def test_block_sparse_gradients_match_dense_through_the_model():
   np.testing.assert_allclose(loss, loss_ref, rtol=1e-5)
   for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(grads_ref)):
     np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("config, needles", [
+    ("llama3", ["unknown config 'llama3'", "Did you mean `llama4`?",
+                "The configs are gemma3, llama4"]),
+    ("missing.yaml", ["cannot read the config file"]),
+])
+def test_an_unknown_config_is_a_clear_error(capsys, monkeypatch, config, needles):
+  monkeypatch.setattr(sys, "argv", ["nnx_decoder.py", "--config", config, "--steps", "0"])
+  with pytest.raises(SystemExit) as info:
+    _example().main()
+  err = capsys.readouterr().err
+  assert info.value.code == 1 and err.startswith("nnx_decoder.py: error: ")
+  assert all(n in err for n in needles), err
+  assert "Traceback" not in err

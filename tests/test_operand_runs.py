@@ -6,8 +6,7 @@ level `floor(log2(n))`, in NumPy and under jit."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from helpers import runs_reference
 

@@ -445,8 +445,9 @@ def test_jax_overflow_is_a_mask_value_error_not_overflow_error():
     with pytest.raises(maskc.MaskValueError):
       maskc.materialize("q - k < n", 3, q_offset=q_offset, operands={"n": jnp.asarray(2)})
     with pytest.raises(maskc.MaskValueError):
-      jax.jit(lambda n: maskc.materialize("q - k < n", 3, q_offset=q_offset,
-                                          operands={"n": n}))(2)
+      def bound(n, q_offset=q_offset):
+        return maskc.materialize("q - k < n", 3, q_offset=q_offset, operands={"n": n})
+      jax.jit(bound)(2)
   with pytest.raises(maskc.MaskValueError):
     jax.jit(lambda n: maskc.additive_bias("q * 615586615747 > k + n", 3, operands={"n": n}))(1)
   # A large offset the mask never reads is no term at all.

@@ -269,6 +269,26 @@ def test_index_of_both_positions_message_is_stable():
   assert "`q` alone" not in err.message and "`k` alone" not in err.message
 
 
+@pytest.mark.parametrize("text,fix", [
+    ("document(seg[q])", "`document(seg)`"),
+    ("causal | bidirectional(img[k])", "`bidirectional(img)`"),
+    ("f(x) = document(x) & causal; f(seg[q])", "`f(seg)`"),   # indexed by a callee
+    ("f(a, s) = sliding(a) & s[q] == s[k]; f(4, doc[q // 2])", "`f(4, doc)`"),
+])
+def test_an_indexed_argument_where_a_name_belongs_hints_at_the_name(text, fix):
+  err = error_of(text)
+  assert isinstance(err, maskc.MaskTypeError)
+  assert "so it takes an operand's name" in err.message
+  assert err.hint == f"Pass the operand's name: {fix}."
+  assert fix not in text  # not what was typed
+
+
+def test_a_number_where_an_operand_name_belongs_is_refused():
+  err = error_of("document(3)")
+  assert isinstance(err, maskc.MaskTypeError)
+  assert "`document` indexes its parameter `s`" in err.message
+
+
 def test_arity_error_shows_the_signature():
   err = error_of("causal & local(3)")
   assert "local(left, right)" in str(err)
@@ -628,7 +648,7 @@ def parse_or_mask_error(text: str) -> None:
   assert isinstance(m, maskc.Mask)
   assert maskc.parse(str(m)) == m
   m.simplify()
-  m.operands
+  _ = m.operands
 
 
 @given(st.text(alphabet=ALPHABET, max_size=80))

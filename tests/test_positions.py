@@ -16,9 +16,12 @@ import numpy as np
 import pytest
 
 import maskc
-from maskc.testing import (mask_trees as masks, prelude_combinations,
-                           seeded_operand_values as operand_values)
 from helpers import assert_sound, tile_states
+from maskc.testing import (
+  mask_trees as masks,
+  prelude_combinations,
+  seeded_operand_values as operand_values,
+)
 from sampling import PARTS, count
 
 

@@ -1,9 +1,9 @@
 """The prelude and the language's examples, each against an independent NumPy formula.
 
-Every reference here is written from the mask's definition in docs/design.md ("The language", "Positions")
-(row `i` has `q = q_offset + i`, column `j` has `k = j`, `q_offset` defaults to
-`kv_len - q_len`) or from the formula of the code it reproduces (MaxText,
-splash), never from maskc's own evaluator.
+Every reference here is written from the mask's definition in docs/design.md ("The language",
+"Positions") (row `i` has `q = q_offset + i`, column `j` has `k = j`, `q_offset` defaults to
+`kv_len - q_len`) or from the formula of the code it reproduces (MaxText, splash), never from
+maskc's own evaluator.
 """
 
 import jax
@@ -231,7 +231,7 @@ def test_batched_segment_ids():
   got = dense("causal & document(seg)", 8, seg=seg)
   assert got.shape == (3, 8, 8)
   for b in range(3):
-    expected = reference(lambda q, k: k <= q and seg[b, q] == seg[b, k], 8)
+    expected = reference(lambda q, k, b=b: k <= q and seg[b, q] == seg[b, k], 8)
     np.testing.assert_array_equal(got[b], expected)
 
 
@@ -250,14 +250,15 @@ def test_scalar_padding_lengths(kv_len_value):
   else:
     got = got[None]
   for b, n in enumerate(lengths):
-    np.testing.assert_array_equal(got[b], reference(lambda q, k: k <= q and k < n, 8))
+    np.testing.assert_array_equal(got[b], reference(lambda q, k, n=n: k <= q and k < n, 8))
 
 
 def test_batched_scalar_prefix_length():
   plen = np.array([0, 2, 5])
   got = dense("causal | prefix(plen)", 6, plen=plen)
   for b, n in enumerate(plen):
-    np.testing.assert_array_equal(got[b], reference(lambda q, k: k <= q or (q < n and k < n), 6))
+    expected = reference(lambda q, k, n=n: k <= q or (q < n and k < n), 6)
+    np.testing.assert_array_equal(got[b], expected)
 
 
 def test_batched_and_unbatched_operands_mix():
@@ -266,7 +267,7 @@ def test_batched_and_unbatched_operands_mix():
   got = dense("causal & document(seg) | bidirectional(img)", 6, seg=seg, img=img)
   ids = runs_by_hand(img)
   for b in range(2):
-    expected = reference(lambda q, k: (k <= q and seg[b, q] == seg[b, k])
+    expected = reference(lambda q, k, b=b: (k <= q and seg[b, q] == seg[b, k])
                          or (ids[q] > 0 and ids[q] == ids[k]), 6)
     np.testing.assert_array_equal(got[b], expected)
 
@@ -376,7 +377,7 @@ def test_per_batch_padding_lengths():
   got = dense("causal & k < kv_len & q < kv_len", 10, kv_len=kv_len)
   assert got.shape == (3, 10, 10)
   for b, n in enumerate(kv_len):
-    np.testing.assert_array_equal(got[b], reference(lambda q, k: k <= q < n and k < n, 10))
+    np.testing.assert_array_equal(got[b], reference(lambda q, k, n=n: k <= q < n and k < n, 10))
 
 
 def test_moba_block_selection():

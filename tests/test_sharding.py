@@ -169,6 +169,7 @@ def test_bad_arguments_raise():
 
 def test_xla_run_with_lse_matches_numpy():
   import jax.numpy as jnp
+
   from maskc.kernels import xla
   rng = np.random.default_rng(0)
   q = rng.standard_normal((2, 24, 4, 8)).astype(np.float32)

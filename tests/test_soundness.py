@@ -19,13 +19,12 @@ import pathlib
 import jax
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import maskc
-from maskc.language import ir
-from maskc import testing
 from helpers import assert_exact, assert_sound
+from maskc import testing
+from maskc.language import ir
 from sampling import PARTS, count
 
 CASES = json.loads((pathlib.Path(__file__).parent / "cases" / "lowering_regression.json")

@@ -21,8 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as smi
+from jax.experimental.pallas.ops.tpu.splash_attention import (
+  splash_attention_mask as sm,
+  splash_attention_mask_info as smi,
+)
 
 import maskc
 from maskc.kernels.splash import mask_info
@@ -188,8 +190,9 @@ def test_kernel_on_each_shards_slice_matches_dense():
   def shard(info, a, b):
     if info is None:
       return None
-    cut = lambda x: None if x is None else x[a * x.shape[0] // hs:(a + 1) * x.shape[0] // hs,
-                                               b * x.shape[1] // qs:(b + 1) * x.shape[1] // qs]
+    def cut(x):
+      return None if x is None else x[a * x.shape[0] // hs:(a + 1) * x.shape[0] // hs,
+                                        b * x.shape[1] // qs:(b + 1) * x.shape[1] // qs]
     seq = None if info.q_sequence is None else info.q_sequence.reshape(qs, -1)[b]
     return info._replace(data_next=cut(info.data_next), mask_next=cut(info.mask_next),
                          block_mask=cut(info.block_mask), q_sequence=seq)

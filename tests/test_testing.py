@@ -8,8 +8,7 @@ import textwrap
 import hypothesis
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import maskc
 from maskc import testing
@@ -95,7 +94,8 @@ def test_every_prelude_mask_and_operator_is_drawn():
   strategy = testing.masks(max_depth=1, operands=OPERANDS)
   for name in PRELUDE:
     find(strategy, lambda m, name=name: isinstance(m, maskc.ir.Call) and m.name == name)
-  for cls in (maskc.ir.And, maskc.ir.Or, maskc.ir.Xor, maskc.ir.Not, maskc.ir.Compare, maskc.ir.Truth):
+  for cls in (maskc.ir.And, maskc.ir.Or, maskc.ir.Xor, maskc.ir.Not, maskc.ir.Compare,
+              maskc.ir.Truth):
     find(strategy, lambda m, cls=cls: isinstance(m, cls))
 
 
@@ -238,7 +238,8 @@ def test_comparisons_match_a_numpy_reference(c, shape, seed):
 
 def test_standard_strategies_cover_their_parts():
   strategy = testing.mask_trees(max_leaves=4, term_leaves=3)
-  for cls in (maskc.ir.And, maskc.ir.Or, maskc.ir.Xor, maskc.ir.Not, maskc.ir.Compare, maskc.ir.Truth):
+  for cls in (maskc.ir.And, maskc.ir.Or, maskc.ir.Xor, maskc.ir.Not, maskc.ir.Compare,
+              maskc.ir.Truth):
     find(strategy, lambda m, cls=cls: isinstance(m, cls))
   for name in ("document", "bidirectional", "prefix", "sink"):
     find(testing.prelude_masks(), lambda m, name=name: isinstance(m, maskc.ir.Call)

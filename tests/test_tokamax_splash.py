@@ -336,6 +336,7 @@ def test_interpret_mode_lowers_no_kernel():
   """The check can fail: interpret mode lowers to plain HLO, with no custom call."""
   bm = maskc.compile("causal", 256, block_q=128, block_kv=128)
   qs = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.float32)
-  f = lambda q, k, v: api.attention(q, k, v, bm, backend="splash_tokamax", interpret=True)
+  def f(q, k, v):
+    return api.attention(q, k, v, bm, backend="splash_tokamax", interpret=True)
   text = jax.jit(f).trace(qs, qs, qs).lower(lowering_platforms=("tpu",)).as_text()
   assert "tpu_custom_call" not in text

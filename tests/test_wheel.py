@@ -1,8 +1,9 @@
 """The wheel: built from the sources, installed on its own, it imports and parses.
 
 The editable install reads the checkout; this checks that a plain wheel carries every
-subpackage of `maskc/`, the grammar's data files and `py.typed` too. The build runs offline (`--no-build-isolation`,
-`--no-index`) from a copy of the sources, so the checkout gets no `build/`.
+subpackage of `maskc/`, the grammar's data files and `py.typed` too. The build runs offline
+(`--no-build-isolation`, `--no-index`) from a copy of the sources, so the checkout gets no
+`build/`.
 """
 
 import os

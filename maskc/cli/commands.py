@@ -21,14 +21,23 @@ from typing import TextIO
 import numpy as np
 
 import maskc
-from maskc.cli.args import OPERAND_VALUES_HELP, add_shape_arguments, can_encode, operands_from_items
+from maskc.cli.args import (
+  CLI,
+  OPERAND_VALUES_HELP,
+  SHAPES,
+  add_mask_arguments,
+  add_shape_arguments,
+  can_encode,
+  check_operands,
+  operands_from_items,
+  parse_mask,
+)
 from maskc.cli.config import add_config
 from maskc.cli.show import add_show
 
 MAX_DENSE_ROWS = 256
 MAX_DENSE_COLS = 512
 
-_SHAPES = {"scalar": "[] or [B]", "token": "[L] or [B, L]", "pair": "[Lq, Lk] or [B, Lq, Lk]"}
 _KINDS = {"scalar": "scalar", "token": "per-token", "pair": "pairwise"}
 
 
@@ -40,12 +49,12 @@ def _add_check(subparsers) -> None:
       "check", help="parse a mask; print its canonical and simplified forms and its operands",
       description="Parse a mask and print its canonical text, its simplified form and the "
                   "runtime operands it needs. Exits 1 with a located error if the text is bad.")
-  p.add_argument("expr", metavar="EXPR", help="mask text, e.g. 'causal & chunk(8192)'")
+  add_mask_arguments(p)
   p.set_defaults(run=_run_check)
 
 
 def _run_check(args: argparse.Namespace, out: TextIO) -> int:
-  m = maskc.parse(args.expr)
+  m = parse_mask(args)
   _field(out, "canonical", str(m))
   _field(out, "simplified", str(m.simplify()))
   specs = m.operands
@@ -56,7 +65,7 @@ def _run_check(args: argparse.Namespace, out: TextIO) -> int:
   width = max(len(s.name) for s in specs)
   for s in specs:
     kind = _KINDS[s.kind] + (", boolean" if s.boolean else "")
-    out.write(f"  {s.name:<{width}}  {kind:<20}  shape {_SHAPES[s.kind]}\n")
+    out.write(f"  {s.name:<{width}}  {kind:<20}  shape {SHAPES[s.kind]}\n")
   return 0
 
 
@@ -92,8 +101,9 @@ def _run_dense(args: argparse.Namespace, out: TextIO) -> int:
         f"a {q_len} x {kv_len} mask is too large to draw as text; the limit is "
         f"{MAX_DENSE_ROWS} x {MAX_DENSE_COLS}",
         hint="Draw a smaller shape: the pattern of most masks shows at a few dozen tokens.")
-  m = maskc.parse(args.expr)
+  m = parse_mask(args)
   operands = operands_from_items(args.operand)
+  check_operands(m, operands)
   needed = {s.name for s in m.operands}
   for name in operands:
     if name not in needed:
@@ -167,8 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
   try:
     return args.run(args, sys.stdout)
-  except maskc.MaskError as e:
-    sys.stderr.write(f"maskc {args.command}: error: {e}\n")
+  except maskc.MaskError as e:  # its hint says how to bind a name in command-line terms
+    sys.stderr.write(f"maskc {args.command}: error: {e.render(CLI)}\n")
     return 1
 
 

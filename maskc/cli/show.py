@@ -16,8 +16,15 @@ import sys
 from typing import TextIO
 
 import maskc
-from maskc.cli.args import OPERAND_VALUES_HELP, add_shape_arguments, can_encode, operands_from_items
-from maskc.compiled.render import matplotlib_modules
+from maskc.cli.args import (
+  OPERAND_VALUES_HELP,
+  add_shape_arguments,
+  can_encode,
+  check_operands,
+  operands_from_items,
+  parse_mask,
+)
+from maskc.language.errors import MissingExtraError
 from maskc.tools.show import MAX_ELEMENT_COLS, MAX_ELEMENT_ROWS, MaskView
 
 
@@ -53,8 +60,9 @@ def run_show(args: argparse.Namespace, out: TextIO) -> int:
   width = args.width if args.width is not None else min(120, shutil.get_terminal_size().columns)
   if width < 10:
     raise maskc.MaskValueError(f"--width must be at least 10, got {width}")
-  m = maskc.parse(args.expr)
+  m = parse_mask(args)
   operands = operands_from_items(args.operand)
+  check_operands(m, operands)
   view = maskc.show(m, args.q_len, args.kv_len, q_offset=args.offset, operands=operands,
                     block_q=args.block_q, block_kv=args.block_kv)
   if args.tiles and view.elements:
@@ -86,8 +94,11 @@ def _save_svg(view: MaskView, path: str) -> None:
 
 
 def _save_png(view: MaskView, path: str) -> None:
-  matplotlib_modules()  # a MaskError naming the `plot` extra when matplotlib is missing
-  import matplotlib
+  try:
+    import matplotlib
+  except ImportError:
+    raise MissingExtraError("--png needs matplotlib, which is not installed", extra="plot",
+                            hint="Or write --svg, which needs nothing.") from None
   if "matplotlib.pyplot" not in sys.modules:
     matplotlib.use("Agg")  # no window from a command line tool
   import matplotlib.pyplot as plt

@@ -30,7 +30,7 @@ from typing import Any, Literal, TypedDict
 import numpy as np
 
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL
-from maskc.language.errors import MaskError, MaskValueError
+from maskc.language.errors import MaskError, MaskValueError, MissingExtraError
 
 GLYPHS = {EMPTY: "·", PARTIAL: "░", FULL: "█"}
 ASCII_GLYPHS = {EMPTY: ".", PARTIAL: "+", FULL: "#"}
@@ -44,8 +44,8 @@ MAX_SVG_RUNS = 20_000  # <rect> elements in one SVG: keeps a checkerboard map un
 MAX_PLOT_CELLS = 1024  # cells per panel axis in the matplotlib image
 
 
-class PlotDependencyError(MaskError, ImportError):
-  """An optional dependency needed for a picture (matplotlib) is not installed."""
+class PlotDependencyError(MissingExtraError):
+  """matplotlib, which a picture needs, is not installed (the `plot` extra)."""
 
 
 # ----------------------------------------------------------------------------- the picture
@@ -568,9 +568,8 @@ def matplotlib_modules() -> tuple[Any, Any]:
     from matplotlib import colors, patches
   except ImportError:
     raise PlotDependencyError(
-        "plotting needs matplotlib, which is not installed",
-        hint="Install the plot extra: `pip install 'maskc[plot]'`, or use `to_svg()` / "
-             "`to_text()`, which need nothing.") from None
+        "plotting needs matplotlib, which is not installed", extra="plot",
+        hint="Or use `to_svg()` / `to_text()`, which need nothing.") from None
   return colors, patches
 
 
@@ -590,7 +589,7 @@ def plot(bm, ax=None, *, panel: int | None = None, max_cells: int = MAX_PLOT_CEL
     The axes drawn on: `ax`, the new axes for one panel, or an array of axes.
 
   Raises:
-    PlotDependencyError: matplotlib is not installed (`pip install 'maskc[plot]'`).
+    PlotDependencyError: matplotlib is not installed (the `plot` extra).
   """
   colors, _ = matplotlib_modules()
   ps = panels(bm)

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from maskc.language.errors import ConfigError, Span, short_repr
+from maskc.language.errors import ConfigError, Span, install_command, short_repr
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_DEPTH = 64
@@ -214,7 +214,7 @@ def _load_yaml(text: str, file: str) -> Any:
     import yaml
   except ImportError:
     raise ConfigError("reading a YAML config needs PyYAML, which is not installed", file=file,
-                      hint="Install it with `pip install 'maskc[yaml]'`, or write the config "
+                      hint=f"Install it with `{install_command('yaml')}`, or write the config "
                            "as JSON or TOML.") from None
   loader = _yaml_loader(yaml)(text, file)
   try:
@@ -227,8 +227,7 @@ def _load_yaml(text: str, file: str) -> Any:
       # scanner reads that far ahead before our composer sees the deep collection
       raise _too_deep(file, span) from None
     raise ConfigError(f"invalid YAML: {e.problem}", file=file, span=span,
-                      hint="Quote mask text that starts with `~`, `&`, `*`, `|` or `!`: YAML "
-                           "reads those characters itself.") from None
+                      hint=_yaml_hint(e, text)) from None
   except yaml.YAMLError as e:
     raise ConfigError(f"invalid YAML: {e}", file=file) from None
   except ConfigError:
@@ -237,6 +236,50 @@ def _load_yaml(text: str, file: str) -> Any:
     raise ConfigError(f"invalid YAML: {e}", file=file) from None
   finally:
     loader.dispose()
+
+
+def _yaml_hint(error: Any, text: str) -> str | None:
+  """A fix for a YAML error (PyYAML's `MarkedYAMLError`), by what the parser met: the
+  message differs between libyaml and PyYAML's own parser, so it is read with the text."""
+  problem, context = error.problem or "", error.context or ""
+  mark = error.problem_mark
+  lines = text.split("\n")
+  line = lines[mark.line] if mark is not None and mark.line < len(lines) else ""
+  at = line[mark.column] if mark is not None and mark.column < len(line) else ""
+  if "cannot start any token" in problem:
+    if at == "\t" or "\\t" in problem:
+      return "YAML indents with spaces only: replace the tabs on this line with spaces."
+    return _quote_hint(at) if at else None
+  start = {"anchor": "&", "alias": "*", "tag": "!"}
+  for word, char in start.items():
+    if word in context or f"{word} '" in problem or f"the {word} " in problem:
+      return _quote_hint(char)
+  if "block scalar" in context:
+    head = line[:mark.column].rstrip() if mark is not None else ""
+    return _quote_hint(head[-1] if head and head[-1] in "|>" else "|")
+  if "mapping values are not allowed" in problem:
+    if mark is not None and ": " in line[:mark.column]:
+      return ("A value that holds `: ` reads as a mapping: quote it, e.g. "
+              "`default: \"causal & q - k < 8\"`.")
+    return _INDENT_HINT
+  if "expected key" in problem or "<block end>" in problem or "'-' indicator" in problem:
+    return _INDENT_HINT
+  if "flow sequence" in context or "flow mapping" in context:
+    return ("Close the bracket of this inline list or mapping, and quote items that hold `,` "
+            "or `: `: `[\"local(1, 2)\", causal]`.")
+  if "quoted scalar" in context:
+    return "Close the quote this value opens, on the same line or a later one."
+  return None
+
+
+_INDENT_HINT = ("Check the indentation here: the keys of one mapping start in the same column, "
+                "and what belongs to a key is indented further, with spaces.")
+
+
+def _quote_hint(char: str) -> str:
+  shown = "a backtick" if char == "`" else f"`{char}`"
+  return (f"YAML reads {shown} at the start of a value itself: quote the mask text, e.g. "
+          f"`default: \"{char}...\"`.")
 
 
 _YAML_LOADERS: dict[Any, type] = {}

@@ -1,7 +1,8 @@
 """maskc in Flax NNX models: `maskc.flax.Attention`, an attention module with a maskc mask.
 
-Needs Flax (`pip install "maskc[flax]"`). This package imports Flax and maskc's public
-API only; `import maskc` never imports it.
+Needs Flax (`pip install -e ".[flax]"`); without it, `import maskc.flax` raises a
+`maskc.MissingExtraError` (an `ImportError`) that says so. This package imports Flax and maskc's
+public API only; `import maskc` never imports it.
 
 >>> from flax import nnx
 >>> from maskc.flax import Attention
@@ -9,6 +10,16 @@ API only; `import maskc` never imports it.
 8
 """
 
-from maskc.flax._attention import Attention as Attention
+import maskc
+
+try:
+  import flax  # noqa: F401  (only to say which extra is missing)
+except ModuleNotFoundError as e:
+  if e.name != "flax":
+    raise
+  raise maskc.MissingExtraError("maskc.flax needs Flax, which is not installed",
+                                extra="flax") from None
+
+from maskc.flax._attention import Attention as Attention  # noqa: E402  (after the check)
 
 __all__ = ["Attention"]

@@ -3,6 +3,10 @@
 Each subclass also inherits the matching built-in exception, so callers that
 catch `ValueError` or `SyntaxError` keep working. Errors about text carry the
 source and a position and render the offending line with a caret under it.
+
+An error about a name the input leaves unbound (a parameter to bind, an operand to
+pass) lists it as `Unbound` data, and the front end the user called (`Frontend`: the
+Python API, the command line, a model config) says how to bind it in its own terms.
 """
 
 from __future__ import annotations
@@ -10,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import reprlib
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal, Protocol
 
 # What an error quotes is bounded, whatever the input: a value is shown by `short_repr`,
 # a long source line by a window around the caret, and a whole message by `_clip`.
@@ -50,6 +54,63 @@ class Span:
     return f"  {line}\n  {' ' * (column - 1)}{'^' * width}"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unbound:
+  """A name the input leaves unbound, as data, so each front end says how to bind it.
+
+  Attributes:
+    name: the name in the mask text.
+    role: "param", an integer bound when the text is parsed (`C` in `chunk(C)`), or
+      "operand", a runtime array the call passes.
+    kind: an operand's kind ("token", "scalar" or "pair"); None for a parameter.
+    example: a value to show for a parameter, such as 8192 for a chunk size.
+  """
+  name: str
+  role: Literal["param", "operand"]
+  kind: str | None = None
+  example: int | None = None
+
+
+class Frontend(Protocol):
+  """How one front end of maskc tells its user to bind the names an error lists as
+  `Unbound`: `PYTHON` (the default), the command line (`maskc.cli`), a model config
+  (`maskc.config`)."""
+
+  def bind_params(self, params: Sequence[Unbound]) -> str:
+    """A sentence saying how to bind the parameters `params`."""
+    ...
+
+  def pass_operands(self, operands: Sequence[Unbound]) -> str:
+    """A sentence saying how to pass the runtime operands `operands`."""
+    ...
+
+
+class _Python:
+  """The Python API: `maskc.parse(text, C=8192)` and `operands={'seg': ...}`."""
+
+  def bind_params(self, params: Sequence[Unbound]) -> str:
+    args = ", ".join(f"{p.name}={example(p)}" for p in params)
+    return f"Bind {names(params)} when parsing: `maskc.parse(text, {args})`."
+
+  def pass_operands(self, operands: Sequence[Unbound]) -> str:
+    items = ", ".join(f"'{o.name}': ..." for o in operands)
+    return f"Pass {names(operands)}: `operands={{{items}}}`."
+
+
+def example(param: Unbound) -> str:
+  """The value a hint shows for a parameter: its example, or `...`."""
+  return "..." if param.example is None else str(param.example)
+
+
+def names(unbound: Sequence[Unbound]) -> str:
+  """The names quoted for a sentence: "`a`", "`a` and `b`", "`a`, `b` and `c`"."""
+  quoted = [f"`{u.name}`" for u in unbound]
+  return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
+PYTHON: Frontend = _Python()
+
+
 class MaskError(Exception):
   """Base of every error maskc raises about a mask, its operands or its use.
 
@@ -57,6 +118,10 @@ class MaskError(Exception):
     message: what is wrong.
     span: where in the text, when the error is about text.
     hint: what to write instead, when there is a clear fix.
+    unbound: the names the fix binds (parameters or operands), as data; the text says how
+      to bind them through `frontend`.
+    frontend: the front end the text speaks for: `PYTHON` unless the caller (the command
+      line, a config loader) set its own. `render` gives the text for any front end.
   """
 
   # Errors about a config's mask text also carry its key path and file (`maskc.config`).
@@ -64,11 +129,13 @@ class MaskError(Exception):
   file: str | None
 
   def __init__(self, message: str, *, span: Span | None = None, hint: str | None = None,
-               source: str | None = None):
+               source: str | None = None, unbound: Sequence[Unbound] = ()):
     self.message = message
     self.span = span
     self.hint = hint
     self.source = source
+    self.unbound = tuple(unbound)
+    self.frontend = PYTHON
     super().__init__(self._render())
 
   @property
@@ -79,16 +146,33 @@ class MaskError(Exception):
   def column(self) -> int | None:
     return self.span.column if self.span else None
 
-  def _render(self) -> str:
+  def render(self, frontend: Frontend | None = None) -> str:
+    """The error's text, saying how to bind its unbound names through `frontend` (by
+    default the error's own)."""
+    return self._render(frontend)
+
+  def _render(self, frontend: Frontend | None = None) -> str:
     parts = [_clip(self.message)]
     if self.span is not None:
       where = f"{self.source}, " if self.source else ""
       parts[0] += f" ({where}line {self.span.line}, column {self.span.column})"
       parts.append("")
       parts.append(self.span.caret())
-    if self.hint:
-      parts.append(_clip(self.hint))
+    # The binding completes the hint's first line; later lines (where the text came from,
+    # added by a config loader) stay last.
+    first, *rest = (self.hint or "").split("\n")
+    hint = "\n".join([" ".join(h for h in (first, self._binding(frontend or self.frontend)) if h),
+                      *rest]).strip("\n")
+    if hint:
+      parts.append(_clip(hint))
     return "\n".join(parts)
+
+  def _binding(self, frontend: Frontend) -> str:
+    """How to bind the unbound names, through `frontend`: parameters, then operands."""
+    params = [u for u in self.unbound if u.role == "param"]
+    operands = [u for u in self.unbound if u.role == "operand"]
+    return " ".join(([frontend.bind_params(params)] if params else [])
+                    + ([frontend.pass_operands(operands)] if operands else []))
 
   def __str__(self) -> str:
     return self._render()
@@ -96,6 +180,12 @@ class MaskError(Exception):
   def with_source(self, source: str | None) -> MaskError:
     """The same error, naming where the text came from (a file, a config key)."""
     self.source = source
+    self.args = (self._render(),)
+    return self
+
+  def speaking_for(self, frontend: Frontend) -> MaskError:
+    """The same error, its text saying how to bind names through `frontend`."""
+    self.frontend = frontend
     self.args = (self._render(),)
     return self
 
@@ -138,6 +228,32 @@ class BackendError(MaskError, NotImplementedError):
   """The chosen backend cannot run this mask; the message names one that can."""
 
 
+class MissingExtraError(MaskError, ImportError):
+  """An optional dependency is not installed; the hint names the extra of maskc that
+  installs it (`install_command`).
+
+  Attributes:
+    extra: the extra's name in pyproject.toml (`plot`, `flax`, `yaml`, ...).
+  """
+
+  def __init__(self, message: str, *, extra: str, hint: str | None = None) -> None:
+    self.extra = extra
+    install = f"Install it with `{install_command(extra)}`."
+    super().__init__(message, hint=f"{install} {hint}" if hint else install)
+
+
+def install_command(extra: str) -> str:
+  """The command that installs maskc's optional `extra`, in the form that works where
+  maskc is installed from its checkout (`pip install -e .`, run in the checkout).
+
+  Every hint about a missing optional dependency names it so.
+
+  >>> install_command("yaml")
+  'pip install -e ".[yaml]"'
+  """
+  return f'pip install -e ".[{extra}]"'
+
+
 class ConfigError(MaskError, ValueError):
   """A model config is malformed: a wrong key, type or count, an undeclared operand, or a
   file too large or too deeply nested to read.
@@ -153,11 +269,11 @@ class ConfigError(MaskError, ValueError):
     self.file = file
     super().__init__(message, span=span, hint=hint, source=config_where(file, path))
 
-  def _render(self) -> str:
+  def _render(self, frontend: Frontend | None = None) -> str:
     if self.span is None and self.source:
-      head, *rest = super()._render().split("\n", 1)
+      head, *rest = super()._render(frontend).split("\n", 1)
       return "\n".join([f"{head} ({self.source})", *rest])
-    return super()._render()
+    return super()._render(frontend)
 
 
 def nearest(name: str, candidates: Iterable[str]) -> str | None:

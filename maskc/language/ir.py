@@ -34,6 +34,7 @@ from maskc.language.errors import (
   MaskValueError,
   OperandError,
   Span,
+  Unbound,
   nearest as nearest,
 )
 
@@ -649,14 +650,14 @@ def arith(op: ArithOp, lhs: Any, rhs: Any, span: Span | None = None) -> Term:
   if op == "*" and not (isinstance(lhs, (Const, Param)) or isinstance(rhs, (Const, Param))):
     raise MaskTypeError(
         f"`*` needs a constant on one side, got {quote(lhs)} and {quote(rhs)}", span=span,
-        hint="Multiply by a literal or a parameter bound at parse time: `q * 2`, or "
-             "`maskc.parse(text, W=64)` for `q * W`.")
+        hint="Multiply by a literal or a parameter bound at parse time: `q * 2`.",
+        unbound=[Unbound(t.name, "param", example=64) for t in (lhs, rhs)
+                 if isinstance(t, Scalar)][:1])
   if op in ("//", "%") and not isinstance(rhs, (Const, Param)):
     raise MaskTypeError(
         f"`{op}` needs a constant divisor, got {quote(rhs)}", span=rhs.span or span,
-        hint=f"Divide by a literal or a parameter bound at parse time, e.g. "
-             f"`maskc.parse(text, {rhs}=8192)`." if isinstance(rhs, Scalar) else
-             "Divide by a literal or a parameter bound at parse time.")
+        hint="Divide by a literal or a parameter bound at parse time.",
+        unbound=[Unbound(rhs.name, "param", example=8192)] if isinstance(rhs, Scalar) else [])
   return Arith(op, lhs, rhs, span)
 
 
@@ -760,6 +761,7 @@ def call(definition: Definition, args: Sequence[Any], span: Span | None = None) 
         f"`{definition.name}` takes {len(definition.params)} argument"
         f"{'s' if len(definition.params) != 1 else ''}, got {len(args)}", span=span,
         hint=f"Write `{_signature(definition)}`.")
+  _check_operand_args(definition, args, span)
   env = dict(zip(definition.params, args))
   for requirement, message in definition.requirements:
     verdict = const_truth(instantiate(requirement, env, span))
@@ -770,6 +772,37 @@ def call(definition: Definition, args: Sequence[Any], span: Span | None = None) 
   if is_mask_definition(definition):
     return Call(definition.name, args, definition, span)
   return instantiate(definition.body, env, span)
+
+
+def _check_operand_args(definition: Definition, args: tuple[Node, ...],
+                        span: Span | None) -> None:
+  """Refuses an argument that is not an operand's name where the body indexes the
+  parameter (`document(seg[q])` for `document(s) = s[q] == s[k]`)."""
+  indexed = operand_params(definition)
+  for param, arg in zip(definition.params, args):
+    if param in indexed and not isinstance(arg, (Operand, Param, Scalar)):
+      shown = [a.operand.name if a is arg and isinstance(a, (Read, PairRead)) else arg_text(a)
+               for a in args]
+      hint = (f"Pass the operand's name: `{definition.name}({', '.join(shown)})`."
+              if isinstance(arg, (Read, PairRead)) else
+              f"Pass an operand's name, e.g. `{definition.name}(seg)`.")
+      raise MaskTypeError(f"`{definition.name}` indexes its parameter `{param}`, so it takes an "
+                          f"operand's name, not {quote(arg)}", span=span, hint=hint)
+
+
+@functools.lru_cache(maxsize=1024)
+def operand_params(definition: Definition) -> frozenset[str]:
+  """The parameters of `definition` its body indexes as operands (`s` in `s[q]`), directly or
+  through the definitions it calls."""
+  out = set()
+  for n in walk(definition.body, into_calls=False):
+    if isinstance(n, (Read, PairRead)) and isinstance(n.operand, Param):
+      out.add(n.operand.name)
+    elif isinstance(n, Call):
+      inner = operand_params(n.definition)
+      out.update(a.name for p, a in zip(n.definition.params, n.args)
+                 if p in inner and isinstance(a, Param))
+  return frozenset(out)
 
 
 def arg_text(a: Node) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, cast, overload
 
 import lark
@@ -244,6 +244,7 @@ _Syntax = Any
 
 _ARITH_OPS: dict[str, ir.ArithOp] = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//",
                                      "mod": "%"}
+_CONNECTIVES = {"or_": ir.or_, "xor": ir.xor, "and_": ir.and_}
 
 
 class _Runs:
@@ -265,7 +266,8 @@ class _Pending:
 
 
 class _Program:
-  """Elaborates one program's syntax trees into IR, with its definitions in scope."""
+  """One program's statements: its definitions, elaborated lazily and once each into
+  templates with `Param` nodes, and its final mask."""
 
   def __init__(self, text: str, library: dict[str, ir.Definition], params: dict[str, Any],
                prelude: bool = False):
@@ -276,8 +278,7 @@ class _Program:
     self.pending: dict[str, _Pending] = {}
     self.done: dict[str, ir.Definition] = {}
     self.in_progress: list[str] = []
-
-  # ---------------------------------------------------------------- positions
+    self.expressions = _Expressions(self)
 
   def span(self, node: _Syntax) -> Span | None:
     if isinstance(node, lark.Token):  # the lexer sets every position of the tokens it makes
@@ -287,8 +288,6 @@ class _Program:
     if m.empty:
       return None
     return _span(self.text, m.line, m.column, m.start_pos, m.end_pos)
-
-  # ---------------------------------------------------------------- program
 
   @overload
   def program(self, tree: lark.Tree[lark.Token], *,
@@ -321,7 +320,7 @@ class _Program:
       for name in list(self.pending):
         self.definition(name, None)
       return None
-    result = self._mask(self.expr(statements[-1], {}), statements[-1])
+    result = self.expressions.mask(statements[-1])
     if ir.expanded_size(result, MAX_EXPANDED_NODES) > MAX_EXPANDED_NODES:
       raise MaskLimitError(f"the mask expands to more than {MAX_EXPANDED_NODES} nodes",
                            span=self.span(statements[-1]),
@@ -372,9 +371,10 @@ class _Program:
                                hint="A mask cannot be defined in terms of itself.")
     p = self.pending[name]
     self.in_progress.append(name)
+    exprs = self.expressions
+    outer, exprs.env = exprs.env, {x: ir.Param(x, p.span) for x in p.params}
     try:
-      env = {x: ir.Param(x, p.span) for x in p.params}
-      body = self.expr(p.body, env)
+      body = exprs.visit(p.body)
       if isinstance(body, (ir.Read, ir.PairRead)):
         body = ir.truth(body, self.span(p.body))
       if isinstance(body, (ir.Operand, _Runs)):
@@ -382,11 +382,12 @@ class _Program:
                             span=self.span(p.body))
       reqs = []
       for r in p.requirements:
-        cond = self._mask(self.expr(r.children[0], env), r.children[0])
+        cond = exprs.mask(r.children[0])
         message = str(r.children[1])[1:-1] if len(r.children) > 1 else f"requires {ir.quote(cond)}"
         reqs.append((cond, message))
     finally:
       self.in_progress.pop()
+      exprs.env = outer
     d = ir.Definition(name, p.params, body, tuple(reqs), self.prelude)
     self.done[name] = d
     return d
@@ -399,21 +400,45 @@ class _Program:
   def known_names(self) -> list[str]:
     return list(self.pending) + list(self.library) + list(self.params)
 
-  # ---------------------------------------------------------------- expressions
 
-  def _mask(self, value: _Value, node: _Syntax) -> ir.Mask:
-    span = self.span(node) if node is not None else None
+class _Expressions(lark.visitors.Interpreter[lark.Token, _Value]):
+  """Elaborates an expression's syntax tree into IR, top down: one method per node of the
+  grammar, named by its alias in `maskc/grammar/maskc.lark`.
+
+  `env` holds the parameters of the definition being elaborated (empty for the final mask).
+  """
+
+  def __init__(self, program: _Program) -> None:
+    self.program = program
+    self.span = program.span
+    self.env: dict[str, ir.Param] = {}
+
+  def visit(self, tree: lark.Tree[lark.Token]) -> _Value:
+    # Lark's `visit` also looks for a `visit_wrapper` on each method; none has one here.
+    method: Callable[[lark.Tree[lark.Token]], _Value] = getattr(self, tree.data)
+    return method(tree)
+
+  def __default__(self, tree: lark.Tree[lark.Token]) -> _Value:
+    raise MaskSyntaxError(f"unexpected `{tree.data}`", span=self.span(tree))
+
+  def mask(self, node: _Syntax) -> ir.Mask:
+    """`node` elaborated, as a mask: an indexed boolean operand is one."""
+    value = self.visit(node)
     if isinstance(value, ir.Operand):
-      guess = nearest(value.name, self.known_names())
+      guess = nearest(value.name, self.program.known_names())
       tail = f"If `{value.name}` is a boolean operand, index it: `{value.name}[q]`."
-      raise MaskNameError(f"unknown mask `{value.name}`", span=value.span or span,
+      raise MaskNameError(f"unknown mask `{value.name}`", span=value.span or self.span(node),
                           hint=(f"Did you mean `{guess}`? " if guess else "") + tail)
     if isinstance(value, _Runs):
       raise MaskTypeError("`runs(x)` is a per-token value; index it", span=value.span,
                           hint="Compare runs at two positions: `runs(x)[q] == runs(x)[k]`.")
     if isinstance(value, (ir.Read, ir.PairRead)):
-      return ir.truth(value, span)
-    return ir.mask(value, span)
+      return ir.truth(value, self.span(node))
+    return ir.mask(value, self.span(node))
+
+  def term(self, node: _Syntax) -> ir.Term:
+    """`node` elaborated, as an integer term."""
+    return self._term(self.visit(node), node)
 
   def _term(self, value: _Value, node: _Syntax) -> ir.Term:
     if isinstance(value, _Runs):
@@ -421,50 +446,53 @@ class _Program:
                           hint="`runs(x)[q]`.")
     return ir.term(value, self.span(node))
 
-  def expr(self, node: _Syntax, env: dict[str, ir.Param]) -> _Value:
-    kind = node.data
-    ch = node.children
-    span = self.span(node)
-    if kind in ("or_", "xor", "and_"):
-      items = [self._mask(self.expr(c, env), c) for c in ch]
-      return {"or_": ir.or_, "xor": ir.xor, "and_": ir.and_}[kind](items, span)
-    if kind == "not_":
-      return ir.not_(self._mask(self.expr(ch[0], env), ch[0]), span)
-    if kind == "compare":
-      terms = [self._term(self.expr(c, env), c) for c in ch[0::2]]
-      return ir.compare(terms, [str(o) for o in ch[1::2]], span)
-    if kind in ("add", "sub", "mul", "floordiv", "mod"):
-      return ir.arith(_ARITH_OPS[kind], self._term(self.expr(ch[0], env), ch[0]),
-                      self._term(self.expr(ch[1], env), ch[1]), span)
-    if kind == "neg":
-      return ir.neg(self._term(self.expr(ch[0], env), ch[0]), span)
-    if kind == "int_lit":
-      digits = str(ch[0]).replace("_", "").lstrip("0") or "0"
-      if len(digits) > MAX_LITERAL_DIGITS:
-        raise MaskLimitError(f"the integer literal has {len(digits)} digits; the limit is "
-                             f"{MAX_LITERAL_DIGITS}", span=span,
-                             hint="Positions, offsets and sizes fit in far fewer digits.")
-      return ir.term(int(digits), span)
-    if kind == "name":
-      return self.name(str(ch[0]), span, env)
-    if kind == "call":
-      return self.call(node, env)
-    if kind == "index":
-      return self.index(node, env)
-    if kind == "kwarg":
-      raise MaskSyntaxError("a keyword argument outside a call", span=span)
-    raise MaskSyntaxError(f"unexpected `{kind}`", span=span)
+  # ---------------------------------------------------------------- masks
 
-  def name(self, name: str, span: Span | None, env: dict[str, ir.Param]) -> ir.Node:
-    if name in env:
-      return env[name]
+  def _connective(self, tree: lark.Tree[lark.Token]) -> ir.Mask:
+    return _CONNECTIVES[tree.data]([self.mask(c) for c in tree.children], self.span(tree))
+
+  or_ = xor = and_ = _connective
+
+  def not_(self, tree: lark.Tree[lark.Token]) -> ir.Mask:
+    return ir.not_(self.mask(tree.children[0]), self.span(tree))
+
+  def compare(self, tree: lark.Tree[lark.Token]) -> ir.Mask:
+    ch = tree.children
+    return ir.compare([self.term(c) for c in ch[0::2]], [str(o) for o in ch[1::2]],
+                      self.span(tree))
+
+  # ---------------------------------------------------------------- integer terms
+
+  def _arith(self, tree: lark.Tree[lark.Token]) -> ir.Term:
+    lhs, rhs = tree.children
+    return ir.arith(_ARITH_OPS[tree.data], self.term(lhs), self.term(rhs), self.span(tree))
+
+  add = sub = mul = floordiv = mod = _arith
+
+  def neg(self, tree: lark.Tree[lark.Token]) -> ir.Term:
+    return ir.neg(self.term(tree.children[0]), self.span(tree))
+
+  def int_lit(self, tree: lark.Tree[lark.Token]) -> ir.Term:
+    digits = str(tree.children[0]).replace("_", "").lstrip("0") or "0"
+    if len(digits) > MAX_LITERAL_DIGITS:
+      raise MaskLimitError(f"the integer literal has {len(digits)} digits; the limit is "
+                           f"{MAX_LITERAL_DIGITS}", span=self.span(tree),
+                           hint="Positions, offsets and sizes fit in far fewer digits.")
+    return ir.term(int(digits), self.span(tree))
+
+  # ---------------------------------------------------------------- names, calls, reads
+
+  def name(self, tree: lark.Tree[lark.Token]) -> ir.Node:
+    name, span = str(tree.children[0]), self.span(tree)
+    if name in self.env:
+      return self.env[name]
     if name in ("q", "k"):
       return ir.Pos(cast(Literal["q", "k"], name), span)
     if name in ("true", "false"):
       return ir.BoolConst(name == "true", span)
-    if name in self.params:
-      return _param_value(name, self.params[name], span)
-    d = self.lookup(name, span)
+    if name in self.program.params:
+      return _param_value(name, self.program.params[name], span)
+    d = self.program.lookup(name, span)
     if d is not None:
       if d.params:
         raise MaskTypeError(f"`{name}` takes {len(d.params)} argument"
@@ -475,10 +503,13 @@ class _Program:
       raise MaskTypeError(f"`{name}` is a function", span=span, hint=f"Call it: `{name}(...)`.")
     return ir.Operand(name, span)
 
-  def call(self, node: lark.Tree[lark.Token], env: dict[str, ir.Param]) -> _Value:
-    name_tok, args = node.children[0], node.children[1:]
+  def kwarg(self, tree: lark.Tree[lark.Token]) -> _Value:
+    raise MaskSyntaxError("a keyword argument outside a call", span=self.span(tree))
+
+  def call(self, tree: lark.Tree[lark.Token]) -> _Value:
+    name_tok, *args = cast(list[_Syntax], tree.children)
     name = str(name_tok)
-    span = self.span(node)
+    span = self.span(tree)
     positional: list[tuple[_Value, _Syntax]] = []
     keywords: dict[str, tuple[_Value, _Syntax]] = {}
     for a in args:
@@ -486,12 +517,12 @@ class _Program:
         key = str(a.children[0])
         if key in keywords:
           raise MaskTypeError(f"argument `{key}` given twice", span=self.span(a))
-        keywords[key] = (self.expr(a.children[1], env), a)
+        keywords[key] = (self.visit(a.children[1]), a)
       else:
         if keywords:
           raise MaskSyntaxError("a positional argument after a keyword argument",
                                 span=self.span(a), hint="Put positional arguments first.")
-        positional.append((self.expr(a, env), a))
+        positional.append((self.visit(a), a))
     if name in BUILTINS:
       if keywords:
         raise MaskTypeError(f"`{name}` takes no keyword arguments", span=span)
@@ -505,11 +536,11 @@ class _Program:
                               span=self.span(a), hint="`runs(img)`.")
         return _Runs(value, span)
       return ir.fn(name, [self._term(v, a) for v, a in positional], span)
-    if name in env or name in self.params or name in ("q", "k", "true", "false"):
+    if name in self.env or name in self.program.params or name in ("q", "k", "true", "false"):
       raise MaskTypeError(f"`{name}` is not a function", span=self.span(name_tok))
-    d = self.lookup(name, span)
+    d = self.program.lookup(name, span)
     if d is None:
-      guess = nearest(name, [n for n in self.known_names()] + sorted(BUILTINS))
+      guess = nearest(name, self.program.known_names() + sorted(BUILTINS))
       raise MaskNameError(f"unknown function `{name}`", span=self.span(name_tok),
                           hint=f"Did you mean `{guess}`?" if guess else
                           "Define it first: `name(a, b) = ...`.")
@@ -533,10 +564,11 @@ class _Program:
     values = [v.operand if isinstance(v, _Runs) else v for v in values]
     return ir.call(d, values, span)
 
-  def index(self, node: lark.Tree[lark.Token], env: dict[str, ir.Param]) -> ir.Term:
-    base = self.expr(node.children[0], env)
-    idx = [self._term(self.expr(c, env), c) for c in node.children[1:]]
-    span = self.span(node)
+  def index(self, tree: lark.Tree[lark.Token]) -> ir.Term:
+    operand, *indices = cast(list[_Syntax], tree.children)
+    base = self.visit(operand)
+    idx = [self.term(c) for c in indices]
+    span = self.span(tree)
     if isinstance(base, _Runs):
       if len(idx) != 1:
         raise MaskTypeError("runs(x) takes one index", span=span, hint="`runs(x)[q]`.")
@@ -577,6 +609,25 @@ def prelude() -> dict[str, ir.Definition]:
   """The standard named masks, parsed once from `maskc/grammar/prelude.mask`."""
   text = prelude_text()
   program = _Program(text, {}, {}, prelude=True)
+  program.program(parse_tree(text), library_only=True)
+  return dict(program.done)
+
+
+def parse_definitions(text: str, **params: Any) -> dict[str, ir.Definition]:
+  """Elaborates a program of definitions only, and returns them by name.
+
+  What a model config's `definitions:` hold: every definition is elaborated and checked,
+  with the prelude and `params` in scope, whether or not a mask uses it.
+
+  Raises:
+    MaskError: a definition that does not parse or check, or a line that is not a
+      definition.
+
+  >>> sorted(parse_definitions("local = causal & chunk(C); stream(w) = sliding(w) | sink(4)",
+  ...                          C=64))
+  ['local', 'stream']
+  """
+  program = _Program(text, prelude(), dict(params))
   program.program(parse_tree(text), library_only=True)
   return dict(program.done)
 
