@@ -8,6 +8,7 @@ itself there too). Flax is optional too (`maskc[flax]`): without it, `maskc/flax
 
 import importlib.util
 
-collect_ignore = [] if importlib.util.find_spec("tokamax") else ["maskc/kernels/splash/tokamax_kernel.py"]
+collect_ignore = ([] if importlib.util.find_spec("tokamax")
+                  else ["maskc/kernels/splash/tokamax_kernel.py"])
 if not importlib.util.find_spec("flax"):
   collect_ignore.append("maskc/flax")

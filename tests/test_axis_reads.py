@@ -1,17 +1,17 @@
-"""Masks of one axis that read operands at the bare position (`maskc.lowering.closed_forms.one_axis`): their tiles
-from the operands' runs are the dense mask's, exactly, even where the mask is not refined;
-checked against a NumPy reference written here."""
+"""Masks of one axis that read operands at the bare position
+(`maskc.lowering.closed_forms.one_axis`): their tiles from the operands' runs are the dense
+mask's, exactly, even where the mask is not refined; checked against a NumPy reference written
+here."""
 
 import numpy as np
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 import maskc
+from helpers import assert_maximal_runs, tile_states
+from maskc.compiled.tiles import grid_from_runs
 from maskc.language import ir
 from maskc.lowering import compile as _lower
 from maskc.lowering.closed_forms.one_axis import bare_reads_only
-from maskc.compiled.tiles import grid_from_runs
-from helpers import assert_maximal_runs, tile_states
 
 READ_MASKS = {  # mask: reference over operands read at positions p (q or k), batch row axis first
     "g[k]": lambda g, h, w, s, p: g(p),

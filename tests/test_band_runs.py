@@ -1,29 +1,26 @@
-"""Bands of `q - k` in closed form (`maskc.lowering.closed_forms.band`, `maskc.lowering.grid.bands`): their tiles, and other parts' runs
-clipped to them, against dense masks."""
+"""Bands of `q - k` in closed form (`maskc.lowering.closed_forms.band`,
+`maskc.lowering.grid.bands`): their tiles, and other parts' runs clipped to them, against dense
+masks."""
 
 import numpy as np
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 import maskc
+from helpers import tile_states
+from maskc.analysis.linear import exact_band
+from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
 from maskc.lowering import compile as _lower
-from maskc.lowering.generic import combination as _combined
-from maskc.lowering.closed_forms import parts as _parts
-from maskc.lowering.closed_forms import one_axis as _one_axis
+from maskc.lowering.closed_forms import one_axis as _one_axis, parts as _parts
+from maskc.lowering.closed_forms.met_bounds import met_bounds_pieces
+from maskc.lowering.generic import combination as _combined, range_analysis as _range_analysis
+from maskc.lowering.grid.bands import band_bounds, clipped_pieces
+from maskc.lowering.grid.forms import line_runs
+from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget
 from maskc.lowering.registry import RULESET
 from maskc.lowering.rules import Site
-from maskc.lowering.generic import range_analysis as _range_analysis
 from maskc.semantics.ranges import Tables
-from maskc.lowering.closed_forms.band import BandRuns
-from maskc.lowering.closed_forms.met_bounds import met_bounds_pieces
-from maskc.lowering.grid.bands import band_bounds, clipped_pieces
-from maskc.lowering.grid.forms import line_runs
 from maskc.semantics.shape import Shape
-from maskc.analysis.linear import exact_band
-from maskc.lowering.grid.geometry import TileGeometry
-from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
-from helpers import tile_states
 
 bounds_st = st.one_of(st.none(), st.integers(-40, 40))
 

@@ -91,7 +91,8 @@ def test_tiles_in_row_bands_equal_one_shot_tiles(monkeypatch):
   np.testing.assert_array_equal(full, want)
   monkeypatch.setattr(_dense, "DENSE_CHUNK", 10)  # one row (of 9 x 2 elements) per band
   for idx in [(slice(None), slice(None), slice(None)), (1, slice(None), slice(2, 7)),
-              (slice(None), 3, slice(None)), (0, np.array([0, 5, 6]), slice(1, 3)), (slice(None), slice(1, 5), 6),
+              (slice(None), 3, slice(None)), (0, np.array([0, 5, 6]), slice(1, 3)),
+              (slice(None), slice(1, 5), 6),
               (slice(None), np.array([True, False] * 3 + [True]), 4),
               (1, np.array([[0, 1], [2, 3]]), slice(None))]:
     np.testing.assert_array_equal(cm[idx], full[idx])

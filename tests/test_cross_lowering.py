@@ -131,7 +131,8 @@ class TestSplashLowersForTpu:
     bm = maskc.compile("causal & document(seg)", 512, block_q=128, block_kv=128,
                        operands={"seg": seg})
     qs = jax.ShapeDtypeStruct((2, 512, 2, 128), jnp.bfloat16)
-    f = lambda q, k, v: attention(q, k, v, bm, backend="splash_jax", interpret=False)
+    def f(q, k, v):
+      return attention(q, k, v, bm, backend="splash_jax", interpret=False)
     text = lower_for("tpu", f, qs, qs, qs)
     assert text.count("tpu_custom_call") == 1
 
@@ -166,7 +167,8 @@ def test_traced_lowering_lowers_for_tpu():
 
 def test_traced_widened_band_lowers_for_tpu():
   """`causal & chunk(1024) | bidirectional(img)` under `jit` takes the widened band
-  (`maskc.lowering.closed_forms.widened_band`, traced): its reductions and scans over the lines lower too."""
+  (`maskc.lowering.closed_forms.widened_band`, traced): its reductions and scans over the lines
+  lower too."""
   text = traced_lowering_text("tpu", "causal & chunk(1024) | bidirectional(img)")
   assert "stablehlo.reduce" in text and "popcnt" not in text
 
@@ -204,8 +206,9 @@ class TestFlashLowersForCuda:
       return maskc.attention(q, k, v, mask, operands={"anc": anc, "sel": sel, "seg": seg},
                              backend="flash", interpret=False, block_q=64, block_kv=64)
 
-    g = lambda *a: jax.grad(lambda q, k, v, *r: f(q, k, v, *r).astype(jnp.float32).sum(),
-                            (0, 1, 2))(*a)
+    def g(*a):
+      return jax.grad(lambda q, k, v, *r: f(q, k, v, *r).astype(jnp.float32).sum(),
+                                (0, 1, 2))(*a)
     for fn, calls in ((f, 1), (g, 3)):
       text = lower_for("cuda", fn, qs, ks, ks, anc, sel, seg)
       assert count_triton(text) == calls
@@ -248,7 +251,8 @@ class TestFlashLowersForCuda:
                        interpret=False, splits=splits)
 
     def bwd(q, k, v, ops, offset):
-      loss = lambda q, k, v: fwd(q, k, v, ops, offset).astype(jnp.float32).sum()
+      def loss(q, k, v):
+        return fwd(q, k, v, ops, offset).astype(jnp.float32).sum()
       return jax.grad(loss, (0, 1, 2))(q, k, v)
 
     for fn, calls in ((fwd, 1), (bwd, 3)):                # split forward (+ dq, dkv)

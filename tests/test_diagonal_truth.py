@@ -3,16 +3,15 @@ operands (checked on the dense mask), the prelude's reflexive masks are proved, 
 static lowering then takes no sampled pair for the tiles the diagonal crosses."""
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import maskc
+from helpers import tile_states
 from maskc import testing
+from maskc.analysis.diagonal_truth import true_on_diagonal
 from maskc.lowering import compile as _lower
 from maskc.lowering.generic import combination as _combined
-from maskc.analysis.diagonal_truth import true_on_diagonal
 from maskc.lowering.rules import taken
-from helpers import tile_states
 
 PROVED = ["causal", "sliding(5)", "local(3, 2)", "chunk(8)", "causal & document(seg)",
           "document(seg) & (causal | bidirectional(img))", "causal | bidirectional(img)",

@@ -1,14 +1,14 @@
-"""Searches over the runs lines read (`maskc.lowering.closed_forms.equal_reads`), against NumPy's binary search."""
+"""Searches over the runs lines read (`maskc.lowering.closed_forms.equal_reads`), against NumPy's
+binary search."""
 
 import numpy as np
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from maskc.semantics.shape import Shape
 from maskc.lowering.closed_forms.equal_reads import _Sorted, equal_read_bounds, equal_read_runs
-from maskc.semantics.operand_runs import RunForm, RunTable
 from maskc.lowering.grid.geometry import TileGeometry
+from maskc.semantics.operand_runs import RunForm, RunTable
+from maskc.semantics.shape import Shape
 
 ints = hnp.arrays(np.int64, st.integers(0, 40), elements=st.integers(-50, 50))
 

@@ -26,8 +26,7 @@ from hypothesis import given, settings
 import maskc
 from attention_reference import NEG_LSE, jnp_reference, numpy_reference
 from helpers import assert_close
-from maskc.kernels.flash import kernel as flash
-from maskc.kernels.flash import decode as flash_decode
+from maskc.kernels.flash import decode as flash_decode, kernel as flash
 
 TOL = 1e-5
 BF16_TOL = 2e-2

@@ -57,7 +57,8 @@ pytestmark = [
 def inputs(seed: int, b: int, lq: int, lkv: int, h: int, hkv: int, d: int, dtype):
   """q, k, v rounded to `dtype` (NumPy float32 values), and the cotangent w."""
   rng = np.random.default_rng(seed)
-  cast = lambda x: np.asarray(jnp.asarray(x).astype(dtype).astype(jnp.float32))
+  def cast(x):
+    return np.asarray(jnp.asarray(x).astype(dtype).astype(jnp.float32))
   q = cast(rng.standard_normal((b, lq, h, d), np.float32))
   k = cast(rng.standard_normal((b, lkv, hkv, d), np.float32))
   v = cast(rng.standard_normal((b, lkv, hkv, d), np.float32))
@@ -67,7 +68,8 @@ def inputs(seed: int, b: int, lq: int, lkv: int, h: int, hkv: int, d: int, dtype
 
 def vjp_on(device, fn, q, k, v, w, dtype):
   """`fn(q, k, v)` and its q, k, v gradients for cotangent w, jitted on `device`."""
-  put = lambda x, t=dtype: jax.device_put(jnp.asarray(x, t), device)
+  def put(x, t=dtype):
+    return jax.device_put(jnp.asarray(x, t), device)
 
   @jax.jit
   def both(q, k, v, w):
@@ -217,7 +219,8 @@ def test_flash_run_with_lse_on_gpu(case):
     def loss(q, k, v):
       out, lse = fn(q, k, v)
       return (out * w).sum() + (lse * c).sum(), (out, lse)
-    put = lambda x: jax.device_put(jnp.asarray(x), device)
+    def put(x):
+      return jax.device_put(jnp.asarray(x), device)
     (_, (out, lse)), grads = jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(
         put(q), put(k), put(v))
     return np.asarray(out), np.asarray(lse), [np.asarray(g) for g in grads]
@@ -450,11 +453,11 @@ def test_tokamax_residuals_give_the_log_sum_exp_on_gpu():
 
 # ----------------------------------------------------------------------------- mosaic_gpu
 # `backend="mosaic_gpu"` (maskc.kernels.mosaic_gpu.forward): the Pallas Mosaic GPU forward, flash's
-# backward (its own Mosaic GPU backward, opt-in, has its test below). Never run on a GPU before these tests; they check it over flash's matrix (CASES),
-# each case moved to what the kernel takes: bfloat16 or float16 inputs (float32 cases
-# alternate between the two), 128-row tiles with 64 or 128 keys, the tile-constant case's
-# blocks at 128. Head dims off a multiple of 64 (32, 80) are padded by the wrapper. With
-# sinks there is no gradient yet: those cases check the forward alone.
+# backward (its own Mosaic GPU backward, opt-in, has its test below). Never run on a GPU before
+# these tests; they check it over flash's matrix (CASES), each case moved to what the kernel takes:
+# bfloat16 or float16 inputs (float32 cases alternate between the two), 128-row tiles with 64 or 128
+# keys, the tile-constant case's blocks at 128. Head dims off a multiple of 64 (32, 80) are padded
+# by the wrapper. With sinks there is no gradient yet: those cases check the forward alone.
 
 
 def _mosaic_case(n: int, case):
@@ -498,7 +501,8 @@ def test_mosaic_gpu_on_gpu_matches_references(case):
                                      has_sinks)
 
   if has_sinks:                          # forward only: no gradient with sinks yet
-    put = lambda x: jax.device_put(jnp.asarray(x, dtype), GPU)
+    def put(x):
+      return jax.device_put(jnp.asarray(x, dtype), GPU)
     out = np.asarray(jax.jit(ours)(put(q), put(k), put(v)).astype(jnp.float32))
     out_ref, _ = vjp_on(CPU, dense, q, k, v, w, jnp.float32)
     assert_norm_close(out, out_ref, BF16_TOL, f"{name}: out vs dense")
@@ -543,7 +547,8 @@ def test_mosaic_backward_on_gpu_matches_float64(case, monkeypatch):
                         sinks=s if has_sinks else None, interpret=False)
     return (out.astype(jnp.float32) * w).sum()
 
-  put = lambda x, t=dtype: jax.device_put(jnp.asarray(x, t), GPU)
+  def put(x, t=dtype):
+    return jax.device_put(jnp.asarray(x, t), GPU)
   s0 = np.zeros(h, np.float32) if sinks is None else sinks
   grads = jax.jit(jax.grad(loss, (0, 1, 2, 4)))(put(q), put(k), put(v), put(w, jnp.float32),
                                                 put(s0, jnp.float32))
@@ -577,7 +582,8 @@ def test_mosaic_gpu_run_with_lse_on_gpu(case):
   q, k, v, _ = inputs(lq, 1, lq, lkv, h, hkv, d, jnp.dtype(dtype))
   bm = maskc.compile(mask, lq, lkv, block_q=128, block_kv=128, operands=ops)
   allowed = np.asarray(maskc.materialize(mask, lq, lkv, operands=ops))
-  put = lambda x: jax.device_put(jnp.asarray(x, dtype), GPU)
+  def put(x):
+    return jax.device_put(jnp.asarray(x, dtype), GPU)
   out, lse = jax.jit(lambda q, k, v: mosaic_gpu.run_with_lse(q, k, v, bm, logits_soft_cap=cap))(
       put(q), put(k), put(v))
   out, lse = np.asarray(out), np.asarray(lse)
@@ -608,7 +614,8 @@ def test_mosaic_backward_run_with_lse_on_gpu(case, monkeypatch):
     out, lse = mosaic_gpu.run_with_lse(q, k, v, bm, logits_soft_cap=cap)
     return (out * w).sum() + (lse * w_lse).sum()
 
-  put = lambda x, t=jnp.dtype(dtype): jax.device_put(jnp.asarray(x, t), GPU)
+  def put(x):
+    return jax.device_put(jnp.asarray(x, jnp.dtype(dtype)), GPU)
   grads = jax.jit(jax.grad(loss, (0, 1, 2)))(put(q), put(k), put(v))
   refs = numpy_gradients(q, k, v, w, allowed, 1 / np.sqrt(d), cap, w_lse=w_lse)
   for g, r, n in zip(grads, refs, "qkv"):

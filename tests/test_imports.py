@@ -493,7 +493,8 @@ def test_the_rules_catch_each_kind_of_violation(tmp_path):
       "maskc/language/ir.py": "from maskc.language.errors import E\n"
                               "def f():\n  from maskc.language import printer\n",
       "maskc/language/printer.py": "from maskc.language import ir\n",
-      "maskc/semantics/__init__.py": "", "maskc/semantics/bind.py": "from maskc.lowering import x\n",
+      "maskc/semantics/__init__.py": "",
+      "maskc/semantics/bind.py": "from maskc.lowering import x\n",
       "maskc/lowering/__init__.py": "", "maskc/lowering/x.py": "",
       "maskc/lowering/splash.py": "def f():\n  from maskc.kernels.common import x\n",
       "maskc/kernels/__init__.py": "",

@@ -22,13 +22,12 @@ from hypothesis import HealthCheck, assume, given, settings
 import maskc
 from attention_reference import numpy_scores, repeat_kv
 from helpers import assert_close
-from sampling import PARTS, count
 from maskc.kernels import api, dense
 from maskc.kernels.splash import jax_kernel as splash
+from sampling import PARTS, count
 
 try:
-  from maskc.testing import mask_trees as random_masks
-  from maskc.testing import seeded_operand_values as operand_values
+  from maskc.testing import mask_trees as random_masks, seeded_operand_values as operand_values
 except ImportError:  # pragma: no cover - the strategies helper is optional
   random_masks = None
   operand_values = None
@@ -152,9 +151,11 @@ class KernelTests:
     bm = maskc.compile(mask, case["q_len"], case["kv_len"], block_q=kw.pop("block_q"),
                        block_kv=kw.pop("block_kv"), operands=kw.pop("operands"))
 
-    ours = lambda q, k, v: self.run(q, k, v, bm, **kw)
-    ref = lambda q, k, v: dense.run(q.astype(jnp.float32), k.astype(jnp.float32),
-                                    v.astype(jnp.float32), bm, **kw)
+    def ours(q, k, v):
+      return self.run(q, k, v, bm, **kw)
+    def ref(q, k, v):
+      return dense.run(q.astype(jnp.float32), k.astype(jnp.float32),
+                                        v.astype(jnp.float32), bm, **kw)
     out, grads = out_and_grads(ours, q, k, v, w)
     out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
     assert_close(out, out_ref, tol, f"{self.backend} output, {mask}")
@@ -199,7 +200,8 @@ class KernelTests:
     t = self.blocks[0]
     q, k, v, w = qkv(0, 1, lq, lkv, 2, 1, 16)
     mask = ("empty", f"causal & q >= {lq - 3}", f"k >= {2 * t} & q < {t + 3}")[which]
-    run = lambda q, k, v: self.run(q, k, v, mask, block_q=t, block_kv=t)
+    def run(q, k, v):
+      return self.run(q, k, v, mask, block_q=t, block_kv=t)
     out, grads = out_and_grads(run, q, k, v, w)
     empty = ~maskc.materialize(mask, lq, lkv).any(-1)
     assert np.isfinite(np.asarray(out)).all()
@@ -245,7 +247,8 @@ class KernelTests:
       return jax.jit(jax.value_and_grad(
           lambda s, q: (fn(q, k, v, mask, logits_soft_cap=3.0, sinks=s) * w).sum(), (0, 1)))
 
-    ours = lambda *a, **kw: self.run(*a, block_q=t, block_kv=t, **kw)
+    def ours(*a, **kw):
+      return self.run(*a, block_q=t, block_kv=t, **kw)
     (val, (g_s, g_q)) = loss(ours)(sinks, q)
     (val_ref, (g_s_ref, g_q_ref)) = loss(dense_attention)(sinks, q)
     assert_close(val, val_ref, F32_TOL * lq, "loss")
@@ -259,7 +262,8 @@ class KernelTests:
     t = self.blocks[0]
     q, k, v, _ = qkv(2, 1, lq, lkv, 3, 1, 16)
     for mask in ("causal", "sliding(17)"):
-      out = jax.jit(lambda q, k, v: self.run(q, k, v, mask, block_q=t, block_kv=t))(q, k, v)
+      out = jax.jit(lambda q, k, v, mask=mask: self.run(q, k, v, mask, block_q=t, block_kv=t))(
+          q, k, v)
       assert_close(out, dense_attention(q, k, v, mask), F32_TOL, mask)
 
   def test_q_longer_than_kv_has_empty_rows(self):
@@ -279,8 +283,10 @@ class KernelTests:
     seg = np.stack([np.repeat(np.arange(4), lkv // 4 + 1)[:lkv],
                     np.repeat(np.arange(2), lkv // 2 + 1)[:lkv]]).astype(np.int32)
     mask = "causal & document(seg)"
-    run = lambda q, k, v: self.run(q, k, v, mask, operands={"seg": seg}, block_q=t, block_kv=t)
-    ref = lambda q, k, v: dense_attention(q, k, v, mask, operands={"seg": seg})
+    def run(q, k, v):
+      return self.run(q, k, v, mask, operands={"seg": seg}, block_q=t, block_kv=t)
+    def ref(q, k, v):
+      return dense_attention(q, k, v, mask, operands={"seg": seg})
     out, grads = out_and_grads(run, q, k, v, w)
     out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
     assert_close(out, out_ref, F32_TOL, mask)
@@ -296,11 +302,13 @@ class KernelTests:
     q, k, v, w = qkv(5, 2, lq, lkv, 2, 2, 16)
     seg = np.stack([np.repeat(np.arange(3), lkv // 3 + 1)[:lkv],
                     np.repeat(np.arange(5), lkv // 5 + 1)[:lkv]]).astype(np.int32)
-    run = lambda q, k, v, seg: self.run(q, k, v, mask, operands={"seg": seg}, block_q=t,
-                                        block_kv=t)
+    def run(q, k, v, seg):
+      return self.run(q, k, v, mask, operands={"seg": seg}, block_q=t,
+                                            block_kv=t)
     out, grads = out_and_grads(lambda q, k, v: run(q, k, v, jnp.asarray(seg)), q, k, v, w)
     out2 = jax.jit(run)(q, k, v, jnp.asarray(seg))
-    ref = lambda q, k, v: dense_attention(q, k, v, mask, operands={"seg": seg})
+    def ref(q, k, v):
+      return dense_attention(q, k, v, mask, operands={"seg": seg})
     out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
     assert_close(out, out_ref, F32_TOL, mask)
     assert_close(out2, out_ref, F32_TOL, mask)
@@ -312,7 +320,8 @@ class KernelTests:
     t = self.blocks[0]
     q, k, v, _ = qkv(6, 3, lq, lkv, 2, 1, 16)
     mask = "causal & chunk(20)" if self.supports_ragged else f"causal & chunk({t})"
-    one = lambda q, k, v: self.run(q[None], k[None], v[None], mask, block_q=t, block_kv=t)[0]
+    def one(q, k, v):
+      return self.run(q[None], k[None], v[None], mask, block_q=t, block_kv=t)[0]
     out = jax.jit(jax.vmap(one))(q, k, v)
     assert_close(out, dense_attention(q, k, v, mask), F32_TOL, "vmap")
     g = jax.jit(jax.grad(lambda q: jax.vmap(one)(q, k, v).sum()))(q)
@@ -393,8 +402,7 @@ class TestXla(KernelTests):
 
   def test_work_tracks_density(self):
     # Scan steps × lanes cover the non-empty tiles, not the grid nor n_q × the longest row.
-    from maskc.kernels import xla
-    from maskc.kernels import common as _common
+    from maskc.kernels import common as _common, xla
     for text, most in (("sliding(64)", 4), ("causal", 32)):
       bm = maskc.compile(text, 1024, block_q=32, block_kv=32)
       steps = 0
@@ -490,8 +498,8 @@ def fake_platform(monkeypatch, name: str, real=()):
   for real (with its own errors, so `auto`'s fallback shows); any other raises
   `_Picked` once recorded, so no kernel is run.
   """
-  from maskc.kernels.flash import kernel as flash
   from maskc.kernels import platform as _platform
+  from maskc.kernels.flash import kernel as flash
   # "splash" is tokamax's module where tokamax imports, JAX's otherwise.
   for mod in {_platform, api, flash, splash, api.BACKENDS["splash"].load()}:
     monkeypatch.setattr(mod, "platform", lambda: name)
@@ -579,8 +587,8 @@ def test_auto_falls_back_to_xla_where_the_native_kernel_cannot_run(monkeypatch):
 
 def test_auto_on_a_faked_tpu_runs_ragged_lengths_on_splash(monkeypatch):
   """End to end: `auto` on TPU takes a length off the tiles and matches dense."""
-  from maskc.kernels.flash import kernel as flash
   from maskc.kernels import platform as _platform
+  from maskc.kernels.flash import kernel as flash
   splash_mod = api.BACKENDS["splash"].load()          # tokamax's where it imports, else JAX's
   for mod in {_platform, api, flash, splash, splash_mod}:
     monkeypatch.setattr(mod, "platform", lambda: "tpu")
@@ -620,8 +628,10 @@ class TestSplash(KernelTests):
   @pytest.mark.parametrize("name", ["causal", pytest.param("local", marks=pytest.mark.slow),
                                     pytest.param("chunked", marks=pytest.mark.slow)])
   def test_matches_splash_built_from_its_own_mask(self, name):
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+      splash_attention_kernel as sk,
+      splash_attention_mask as sm,
+    )
     lq = lkv = 256
     text, their = {
         "causal": ("causal", sm.CausalMask((lq, lkv))),
@@ -633,10 +643,12 @@ class TestSplash(KernelTests):
     kernel = sk.make_splash_mha_single_device(sm.MultiHeadMask([their] * 2), block_sizes=sizes,
                                               interpret=True)
     scale = 1 / math.sqrt(32)
-    ref = lambda q, k, v: jnp.swapaxes(kernel(jnp.swapaxes(q[0] * scale, 0, 1),
-                                              jnp.swapaxes(k[0], 0, 1),
-                                              jnp.swapaxes(v[0], 0, 1)), 0, 1)[None]
-    ours = lambda q, k, v: self.run(q, k, v, text, block_q=128, block_kv=128)
+    def ref(q, k, v):
+      return jnp.swapaxes(kernel(jnp.swapaxes(q[0] * scale, 0, 1),
+                                                  jnp.swapaxes(k[0], 0, 1),
+                                                  jnp.swapaxes(v[0], 0, 1)), 0, 1)[None]
+    def ours(q, k, v):
+      return self.run(q, k, v, text, block_q=128, block_kv=128)
     out, grads = out_and_grads(ours, q, k, v, w)
     out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
     assert_close(out, out_ref, F32_TOL, text)
@@ -674,9 +686,11 @@ class TestSplash(KernelTests):
       return self.run(q, k, v, mask, operands=ops, block_q=128, block_kv=128)
 
     if traced:                                 # jax arrays: compiled inside the trace
-      ours = lambda q, k, v: run(q, k, v, {n: jnp.asarray(a) for n, a in ops.items()})
+      def ours(q, k, v):
+        return run(q, k, v, {n: jnp.asarray(a) for n, a in ops.items()})
     else:
-      ours = lambda q, k, v: run(q, k, v, ops)
+      def ours(q, k, v):
+        return run(q, k, v, ops)
     out, grads = out_and_grads(ours, q, k, v, w)
     out_ref, grads_ref = out_and_grads(lambda q, k, v: dense_attention(q, k, v, mask,
                                                                        operands=ops), q, k, v, w)
@@ -727,8 +741,10 @@ class TestSplashTokamax(TestSplash):
   @pytest.mark.parametrize("name", ["causal", "local", "chunked"])
   def test_matches_splash_built_from_its_own_mask(self, name):
     """Against tokamax's kernel built by tokamax itself (`process_mask` on its own masks)."""
-    from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as tk
-    from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_mask as tm
+    from tokamax._src.ops.experimental.tpu.splash_attention import (
+      splash_attention_kernel as tk,
+      splash_attention_mask as tm,
+    )
     lq = lkv = 256
     text, their = {
         "causal": ("causal", tm.CausalMask((lq, lkv))),
@@ -740,10 +756,12 @@ class TestSplashTokamax(TestSplash):
                              block_kv_dkv_compute=128, interpret=True)
     kernel = tk.make_splash_mha_single_device(their, config=config)
     scale = 1 / math.sqrt(32)
-    ref = lambda q, k, v: jnp.swapaxes(kernel(jnp.swapaxes(q[0] * scale, 0, 1),
-                                              jnp.swapaxes(k[0], 0, 1),
-                                              jnp.swapaxes(v[0], 0, 1)), 0, 1)[None]
-    ours = lambda q, k, v: self.run(q, k, v, text, block_q=128, block_kv=128)
+    def ref(q, k, v):
+      return jnp.swapaxes(kernel(jnp.swapaxes(q[0] * scale, 0, 1),
+                                                  jnp.swapaxes(k[0], 0, 1),
+                                                  jnp.swapaxes(v[0], 0, 1)), 0, 1)[None]
+    def ours(q, k, v):
+      return self.run(q, k, v, text, block_q=128, block_kv=128)
     out, grads = out_and_grads(ours, q, k, v, w)
     out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
     assert_close(out, out_ref, F32_TOL, text)
@@ -808,8 +826,10 @@ class TestFlash(KernelTests):
     pred = bm.predicates[0]
     assert len(getattr(pred, kind)) == 1, (mask, pred)
     assert (bm.batch is not None) == batched
-    run = lambda q, k, v: self.run(q, k, v, bm)
-    ref = lambda q, k, v: dense_attention(q, k, v, mask, operands=ops)
+    def run(q, k, v):
+      return self.run(q, k, v, bm)
+    def ref(q, k, v):
+      return dense_attention(q, k, v, mask, operands=ops)
     out, grads = out_and_grads(run, q, k, v, w)
     out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
     # The dense reference itself against NumPy: the mask it applied is the operand's.
@@ -879,9 +899,11 @@ class TestCudnn:
     text, lq, lkv, offset, ops = case
     q, k, v, w = qkv(3, 2, lq, lkv, 4, 2, 16, dtype)
     bm = maskc.compile(text, lq, lkv, q_offset=offset, operands=ops, block_q=16, block_kv=16)
-    ours = lambda q, k, v: cudnn.attend(q, k, v, bm, implementation="xla")
-    ref = lambda q, k, v: dense.run(q.astype(jnp.float32), k.astype(jnp.float32),
-                                    v.astype(jnp.float32), bm)
+    def ours(q, k, v):
+      return cudnn.attend(q, k, v, bm, implementation="xla")
+    def ref(q, k, v):
+      return dense.run(q.astype(jnp.float32), k.astype(jnp.float32),
+                                        v.astype(jnp.float32), bm)
     out, grads = out_and_grads(ours, q, k, v, w)
     out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
     tol = F32_TOL if dtype == jnp.float32 else BF16_TOL
@@ -998,8 +1020,10 @@ class TestTokamax:
     q, k, v, w = qkv(7, 2, lq, lkv, h, hkv, 16)
     bm = maskc.compile(text, lq, lkv, operands=ops, block_q=32, block_kv=32)
     assert bm.key_intervals()[2], text
-    ours = lambda q, k, v: tk.attend(q, k, v, bm, op, logits_soft_cap=cap, interpret=True)
-    ref = lambda q, k, v: dense.run(q, k, v, bm, logits_soft_cap=cap)
+    def ours(q, k, v):
+      return tk.attend(q, k, v, bm, op, logits_soft_cap=cap, interpret=True)
+    def ref(q, k, v):
+      return dense.run(q, k, v, bm, logits_soft_cap=cap)
     out, grads = out_and_grads(ours, q, k, v, w)
     out_ref, grads_ref = out_and_grads(ref, q, k, v, w)
     assert_close(out, out_ref, F32_TOL, text)
@@ -1011,7 +1035,8 @@ class TestTokamax:
     _, lse64 = numpy_reference(np.asarray(q), np.asarray(k), np.asarray(v), allowed,
                                1 / math.sqrt(16), cap)
     start, stop, _ = bm.key_intervals()
-    per_batch = lambda x: jnp.asarray(x if bm.batch is not None else x[None], jnp.int32)
+    def per_batch(x):
+      return jnp.asarray(x if bm.batch is not None else x[None], jnp.int32)
     _, lse = tk._forward(op, 1 / math.sqrt(16), cap, q, k, v, per_batch(start),
                          per_batch(stop))
     want = np.where(lse64 == NEG_LSE, np.inf, lse64).transpose(0, 2, 1)

@@ -19,17 +19,17 @@ import importlib
 import jax
 import numpy as np
 import pytest
-from helpers import assert_exact, assert_sound
 from hypothesis import HealthCheck, event, given, settings, strategies as st
-from sampling import PARTS, count
 
 import maskc
+from helpers import assert_exact, assert_sound
 from maskc import testing
 from maskc.compiled.tiles import grid_from_runs
 from maskc.language import ir
 from maskc.lowering.explain import _row_runs
 from maskc.lowering.registry import BY_NAME, REGISTRY, RULES
 from maskc.lowering.rules import STEPS, disabled, recording, taken
+from sampling import PARTS, count
 
 # Masks whose lowering takes each rule (at the shapes of `_shaped`), named or spelled out.
 REACHES = {

@@ -12,15 +12,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import maskc
+from helpers import (
+  EMPTY,
+  FULL,
+  assert_maximal_runs,
+  assert_sound,
+  runs_reference,
+  tile_states,
+  tile_truth,
+)
 from maskc.compiled.tiles import grid_from_runs
 from maskc.lowering.rules import disabled, taken
 from sampling import PARTS, count
-from helpers import (EMPTY, FULL, assert_maximal_runs, assert_sound, runs_reference, tile_states,
-                     tile_truth)
 
 PRELUDE_WITH_OPERANDS = [
     "document(seg)", "bidirectional(img)", "causal & document(seg)",
@@ -446,10 +452,10 @@ def test_a_sampled_pair_proves_a_tile_holds_that_value(case, text):
   pair (of an `&`; a false one of an `|`) in the dense reference."""
   from maskc.language import ir as _ir
   from maskc.lowering import compile as _lower
-  from maskc.semantics.ranges import Tables
   from maskc.lowering.generic.sampling import sampled_mixed
   from maskc.lowering.grid.geometry import TileGeometry
   from maskc.lowering.grid.refine import Budget
+  from maskc.semantics.ranges import Tables
   _, n, q_len, offset, bq, bk, ops = case
   ops = _ops_for(text, ops)
   bound = _lower.bind_masks(text, q_len, n, q_offset=offset, operands=ops)
@@ -520,7 +526,7 @@ def test_parts_lowered_apart_combine_exactly(case, text, bq, bk, chunk):
   try:
     with taken() as fired:
       bm = maskc.compile(m, 256, block_q=bq, block_kv=bk, operands=ops, exact=True)
-      bm.cols
+      _ = bm.cols
   finally:
     _combined.COMBINE_CHUNK = default_chunk
     _part_rules.WHOLE_AFTER = default_whole
@@ -621,8 +627,8 @@ def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed,
                     lambda i: ops["seg"][..., i] if "seg" in ops else None, n)
   dense = np.broadcast_to(dense, ((batch or 1), q_len, kv_len))
   expected = tile_states(dense, bq, bk)
-  from maskc.lowering.generic import combination as _combined
   from maskc.lowering import compile as _lower
+  from maskc.lowering.generic import combination as _combined
   assert _axis_parts(maskc.explain(m, q_len, kv_len, q_offset=offset, block_q=bq, block_kv=bk,
                                    operands=ops, exact=True)) == parts
   for exact in (True, False):
@@ -631,7 +637,7 @@ def test_parts_of_one_axis_are_exact(text, kv_len, batch, bq, bk, density, seed,
     try:
       bm = maskc.compile(m, q_len, kv_len, q_offset=offset, block_q=bq, block_kv=bk,
                          operands=ops, exact=exact)
-      bm.cols
+      _ = bm.cols
     finally:
       _combined.SPLICE_SORTED_AFTER = default
     got = np.asarray(bm.grid).reshape(expected.shape)
@@ -680,9 +686,9 @@ COVER_MASKS = PRELUDE_WITH_OPERANDS + [
 @settings(max_examples=60, deadline=None)
 @given(run_operands(), st.sampled_from(COVER_MASKS))
 def test_the_operands_tile_cover_holds_every_true_position(case, text):
-  """Every part's cover (`maskc.lowering.closed_forms.tile_cover`) holds each tile where that part is true, in
-  disjoint rectangles; the lowering stays exact (`exact`: masks beyond the prelude, such as
-  `seg[k] == seg[q] & img[q + 1]`, are refined only on request)."""
+  """Every part's cover (`maskc.lowering.closed_forms.tile_cover`) holds each tile where that part
+  is true, in disjoint rectangles; the lowering stays exact (`exact`: masks beyond the prelude,
+  such as `seg[k] == seg[q] & img[q + 1]`, are refined only on request)."""
   from maskc.lowering.closed_forms import tile_cover as _tile_cover
   _, n, q_len, offset, bq, bk, ops = case
   kv_len = n
@@ -720,12 +726,12 @@ def test_documents_and_image_spans_cover_their_diagonal_squares():
   """Sorted documents cover their squares; `bidirectional(img)` the image spans' squares only
   (its repeated run id 0 between spans is cut away by `img[q]`)."""
   from maskc.lowering.closed_forms import tile_cover as _tile_cover
-  from maskc.semantics.ranges import Tables
   from maskc.lowering.grid.refine import Budget
   from maskc.lowering.tuning import MEMORY_BUDGET
+  from maskc.semantics.ranges import Tables
   budget = Budget(MEMORY_BUDGET)
-  from maskc.semantics.shape import Shape
   from maskc.lowering.grid.geometry import TileGeometry
+  from maskc.semantics.shape import Shape
   geo = TileGeometry(Shape.of(64), 8, 8)
   seg = np.repeat(np.arange(4), [16, 20, 4, 24])[None]
   b, i0, i1, j0, j1 = _tile_cover.tile_cover(maskc.parse("document(seg)"), geo,
@@ -796,8 +802,13 @@ def test_certain_comparisons_of_reads_are_mixed(seed, text):
   of one side equals one of the other (`Analyzer._link`): checked on random rectangles of
   unsorted values against the dense mask."""
   from maskc.lowering import compile as _lower
-  from maskc.semantics.ranges import EMPTY as A_EMPTY, FULL as A_FULL, PARTIAL as A_PARTIAL
-  from maskc.semantics.ranges import Analyzer, Tables
+  from maskc.semantics.ranges import (
+    EMPTY as A_EMPTY,
+    FULL as A_FULL,
+    PARTIAL as A_PARTIAL,
+    Analyzer,
+    Tables,
+  )
   n = 48
   rng = np.random.default_rng(seed)
   x = np.repeat(rng.integers(0, 4, n), rng.integers(1, 5, n))[:n].astype(np.int32)

@@ -19,18 +19,17 @@ import pytest
 from hypothesis import given, settings
 
 import maskc
-from maskc.lowering import compile as _lower
-from maskc.lowering import traced as _lower_dynamic
-from maskc.semantics.ranges import Tables, reduce_many
+from helpers import runs_reference, tile_states
 from maskc.arrays.bit_words import count_through
-from maskc.lowering.traced import MAX_CUTS
+from maskc.lowering import compile as _lower, traced as _lower_dynamic
 from maskc.lowering.closed_forms.parts import PARTS
 from maskc.lowering.closed_forms.same_run_ids import same_runs
-from maskc.lowering.static import compile_static
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget, evaluate_tiles, subdivide
+from maskc.lowering.static import compile_static
+from maskc.lowering.traced import MAX_CUTS
 from maskc.lowering.tuning import MEMORY_BUDGET
-from helpers import runs_reference, tile_states
+from maskc.semantics.ranges import Tables, reduce_many
 
 N = 200            # keys (and queries, unless offset): not a multiple of the tiles
 BQ, BK = 32, 16    # tiles: 7 x 13, the last ones partial
@@ -382,8 +381,8 @@ def _unrefined_lowering(text: str, q_len: int, offset: int):
 @settings(max_examples=10)
 @given(ops=operands(("img",), 3))
 def test_same_run_verdicts_are_exact_without_refinement(text, q_len, offset, shift, ops):
-  # The tiles come from the run labels the lines read (`maskc.lowering.closed_forms.same_run_ids`): exact, with
-  # no refinement at all, for any flags, also across the lines' run boundaries.
+  # The tiles come from the run labels the lines read (`maskc.lowering.closed_forms.same_run_ids`):
+  # exact, with no refinement at all, for any flags, also across the lines' run boundaries.
   ops0 = {"img": np.zeros(N, bool)}
   assert len(same_runs(_lower.bind_masks(text, q_len, N, q_offset=offset,
                                          operands=ops0).masks[0])[1]) == 1

@@ -35,8 +35,7 @@ import numpy as np
 import pytest
 
 import maskc
-from cuda_lowering import (  # noqa: F401  (cuda_plugin: a fixture)
-    count_mosaic_gpu, count_triton, cuda_plugin, lower_for, operands)
+from cuda_lowering import count_mosaic_gpu, count_triton, cuda_plugin, lower_for, operands  # noqa: F401  (cuda_plugin: a fixture)
 from maskc.kernels import attention, compat
 from maskc.kernels.mosaic_gpu import forward as mosaic_gpu
 

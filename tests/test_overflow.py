@@ -22,8 +22,8 @@ from hypothesis import given, settings
 import maskc
 from maskc.language import ir
 from maskc.semantics.operands import prepare_operands
-from maskc.semantics.shape import Shape
 from maskc.semantics.overflow import _sub_terms, check_fits, term_bounds
+from maskc.semantics.shape import Shape
 from sampling import PARTS, count
 
 I32 = (-2**31, 2**31 - 1)

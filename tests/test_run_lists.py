@@ -1,18 +1,17 @@
-"""Helpers over flat run lists (`maskc.lowering.grid.run_lists`) against plain NumPy: which keys lie on
-given lines, which runs of one list overlap the other's, two sorted lists of disjoint
-runs interleaved, and leaves (disjoint rectangles) expanded into runs in line order."""
+"""Helpers over flat run lists (`maskc.lowering.grid.run_lists`) against plain NumPy: which keys lie
+on given lines, which runs of one list overlap the other's, two sorted lists of disjoint runs
+interleaved, and leaves (disjoint rectangles) expanded into runs in line order."""
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
+from maskc.arrays.ragged import group_ends, ranges
+from maskc.compiled.tiles import EMPTY, FULL, PARTIAL
 from maskc.lowering.grid.bands import band_bounds
 from maskc.lowering.grid.forms import keyed_band_runs
-from maskc.semantics.shape import Shape
-from maskc.arrays.ragged import group_ends, ranges
-from maskc.lowering.grid.run_lists import interleaved, meeting_mask, on_lines_mask
 from maskc.lowering.grid.geometry import TileGeometry
-from maskc.compiled.tiles import EMPTY, FULL, PARTIAL
+from maskc.lowering.grid.run_lists import interleaved, meeting_mask, on_lines_mask
+from maskc.semantics.shape import Shape
 
 
 @st.composite

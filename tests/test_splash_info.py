@@ -15,12 +15,14 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as smi
+from jax.experimental.pallas.ops.tpu.splash_attention import (
+  splash_attention_mask as sm,
+  splash_attention_mask_info as smi,
+)
 
 import maskc
-from maskc.kernels.splash import as_splash_mask, mask_info
 from helpers import assert_same_info
+from maskc.kernels.splash import as_splash_mask, mask_info
 
 
 def theirs(masks, block_q: int, block_kv: int):

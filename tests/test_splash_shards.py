@@ -27,8 +27,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
 )
 
 import maskc
-from maskc.kernels.splash import mask_info
-from maskc.kernels.splash import jax_kernel as splash
+from maskc.kernels.splash import jax_kernel as splash, mask_info
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fake_devices  # noqa: E402

@@ -33,8 +33,10 @@ from tokamax._src.ops.experimental.tpu.splash_attention import (  # noqa: E402
 import maskc  # noqa: E402
 from helpers import assert_close  # noqa: E402
 from maskc.kernels import api, xla  # noqa: E402
-from maskc.kernels.splash import tokamax_mask_info  # noqa: E402
-from maskc.kernels.splash import tokamax_kernel as tokamax_splash  # noqa: E402
+from maskc.kernels.splash import (
+  tokamax_kernel as tokamax_splash,  # noqa: E402
+  tokamax_mask_info,  # noqa: E402
+)
 
 TILES = st.sampled_from([(128, 128), (128, 256), (256, 128), (64, 128)])
 LENGTHS = st.sampled_from([512, 1024])

@@ -1,28 +1,24 @@
-"""A band widened by equal reads (`maskc.lowering.closed_forms.widened_band`): `band | bidirectional(img)` as
-bounds per line, against dense masks."""
+"""A band widened by equal reads (`maskc.lowering.closed_forms.widened_band`): `band |
+bidirectional(img)` as bounds per line, against dense masks."""
 
 import jax
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 import maskc
-from maskc.lowering import compile as _lower
-from maskc.lowering import traced as _lower_dynamic
-from maskc.lowering.grid.refine import Budget
+from helpers import assert_exact, tile_states
+from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
+from maskc.lowering import compile as _lower, traced as _lower_dynamic
 from maskc.lowering.closed_forms.equal_reads import EQUAL_READS
 from maskc.lowering.closed_forms.widened_band import widen
-from maskc.lowering.registry import RULESET
-from maskc.lowering.rules import Site
-from maskc.lowering.generic import combination as _combined
-from maskc.lowering.generic import range_analysis as _range_analysis
-from maskc.semantics.ranges import Tables
+from maskc.lowering.generic import combination as _combined, range_analysis as _range_analysis
 from maskc.lowering.grid.bands import Intervals
 from maskc.lowering.grid.geometry import TileGeometry
-from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, grid_from_runs
-from maskc.lowering.rules import taken
-from helpers import assert_exact, tile_states
+from maskc.lowering.grid.refine import Budget
+from maskc.lowering.registry import RULESET
+from maskc.lowering.rules import Site, taken
+from maskc.semantics.ranges import Tables
 from sampling import PARTS, count
 
 BANDS = ["causal", "sliding(W)", "local(L, R)", "q - k >= A & q - k <= B", "k - q >= A",
@@ -249,9 +245,9 @@ def traced_cases(draw):
 # Each example compiles a jitted lowering: the default run draws a share, `-m slow` all.
 @pytest.mark.parametrize("part", PARTS)
 def test_the_traced_widened_band_is_the_dense_mask(part):
-  """Under `jit` (`maskc.lowering.closed_forms.widened_band`, traced), `intervals | bidirectional(img)`
-  lowers to the dense mask's tiles, rows and columns, as the static path does; bands that
-  miss the diagonal take the analysis instead, and give the same."""
+  """Under `jit` (`maskc.lowering.closed_forms.widened_band`, traced), `intervals |
+  bidirectional(img)` lowers to the dense mask's tiles, rows and columns, as the static path
+  does; bands that miss the diagonal take the analysis instead, and give the same."""
   settings(max_examples=count(25, part), deadline=None)(given(traced_cases())(
       _check_traced_widened_band))()
 

@@ -30,7 +30,7 @@ from typing import Any, Literal, TypedDict
 import numpy as np
 
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL
-from maskc.language.errors import MaskError, MaskValueError, MissingExtraError
+from maskc.language.errors import MaskValueError, MissingExtraError
 
 GLYPHS = {EMPTY: "·", PARTIAL: "░", FULL: "█"}
 ASCII_GLYPHS = {EMPTY: ".", PARTIAL: "+", FULL: "#"}

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from maskc.formats._tiles import distinct, line_intervals, require_static
+from maskc.language.arguments import MasksLike
 from maskc.language.errors import MaskValueError
 from maskc.lowering.compile import compile as compile_mask
-from maskc.language.arguments import MasksLike
 
 
 @dataclasses.dataclass(frozen=True)

@@ -707,9 +707,9 @@ def same_runs(items: tuple[ir.Mask, ...]) -> tuple[ir.Mask, ...]:
 
 
 def same_run_read(eq: ir.Mask, truth: ir.Mask) -> str | None:
-  """x, when `eq` is `runs(x)[a] == runs(x)[b]` and `truth` is `x[a]` or `x[b]`: the
-  pattern whose equality means "a and b lie in one run of x's nonzeros" wherever the
-  `&` of the two holds (`same_runs`; `maskc.lowering.closed_forms.same_run_ids` on the traced path)."""
+  """x, when `eq` is `runs(x)[a] == runs(x)[b]` and `truth` is `x[a]` or `x[b]`: the pattern whose
+  equality means "a and b lie in one run of x's nonzeros" wherever the `&` of the two holds
+  (`same_runs`; `maskc.lowering.closed_forms.same_run_ids` on the traced path)."""
   if not (isinstance(eq, ir.Compare) and eq.ops == ("==",) and isinstance(truth, ir.Truth) and
           isinstance(truth.read, ir.Read) and not truth.read.runs and
           isinstance(truth.read.operand, ir.Operand)):
