@@ -546,7 +546,7 @@ def _tiles(key: np.ndarray, j0: np.ndarray, lengths: np.ndarray,
 
 def _tile_state(side: Side, batch: int | None, ti: int, tj: int) -> str:
   start, stop, state = side.runs
-  b = 0 if side.batch is None else (batch or 0)
+  b = 0 if side.batch is None or start.shape[0] == 1 else (batch or 0)  # runs broadcast
   hit = (start[b, ti] <= tj) & (tj < stop[b, ti]) & (state[b, ti] != EMPTY)
   return _STATE_NAME[int(state[b, ti][hit][0])] if hit.any() else "EMPTY"
 
