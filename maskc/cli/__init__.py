@@ -1,4 +1,4 @@
-"""The `maskc` command line: `maskc check`, `maskc dense`, `maskc show`."""
+"""The `maskc` command line: `maskc check`, `maskc dense`, `maskc show`, `maskc verify`."""
 
 from maskc.cli.commands import main as main
 

@@ -1,4 +1,4 @@
-"""The `maskc` command line: check a mask's text, draw it densely.
+"""The `maskc` command line: check a mask's text, draw it densely, verify a saved mask.
 
     maskc check "causal & chunk(8192) | bidirectional(img)"
     maskc dense "causal & chunk(4) | bidirectional(img)" --q-len 12 \\
@@ -23,6 +23,7 @@ import numpy as np
 import maskc
 from maskc.cli.args import OPERAND_VALUES_HELP, add_shape_arguments, can_encode, operands_from_items
 from maskc.cli.show import add_show
+from maskc.cli.verify import add_verify
 
 MAX_DENSE_ROWS = 256
 MAX_DENSE_COLS = 512
@@ -134,7 +135,7 @@ def _draw(dense: np.ndarray, q_offset: int, on: str, off: str) -> str:
 
 # ----------------------------------------------------------------------------- main
 
-SUBCOMMANDS: list[Callable] = [_add_check, _add_dense, add_show]
+SUBCOMMANDS: list[Callable] = [_add_check, _add_dense, add_show, add_verify]
 
 
 def build_parser() -> argparse.ArgumentParser:
