@@ -13,7 +13,7 @@ EXTRAS ?= test,plot,lint,tokamax,flax
 JOBS ?= auto
 PYTEST = -m pytest -q -p no:cacheprovider -n $(JOBS)
 
-.PHONY: demo test lint test-slow test-lowering test-current versions test-gpu bench clean
+.PHONY: demo test lint test-slow test-lowering test-current test-torch versions test-gpu bench clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,31 @@ test-lowering: $(LSTAMP)
 	JAX_PLATFORMS=cpu $(LPY) $(PYTEST) -m "lowering and not slow" \
 	  $(LOWERING_TESTS)
 
+# maskc.torch and verify on torch objects: the tests marked `torch` (and maskc/torch's doctests,
+# which conftest.py marks so) in .venv-torch, with PyTorch's CPU-only wheel: `+cpu` pins it, so
+# pip never takes the registry's default build, which pulls several GB of CUDA libraries (pip's
+# find-links on the CI machine hold the wheel; elsewhere set TORCH_PIP_ARGS to
+# `--extra-index-url https://download.pytorch.org/whl/cpu`). transformers is there for the tests
+# of Hugging Face configs that need torch.
+TVENV ?= .venv-torch
+TPY := $(TVENV)/bin/python
+TSTAMP := $(TVENV)/.installed
+TORCH_SPEC ?= torch==2.13.0+cpu
+TORCH_PIP_ARGS ?=
+TRANSFORMERS_SPEC ?= transformers==5.24.0
+
+$(TVENV)/bin/python:
+	$(PYTHON) -m venv $(TVENV)
+	$(TPY) -m pip install -q --upgrade pip
+
+$(TSTAMP): pyproject.toml | $(TVENV)/bin/python
+	$(TPY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(TPY) -m pip install -q -e ".[test,torch]" "$(TRANSFORMERS_SPEC)"
+	touch $(TSTAMP)
+
+test-torch: $(TSTAMP)
+	$(TPY) $(PYTEST) --durations=10 -m "torch and not slow"
+
 # The newest end of the supported range: Python >= 3.12 (jax 0.11+ needs it) with the newest
 # jax and tokamax, in .venv-current and .venv-lowering-current. PYTHON_CURRENT defaults to
 # pyenv's newest 3.12, else `python3.12` on the PATH.
@@ -99,4 +124,5 @@ bench: $(STAMP)
 	$(PY) benchmarks/compile_speed.py
 
 clean:
-	rm -rf .venv .venv-lowering .venv-current .venv-lowering-current build dist *.egg-info
+	rm -rf .venv .venv-lowering .venv-current .venv-lowering-current .venv-torch build dist \
+	  *.egg-info
