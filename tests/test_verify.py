@@ -203,6 +203,18 @@ def test_splash_multi_head_mask():
               lambda b, h, i, j: mh[h, i:i + 1, j:j + 1][0, 0], 256, 256)
 
 
+def test_tokamax_masks():
+  tm = pytest.importorskip(
+      "tokamax._src.ops.experimental.tpu.splash_attention.splash_attention_mask")
+  assert maskc.verify("causal", tm.CausalMask((256, 256))).ok
+  assert maskc.verify("causal & chunk(64)", tm.ChunkedCausalMask((256, 256), 64)).ok
+  local = tm.LocalMask((300, 300), (10, 0), 0)
+  r = maskc.verify("causal & local(9, 0)", local)
+  assert r.counterexample == (0, 0, 10, 0) and r.foreign == "the tokamax mask LocalMask"
+  assert_real(r, "causal & local(9, 0)", lambda b, h, i, j: local[i:i + 1, j:j + 1][0, 0],
+              300, 300)
+
+
 def test_a_computable_mask_with_a_batch():
   seg = np.stack([np.repeat(np.arange(2), 64), np.repeat(np.arange(4), 32)])
   cm = maskc.ComputableMask("causal & document(seg)", 128, operands={"seg": seg})

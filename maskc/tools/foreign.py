@@ -200,7 +200,9 @@ def splash_rows(x: Any) -> Rows:
       out.reshape(lead_n, -1)[t] = box[rt - r0, ct - c0]
     return out
 
-  return Rows(f"the splash mask {name}", shape[0] if batched else 1, 1 if batched else lead,
+  origin = ("maskc" if batched or hasattr(x, "q_offset") else
+            "tokamax" if type(x).__module__.startswith("tokamax") else "splash")
+  return Rows(f"the {origin} mask {name}", shape[0] if batched else 1, 1 if batched else lead,
               (shape[-2], shape[-1]), rows, points)
 
 
