@@ -29,7 +29,7 @@ import numpy as np
 
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, runs_from_grid
 from maskc.language.errors import MaskTypeError, MaskValueError
-from maskc.semantics.bind import Shape
+from maskc.semantics.bind import ComputableMask, Shape
 
 ROW_CHUNK = 1 << 22  # positions read or evaluated at once
 _STATE = {EMPTY: "left out", PARTIAL: "partial", FULL: "full"}
@@ -48,8 +48,9 @@ def is_block_mask(x: Any) -> bool:
 
 
 def is_splash_mask(x: Any) -> bool:
-  return any(name == "Mask" and module.endswith("splash_attention_mask")
-             for module, name in _classes(x))
+  """A splash or tokamax mask object, or a maskc `ComputableMask` (which reads the same)."""
+  return isinstance(x, ComputableMask) or any(
+      name == "Mask" and module.endswith("splash_attention_mask") for module, name in _classes(x))
 
 
 # ----------------------------------------------------------------------------- sources of rows
@@ -174,7 +175,8 @@ def splash_rows(x: Any) -> Rows:
   `ComputableMask`: read through its own slices, as splash's `process_mask` reads it."""
   shape = tuple(int(s) for s in x.shape)
   name = type(x).__name__
-  batched = hasattr(x, "q_offset") and len(shape) == 3  # a maskc ComputableMask with a batch
+  ours = isinstance(x, ComputableMask)
+  batched = ours and len(shape) == 3  # a maskc ComputableMask with a batch
   if len(shape) not in (2, 3):
     raise MaskValueError(f"the splash mask {name} has shape {shape}; expected (Lq, Lk) or "
                          f"(heads, Lq, Lk)")
@@ -200,7 +202,7 @@ def splash_rows(x: Any) -> Rows:
       out.reshape(lead_n, -1)[t] = box[rt - r0, ct - c0]
     return out
 
-  origin = ("maskc" if batched or hasattr(x, "q_offset") else
+  origin = ("maskc" if ours else
             "tokamax" if type(x).__module__.startswith("tokamax") else "splash")
   return Rows(f"the {origin} mask {name}", shape[0] if batched else 1, 1 if batched else lead,
               (shape[-2], shape[-1]), rows, points)
