@@ -65,25 +65,30 @@ test-lowering: $(LSTAMP)
 	JAX_PLATFORMS=cpu $(LPY) $(PYTEST) -m "lowering and not slow" \
 	  $(LOWERING_TESTS)
 
-# Tests against PyTorch and Hugging Face transformers (marked `torch`: tests/test_hugging_face_torch.py
-# compares maskc.config.from_hf with transformers' own masks), in their own venv: torch's CPU
-# wheel (never a CUDA build; TORCH_WHEEL, a local wheel when there is one) and transformers.
+# maskc.torch and verify on torch objects: the tests marked `torch` (and maskc/torch's doctests,
+# which conftest.py marks so) in .venv-torch, with PyTorch's CPU-only wheel: `+cpu` pins it, so
+# pip never takes the registry's default build, which pulls several GB of CUDA libraries (pip's
+# find-links on the CI machine hold the wheel; elsewhere set TORCH_PIP_ARGS to
+# `--extra-index-url https://download.pytorch.org/whl/cpu`). transformers is there for the tests
+# of Hugging Face configs that need torch.
 TVENV ?= .venv-torch
 TPY := $(TVENV)/bin/python
 TSTAMP := $(TVENV)/.installed
-TORCH_WHEEL ?= $(or $(firstword $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl)),torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu)
+TORCH_SPEC ?= torch==2.13.0+cpu
+TORCH_PIP_ARGS ?=
+TRANSFORMERS_SPEC ?= transformers==5.24.0
 
 $(TVENV)/bin/python:
 	$(PYTHON) -m venv $(TVENV)
 	$(TPY) -m pip install -q --upgrade pip
 
 $(TSTAMP): pyproject.toml | $(TVENV)/bin/python
-	$(TPY) -m pip install -q $(TORCH_WHEEL)
-	$(TPY) -m pip install -q transformers -e ".[test]"
+	$(TPY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(TPY) -m pip install -q -e ".[test,torch]" "$(TRANSFORMERS_SPEC)"
 	touch $(TSTAMP)
 
 test-torch: $(TSTAMP)
-	$(TPY) $(PYTEST) -m torch
+	$(TPY) $(PYTEST) --durations=10 -m "torch and not slow"
 
 # The newest end of the supported range: Python >= 3.12 (jax 0.11+ needs it) with the newest
 # jax and tokamax, in .venv-current and .venv-lowering-current. PYTHON_CURRENT defaults to

@@ -81,13 +81,14 @@ from maskc.semantics.bind import ComputableMask as ComputableMask
 from maskc.semantics.dense import additive_bias as additive_bias, materialize as materialize
 from maskc.tools.equivalence import Equivalence as Equivalence, equivalent as equivalent
 from maskc.tools.show import MaskView as MaskView, show as show
+from maskc.tools.verify import Verification as Verification, verify as verify
 
 __version__ = "0.2.0"
 
 __all__ = [
     # verbs
     "parse", "compile", "explain", "materialize", "additive_bias", "attention", "sharded_attention",
-    "balance", "equivalent", "load_config", "show", "mask_field", "from_splash",
+    "balance", "equivalent", "verify", "load_config", "show", "mask_field", "from_splash",
     # the prelude and term builders
     "bidirectional", "causal", "chunk", "compare", "document", "empty", "full", "global_",
     "local", "maximum", "minimum", "operand", "prefix", "runs", "scalar", "sink", "sliding",
@@ -98,7 +99,7 @@ __all__ = [
     "MissingExtraError", "ConfigWarning", "Span",
     # types public functions take and return
     "Mask", "MaskLike", "ComputableMask", "BlockMap", "MaskConfig", "OperandDecl", "MaskSpec",
-    "MaskView", "Equivalence", "Layout", "Explanation", "PartReport",
+    "MaskView", "Equivalence", "Verification", "Layout", "Explanation", "PartReport",
     # modules
     "ir", "kernels", "formats", "config",
 ]

@@ -11,6 +11,10 @@ Kernels: `assert_close` (max error relative to the array's scale) and
 `assert_norm_close` / `rel_err` (error relative to the reference's norm, the GPU tests').
 
 Splash: `assert_same_info`, two `MaskInfo`s equal up to the numbering of partial blocks.
+
+FlexAttention: `flex_grids` rebuilds a `BlockMask`'s tile grid from its lists by the loop of
+its docstring, and `assert_flex_layout` checks the lists' layout (what `create_block_mask`
+writes); both take the tensors as NumPy, so they import no torch.
 """
 
 from __future__ import annotations
@@ -172,3 +176,50 @@ def assert_same_info(a, b) -> None:
   assert (a.q_sequence is None) == (b.q_sequence is None)
   if a.q_sequence is not None:
     np.testing.assert_array_equal(a.q_sequence, b.q_sequence)
+
+
+# ----------------------------------------------------------------------------- FlexAttention
+
+
+def _lists(num, idx) -> tuple[np.ndarray, np.ndarray]:
+  return np.asarray(num.cpu().numpy() if hasattr(num, "cpu") else num), \
+      np.asarray(idx.cpu().numpy() if hasattr(idx, "cpu") else idx)
+
+
+def flex_grids(block_mask) -> tuple[np.ndarray, np.ndarray | None]:
+  """`(forward, backward)` tile grids of a FlexAttention `BlockMask`, `int8[B, H, nq, nk]`:
+  FULL where a `full_*` list names the tile, PARTIAL where the other list does, by a plain
+  loop over the lists (the backward grid from the `q_*` lists, transposed; None without
+  them)."""
+  def grid(pairs, n_lines, n_other, transposed):
+    out = None
+    for state, (num, idx) in pairs:
+      num, idx = _lists(num, idx)
+      if out is None:
+        out = np.zeros(num.shape + (n_other,), np.int8)
+      for b, h, i in np.ndindex(*num.shape):
+        for s in range(num[b, h, i]):
+          out[b, h, i, idx[b, h, i, s]] = state
+    return out.transpose(0, 1, 3, 2) if transposed else out
+
+  q_len, kv_len = block_mask.seq_lengths
+  bq, bk = block_mask.BLOCK_SIZE
+  nq, nk = -(-q_len // bq), -(-kv_len // bk)
+  fwd = grid([(PARTIAL, (block_mask.kv_num_blocks, block_mask.kv_indices)),
+              (FULL, (block_mask.full_kv_num_blocks, block_mask.full_kv_indices))], nq, nk, False)
+  if block_mask.q_num_blocks is None:
+    return fwd, None
+  bwd = grid([(PARTIAL, (block_mask.q_num_blocks, block_mask.q_indices)),
+              (FULL, (block_mask.full_q_num_blocks, block_mask.full_q_indices))], nk, nq, True)
+  return fwd, bwd
+
+
+def assert_flex_layout(num, idx) -> None:
+  """Each line of `idx` lists its first `num` tiles ascending, then every other tile ascending:
+  a permutation of the line's tiles, as `create_block_mask` writes it."""
+  num, idx = _lists(num, idx)
+  n = idx.shape[-1]
+  for line in np.ndindex(*num.shape):
+    row, k = idx[line], int(num[line])
+    assert sorted(row.tolist()) == list(range(n)), (line, row)
+    assert (np.diff(row[:k]) > 0).all() and (np.diff(row[k:]) > 0).all(), (line, k, row)

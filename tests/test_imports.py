@@ -35,7 +35,8 @@ STAGES = ["maskc.grammar", "maskc.language", "maskc.arrays", "maskc.analysis", "
           "maskc.compiled", "maskc.lowering.tuning", "maskc.lowering.grid", "maskc.lowering.rules",
           "maskc.lowering.generic", "maskc.lowering.closed_forms", "maskc.lowering", "maskc.tools",
           "maskc.config", "maskc.parallel", "maskc.kernels", "maskc.formats", "maskc.attention",
-          "maskc.ir", "maskc._deprecated", "maskc", "maskc.testing", "maskc.cli", "maskc.flax"]
+          "maskc.ir", "maskc._deprecated", "maskc", "maskc.testing", "maskc.cli", "maskc.flax",
+          "maskc.torch"]
 
 # The one module that imports the kernels, lazily inside its functions.
 PUBLIC_FACE = "maskc.attention"

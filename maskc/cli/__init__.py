@@ -1,4 +1,5 @@
-"""The `maskc` command line: `maskc check`, `maskc dense`, `maskc show`, `maskc config`."""
+"""The `maskc` command line: `maskc check`, `maskc dense`, `maskc show`, `maskc verify`,
+`maskc config`."""
 
 from maskc.cli.commands import main as main
 

@@ -1,4 +1,5 @@
-"""The `maskc` command line: check a mask's text, draw it densely, read a model's config.
+"""The `maskc` command line: check a mask's text, draw it densely, verify a saved mask, read
+a model's config.
 
     maskc check "causal & chunk(8192) | bidirectional(img)"
     maskc dense "causal & chunk(4) | bidirectional(img)" --q-len 12 \\
@@ -34,6 +35,7 @@ from maskc.cli.args import (
 )
 from maskc.cli.config import add_config
 from maskc.cli.show import add_show
+from maskc.cli.verify import add_verify
 
 MAX_DENSE_ROWS = 256
 MAX_DENSE_COLS = 512
@@ -145,7 +147,7 @@ def _draw(dense: np.ndarray, q_offset: int, on: str, off: str) -> str:
 
 # ----------------------------------------------------------------------------- main
 
-SUBCOMMANDS: list[Callable] = [_add_check, _add_dense, add_show, add_config]
+SUBCOMMANDS: list[Callable] = [_add_check, _add_dense, add_show, add_verify, add_config]
 
 
 def build_parser() -> argparse.ArgumentParser:

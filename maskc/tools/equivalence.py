@@ -32,7 +32,7 @@ import functools
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import jax
 import numpy as np
@@ -248,26 +248,39 @@ def equivalent(a: MaskOrDense, b: MaskOrDense, q_len: int | None = None,
     raise OperandError("equivalent needs static operand values and q_offset, got traced values",
                        hint="Call it outside jax.jit, with NumPy arrays or ints.")
   # each side is an array or a mask
-  sides = [_DenseSide(d, shape, bq, bk) if d is not None else
-           _MaskSide(cast(ir.Mask, m), shape, bq, bk, operands) for d, m in ((da, ma), (db, mb))]
+  sides = [DenseSide(d, shape, bq, bk) if d is not None else
+           MaskSide(cast(ir.Mask, m), shape, bq, bk, operands) for d, m in ((da, ma), (db, mb))]
+  return compare_sides(sides[0], sides[1], shape, bq, bk, text_a=text_a, text_b=text_b,
+                       start=start)
+
+
+def compare_sides(a: Side, b: Side, shape: Shape, block_q: int, block_kv: int, *,
+                  text_a: str, text_b: str, start: float | None = None) -> Equivalence:
+  """The verdict on two sides at a static shape (see the module docstring).
+
+  `equivalent` compares masks and dense arrays; other readers (`maskc.verify`'s block
+  lists, mask functions and splash masks) bring their own `Side`.
+  """
+  start = time.perf_counter() if start is None else start
+  sides = (a, b)
   batch = _common_batch(sides)
-  result = _decide(sides, shape, bq, bk, batch, trust=True)
+  result = _decide(sides, shape, block_q, block_kv, batch, trust=True)
   if result["counterexample"] is not None and result["counterexample"].a == \
       result["counterexample"].b:
     cx = result["counterexample"]
     warnings.warn(UnsoundBlockMapWarning(
         f"a block map or the range analysis of `{text_a}` or `{text_b}` at q_len={shape.q_len}, "
-        f"kv_len={shape.kv_len}, q_offset={shape.q_offset}, tiles {bq}x{bk}, claimed a FULL or "
-        f"EMPTY verdict that position {cx.index} (q={cx.q}, k={cx.k}) contradicts (both masks "
-        f"are {cx.a} there). This is a maskc bug; please report it. Deciding again by "
-        f"evaluating every tile the maps do not decide alike."), stacklevel=2)
-    result = _decide(sides, shape, bq, bk, batch, trust=False)
+        f"kv_len={shape.kv_len}, q_offset={shape.q_offset}, tiles {block_q}x{block_kv}, claimed "
+        f"a FULL or EMPTY verdict that position {cx.index} (q={cx.q}, k={cx.k}) contradicts "
+        f"(both masks are {cx.a} there). This is a maskc bug; please report it. Deciding again "
+        f"by evaluating every tile the maps do not decide alike."), stacklevel=3)
+    result = _decide(sides, shape, block_q, block_kv, batch, trust=False)
     result["reason"] += " (decided again trusting no FULL/EMPTY disagreement; see the warning)"
   result["stats"]["seconds"] = time.perf_counter() - start
   shape_t = (shape.q_len, shape.kv_len, int(shape.q_offset))
   return Equivalence(result["counterexample"] is None, result["reason"],
-                     result["counterexample"], a=text_a, b=text_b, shape=shape_t, block_q=bq,
-                     block_kv=bk, stats=result["stats"])
+                     result["counterexample"], a=text_a, b=text_b, shape=shape_t, block_q=block_q,
+                     block_kv=block_kv, stats=result["stats"])
 
 
 def _dense(x: Any, name: str) -> np.ndarray | None:
@@ -344,7 +357,30 @@ def _expanded(m: ir.Mask) -> ir.Mask | None:
 # ----------------------------------------------------------------------------- sides
 
 
-class _MaskSide:
+class Side(Protocol):
+  """One side of a comparison at a shape: what the prover reads of it.
+
+  Attributes:
+    batch: its batch size, or None when it is the same for every batch row.
+    runs: `(start, stop, state)` of its tiles' runs along each q tile, `[B', n_q_tiles, R]`
+      each (`maskc.compiled.tiles.Runs` without the count; `B'` is 1 or `batch`). A FULL
+      or EMPTY tile is a claim about every position of it, which `values` must honour.
+  """
+  batch: int | None
+  runs: tuple[np.ndarray, ...]
+
+  def states(self, b: np.ndarray | int, r0: np.ndarray, r1: np.ndarray, c0: np.ndarray,
+             c1: np.ndarray) -> np.ndarray:
+    """EMPTY/PARTIAL/FULL of the rectangles `rows [r0, r1) × cols [c0, c1)`, each inside one
+    tile (PARTIAL when unknown: always sound)."""
+    ...
+
+  def values(self, b: np.ndarray | int, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """The mask at broadcastable batch rows `b`, `rows` and `cols`."""
+    ...
+
+
+class MaskSide:
   """A mask at the shape: its block map, and range analysis or evaluation of rectangles."""
 
   def __init__(self, mask: ir.Mask, shape: Shape, bq: int, bk: int,
@@ -374,7 +410,7 @@ class _MaskSide:
     return out
 
 
-class _DenseSide:
+class DenseSide:
   """A dense reference array: exact rectangle states from 2-D prefix sums."""
 
   def __init__(self, arr: np.ndarray, shape: Shape, bq: int, bk: int) -> None:
@@ -405,10 +441,9 @@ class _DenseSide:
     return out
 
 
-_Side = _MaskSide | _DenseSide
 
 
-def _common_batch(sides: Sequence[_Side]) -> int | None:
+def _common_batch(sides: Sequence[Side]) -> int | None:
   batches = {s.batch for s in sides if s.batch is not None}
   if len(batches) > 1:
     raise MaskValueError(f"the two masks disagree on the batch size: {sorted(batches)}",
@@ -430,7 +465,7 @@ def _lookup(flat: tuple[np.ndarray, np.ndarray, np.ndarray], g: np.ndarray) -> n
   return np.where(inside, st[safe], EMPTY).astype(np.int8)
 
 
-def _segments(sides: Sequence[_Side], nb: int, nq: int,
+def _segments(sides: Sequence[Side], nb: int, nq: int,
               nk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """Elementary segments of tiles on which both maps are constant, with both states."""
   flats = [unpacked(s.runs, nb, nq, nk) for s in sides]
@@ -446,7 +481,7 @@ def _segments(sides: Sequence[_Side], nb: int, nq: int,
   return key, j0, j1, _lookup(flats[0], g0), _lookup(flats[1], g0)
 
 
-def _decide(sides: Sequence[_Side], shape: Shape, bq: int, bk: int, batch: int | None, *,
+def _decide(sides: Sequence[Side], shape: Shape, bq: int, bk: int, batch: int | None, *,
             trust: bool) -> dict[str, Any]:
   """The first differing position (or none) and statistics; see the module docstring."""
   nb = batch or 1
@@ -510,9 +545,9 @@ def _tiles(key: np.ndarray, j0: np.ndarray, lengths: np.ndarray,
     yield kk[keep], jj[keep]
 
 
-def _tile_state(side: _Side, batch: int | None, ti: int, tj: int) -> str:
+def _tile_state(side: Side, batch: int | None, ti: int, tj: int) -> str:
   start, stop, state = side.runs
-  b = 0 if side.batch is None else (batch or 0)
+  b = 0 if side.batch is None or start.shape[0] == 1 else (batch or 0)  # runs broadcast
   hit = (start[b, ti] <= tj) & (tj < stop[b, ti]) & (state[b, ti] != EMPTY)
   return _STATE_NAME[int(state[b, ti][hit][0])] if hit.any() else "EMPTY"
 
@@ -520,7 +555,7 @@ def _tile_state(side: _Side, batch: int | None, ti: int, tj: int) -> str:
 class _Search:
   """Tracks the first differing position while rectangles are analyzed and evaluated."""
 
-  def __init__(self, sides: Sequence[_Side], shape: Shape, batch: int | None,
+  def __init__(self, sides: Sequence[Side], shape: Shape, batch: int | None,
                stats: dict[str, Any]) -> None:
     self.sides, self.shape, self.batch, self.stats = sides, shape, batch, stats
     self.best = np.iinfo(np.int64).max
