@@ -40,7 +40,7 @@ all_gather, ppermute, switch and the backends' own rules.
 from __future__ import annotations
 
 import functools
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -54,8 +54,6 @@ from maskc.language.errors import BackendError
 
 # Log-sum-exp of a row with no allowed key (the contract of every `run_with_lse`).
 NEG_LSE = -1e30
-
-_T = TypeVar("_T")
 
 
 def _axis_size(mesh, axis) -> int:

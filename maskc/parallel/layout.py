@@ -317,7 +317,7 @@ def fixed_layout(seq_len: int, shards: int, *, block: int, method: str) -> Layou
   if method not in ("contiguous", "zigzag"):
     raise MaskValueError(
         f"the {method!r} layout reads the mask's operands, which are traced here (or span "
-        f"other processes' devices)",
+        "other processes' devices)",
         hint="Balance once outside jit on representative operand values "
              "(`maskc.balance(mask, L, shards, block=..., operands=...)`) and pass the Layout, "
              "or use layout='zigzag' or 'contiguous'.")
