@@ -129,8 +129,11 @@ def sharded_attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike,
   The sequence is laid out by `layout` (`maskc.balance`): each shard's queries
   attend with the block map compiled for its own rows (at the layout's positions),
   so the mask can be any mask. Static (NumPy) operands are read once, outside the
-  devices; traced ones (a call inside `jax.jit` with operands as arguments) are
-  handed to the devices, each compiling its shard's map from the values it holds.
+  devices; traced ones (a call inside `jax.jit` with operands as arguments), and global
+  arrays spanning several processes, are handed to the devices, each compiling its
+  shard's map from the values it holds. Arrays may arrive in any sharding (host,
+  replicated, sharded along any axis, on a mesh with `Auto` or `Explicit` axes): each
+  is resharded to what the devices need (docs/sharding.md).
 
   Args:
     q, k, v: global `[B, L, H, D]` / `[B, L, Hkv, D]` arrays (self-attention: q and
@@ -146,8 +149,8 @@ def sharded_attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike,
     layout: `"contiguous"`, `"zigzag"`, `"balanced"` or a `maskc.Layout` for `L`
       tokens over the `seq_axis` shards. `"balanced"` reads the operands: with traced
       ones, balance outside jit on representative values and pass the Layout.
-    operands: operand values at natural positions (NumPy or traced); batched ones
-      are split over `batch_axis`, per-token ones travel with K/V.
+    operands: operand values at natural positions (NumPy, jax arrays in any sharding,
+      or traced); batched ones are split over `batch_axis`.
     backend: the per-shard attention backend: `"auto"` (as in `maskc.attention`;
       ring steps never run dense, which has no log-sum-exp), `"xla"`, `"flash"`,
       `"splash"` (interpret mode off their platforms), or `"dense"` (all_gather).
@@ -215,7 +218,7 @@ def sharded_attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike,
           f"tokens allow tiles of {bk}",
           hint=f"Use a sequence length whose per-shard chunks are multiples of {lanes} (here "
                f"L a multiple of {lanes * lq // chunk}), or backend='xla' or 'flash'.")
-  traced = _sharding.is_traced(operands)
+  traced = _layout.on_devices(operands)
   if not isinstance(layout, Layout):
     if traced:
       layout = _layout.fixed_layout(lq, shards, block=math.lcm(bq, bk), method=layout)
@@ -229,8 +232,7 @@ def sharded_attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike,
                         data_shards=sizes["batch_axis"] if batched else 1, heads=h,
                         head_shards=sizes["head_axis"])
   if not inputs_permuted:
-    q, k, v = (layout.permute(sharded.whole_sequence(x, mesh, batch_axis, head_axis), axis=1)
-               for x in (q, k, v))
+    q, k, v = (layout.permute(x, axis=1) for x in (q, k, v))
   out: jax.Array = sharded.run(q, k, v, plan, mesh=mesh, batch_axis=batch_axis,
                                head_axis=head_axis, seq_axis=seq_axis, backend=name,
                                sinks=sinks, scale=scale, logits_soft_cap=logits_soft_cap,
@@ -238,4 +240,4 @@ def sharded_attention(q: jax.typing.ArrayLike, k: jax.typing.ArrayLike,
                                operand_kinds=kinds)
   if inputs_permuted:
     return out
-  return layout.unpermute(sharded.whole_sequence(out, mesh, batch_axis, head_axis), axis=1)
+  return layout.unpermute(out, axis=1)

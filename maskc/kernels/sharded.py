@@ -20,9 +20,13 @@ device. Otherwise, and always for splash (whose kernel takes a static MaskInfo:
 each device's is built from its own shard's BlockMap), `lax.switch` picks among
 the static maps. With traced operands there are no maps yet: each device
 compiles its shard's map from the operands it holds (`ShardPlan.traced_map`).
-Per-token operands travel like K/V: sharded in the layout's order and gathered
-over the sequence axis (once, for both strategies: a map needs its rows' and its
-keys' values, and they are `L` integers against K/V's `L x H x D`).
+Every device gets the traced operands whole along the sequence, in natural order
+(a map needs its rows' and its keys' values, and they are `L` integers against
+K/V's `L x H x D`); batched ones keep their batch split over `batch_axis`.
+
+Inputs may arrive in any sharding: host arrays, replicated, sharded along any axis,
+on a mesh with `Auto` or `Explicit` axes. Each enters the `shard_map` resharded to
+the spec it needs (`_placed`), so a data pipeline's sharding never reaches a gather.
 
 A per-head mask list gives each head shard its head groups (heads of one mask);
 a device whose head shard differs from another's in its groups runs its own
@@ -36,7 +40,7 @@ all_gather, ppermute, switch and the backends' own rules.
 from __future__ import annotations
 
 import functools
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -50,8 +54,6 @@ from maskc.language.errors import BackendError
 
 # Log-sum-exp of a row with no allowed key (the contract of every `run_with_lse`).
 NEG_LSE = -1e30
-
-_T = TypeVar("_T")
 
 
 def _axis_size(mesh, axis) -> int:
@@ -166,8 +168,8 @@ def run(q, k, v, plan, *, mesh, batch_axis=None, head_axis=None, seq_axis=None,
         operands=None, operand_kinds=None):
   """Attention of `[B, L, H, D]` arrays stored in the layout's order; output in that order.
 
-  `operands` (traced plans only) are the operand values at natural positions;
-  `operand_kinds` maps each name to its kind (`"token"` operands travel sharded).
+  `operands` (traced plans only) are the operand values at natural positions, in any
+  sharding; `operand_kinds` maps each name to its kind (`"scalar"`, `"token"`, `"pair"`).
   """
   layout = plan.layout
   s = layout.shards
@@ -203,7 +205,10 @@ def run(q, k, v, plan, *, mesh, batch_axis=None, head_axis=None, seq_axis=None,
               choices[m, gi, t] = (_Choice([g.maps[d][r][c] for d, r, c in cells], stack), live)
   empty = set(plan.empty_steps())
 
-  # Traced operands: token ones travel sharded in the layout's order, the rest whole.
+  # Traced operands enter whole along the sequence, in natural order: each device compiles
+  # its maps from every position's values (`L` integers against K/V's `L x H x D`), and
+  # `_placed` reshards them there from whatever sharding they arrive in. Batched ones keep
+  # their batch split over the data axis.
   op_names = sorted(operands or {})
   op_vals, op_specs = [], []
   for name in op_names:
@@ -211,31 +216,17 @@ def run(q, k, v, plan, *, mesh, batch_axis=None, head_axis=None, seq_axis=None,
     kind = (operand_kinds or {}).get(name, "scalar")
     batched = val.ndim == {"scalar": 0, "token": 1, "pair": 2}[kind] + 1
     lead = (batch_axis if batched and n_data > 1 else None,) if batched else ()
-    if kind == "token":
-      val = layout.permute(val, axis=val.ndim - 1)
-      op_specs.append(P(*lead, seq_axis))
-    else:
-      op_specs.append(P(*lead, *([None] * (val.ndim - len(lead)))))
+    op_specs.append(P(*lead, *([None] * (val.ndim - len(lead)))))
     op_vals.append(val)
   shard_pos = jnp.asarray(np.stack([layout.shard_positions(r) for r in range(s)]), jnp.int32)
   all_pos = np.asarray(layout.positions)
-
-  def natural_operands(ops):
-    out = {}
-    for name, val in zip(op_names, ops):
-      if (operand_kinds or {}).get(name) == "token":
-        if seq_axis is not None:
-          val = jax.lax.all_gather(val, seq_axis, axis=val.ndim - 1, tiled=True)
-        val = layout.unpermute(val, axis=val.ndim - 1)
-      out[name] = val
-    return out
 
   def head_shard(m, q, k, v, sink, ops):
     """The program of head shard m (its head groups) on this device."""
     groups = plan.groups[m]
     d = _index(batch_axis) if n_data > 1 else 0
     r = _index(seq_axis)
-    nat = natural_operands(ops) if plan.traced else None
+    nat = dict(zip(op_names, ops))
 
     def traced_call(g, t, fn, *args):
       """`fn(map, *args)` with this device's map compiled here from its operands: at step
@@ -327,21 +318,6 @@ def run(q, k, v, plan, *, mesh, batch_axis=None, head_axis=None, seq_axis=None,
 
   # Compiled as one program (eager shard_map would dispatch the kernel op by op).
   return jax.jit(placed)(q, k, v, sink_arr, *op_vals)
-
-
-def whole_sequence(x: _T, mesh: jax.sharding.Mesh, batch_axis: str | None = None,
-                   head_axis: str | None = None) -> _T:
-  """`[B, L, H, D]` `x` with its sequence axis whole, for the layout's permutations.
-
-  On an `Explicit` mesh an array's sharding travels in its type, and a gather
-  along a sharded axis (the layout's permutation) is refused as ambiguous; there
-  `x` is resharded to keep batch and heads split and the sequence whole. On an
-  `Auto` mesh XLA places the gather itself: `x` is returned as it is.
-  """
-  if not _explicit(mesh):
-    return x
-  return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, P(batch_axis, None, head_axis,
-                                                                     None)))
 
 
 def _explicit(mesh) -> bool:

@@ -98,7 +98,10 @@ class Layout:
     return self.positions[r * self.per_shard:(r + 1) * self.per_shard]
 
   def permute(self, x: _Array, axis: int = 1) -> _Array:
-    """`x` (natural token order along `axis`) in the layout's stored order."""
+    """`x` (natural token order along `axis`) in the layout's stored order.
+
+    A jax array comes back sharded as it came (on any mesh, sharded along `axis` or not).
+    """
     return _take(x, self.positions, axis)
 
   def unpermute(self, x: _Array, axis: int = 1) -> _Array:
@@ -111,10 +114,27 @@ class Layout:
 
 
 def _take(x: _Array, idx: np.ndarray, axis: int) -> _Array:
+  """`x` reordered by the permutation `idx` along `axis`; a jax array keeps its sharding.
+
+  The gather names its output sharding (the input's): on an `Explicit` mesh JAX refuses a
+  gather along a sharded axis without one, and on jax 0.12 the transpose of an unnamed
+  one (a scatter) loses the sharding of batch or heads and is refused too.
+  """
   if isinstance(x, np.ndarray):
     return cast(_Array, np.take(x, idx, axis=axis))
   import jax.numpy as jnp
-  return cast(_Array, jnp.take(x, jnp.asarray(idx), axis=axis))
+  arr = jnp.asarray(x)
+  where = (slice(None),) * (axis % arr.ndim) + (idx,)
+  return cast(_Array, arr.at[where].get(out_sharding=jax.typeof(arr).sharding,
+                                        unique_indices=True))
+
+
+def on_devices(operands: Mapping[str, ArrayLike] | None) -> bool:
+  """Whether some operand value cannot be read on this host, only on the devices: a tracer
+  (inside a jax transformation), or a global `jax.Array` spanning other processes' devices."""
+  return any(isinstance(v, jax.core.Tracer)
+             or (isinstance(v, jax.Array) and not v.is_fully_addressable)
+             for v in (operands or {}).values())
 
 
 def tile_costs(mask: MasksLike, seq_len: int, *, block: int,
@@ -125,8 +145,9 @@ def tile_costs(mask: MasksLike, seq_len: int, *, block: int,
   Sums FULL + `partial_cost` x PARTIAL tiles over batch rows and heads. One static
   compile: O(the mask's boundary), no grid.
   """
-  if any(isinstance(v, jax.core.Tracer) for v in (operands or {}).values()):
-    raise MaskValueError("balance needs static operand values, got traced ones",
+  if on_devices(operands):
+    raise MaskValueError("balance needs operand values it can read here, got traced ones or "
+                         "global arrays this process holds only part of",
                          hint="Balance once, outside jit, with NumPy operands.")
   bm = compile_(mask, seq_len, block_q=block, block_kv=block, operands=operands)
   full = np.asarray(run_lengths(bm.rows, FULL), np.float64)      # [B', U, nq]
@@ -286,16 +307,17 @@ def _balanced_order(cost: np.ndarray, shards: int, sweeps: int = 4) -> np.ndarra
 def fixed_layout(seq_len: int, shards: int, *, block: int, method: str) -> Layout:
   """The contiguous or zigzag layout without reading the mask: its `work` is unknown (NaN).
 
-  For masks whose operands are traced (inside `jax.jit`), where `balance` cannot
-  measure work: those two orders do not depend on the mask. The balanced order
-  does, and needs static operand values.
+  For masks whose operands are traced (inside `jax.jit`) or held across processes
+  (`on_devices`), where `balance` cannot measure work: those two orders do not depend on
+  the mask. The balanced order does, and needs operand values this host can read.
 
   Raises:
     MaskValueError: `method="balanced"`, or lengths that do not split (see `balance`).
   """
   if method not in ("contiguous", "zigzag"):
     raise MaskValueError(
-        f"the {method!r} layout reads the mask's operands, which are traced here",
+        f"the {method!r} layout reads the mask's operands, which are traced here (or span "
+        "other processes' devices)",
         hint="Balance once outside jit on representative operand values "
              "(`maskc.balance(mask, L, shards, block=..., operands=...)`) and pass the Layout, "
              "or use layout='zigzag' or 'contiguous'.")

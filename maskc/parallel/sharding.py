@@ -16,10 +16,11 @@ Heads: a per-head mask list is cut over the head shards (heads over the model
 axis); each head shard's heads are grouped by distinct mask (`HeadGroup`), and
 every group has its own maps, so a device attends its heads with their masks.
 
-Traced operands (the caller is inside `jax.jit` with operands as arguments)
-cannot be read here: the plan then holds no maps, and each device compiles its
-shard's (or its ring step's) map inside `shard_map` from the operands it holds
-(`ShardPlan.traced_map`, the dynamic path of `maskc.compile`).
+Traced operands (the caller is inside `jax.jit` with operands as arguments), and
+global arrays spanning other processes' devices, cannot be read here
+(`maskc.parallel.layout.on_devices`): the plan then holds no maps, and each device
+compiles its shard's (or its ring step's) map inside `shard_map` from the operands it
+holds (`ShardPlan.traced_map`, the dynamic path of `maskc.compile`).
 
 This module is compiler-side: it builds `BlockMap`s and imports no kernel.
 """
@@ -30,7 +31,6 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-import jax
 import numpy as np
 
 from maskc.compiled.blockmap import BlockMap
@@ -39,7 +39,7 @@ from maskc.language import ir
 from maskc.language.arguments import as_mask
 from maskc.language.errors import MaskTypeError, MaskValueError, OperandError
 from maskc.lowering.compile import compile as compile_
-from maskc.parallel.layout import Layout
+from maskc.parallel.layout import Layout, on_devices
 
 STRATEGIES = ("all_gather", "ring")
 _NDIM = {"scalar": 0, "token": 1, "pair": 2}
@@ -74,7 +74,8 @@ class ShardPlan:
     groups: per head shard, its `HeadGroup`s (one head shard unless a per-head mask
       list is cut over the head axis).
     block_q, block_kv: the tile sizes.
-    traced: the operands are traced: no static maps, compile on the device.
+    traced: the operands are traced (or span other processes): no static maps, compile
+      on the device.
   """
   layout: Layout
   strategy: str
@@ -138,11 +139,6 @@ class ShardPlan:
                     operands=operands)
 
 
-def is_traced(operands: Mapping[str, Any] | None) -> bool:
-  """Whether any operand value is a tracer (the caller is inside a jax transformation)."""
-  return any(isinstance(v, jax.core.Tracer) for v in (operands or {}).values())
-
-
 def operand_kinds(masks: Sequence[ir.Mask]) -> dict[str, str]:
   """`{operand name: kind}` over every mask (`"scalar"`, `"token"` or `"pair"`)."""
   out: dict[str, str] = {}
@@ -160,8 +156,9 @@ def split_operands(mask: ir.Mask | Sequence[ir.Mask], operands: Mapping[str, Any
                    batch: int, data_shards: int) -> list[dict[str, Any]]:
   """Operands per data shard: batched ones cut along their batch axis, the rest shared."""
   operands = dict(operands or {})
-  if is_traced(operands):
-    raise OperandError("static per-shard maps need static operands; got traced ones",
+  if on_devices(operands):
+    raise OperandError("static per-shard maps need operands read on the host; got traced "
+                       "ones or global arrays spanning other processes",
                        hint="Use maskc.sharded_attention, which compiles the maps on the "
                             "devices when the operands are traced.")
   kinds = operand_kinds([mask] if isinstance(mask, ir.Mask) else mask)
@@ -249,7 +246,7 @@ def plan(mask: Any, layout: Layout, *, strategy: str = "all_gather", block_q: in
                          hint="Balance with `block` a multiple of the attention's tiles.")
   if batch % data_shards:
     raise MaskValueError(f"batch {batch} does not split over {data_shards} data shards")
-  if is_traced(operands):
+  if on_devices(operands):
     groups = tuple(tuple(HeadGroup(m, hs, None) for m, hs in gs) for gs in per_head)
     return ShardPlan(layout, strategy, data_shards, groups, block_q, block_kv, traced=True)
   masks = [m for gs in per_head for m, _ in gs]
