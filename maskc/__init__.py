@@ -52,6 +52,7 @@ from maskc.language.builders import (
   scalar as scalar,
   sink as sink,
   sliding as sliding,
+  tree as tree,
   truth as truth,
 )
 from maskc.language.errors import (
@@ -79,6 +80,7 @@ from maskc.lowering.explain import (
 from maskc.parallel.layout import Layout as Layout, balance as balance
 from maskc.semantics.bind import ComputableMask as ComputableMask
 from maskc.semantics.dense import additive_bias as additive_bias, materialize as materialize
+from maskc.tools import trees as trees
 from maskc.tools.equivalence import Equivalence as Equivalence, equivalent as equivalent
 from maskc.tools.show import MaskView as MaskView, show as show
 from maskc.tools.verify import Verification as Verification, verify as verify
@@ -92,7 +94,7 @@ __all__ = [
     # the prelude and term builders
     "bidirectional", "causal", "chunk", "compare", "document", "empty", "full", "global_",
     "local", "maximum", "minimum", "operand", "prefix", "runs", "scalar", "sink", "sliding",
-    "truth",
+    "tree", "truth",
     # errors and warnings
     "MaskError", "MaskSyntaxError", "MaskNameError", "MaskTypeError", "MaskValueError",
     "MaskLimitError", "MaskRecursionError", "OperandError", "BackendError", "ConfigError",
@@ -101,7 +103,7 @@ __all__ = [
     "Mask", "MaskLike", "ComputableMask", "BlockMap", "MaskConfig", "OperandDecl", "MaskSpec",
     "MaskView", "Equivalence", "Verification", "Layout", "Explanation", "PartReport",
     # modules
-    "ir", "kernels", "formats", "config",
+    "ir", "kernels", "formats", "config", "trees",
 ]
 
 _deprecated.install()

@@ -52,21 +52,32 @@ REACHES = {
     "row_intervals": ["causal & document(seg)", "causal | bidirectional(img)"],
     "diagonal_truth": ["causal & (document(seg) | bidirectional(img))",
                        "k <= q & (doc[q] == doc[k] | bidirectional(g))"],
+    "aligned_pairs": ["a[q, k]", "causal & a[q, k]", "sel[q // 8, k // 8] & causal",
+                      "~a[q, k] | sliding(5)"],
+    "tree": ["tree(tin, tout)", "tin[k] <= tin[q] & tin[q] < tout[k]",
+             "causal & tree(tin, tout)", "k < q & q <= end[k]"],
 }
 OPERANDS = testing.MASK_OPERANDS
 
 
 def _values(rng: np.random.Generator, n: int) -> dict:
-  """Sorted segment ids (documents) and image flags in runs, as models pass them."""
+  """Sorted segment ids (documents) and image flags in runs, as models pass them; a pairwise
+  matrix and a block selection of 8 x 8 blocks; and a tree of rollouts in DFS order (a
+  prompt, then completions), its entry and exit times, and its exits' last position."""
   def spans():
     out = np.zeros(n, bool)
     for _ in range(rng.integers(1, 4)):
       a = int(rng.integers(0, n))
       out[a:a + int(rng.integers(1, max(2, n // 3)))] = True
     return out
+  prompt = int(rng.integers(0, n))
+  cuts = np.sort(rng.integers(prompt, n + 1, int(rng.integers(0, 4))))
+  tree = maskc.trees.rollout(prompt, np.diff(np.concatenate([[prompt], cuts, [n]])).tolist())
   return {"seg": np.sort(rng.integers(0, 5, n)).astype(np.int32),
           "doc": np.sort(rng.integers(0, 3, n)).astype(np.int32),
-          "img": spans(), "pfx": spans(), "g": spans(), "n": int(rng.integers(0, n))}
+          "img": spans(), "pfx": spans(), "g": spans(), "n": int(rng.integers(0, n)),
+          "a": rng.random((n, n)) < rng.random(), "sel": rng.random((-(-n // 8),) * 2) < 0.3,
+          "tin": tree["tin"], "tout": tree["tout"], "end": tree["tout"] - 1}
 
 
 def test_every_rule_is_reached_by_its_masks():
@@ -270,7 +281,7 @@ def test_each_traced_rule_agrees_with_the_lowering_without_it(part):
 
 # A jit compile per mask and rule: the default run takes the traced closed form, `-m slow` the
 # other two (the drawn traced examples above reach them too).
-@pytest.mark.parametrize("rule", ["widened_band",
+@pytest.mark.parametrize("rule", ["widened_band", "aligned_pairs",
                                   pytest.param("same_run_ids", marks=pytest.mark.slow),
                                   pytest.param("parts", marks=pytest.mark.slow)])
 def test_traced_rules_agree_with_the_traced_lowering_without_them(rule):

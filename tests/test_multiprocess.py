@@ -16,8 +16,9 @@ import subprocess
 import sys
 import time
 
-import multiprocess_worker
 import pytest
+
+import multiprocess_worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT = 900   # seconds for both processes (about 45 s of CPU each)

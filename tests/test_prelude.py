@@ -72,7 +72,7 @@ def test_prelude_mask(text, predicate, shape):
 
 def test_every_prelude_name_is_covered():
   covered = {"full", "empty", "causal", "sliding", "local", "chunk", "prefix", "sink", "global",
-             "document", "bidirectional"}
+             "document", "bidirectional", "tree"}
   from maskc.language.parse import known_mask_names
   assert set(known_mask_names()) == covered
 
@@ -88,6 +88,25 @@ def test_document(shape):
   length = max(kv_len, int(qs.max()) + 1)
   seg = np.sort(np.random.default_rng(length).integers(0, 3, length)).astype(np.int32)
   check("document(seg)", lambda q, k: seg[q] == seg[k], *shape, seg=seg)
+
+
+@pytest.mark.parametrize("shape", OPERAND_SHAPES, ids=str)
+def test_tree(shape):
+  """`tree(tin, tout)`: a query sees itself and its ancestors, found by walking parents (the
+  entry and exit times of `maskc.trees` are tested against the same walk in test_trees)."""
+  q_len, kv_len, q_offset = shape
+  qs, _ = positions(q_len, kv_len, q_offset)
+  length = max(kv_len, int(qs.max()) + 1)
+  rng = np.random.default_rng(length)
+  parent = np.array([-1] + [int(rng.integers(-1, i)) for i in range(1, length)])
+  ops = maskc.trees.from_parents(parent)
+
+  def ancestor_or_self(q, k):
+    while q >= 0 and q != k:
+      q = parent[q]
+    return q == k
+
+  check("tree(tin, tout)", ancestor_or_self, *shape, **ops)
 
 
 @pytest.mark.parametrize("shape", [(8, 8, 0), (5, 12, None), (4, 10, 2), (1, 16, 15)], ids=str)

@@ -9,13 +9,13 @@ compilation, empty ring steps, argument errors) run in this process.
 """
 
 
-import fake_devices
 import numpy as np
 import pytest
+
+import fake_devices
+import maskc
 import sharding_inputs_worker
 import sharding_worker
-
-import maskc
 from maskc.parallel import sharding as _sharding
 
 TOL = 1e-5

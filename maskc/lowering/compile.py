@@ -43,7 +43,7 @@ from maskc.lowering.traced import compile_dynamic
 from maskc.lowering.tuning import MEMORY_BUDGET
 from maskc.semantics.operand_arrays import OperandArrays
 from maskc.semantics.operand_runs import RunForm
-from maskc.semantics.operands import Operands, prepare_operands
+from maskc.semantics.operands import DIGEST_PAIR_BYTES, Operands, prepare_operands
 from maskc.semantics.shape import Shape
 
 # compiled static maps, with the lowering rules that made them (`maskc.lowering.rules.taken`)
@@ -116,13 +116,14 @@ def compile(mask: MasksLike, q_len: int, kv_len: int | None = None, *, block_q: 
                                  block_kv, refine, refine_budget, budget)
     return _blockmap(bound, block_q, block_kv, rows=rows, col_runs=cols,
                      line_bounds=_line_bounds(bound, block_q, block_kv), contiguous=declared)
-  key = (bound.masks, bound.head_index, bound.q_len, bound.kv_len, bound.q_offset, block_q,
-         block_kv, tuple(refine), lowering_rules.disabled_now(),
-         tuple(p.static_bytes() for p in bound.prepared),
-         tuple(None if p is None else p.tobytes()
-               for p in (bound.shape.q_positions, bound.shape.kv_positions)), declared)
+  digests = tuple(p.static_bytes(DIGEST_PAIR_BYTES) for p in bound.prepared)
+  key = None if None in digests else (
+      bound.masks, bound.head_index, bound.q_len, bound.kv_len, bound.q_offset, block_q,
+      block_kv, tuple(refine), lowering_rules.disabled_now(), digests,
+      tuple(None if p is None else p.tobytes()
+            for p in (bound.shape.q_positions, bound.shape.kv_positions)), declared)
   rules: Collection[str]
-  if key in _CACHE and lowering_rules.recorder() is None:  # `maskc.explain` lowers anew
+  if key is not None and key in _CACHE and lowering_rules.recorder() is None:  # `explain`: anew
     _CACHE.move_to_end(key)
     bm, rules = _CACHE[key]
   else:
@@ -132,9 +133,10 @@ def compile(mask: MasksLike, q_len: int, kv_len: int | None = None, *, block_q: 
       with lowering_rules.step("assemble"):
         bm = _blockmap(bound, block_q, block_kv, rows=rows, backward=backward,
                        contiguous=declared)
-    _CACHE[key] = bm, frozenset(rules)
-    if len(_CACHE) > _CACHE_SIZE:
-      _CACHE.popitem(last=False)
+    if key is not None:  # large pairwise operands are not digested: no entry
+      _CACHE[key] = bm, frozenset(rules)
+      if len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
   for rule in rules:  # a cached map reports the rules that lowered it
     lowering_rules.took(rule)
   return bm

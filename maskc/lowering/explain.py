@@ -38,8 +38,8 @@ class PartReport:
     mask: the part's text (the whole mask at depth 0).
     depth: 0 for a whole mask, 1 for a part split off it, 2 for a part of that, ...
     rule: the part rule that lowered it (`band`, `periodic`, `one_axis`, `equal_reads`,
-      `distribute`, `parts`: `maskc.lowering.closed_forms`), or `generic` for the range
-      analysis. A part `distribute` rewrote is followed by the rewritten mask, one deeper.
+      `tree`, `distribute`, `parts`: `maskc/lowering/closed_forms/`), or `generic` for the
+      range analysis. A part `distribute` rewrote is followed by the rewritten mask, one deeper.
     reason: for `generic`, why no rule matched; else the rule's description.
     rules: every rule taken while it lowered, its own parts' included (`tile_cover`,
       `met_bounds`, ...), sorted.

@@ -21,6 +21,7 @@ from __future__ import annotations
 import types
 from collections.abc import Mapping
 
+from maskc.lowering.closed_forms.aligned_pairs import ALIGNED_PAIRS
 from maskc.lowering.closed_forms.band import BAND
 from maskc.lowering.closed_forms.diagonal_truth import DIAGONAL_TRUTH
 from maskc.lowering.closed_forms.distribute import DISTRIBUTE
@@ -33,15 +34,16 @@ from maskc.lowering.closed_forms.row_intervals import ROW_INTERVALS
 from maskc.lowering.closed_forms.same_run_ids import SAME_RUN_IDS
 from maskc.lowering.closed_forms.spread import SPREAD
 from maskc.lowering.closed_forms.tile_cover import TILE_COVER
+from maskc.lowering.closed_forms.tree import TREE
 from maskc.lowering.closed_forms.widened_band import WIDENED_BAND
 from maskc.lowering.rules import Rule, RuleSet, register
 
 # Part rules in the order they are tried: a band first (a part's closed form, no period
 # analysed), then the whole-mask forms, then the rewrite, then the split.
 REGISTRY: tuple[Rule, ...] = (
-    BAND, PERIODIC, ONE_AXIS, EQUAL_READS, DISTRIBUTE, PARTS,
+    BAND, PERIODIC, ONE_AXIS, EQUAL_READS, TREE, DISTRIBUTE, PARTS,
     WIDENED_BAND, MET_BOUNDS, SPREAD, DIAGONAL_TRUTH,
-    TILE_COVER, SAME_RUN_IDS,
+    TILE_COVER, SAME_RUN_IDS, ALIGNED_PAIRS,
     ROW_INTERVALS,
 )
 """Every rule, part rules in the order they are tried."""

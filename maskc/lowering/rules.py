@@ -67,7 +67,7 @@ STEPS: dict[str, tuple[Stage, str]] = {
     "decide": ("combine", "decides tiles PARTIAL in two parts of an `&` with no pair "
                           "evaluated"),
     "start": ("analysis", "the rectangles the generic analysis starts from"),
-    "tables": ("analysis", "the operand tables the analysis reads"),
+    "tables": ("analysis", "configures the operand tables the analysis reads (both paths)"),
     "intervals": ("intervals", "proves `bm.key_intervals()`, no tiles"),
 }
 
@@ -115,6 +115,8 @@ class Rule:
     traced: its variant on the traced path, where it has one (`maskc.lowering.traced`).
     why_not: for `maskc.explain`: why the rule does not lower part `mask` at `site`
       (`why_not(mask, site)`), where its structure is close to the rule's, else None.
+    recurses: a part rule that splits or rewrites its part and lowers the pieces through the
+      dispatch again (`parts`, `distribute`), rather than in a closed form of its own.
   """
   name: str
   doc: str
@@ -125,6 +127,7 @@ class Rule:
   lower: Callable[..., Any] | None = None
   traced: Callable[..., Any] | None = None
   why_not: Callable[[ir.Mask, Site], str | None] | None = None
+  recurses: bool = False
 
   def __post_init__(self) -> None:
     if STEPS.get(self.step, (None,))[0] != self.stage:

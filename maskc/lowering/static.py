@@ -89,16 +89,16 @@ def compile_static(masks: Sequence[ir.Mask], shape: Shape, operands: Mapping[str
   """
   geo = TileGeometry(shape, block_q, block_kv)
   budget = budget or Budget(MEMORY_BUDGET)
-  # shared: tables are built for the operands masks read, by the first analysis rule that
-  # builds them (step "tables"), else as they are
-  rule = next((r for r in RULESET.at("tables") if r.enabled() and r.lower is not None), None)
-  tables: Tables = (Tables(np, operands, forms, budget=budget) if rule is None else
-                    rule.run(operands, forms, budget))
+  # shared: tables are built for the operands masks read, configured by the analysis rules
+  # at step "tables"; each says afterwards whether the analysis used it
+  tables = Tables(np, operands, forms, budget=budget)
+  used = [(r, r.run(tables, masks, geo)) for r in RULESET.at("tables") if r.enabled()]
   with step("lower"):
     per_mask = [lower_part(m, Site(geo, tables, batch, ref, budget, RULESET))
                 for m, ref in zip(masks, refine)]
-  if rule is not None and tables.same_runs_used:
-    rule.took()
+  for rule, was_used in used:
+    if was_used():
+      rule.took()
   with step("combine"):  # the runs packed: where parts lowered apart are combined
     rows = stack_runs([r.runs(along_rows=True) for r in per_mask])
   return rows, _Backward(per_mask)

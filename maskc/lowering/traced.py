@@ -107,7 +107,7 @@ from maskc.lowering.tuning import (
   WIDENED_TILE_BYTES,
 )
 from maskc.semantics.operand_runs import reads_at, unit_read
-from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, reduce_many
+from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Analyzer, Tables, Truth3, reduce_many
 from maskc.semantics.shape import Shape
 
 PIECES = MAX_CUTS + SUB_PARTS  # pieces a line is cut into (some may be empty)
@@ -457,7 +457,7 @@ def _prepare_tables(m: ir.Mask, tables: Tables, spans: bool, pos_ok: Any) -> Non
         tables.whole(name)
       if not (spans and unit_read(n.index) is not None):
         tables.blocked(name)
-    elif isinstance(n, ir.PairRead):
+    elif isinstance(n, ir.PairRead) and tables.pair_blocks(n) is None:  # not aligned
       tables.prefix(n.operand.name)
     elif isinstance(n, ir.Compare):  # `x[i] == x[j]` may use x's monotonicity
       for op, a, b in zip(n.ops, n.terms, n.terms[1:]):
@@ -528,6 +528,13 @@ def _dynamic_grid(m: ir.Mask, geo: TileGeometry, tables: Tables, batch: int | No
     on_q, on_k = (p.key, "q", p.s), (p.key, "k", p.t)
     if geo.pos_ok is True and on_q in known and on_k in known:
       analyzer.memo[p.node] = same_run_truth(jnp, *known[on_q], *known[on_k])
+  # aligned pairwise reads as masks: each tile reads one block, its verdict exact from the
+  # block's counts (no gathers from prefix tables, nothing left ambiguous)
+  for n in ir.walk(m):
+    if isinstance(n, ir.Truth) and isinstance(n.read, ir.PairRead):
+      blocks = tables.pair_blocks(n.read)
+      if blocks is not None and not geo.positions and blocks.per_tile(geo.nq, geo.nk):
+        analyzer.memo[n] = Truth3(blocks.tile_states(), True)
   t = analyzer.truth(m if split is None else split[0])
   full_shape = (nb, geo.nq, geo.nk)
   state = jnp.broadcast_to(jnp.asarray(t.state, jnp.int8), full_shape)
@@ -621,11 +628,17 @@ def compile_dynamic(masks: Sequence[ir.Mask], shape: Shape, operands: Mapping[st
     # ChainMap writes to its first map only: the operands are read, never written
     arrays = ChainMap(derived, cast(MutableMapping[str, Any], operands))
   tables = Tables(jnp, arrays)
+  # configured by the analysis rules at step "tables" (aligned pairwise reads)
+  used = [(r, r.run(tables, [m for m, _ in expanded], geo)) for r in RULESET.at("tables")
+          if r.enabled()]
   for name, a in arrays.items():
     if a.ndim == 2:  # per-token: its lines' tokens, parts and pieces, or blocked range tables
       memory.charge(a.size * a.dtype.itemsize * 12, f"the tables of `{name}`")
   grid = jnp.stack([_dynamic_grid(m, geo, tables, batch, ref, budget, memory, same)
                     for (m, same), ref in zip(expanded, refine)], axis=1)
+  for rule, was_used in used:
+    if was_used():
+      rule.took()
   return _runs(grid), _runs(jnp.swapaxes(grid, -1, -2))
 
 

@@ -1,4 +1,4 @@
-"""Operand arrays by name, the per-token ones written out only when first read.
+"""Operand arrays by name, the per-token and pairwise ones written out only when first read.
 
 Binding widens every operand to the type integer terms are computed in (int64
 on the NumPy path). For a per-token operand at a million tokens that is an
@@ -9,6 +9,11 @@ recipe (`Unwritten`: its shape, dtype and how to write it out) and written out
 once, when a consumer that indexes tokens (evaluation, kernels, the dense
 reference) first asks for it. To every consumer it is a read-only mapping like
 a dict.
+
+A static pairwise operand is kept as given (`raw`: bool or a narrow integer type) and widened
+only when a consumer indexes it: widening an 8K x 8K boolean operand to int64 writes 512 MiB,
+where the lowering reads it through one blocked pass of its own bytes (`Tables.pair_blocks`)
+and gathers the few entries it evaluates (`Tables.reads`).
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ import numpy as np
 
 
 class Unwritten(NamedTuple):
-  """An array not written out yet: `write()` returns it (called at most once)."""
+  """An array not written out yet: `write()` returns it (called at most once); `raw`, where
+  given, holds the same values in their own dtype (a pairwise operand as the caller gave it)."""
   shape: tuple[int, ...]
   dtype: Any
   write: Callable[[], Any]
+  raw: Any = None
 
 
 class OperandArrays(Mapping):
@@ -62,6 +69,14 @@ class OperandArrays(Mapping):
     """Whether the array exists (it was given, or an access wrote it out)."""
     return not isinstance(self._entries[name], Unwritten)
 
+  def raw(self, name: str) -> Any:
+    """The array's values in their own dtype where they are kept so (a static pairwise
+    operand, bool or narrow integers), without widening them; else the array."""
+    value = self._entries[name]
+    if isinstance(value, Unwritten) and value.raw is not None:
+      return value.raw
+    return self[name]
+
   def later(self, name: str, change: Callable[[Any], Any] | None = None,
             shape: tuple[int, ...] | None = None) -> Any:
     """The array (`change`d), or an `Unwritten` one for it that does not write this one out yet.
@@ -71,8 +86,9 @@ class OperandArrays(Mapping):
     change = change or (lambda a: a)
     if self.written(name):
       return change(self[name])
+    raw = self._entries[name].raw
     return Unwritten(shape or self.shape(name), self.dtype(name),
-                     lambda: change(self[name]))
+                     lambda: change(self[name]), None if raw is None else change(raw))
 
   def __repr__(self) -> str:
     items = ", ".join(f"{n!r}: {self.shape(n)}{'' if self.written(n) else ' (not written)'}"

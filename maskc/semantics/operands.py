@@ -12,7 +12,7 @@ import functools
 import hashlib
 from collections.abc import Mapping
 from types import ModuleType
-from typing import Any, cast
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,7 @@ from maskc.semantics.integers import NUMPY_BITS, is_traced, jax_int, jax_int_bit
 from maskc.semantics.operand_arrays import OperandArrays, Unwritten
 from maskc.semantics.operand_runs import RunForm
 from maskc.semantics.overflow import check_fits
-from maskc.semantics.ranges import Analyzer, Tables
+from maskc.semantics.reads import check_reads
 from maskc.semantics.shape import Shape
 
 
@@ -36,6 +36,9 @@ def _digest(a: np.ndarray) -> bytes:
                         usedforsecurity=False).digest()
 
 
+
+# Pairwise operands of more bytes than this are not digested for `maskc.compile`'s cache.
+DIGEST_PAIR_BYTES = 1 << 22
 
 _EXPECT = {"scalar": "[] or [B]", "token": "[L] or [B, L]", "pair": "[Lq, Lk] or [B, Lq, Lk]"}
 _NDIM = {"scalar": 0, "token": 1, "pair": 2}
@@ -59,14 +62,26 @@ class Operands:
   forms: dict[str, RunForm] = dataclasses.field(default_factory=dict)
   int_range: tuple[int, int] | None = None
 
-  def static_bytes(self) -> tuple[tuple[str, tuple[int, ...], str, bytes], ...]:
-    """A hashable digest of static operand values, for caches.
+  def static_bytes(self, pair_limit: int | None = None
+                   ) -> tuple[tuple[str, tuple[int, ...], str, bytes], ...] | None:
+    """A hashable digest of static operand values, for caches; None where a pairwise operand
+    holds more than `pair_limit` bytes (`maskc.compile` passes `DIGEST_PAIR_BYTES`).
 
-    A per-token operand is digested in run form (its runs determine it), which
-    costs the number of runs rather than the number of tokens.
+    A per-token operand is digested in run form (its runs determine it), which costs the
+    number of runs rather than the number of tokens; a pairwise one in its own dtype. A
+    pairwise operand of an 8K x 8K mask takes as long to digest as its whole lowering
+    (about 50 ms), and such operands change every step (a tree, a block selection), so a
+    map built from one is not cached.
     """
     def digest(n: str) -> bytes:
-      return self.forms[n].digest() if n in self.forms else _digest(self.arrays[n])
+      if n in self.forms:
+        return self.forms[n].digest()
+      raw = self.arrays.raw(n)
+      return str(raw.dtype).encode() + _digest(raw)
+    if pair_limit is not None and any(
+        self.arrays.raw(n).nbytes > pair_limit for n in self.arrays
+        if n not in self.forms and len(self.arrays.shape(n)) == 3):
+      return None
     return tuple(sorted((n, self.arrays.shape(n), str(self.arrays.dtype(n)), digest(n))
                         for n in self.arrays if not ir.is_run_ids_key(n)))
 
@@ -148,13 +163,15 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: Mapping[str, Any] | Non
       extremes = value.reshape(-1)[forms[spec.name].starts]  # in its own dtype (uint64)
     else:
       extremes = None if isinstance(value, jax.core.Tracer) else value
-    if extremes is not None and extremes.size and \
+    if extremes is not None and extremes.size and not _fits_type(extremes.dtype, bits) and \
         (int(extremes.min()) < lo_type or int(extremes.max()) > hi_type):
       raise _outside_type(spec.name, bits, xp)
     if xp is jnp:
       value = jnp.asarray(value).astype(jax_int())
     elif spec.name in forms:  # written out from its runs (a copy) when first read
       value = _unwritten(forms[spec.name])
+    elif spec.kind == "pair":  # kept as given, widened (a copy) when first indexed
+      value = _widened_later(value)
     else:
       value = value.astype(np.int64)
     arrays[spec.name] = value
@@ -178,7 +195,7 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: Mapping[str, Any] | Non
                          forms=forms)
   result = Operands(prepared, batch, xp, forms, int_range)
   if has_reads:
-    _check_reads(m, shape, result)
+    check_reads(m, shape, result.arrays, result.batch)
   return result
 
 
@@ -194,6 +211,23 @@ def _missing(spec: ir.OperandSpec, operands: Mapping[str, Any],
     hint = f"Did you mean `{spec.name}` where you wrote `{guess}`? " + hint
   return OperandError(f"missing operand `{spec.name}`: the mask reads it as a {spec.kind} "
                       f"operand of shape {_EXPECT[spec.kind]}{given}", hint=hint)
+
+
+def _fits_type(dtype: np.dtype, bits: int) -> bool:
+  """Whether every value of `dtype` fits the signed integer type of `bits` bits (no pass over
+  an operand's values is needed to know)."""
+  if dtype == np.bool_:
+    return True
+  info = np.iinfo(dtype)
+  return -(1 << (bits - 1)) <= info.min and info.max < 1 << (bits - 1)
+
+
+def _widened_later(value: np.ndarray) -> Unwritten:
+  """A static pairwise operand kept in its own dtype (`raw`), widened to int64 when first
+  indexed. A caller's writeable array is copied first (the copy of a bool operand, an eighth
+  of the widened one): a map must not change when the caller reuses its buffer."""
+  kept = np.array(value) if value.flags.writeable else value
+  return Unwritten(tuple(kept.shape), np.dtype(np.int64), lambda: kept.astype(np.int64), kept)
 
 
 def _unwritten(form: RunForm) -> Unwritten:
@@ -274,114 +308,3 @@ def _scalar_requirements(
   return tuple(found)
 
 
-# `(index, operand, axis of the operand it indexes, which index for messages)`
-_ReadCheck = tuple[ir.Term, str, int, str]
-
-
-@functools.lru_cache(maxsize=1024)
-def _reads_of(m: ir.Mask) -> tuple[tuple[ir.Node, tuple[_ReadCheck, ...]], ...]:
-  """Each read of `m` with the checks `_check_reads` makes of it: `(index, operand, axis of
-  the operand it indexes, which index for messages)`, found once per mask."""
-  reads: list[tuple[ir.Node, tuple[_ReadCheck, ...]]] = []
-  for n in ir.walk(m):
-    if isinstance(n, ir.Read):
-      reads.append((n, ((n.index, n.operand.name, -1, ""),)))
-    elif isinstance(n, ir.PairRead):
-      reads.append((n, ((n.q_index, n.operand.name, -2, "first "),
-                        (n.k_index, n.operand.name, -1, "second "))))
-  return tuple(reads)
-
-
-@functools.lru_cache(maxsize=1024)
-def _position_indices(m: ir.Mask) -> bool:
-  """Whether every index `m` reads at is arithmetic of positions and literals alone."""
-  return all(not any(isinstance(x, (ir.Read, ir.PairRead, ir.Scalar, ir.Operand))
-                     for x in ir.walk(index))
-             for _, checks in _reads_of(m) for index, _, _, _ in checks)
-
-
-def _check_reads(m: ir.Mask, shape: Shape, ops: Operands) -> None:
-  """Raises when a read would index an operand outside its length.
-
-  The bounds of each index come from range analysis over the whole shape (one
-  rectangle: no per-token array). Only when those bounds are not attained
-  (`tight`) and leave the operand are the indices evaluated, in chunks.
-  """
-  if not shape.static:
-    return
-  scalars = {n: ops.arrays[n] for n in ops.arrays if len(ops.arrays.shape(n)) == 1}
-  if any(is_traced(a) for a in scalars.values()):
-    return
-  lengths = tuple(ops.arrays.shape(name)[axis]
-                  for _, checks in _reads_of(m) for _, name, axis, _ in checks)
-  if not shape.has_positions and _position_indices(m):
-    _position_reads_fit(m, shape.q_len, shape.kv_len, int(shape.q_offset), lengths)
-  else:
-    _reads_fit(m, shape, lengths, scalars, np.arange(ops.batch) if ops.batch else 0)
-
-
-@functools.lru_cache(maxsize=256)
-def _position_reads_fit(m: ir.Mask, q_len: int, kv_len: int, q_offset: int,
-                        lengths: tuple[int, ...]) -> bool:
-  """`_reads_fit` where every index is arithmetic of positions and literals at consecutive
-  positions: the verdict follows from the shape and the operands' lengths alone, so it is
-  remembered once it passes (a read outside raises, and raises again next time)."""
-  _reads_fit(m, Shape.of(q_len, kv_len, q_offset), lengths, {}, 0)
-  return True
-
-
-def _reads_fit(m: ir.Mask, shape: Shape, lengths: tuple[int, ...], scalars: dict[str, Any],
-               batch: Any) -> None:
-  """`_check_reads` of `m`'s reads (`_reads_of`, in order) into operands of `lengths` on the
-  axes they index, with static `scalars` for batch rows `batch`."""
-  (q0, q1), (k0, k1) = shape.q_hull(), shape.k_hull()
-  analyzer = Analyzer(np, Tables(np, scalars), q0, q1, k0, k1, batch)
-  checks = [(n,) + c for n, cs in _reads_of(m) for c in cs]
-  for (n, index, name, _axis, which), length in zip(checks, lengths):
-    axes = ir.positions_of(index)
-    bounds = _index_bounds(analyzer, index)
-    if bounds is not None and bounds[0] >= 0 and bounds[1] < length:
-      continue  # sound bounds inside the operand: every index is
-    if bounds is None or not bounds[2] or shape.has_positions:  # the exact range, in chunks
-      lo, hi = _evaluated_bounds(index, shape, axes, scalars, batch)
-    else:
-      lo, hi = bounds[0], bounds[1]
-    if lo < 0 or hi >= length:
-      where = (f"positions q in [{q0}, {q1}]" if "q" in axes
-               else f"positions k in [{k0}, {k1}]")
-      raise OperandError(
-          f"operand `{name}` has length {length} on its {which}axis, but the mask reads "
-          f"`{n}` at indices {lo}..{hi} (for {where})",
-          hint=f"Give `{name}` at least {hi + 1} entries on that axis"
-               if lo >= 0 else "Indices below 0 cannot be read; check the offset.")
-
-
-def _index_bounds(analyzer: Analyzer, index: ir.Term) -> tuple[int, int, bool] | None:
-  """`(lo, hi, attained)` of an index over the shape by range analysis, or None if unknown."""
-  try:
-    with np.errstate(over="ignore", invalid="ignore"):
-      t = analyzer.term(index)
-  except (KeyError, TypeError, OverflowError):
-    return None  # reads another per-token operand, or beyond the analysis' type
-  ok = np.all(np.asarray(t.ok))
-  if not ok:
-    return None
-  return (int(np.min(t.lo)), int(np.max(t.hi)), bool(np.all(np.asarray(t.tight))))
-
-
-def _evaluated_bounds(index: ir.Term, shape: Shape, axes: frozenset[str],
-                      scalars: dict[str, Any], batch: Any,
-                      chunk: int = 1 << 20) -> tuple[int, int]:
-  """Exact min and max of an index over the positions of its axis, evaluated in chunks."""
-  every = shape.rows(np) if "q" in axes else shape.cols(np)
-  n = every.shape[-1]
-  lo, hi = None, None
-  b = batch[:, None] if not np.isscalar(batch) else 0
-  if every.shape[0] > 1 and np.isscalar(batch):
-    b = np.zeros((every.shape[0], 1), np.int64)
-  for s0 in range(0, n, chunk):
-    pos = every[:, s0:s0 + chunk]
-    values = np.asarray(evaluate(index, Env(np, pos, pos, scalars, b)))
-    lo = int(values.min()) if lo is None else min(lo, int(values.min()))
-    hi = int(values.max()) if hi is None else max(hi, int(values.max()))
-  return cast(int, lo), cast(int, hi)  # not None: the lengths are positive

@@ -209,7 +209,7 @@ class _Context:
   def _values(self, name: str, index: Sequence[Interval | None]) -> Interval | None:
     """Bounds of an operand's entries at (clipped) indices in the given intervals."""
     form = self.forms.get(name)  # a per-token operand's runs: its tokens need not be written out
-    arr = None if form is not None else self.arrays.get(name)
+    arr = None if form is not None or name not in self.arrays else _raw(self.arrays, name)
     shape: tuple[int, ...]
     if form is not None:
       shape = (form.batch, form.length)
@@ -230,13 +230,15 @@ class _Context:
       else:
         lo, hi = (min(max(v, 0), n - 1) for v in iv)
         sel.append(slice(lo, hi + 1))
+    if arr is not None and arr.dtype == bool:  # its type's bounds, with no pass over it
+      return 0, 1
     key = (name, tuple((s.start, s.stop) if isinstance(s, slice) else s.tobytes() for s in sel))
     if key not in self.extremes:
       if form is not None:  # the runs' values: one per run, not per token
         part = form.values_in(None if isinstance(sel[0], slice) else sel[0],
                               sel[1].start or 0, shape[1] if sel[1].stop is None else sel[1].stop)
       else:
-        part = np.asarray(self.arrays[name])[tuple(sel)]
+        part = np.asarray(arr)[tuple(sel)]
       self.extremes[key] = None if part.size == 0 else (int(part.min()), int(part.max()))
     return self.extremes[key]
 
@@ -265,3 +267,10 @@ def _arith(op: str, a: Interval, b: Interval) -> Interval:
     return (0, c - 1) if c > 0 else (c + 1, 0)
   m = max(abs(bl), abs(bh))
   return -m, m
+
+
+def _raw(arrays: Any, name: str) -> Any:
+  """Operand `name` in its own dtype where it is kept so (a static pairwise operand), without
+  widening it (`maskc.semantics.operand_arrays.OperandArrays.raw`)."""
+  raw = getattr(arrays, "raw", None)
+  return raw(name) if raw is not None else arrays[name]

@@ -40,6 +40,7 @@ from maskc.arrays.bit_words import count_through
 from maskc.language import ir
 from maskc.language.errors import MaskLimitError
 from maskc.semantics.operand_runs import RunForm, RunTable, floor_log2, may_index, unit_read
+from maskc.semantics.pair_blocks import BlockAxis, PairBlocks
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -77,6 +78,10 @@ class Tables:
     same_runs: static path: analyse `runs(x)[a] == runs(x)[b]` beside `x[a]` by the
       ids of x's runs of zeros and nonzeros (`same_runs`), which decides more
       rectangles than the traced path's analysis does.
+
+  Pairwise reads aligned with the tiles (`align_pair`, registered by the lowering) are
+  analysed through per-block counts (`maskc.semantics.pair_blocks`), the others through
+  2-D prefix counts (`prefix`).
   """
 
   def __init__(self, xp, arrays: Mapping[str, Any], forms: dict[str, RunForm] | None = None,
@@ -92,6 +97,46 @@ class Tables:
     self._prefix: dict[str, Any] = {}
     self._mono: dict[str, Any] = {}
     self._runs: dict[str, RunTable] = {}
+    self._aligned: dict[ir.PairRead, tuple[BlockAxis, BlockAxis]] = {}
+    self._pair_blocks: dict[ir.PairRead, PairBlocks] = {}
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    """Operand `name`'s shape, without writing it out."""
+    shape = getattr(self.arrays, "shape", None)
+    return tuple(shape(name)) if callable(shape) else tuple(self.arrays[name].shape)
+
+  def raw(self, name: str) -> Any:
+    """Operand `name` in its own dtype where it is kept so (a static pairwise operand: see
+    `maskc.semantics.operand_arrays`), else as prepared."""
+    raw = getattr(self.arrays, "raw", None)
+    return raw(name) if raw is not None else self.arrays[name]
+
+  def reads(self) -> Mapping[str, Any]:
+    """Operand arrays for evaluating a few pairs without writing any out: a per-token
+    operand not written out yet is read through its run table, a pairwise one through its
+    values as given (widened as they are gathered)."""
+    return _Reads(self)
+
+  def align_pair(self, read: ir.PairRead, rows: BlockAxis, cols: BlockAxis) -> None:
+    """Analyse `read` through its blocks along rows and columns (`PairBlocks`): the
+    lowering registers the reads whose indices are aligned with its tiles."""
+    self._aligned[read] = (rows, cols)
+
+  def pair_blocks(self, read: ir.PairRead) -> PairBlocks | None:
+    """The block verdicts of an aligned pairwise read (`align_pair`), built once; None for a
+    read that is not aligned."""
+    if read not in self._aligned:
+      return None
+    if read not in self._pair_blocks:
+      rows, cols = self._aligned[read]
+      if self.budget is not None:
+        a = self.raw(read.operand.name)
+        self.budget.charge(a.shape[0] * rows.count * a.shape[-1] * 4,
+                           f"the row blocks of operand `{read.operand.name}`")
+        self.budget.hold(a.shape[0] * (rows.count + 1) * (cols.count + 1) * 8,
+                         f"the block counts of operand `{read.operand.name}`")
+      self._pair_blocks[read] = PairBlocks(self.xp, self.raw(read.operand.name), rows, cols)
+    return self._pair_blocks[read]
 
   def size(self, name: str) -> int:
     """Entries of operand `name` (all batch rows), without writing a per-token one out."""
@@ -187,7 +232,7 @@ class Tables:
     """
     if name not in self._prefix:
       xp = self.xp
-      a = self.arrays[name]
+      a = self.raw(name)
       *lead, rows, cols = a.shape
       wide = rows * cols >= 1 << 31
       if xp is np:
@@ -454,8 +499,9 @@ class Analyzer:
       source = ("read", name) if not t.runs else None
       return Interval(lo, hi, tight, point, idx.axes, source if _is_true(dense_idx) else None)
     if isinstance(t, ir.PairRead):
-      a = self.tables.arrays[t.operand.name]
-      lo, hi = xp.min(a, axis=(-2, -1))[self.b], xp.max(a, axis=(-2, -1))[self.b]
+      a = self.tables.raw(t.operand.name)
+      lo = xp.min(a, axis=(-2, -1)).astype(self.info.dtype)[self.b]
+      hi = xp.max(a, axis=(-2, -1)).astype(self.info.dtype)[self.b]
       axes = self.term(t.q_index).axes | self.term(t.k_index).axes
       return Interval(lo, hi, False, False, axes)
     if isinstance(t, ir.Neg):
@@ -637,6 +683,10 @@ class Analyzer:
     xp = self.xp
     if isinstance(r, ir.PairRead):
       qi, ki = self.term(r.q_index), self.term(r.k_index)
+      blocks = self.tables.pair_blocks(r)
+      if blocks is not None:  # aligned with the tiles: whole blocks, or no verdict
+        state, aligned = blocks.verdict(self.b, qi.lo, qi.hi, ki.lo, ki.hi)
+        return Truth3(state, _and(xp, True, aligned, qi.dense, ki.dense))
       p = self.tables.prefix(r.operand.name)
       rows, cols = p.shape[-2] - 1, p.shape[-1] - 1
       q0 = xp.clip(qi.lo, 0, rows - 1)
@@ -787,3 +837,46 @@ def _conjoin(xp, parts: list[Truth3]) -> Truth3:
     certain_partial = xp.logical_or(certain_partial, xp.logical_and(p.state == PARTIAL, p.certain))
   certain = xp.logical_and(partials == 1, certain_partial)
   return Truth3(state, certain)
+
+
+class _Reads(Mapping[str, Any]):
+  """`Tables.reads`: operand arrays for evaluating a few pairs, nothing written out."""
+
+  def __init__(self, tables: Tables):
+    self.tables = tables
+
+  def __getitem__(self, name: str) -> Any:
+    arrays = self.tables.arrays
+    if getattr(arrays, "written", lambda _: True)(name):
+      return arrays[name]
+    if len(arrays.shape(name)) == 3:  # pairwise, as given
+      return _WidenedReads(self.tables.raw(name))
+    return _TokenReads(self.tables.run_table(name))
+
+  def __iter__(self) -> Any:
+    return iter(self.tables.arrays)
+
+  def __len__(self) -> int:
+    return len(self.tables.arrays)
+
+
+class _TokenReads:
+  """`a[row, idx]` of a per-token operand `a`, read from its run table (`values_at`)."""
+
+  def __init__(self, table: RunTable):
+    self.table = table
+    self.shape = (table.batch, table.length)
+
+  def __getitem__(self, at: tuple[Any, Any]) -> Any:
+    return self.table.values_at(*at)
+
+
+class _WidenedReads:
+  """`a[at]` of an operand kept in its own dtype, widened to int64 as it is gathered."""
+
+  def __init__(self, raw: Any):
+    self.raw = raw
+    self.shape = raw.shape
+
+  def __getitem__(self, at: Any) -> Any:
+    return np.asarray(self.raw[at]).astype(np.int64)

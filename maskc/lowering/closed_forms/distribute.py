@@ -58,4 +58,4 @@ DISTRIBUTE = Rule(
     "distribute", "`x & (rest | pattern)` rewritten `(x & rest) | (x & pattern)` before it "
     "lowers, the pattern the `|`'s items that read only k (`g[k]`): `x & pattern` splices "
     "the pattern into x's runs (maskc.lowering.closed_forms.distribute)", "part", "part",
-    exact=False, match=match, lower=lower)
+    exact=False, match=match, lower=lower, recurses=True)

@@ -19,12 +19,14 @@ line goes through one round of the analysis, refined where the map is.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, Runs
 from maskc.language import ir
 from maskc.lowering.generic.range_analysis import leaves_and_exactness
-from maskc.lowering.generic.sampling import RunReads
 from maskc.lowering.grid.forms import Array, Form, LineRuns, Pattern, pack_runs
 from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget
@@ -49,11 +51,11 @@ def bare_reads_only(m: ir.Node) -> bool:
 
 
 def read_tile_states(m: ir.Mask, n: int, block: int, offset: int, nb: int, tables: Tables,
-                     reads: RunReads, budget: Budget) -> Array:
+                     reads: Mapping[str, Any], budget: Budget) -> Array:
   """The states `[nb, ceil(n / block)]` of the tiles of one axis of `m` (`bare_reads_only`,
   reading positions of one axis only): `n` tokens at positions `offset + t`, tiles of
   `block`; `tables` give the operands' runs (`maskc.semantics.ranges.Tables.run_table`),
-  `reads` the operands to evaluate with (`maskc.lowering.generic.sampling.RunReads`); the stretches
+  `reads` the operands to evaluate with (`Tables.reads`); the stretches
   are charged to `budget` (the tiles are the caller's).
   """
   names = sorted({ir.array_key(r) for r in ir.walk(m) if isinstance(r, ir.Read)})
@@ -115,7 +117,7 @@ class AxisRuns:
     if bare:  # from the operands' runs: exact, no analysis
       tokens, block, offset = ((shape.q_len, geo.bq, shape.q_offset) if self.axis == "q" else
                                (shape.kv_len, geo.bk, 0))
-      state = read_tile_states(m, tokens, block, offset, nb, tables, RunReads(tables),
+      state = read_tile_states(m, tokens, block, offset, nb, tables, tables.reads(),
                                budget).reshape(-1)
       a, z, self.exact = t, t + 1, True
     else:  # every tile of the line at once: one round of the analysis, ambiguous ones refined

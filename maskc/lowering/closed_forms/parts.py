@@ -22,8 +22,6 @@ import numpy as np
 from maskc.compiled.tiles import Runs, expand_runs
 from maskc.language import ir
 from maskc.lowering.closed_forms.band import BAND
-from maskc.lowering.closed_forms.equal_reads import EQUAL_READS
-from maskc.lowering.closed_forms.one_axis import ONE_AXIS
 from maskc.lowering.closed_forms.periodic import PERIODIC
 from maskc.lowering.generic.combination import CombinedRuns
 from maskc.lowering.generic.dispatch import body_of, lower_part
@@ -94,12 +92,15 @@ def _parts_pay(m: ir.Mask, site: Site) -> bool:
 
 def _unanalysed(m: ir.Mask, site: Site) -> bool:
   """Whether part `m` is lowered without range analysis over the grid: by a closed form of
-  one part (a band only in an `&`: in an `|` its period serves), or in parts that all are
-  (`causal | bidirectional(img)` in `document(seg) & (causal | bidirectional(img))`)."""
+  one part, a part rule of the registry but those that split or rewrite (a band only in an
+  `&`: in an `|` its period serves), or in parts that all are (`causal |
+  bidirectional(img)` in `document(seg) & (causal | bidirectional(img))`)."""
   m = body_of(m)
-  if any(rule.found(m, site) is not None for rule in (PERIODIC, ONE_AXIS, EQUAL_READS)) or (
-      site.join is ir.and_ and BAND.found(m, site) is not None):
-    return True
+  for rule in site.rules.at("part"):
+    if rule.recurses or (rule is BAND and site.join is not ir.and_):
+      continue
+    if rule.found(m, site) is not None:
+      return True
   parts = split(m, site)
   inner = site.part_of(ir.and_ if isinstance(m, ir.And) else ir.or_)
   return parts is not None and all(_unanalysed(x, inner) for x in parts)
@@ -175,5 +176,6 @@ def traced(m: ir.Mask, geo: TileGeometry, refine: bool, memory: Budget,
 PARTS = Rule(
     "parts", "an `&` / `|` whose parts lower apart, their runs combined (static), or whose "
     "operand-free items lower at trace time (traced; maskc.lowering.closed_forms.parts)",
-    "part", "part", exact=False, match=match, lower=lower, traced=traced, why_not=why_not)
+    "part", "part", exact=False, match=match, lower=lower, traced=traced, why_not=why_not,
+    recurses=True)
 

@@ -28,7 +28,7 @@ analysis reads (`maskc.lowering.static`), its traced lower expands the pattern's
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, cast
 
@@ -37,10 +37,10 @@ from jax.typing import DTypeLike
 
 from maskc.arrays.bit_words import count_through
 from maskc.language import ir
-from maskc.lowering.grid.refine import Budget
+from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.rules import Rule
 from maskc.semantics.integers import nonzero_run_starts
-from maskc.semantics.operand_runs import RunForm, unit_shift
+from maskc.semantics.operand_runs import unit_shift
 from maskc.semantics.ranges import EMPTY, FULL, PARTIAL, Tables, Truth3, same_run_read
 
 
@@ -129,15 +129,16 @@ def _pattern(m: ir.And) -> SameRun | None:
   return None
 
 
-def tables(arrays: Mapping[str, Any], forms: dict[str, RunForm] | None,
-           budget: Budget) -> Tables:
-  """The static lower: the tables the analysis reads, analysing the pattern by the ids of
-  x's runs of zeros and nonzeros (`Tables.same_runs_used` tells whether it did)."""
-  return Tables(np, arrays, forms, budget=budget, same_runs=True)
+def configure(tables: Tables, masks: Sequence[ir.Mask],
+              geo: TileGeometry) -> Callable[[], bool]:
+  """The static lower: the analysis reads the pattern by the ids of x's runs of zeros and
+  nonzeros (NumPy tables only); gives whether it did, once the lowering is done."""
+  tables.same_runs = tables.xp is np
+  return lambda: tables.same_runs_used
 
 
 SAME_RUN_IDS = Rule(
     "same_run_ids", "`runs(x)[a] == runs(x)[b]` beside `x[a]` analysed by ids of x's "
     "runs of zeros and nonzeros (static) or by run labels (traced, "
     "maskc.lowering.closed_forms.same_run_ids)", "analysis", "tables", exact=False,
-    lower=tables, traced=same_runs)
+    lower=configure, traced=same_runs)

@@ -3,12 +3,10 @@ operands for them through their runs.
 
 Where both parts are exactly mixed in a tile, one sampled pair of the other value proves
 the whole mask PARTIAL there, with no analysis (`sampled_mixed`). Also the operand
-reads that evaluate a few pairs without writing a per-token operand out (`RunReads`).
+reads (`Tables.reads`) evaluate those pairs without writing an operand out.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 
@@ -18,7 +16,6 @@ from maskc.lowering.grid.geometry import TileGeometry
 from maskc.lowering.grid.refine import Budget
 from maskc.lowering.tuning import NODE_BYTES, SAMPLE_BYTES, SAMPLE_CHUNK, SAMPLE_GROUP
 from maskc.semantics.evaluate import Env, evaluate_mask
-from maskc.semantics.operand_runs import RunTable
 from maskc.semantics.ranges import Tables
 
 
@@ -51,7 +48,7 @@ def sampled_mixed(m: ir.Mask, geo: TileGeometry, tables: Tables, b: Array | int,
   documents); then the corners of the tiles not decided yet. An `|` samples
   the corners first: a band in it (`causal & chunk(8192) | bidirectional(img)`)
   holds on the diagonal, its false pairs lie at corners off it. Pairs are
-  evaluated with per-token operands read through their runs (`RunReads`), a bounded
+  evaluated with operands read without writing them out (`Tables.reads`), a bounded
   chunk of tiles at a time.
   """
   per_tile = SAMPLE_BYTES + SAMPLE_GROUP * NODE_BYTES * ir.expanded_size(m, 1 << 12)
@@ -72,7 +69,7 @@ def _sampled_chunk(m: ir.Mask, geo: TileGeometry, tables: Tables, b: Array | int
     row, col, on = diagonal_pairs(geo, i, j)
     diagonal = (np.where(on, row, r0), np.where(on, col, c0))
     samples = samples + [diagonal] if union else [diagonal] + samples
-  reads = RunReads(tables)
+  reads = tables.reads()
   proved = np.zeros(i.shape, bool)
   split = SAMPLE_GROUP if union else 1
   for group in (samples[:split], samples[split:]):
@@ -86,28 +83,3 @@ def _sampled_chunk(m: ir.Mask, geo: TileGeometry, tables: Tables, b: Array | int
     proof = ~v if union else v
     proved[todo] = proof.reshape(len(group), todo.size).any(axis=0)
   return proved
-
-
-class RunReads:
-  """Operand arrays for evaluating a few pairs: a per-token operand not written out yet
-  (`maskc.semantics.operand_arrays`) is read through its run table instead of written out."""
-
-  def __init__(self, tables: Tables):
-    self.tables = tables
-
-  def __getitem__(self, name: str) -> Any:
-    arrays = self.tables.arrays
-    if getattr(arrays, "written", lambda _: True)(name):
-      return arrays[name]
-    return _TokenReads(self.tables.run_table(name))
-
-
-class _TokenReads:
-  """`a[row, idx]` of a per-token operand `a`, read from its run table (`values_at`)."""
-
-  def __init__(self, table: RunTable):
-    self.table = table
-    self.shape = (table.batch, table.length)
-
-  def __getitem__(self, at: tuple[Any, Any]) -> Array:
-    return self.table.values_at(*at)

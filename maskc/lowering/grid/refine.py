@@ -177,7 +177,7 @@ def evaluate_tiles(m: ir.Mask, geo: TileGeometry, tables: Tables, xp: Any, b: An
     bb = b[s:s + per_chunk][:, None, None] if not np.isscalar(b) else 0
     q = geo.q_at(bb, xp.minimum(rows, geo.shape.q_len - 1))
     k = geo.k_at(bb, xp.minimum(cols, geo.shape.kv_len - 1))
-    v = xp.asarray(evaluate_mask(m, Env(xp, q, k, tables.arrays, bb)), bool)
+    v = xp.asarray(evaluate_mask(m, Env(xp, q, k, tables.reads(), bb)), bool)
     has_true, has_false = reduce_many(xp, [(v & valid, "or"), (~v & valid, "or")], (1, 2))
     out.append(xp.where(~has_false, FULL, xp.where(~has_true, EMPTY, PARTIAL)).astype(xp.int8))
   return xp.concatenate(out) if out else xp.zeros(0, xp.int8)
