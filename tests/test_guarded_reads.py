@@ -4,10 +4,10 @@ operand, and an unguarded read is refused with the guard in its hint."""
 
 import numpy as np
 import pytest
-from helpers import assert_exact
 from hypothesis import given, settings, strategies as st
 
 import maskc
+from helpers import assert_exact
 
 
 def _reference(anc: np.ndarray, p: int, q_len: int, kv_len: int) -> np.ndarray:

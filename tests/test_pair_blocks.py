@@ -7,15 +7,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_exact, assert_sound, tile_states
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
-from sampling import PARTS, count
 
 import maskc
+from helpers import assert_exact, assert_sound, tile_states
 from maskc.lowering import compile as _lower
 from maskc.lowering.rules import disabled, taken
 from maskc.semantics.pair_blocks import BlockAxis, PairBlocks
+from sampling import PARTS, count
 
 
 @st.composite

@@ -4,10 +4,10 @@ mask and the lowering without it."""
 
 import numpy as np
 import pytest
-from helpers import assert_exact, tile_states
 from hypothesis import given, settings, strategies as st
 
 import maskc
+from helpers import assert_exact, tile_states
 from maskc import trees
 from maskc.lowering.rules import disabled, taken
 
