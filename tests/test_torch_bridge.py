@@ -20,7 +20,7 @@ from torch.nn.attention import flex_attention as flex  # noqa: E402
 import maskc  # noqa: E402
 import maskc.torch  # noqa: E402
 from maskc import testing  # noqa: E402
-from maskc.semantics.bind import Shape  # noqa: E402
+from maskc.semantics.shape import Shape  # noqa: E402
 from maskc.torch import _attention, _lists  # noqa: E402
 from tests.helpers import (  # noqa: E402
   EMPTY,

@@ -17,7 +17,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 import maskc
 from maskc import testing
 from maskc.cli import main
-from maskc.semantics.bind import Shape
+from maskc.semantics.shape import Shape
 
 OPERANDS = {"seg": "segments", "img": "image", "n": "scalar", "allowed": "pairwise"}
 

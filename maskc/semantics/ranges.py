@@ -849,7 +849,7 @@ class _Reads(Mapping[str, Any]):
     arrays = self.tables.arrays
     if getattr(arrays, "written", lambda _: True)(name):
       return arrays[name]
-    if len(arrays.shape(name)) == 3:  # pairwise, as given
+    if len(self.tables.shape(name)) == 3:  # pairwise, as given
       return _WidenedReads(self.tables.raw(name))
     return _TokenReads(self.tables.run_table(name))
 

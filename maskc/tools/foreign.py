@@ -29,7 +29,8 @@ import numpy as np
 
 from maskc.compiled.tiles import EMPTY, FULL, PARTIAL, runs_from_grid
 from maskc.language.errors import MaskTypeError, MaskValueError
-from maskc.semantics.bind import ComputableMask, Shape
+from maskc.semantics.bind import ComputableMask
+from maskc.semantics.shape import Shape
 
 ROW_CHUNK = 1 << 22  # positions read or evaluated at once
 _STATE = {EMPTY: "left out", PARTIAL: "partial", FULL: "full"}

@@ -20,9 +20,10 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from maskc.language import ir
+from maskc.language.arguments import as_mask
 from maskc.language.errors import MaskTypeError, MaskValueError
 from maskc.language.parse import parse
-from maskc.semantics.bind import Shape, as_mask
+from maskc.semantics.shape import Shape
 from maskc.tools import foreign as _foreign
 from maskc.tools.equivalence import Equivalence, MaskSide, Side, compare_sides
 
