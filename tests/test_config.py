@@ -183,14 +183,14 @@ def test_layer_text_may_hold_its_own_definitions():
 def test_operands_declared_and_kinds_inferred():
   cfg = maskc.load_config({
       "operands": {"seg": {"kind": "token", "dtype": "int32"}, "img": "per-token",
-                   "n": {"kind": "scalar", "doc": "prompt length"}, "tree": "pairwise"},
+                   "n": {"kind": "scalar", "doc": "prompt length"}, "anc": "pairwise"},
       "layers": ["causal & document(seg) | bidirectional(img)", "causal | prefix(n)",
-                 "tree[q, k]"]})
-  assert cfg.operands == (maskc.OperandDecl("img", "token", "bool"),
+                 "anc[q, k]"]})
+  assert cfg.operands == (maskc.OperandDecl("anc", "pair", "bool"),
+                          maskc.OperandDecl("img", "token", "bool"),
                           maskc.OperandDecl("n", "scalar", "int32"),
-                          maskc.OperandDecl("seg", "token", "int32"),
-                          maskc.OperandDecl("tree", "pair", "bool"))
-  assert cfg.operands[0].shape == "[L] or [B, L]"
+                          maskc.OperandDecl("seg", "token", "int32"))
+  assert cfg.operands[1].shape == "[L] or [B, L]"
 
 
 def test_section_of_a_larger_file(tmp_path):

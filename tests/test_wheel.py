@@ -63,7 +63,7 @@ def test_wheel_contains_the_packages_and_data(installed):
   installed = {p.relative_to(target).as_posix() for p in (target / "maskc").rglob("*.py")}
   assert source <= installed, sorted(source - installed)
   assert {"maskc/cli/commands.py", "maskc/kernels/xla.py",
-          "maskc/lowering/closed_forms/band_runs.py"} <= installed
+          "maskc/lowering/closed_forms/band.py"} <= installed
 
 
 def test_installed_wheel_imports_and_parses(installed):

@@ -78,8 +78,9 @@ def load_dense(path: str, key: str | None = None) -> Any:
     try:
       import torch
     except ImportError:
-      raise maskc.MaskValueError(f"{path} is a torch file, and torch is not installed",
-                                 hint='pip install "maskc[torch]", or save a .npy file.') from None
+      raise maskc.MissingExtraError(f"{path} is a torch file, and torch is not installed",
+                                    extra="torch", hint="Or save the mask as a .npy file."
+                                    ) from None
     try:
       value = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many kinds for a bad file

@@ -65,7 +65,7 @@ from jax.typing import ArrayLike, DTypeLike
 from maskc.compiled.blockmap import BlockMap
 from maskc.kernels import common
 from maskc.kernels.platform import platform as platform
-from maskc.language.errors import BackendError, MaskValueError, nearest
+from maskc.language.errors import BackendError, MaskValueError, install_command, nearest
 
 
 class RunWithLse(Protocol):
@@ -171,7 +171,7 @@ class Backend:
         return BACKENDS[self.fallback].load()
       raise BackendError(
           f"the {self.name} backend needs {self.requires}, which does not import here: {e}",
-          hint=f"Install it (`pip install -e '.[{self.requires}]'` in a maskc checkout; "
+          hint=f"Install it (`{install_command(self.requires)}` in a maskc checkout; "
                f"{self.requires} needs Python >= 3.12 and jax >= 0.11.1), or use "
                "backend='splash_jax'.") from e
 

@@ -32,7 +32,7 @@ from maskc.kernels.splash.tokamax_info import (
   CompactMaskInfo as CompactMaskInfo,
   tokamax_mask_info as tokamax_mask_info,
 )
-from maskc.language.errors import BackendError
+from maskc.language.errors import BackendError, install_command
 
 
 def as_tokamax_mask(cm: Any) -> Any:
@@ -50,7 +50,7 @@ def as_tokamax_mask(cm: Any) -> Any:
     if (e.name or "").split(".")[0] != "tokamax":
       raise
     raise BackendError(f"as_tokamax_mask needs tokamax, which does not import here: {e}",
-                       hint="Install it (`pip install -e '.[tokamax]'`: Python >= 3.12, "
+                       hint=f"Install it (`{install_command('tokamax')}`: Python >= 3.12, "
                             "jax >= 0.11.1), or hand splash the mask: `as_splash_mask(cm)`."
                        ) from e
   return tokamax_kernel.as_tokamax(cm)

@@ -7,7 +7,7 @@ The kernel here is tokamax's `SplashAttentionKernel`, built from
 `tokamax_mask_info(bm)` (`maskc.kernels.splash.tokamax_info`), never from
 tokamax's `process_mask`, so building it costs the mask's partial tiles, not
 its whole grid. On CPU it runs in Pallas interpret mode. tokamax needs Python
-3.12 and jax 0.11.1 or later (`pip install maskc[tokamax]`); this module is the
+3.12 and jax 0.11.1 or later (`pip install -e ".[tokamax]"`); this module is the
 only one of maskc that imports it.
 
 What it runs, as the JAX splash adapter (`maskc.kernels.splash.jax_kernel`) does:
