@@ -143,3 +143,26 @@ def test_leaves_expand_in_line_order(nb, n_lines, n_span, seed):
     merged = _run_lists.merge_runs(*want)
     for g, w in zip(wide, merged):
       np.testing.assert_array_equal(g, w)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 40), st.integers(1, 40), st.integers(0, 2**31))
+def test_columns_transposed_through_the_grid_are_the_rows_runs(nb, n_rows, n_cols, seed):
+  """Columns' runs (disjoint in each column, adjacent ones of one state included) turned into
+  rows' runs through the dense grid: the rows' runs that expanding their tiles gives."""
+  from maskc.lowering.grid import run_lists as _run_lists
+  rng = np.random.default_rng(seed)
+  leaves = []
+  for b in range(nb):
+    for j in range(n_cols):
+      cuts = np.unique(np.concatenate([[0, n_rows], rng.integers(0, n_rows, 5)]))
+      leaves += [(b, i0, i1, j, j + 1, rng.integers(1, 3)) for i0, i1 in zip(cuts[:-1], cuts[1:])
+                 if rng.random() < 0.7]
+  fields = tuple(np.array([r[f] for r in leaves], np.int8 if f == 5 else np.int64).reshape(-1)
+                 for f in range(6))
+  b, i0, i1, j, _, state = fields
+  columns = _run_lists.merge_runs(b, j, i0, i1, state, in_order=True)
+  want = _run_lists.merge_runs(*_run_lists.expand_in_order(fields, True, n_rows), in_order=True)
+  got = _run_lists.transposed_through_grid(columns, nb, n_rows, n_cols)
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(g, w)

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 import maskc
 from helpers import assert_exact, tile_states
 from maskc import trees
+from maskc.compiled.tiles import grid_from_runs
 from maskc.lowering.rules import disabled, taken
 
 
@@ -115,6 +116,52 @@ def test_tree_tiles_are_exact_and_agree_with_the_generic_lowering(text, data):
   np.testing.assert_array_equal(np.asarray(bm.grid), np.asarray(without.grid))
   cols = np.asarray(bm.cols.count)  # the backward runs exist and are consistent
   assert cols.shape[-1] == -(-n // bk)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_column_leaves_are_the_key_by_key_leaves(data):
+  """Where query tiles are at least as tall as key tiles are wide, each column's reached
+  tiles are one run: the leaves from reductions over each column's keys are those found key
+  by key, for trees in DFS order at any query offset."""
+  from maskc.lowering.closed_forms import tree as _tree
+  from maskc.lowering.grid.geometry import TileGeometry
+  from maskc.semantics.shape import Shape
+  n = data.draw(st.integers(1, 60))
+  parents = data.draw(st.lists(forests(n=n), min_size=1, max_size=2))
+  q_len = data.draw(st.integers(1, n))
+  bk = data.draw(st.sampled_from([1, 2, 3, 4, 8]))
+  bq = bk * data.draw(st.integers(1, 3)) + data.draw(st.integers(0, 2))
+  keys = np.arange(n)
+  lo, hi = [], []
+  for p in parents:
+    ops = trees.from_parents(p)
+    order = np.argsort(ops["tin"])  # the same forest laid out in DFS preorder
+    end = np.searchsorted(ops["tin"][order], ops["tout"][order])
+    lo.append(np.clip(keys - (n - q_len), 0, q_len))
+    hi.append(np.maximum(np.clip(end - (n - q_len), 0, q_len), lo[-1]))
+  lo, hi = np.stack(lo), np.stack(hi)
+  geo = TileGeometry(Shape.of(q_len, n, n - q_len), bq, bk)
+  by_column = _tree._leaves_by_column(lo, hi, geo)
+  by_key = _tree._leaves_by_key(lo, hi, geo)
+  for a, b in zip(by_column, by_key):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("cover", [0, 1 << 30])
+def test_rows_of_a_tree_through_the_grid_or_its_tiles(monkeypatch, cover):
+  """The rows' runs of a tree, by expanding its columns' tiles (a cover of 0 cells a tile)
+  or through the dense grid (any cover): the dense mask's."""
+  from maskc.lowering.closed_forms import tree as _tree
+  monkeypatch.setattr(_tree, "GRID_TRANSPOSE_COVER", cover)
+  ops = trees.rollout(300, [100, 250, 50, 140])
+  n = 840
+  bm = maskc.compile("tree(tin, tout)", n, block_q=32, block_kv=32, operands=ops)
+  dense = np.asarray(maskc.materialize("tree(tin, tout)", n, operands=ops))
+  want = tile_states(dense, 32, 32)
+  np.testing.assert_array_equal(np.asarray(bm.grid).reshape(want.shape), want)
+  from_rows = grid_from_runs(np, bm.rows, want.shape[-1])
+  np.testing.assert_array_equal(np.asarray(from_rows).reshape(want.shape), want)
 
 
 def test_rollout_prompt_tiles_are_full_for_every_completion():

@@ -60,6 +60,12 @@ CUT_BYTES = 64  # per token where a read of one axis changes: its keys, position
 # value (`axis_reads`)
 SLOT_BYTES = 16  # per slot of a pattern's packed rows: start, stop, state, and a flag, with
 # room (`pattern_lines`)
+GRID_TRANSPOSE_COVER = 8  # the most grid cells per tile covered for which columns' runs are
+# turned into rows' runs through the dense grid of tile states, not by expanding their tiles
+# (`maskc.lowering.grid.run_lists.transposed_through_grid`; rule `tree`): at 64K tokens and
+# 4.3 cells a tile the grid took 0.43 ms against 1.67 ms, so it breaks even near 16
+GRID_CELL_BYTES = 8  # working memory per cell of that grid: the two XORed, their prefix, the
+# neighbours compared, flags
 
 # --- The traced lowering (`maskc.lowering.traced`).
 

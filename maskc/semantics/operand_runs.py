@@ -45,7 +45,10 @@ def run_starts(a: np.ndarray) -> np.ndarray:
   if not a.size:  # no tokens: no runs (a read of it is refused when bound)
     return np.zeros(0, np.int64)
   flat = a.reshape(-1)
-  changed = _set_flags(flat[1:] != flat[:-1]) + 1  # across row ends too: a superset
+  flags = flat[1:] != flat[:-1]
+  if np.count_nonzero(flags) == flags.size:  # every token its own run (entry times, positions)
+    return np.arange(flat.size, dtype=np.int64)
+  changed = _set_flags(flags) + 1  # across row ends too: a superset
   row_starts = np.arange(rows, dtype=np.int64) * length
   return np.union1d(changed, row_starts) if rows > 1 else np.concatenate([[0], changed])
 
@@ -84,7 +87,9 @@ class RunForm:
     """The maximal runs of `a` (`[B, L]`, any integer or bool dtype)."""
     a = np.asarray(a)
     starts = run_starts(a).astype(np.int64)
-    return cls(starts, a.reshape(-1)[starts].astype(np.int64), *a.shape)
+    flat = a.reshape(-1)
+    values = flat.astype(np.int64) if starts.size == flat.size else flat[starts].astype(np.int64)
+    return cls(starts, values, *a.shape)
 
   @property
   def lengths(self) -> np.ndarray:
@@ -134,6 +139,8 @@ class RunForm:
 
   def values_in(self, rows: np.ndarray | None, lo: int, hi: int) -> np.ndarray:
     """The values of the runs holding tokens `[lo, hi)` of batch rows `rows` (None: all)."""
+    if rows is None and lo <= 0 and hi >= self.length:  # every run
+      return self.values
     rows = np.arange(self.batch) if rows is None else np.asarray(rows, np.int64)
     if hi <= lo or not rows.size:
       return self.values[:0]

@@ -68,15 +68,16 @@ class Operands:
     holds more than `pair_limit` bytes (`maskc.compile` passes `DIGEST_PAIR_BYTES`).
 
     A per-token operand is digested in run form (its runs determine it), which costs the
-    number of runs rather than the number of tokens; a pairwise one in its own dtype. A
+    number of runs rather than the number of tokens, or as given where its runs are at least
+    half its tokens; a pairwise one in its own dtype. A
     pairwise operand of an 8K x 8K mask takes as long to digest as its whole lowering
     (about 50 ms), and such operands change every step (a tree, a block selection), so a
     map built from one is not cached.
     """
     def digest(n: str) -> bytes:
-      if n in self.forms:
-        return self.forms[n].digest()
-      raw = self.arrays.raw(n)
+      if n in self.forms and not _many_runs(self.forms[n]):
+        return b"runs" + self.forms[n].digest()
+      raw = self.arrays.raw(n)  # kept as given (pairwise, or runs as many as the tokens)
       return str(raw.dtype).encode() + _digest(raw)
     if pair_limit is not None and any(
         self.arrays.raw(n).nbytes > pair_limit for n in self.arrays
@@ -169,7 +170,7 @@ def prepare_operands(m: ir.Mask, shape: Shape, operands: Mapping[str, Any] | Non
     if xp is jnp:
       value = jnp.asarray(value).astype(jax_int())
     elif spec.name in forms:  # written out from its runs (a copy) when first read
-      value = _unwritten(forms[spec.name])
+      value = _unwritten(forms[spec.name], value)
     elif spec.kind == "pair":  # kept as given, widened (a copy) when first indexed
       value = _widened_later(value)
     else:
@@ -230,10 +231,22 @@ def _widened_later(value: np.ndarray) -> Unwritten:
   return Unwritten(tuple(kept.shape), np.dtype(np.int64), lambda: kept.astype(np.int64), kept)
 
 
-def _unwritten(form: RunForm) -> Unwritten:
-  """A per-token operand written out from its runs (in int64) when first read."""
-  return Unwritten((form.batch, form.length), np.dtype(np.int64),
-                   lambda: form.to_array(np.int64))
+def _unwritten(form: RunForm, value: np.ndarray | None = None) -> Unwritten:
+  """A per-token operand written out (in int64) when first read: from its runs, or, where
+  runs are at least half the tokens (`value`, the tokens as given: entry times, positions),
+  from the tokens, kept in their own dtype as `raw` (copied if the caller's buffer is
+  writeable: a map must not change when its caller reuses it)."""
+  shape, int64 = (form.batch, form.length), np.dtype(np.int64)
+  if value is None or not _many_runs(form):
+    return Unwritten(shape, int64, lambda: form.to_array(np.int64))
+  kept = np.array(value) if value.flags.writeable else value
+  return Unwritten(shape, int64, lambda: kept.astype(np.int64), kept)
+
+
+def _many_runs(form: RunForm) -> bool:
+  """Whether runs are at least half of `form`'s tokens: its tokens are then the smaller
+  thing to keep and to digest."""
+  return form.starts.size * 2 >= form.batch * form.length
 
 
 def overflow_hint(xp: ModuleType) -> str:

@@ -136,6 +136,42 @@ def expand_in_order(leaves: tuple[Array, ...], along_rows: bool, n_lines: int) -
   return LineRuns(b, line, a, z, state)
 
 
+def transposed_through_grid(col_runs: LineRuns, nb: int, nq: int, nk: int) -> LineRuns:
+  """Each row's runs (sorted and merged, as `merge_runs` gives them) of the columns' runs
+  `col_runs` (`(b, column, i0, i1, state)`, disjoint within a column), through the dense
+  grid of tile states `[nb, nq, nk]` (int8), which is then read row by row for where the
+  state changes.
+
+  The grid is written without expanding a run: each run's state is XORed in at its first
+  row and again at its end, and an XOR prefix down the columns leaves each cell the state
+  of the run that covers it (adjacent runs of one column meet in one cell, which then holds
+  the XOR of both). XOR carries nothing between bytes, so the prefix runs over eight
+  columns at once, as 64-bit words.
+
+  It costs a few passes over `nb * nq * nk` bytes, where expanding the runs into their
+  tiles and sorting those by row (`expand_in_order`) costs several passes over the tiles
+  the runs cover, in wider types: the grid is faster where the runs cover a good part of
+  it (`maskc.lowering.tuning.GRID_TRANSPOSE_COVER`).
+  """
+  b, col, i0, i1, state = (np.asarray(x) for x in col_runs)
+  width = -(-nk // 8) * 8  # whole words
+  starts = np.zeros((nb, nq + 1, width), np.uint8)
+  ends = np.zeros((nb, nq + 1, width), np.uint8)
+  starts[b, i0, col] = state  # distinct within a column: its runs do not overlap
+  ends[b, i1, col] = state
+  words = (starts ^ ends).view(np.uint64)
+  grid = np.bitwise_xor.accumulate(words, axis=1).view(np.uint8)[:, :nq, :nk]
+  grid = grid.reshape(nb * nq, nk).view(np.int8)
+  edge = np.zeros((nb * nq, 1), np.int8)
+  on = grid != EMPTY
+  first = np.flatnonzero((grid != np.concatenate([edge, grid[:, :-1]], axis=1)) & on)
+  last = np.flatnonzero((grid != np.concatenate([grid[:, 1:], edge], axis=1)) & on)
+  line, a = np.divmod(first, nk)
+  return LineRuns((line // nq).astype(np.int32), (line % nq).astype(np.int32),
+                  a.astype(np.int32), (last % nk + 1).astype(np.int32),
+                  grid.reshape(-1)[first])
+
+
 def stack_runs(runs: list[Runs]) -> Runs:
   """Each mask's runs `[B, n_lines, R_u]` as one `[B, U, n_lines, R]` (a view for one mask)."""
   if len(runs) == 1:
