@@ -51,7 +51,7 @@ code keeps the kernel count down:
   top_k over groups of tiles, then over the first groups' tiles (`_listed`);
 - counts and places of flags from flags packed into 32-bit words
   (`maskc.arrays.bit_words`): the run labels' prefix count, and a tile line's runs
-  where it has few (`_few_runs`: faster than top_k per call, for a little more
+  where it has few (`_bit_runs`: faster than top_k per call, for a little more
   compile);
 - a reduction over more than 32 elements is one variadic reduce with its siblings
   (`maskc.semantics.ranges.reduce_many`) or an argmin/argmax, never a plain one, which
@@ -98,6 +98,7 @@ from maskc.lowering.tuning import (
   FEW_RUNS,
   ITEM_BYTES,
   LIST_GROUP,
+  MANY_RUNS,
   MAX_CUTS,
   MEMORY_BUDGET,
   PIECE_CHUNK,
@@ -652,24 +653,34 @@ def _runs(grid: Any) -> Runs:
 
   The runs of `maskc.compiled.tiles.runs_from_grid` (`R = n` slots). Where every line has
   at most `FEW_RUNS` runs (the usual case: a diagonal tile, a document's block, an
-  image's span a line), they are read from bit words (`_few_runs`), faster than
-  top_k over the tiles; otherwise from a sort (`lax.cond`: one branch executes). The
-  words cost a fixed compile time whatever the width, so lines shorter than
+  image's span a line), they are read from bit words (`_bit_runs`), faster than
+  top_k over the tiles; where some line has more but none more than `MANY_RUNS` (block
+  selection: a query block's top-k, a key block many query blocks chose), from the same
+  words with room for that many; otherwise from a sort (`lax.cond`: one branch executes).
+  The words cost a fixed compile time whatever the width, so lines shorter than
   `BIT_LINES` (where top_k is cheap) or longer keep `_sorted_runs` (top_k where the
   runs are few). (The figures: `docs/lowering.md`, "Measurements behind the design".)
   """
   n = grid.shape[-1]
   if not BIT_LINES[0] <= n <= BIT_LINES[1]:
     return _sorted_runs(grid)
-  fits, runs = _few_runs(grid.astype(jnp.int8))
-  found: Runs = jax.lax.cond(fits, runs, lambda: _sorted_runs(grid, listed=_sort))
+  most, runs = _bit_runs(grid.astype(jnp.int8))
+
+  def more() -> Runs:
+    if MANY_RUNS >= n:
+      return _sorted_runs(grid, listed=_sort)
+    found: Runs = jax.lax.cond(most <= MANY_RUNS, lambda: runs(MANY_RUNS),
+                               lambda: _sorted_runs(grid, listed=_sort))
+    return found
+
+  found: Runs = jax.lax.cond(most <= FEW_RUNS, lambda: runs(FEW_RUNS), more)
   return found
 
 
-def _few_runs(g: Any) -> Any:
-  """Whether every line of `g` (`[..., n]`, `n` at most 1024) has at most `FEW_RUNS`
-  runs, and a function giving its runs then, from the flags of the tiles where runs
-  start and end packed into 32-bit words.
+def _bit_runs(g: Any) -> Any:
+  """The most runs a line of `g` (`[..., n]`, `n` at most 1024) has, and a function giving
+  its runs where no line has more than `few` of them (`few < n`), from the flags of the
+  tiles where runs start and end packed into 32-bit words.
 
   A line's `i`-th run starts at its `i`-th start flag and ends after its `i`-th end
   flag. Flag `i` lies in the word whose set bits before it number at most `i` and
@@ -678,7 +689,7 @@ def _few_runs(g: Any) -> Any:
   per line: no sort and no prefix sum over the line (costly kernels on a CPU).
   """
   n = g.shape[-1]
-  assert FEW_RUNS < n <= 32 * WORD, n
+  assert n <= 32 * WORD, n
   lead = g.shape[:-1]
   words = bit_words(jnp.stack(_run_edges(g) + (g == FULL,), -2))  # [..., 3, words]
   count = jax.lax.population_count(words[..., :2, :]).astype(jnp.int32)
@@ -686,12 +697,13 @@ def _few_runs(g: Any) -> Any:
   # runs a line (from `before`: the inclusive sums' own last slot costs a kernel more)
   total = before[..., 0, -1] + count[..., 0, -1]
   flat = total.reshape(-1)
-  fits = flat[jnp.argmax(flat)] <= FEW_RUNS  # argmax: one kernel
+  most = flat[jnp.argmax(flat)]  # argmax: one kernel
 
-  def runs() -> Any:
+  def runs(few: int) -> Any:
+    assert few < n, (few, n)
     # flag i in word w: its rank r there, with 0 <= r < count in exactly one word
-    r = jnp.arange(FEW_RUNS, dtype=jnp.int32)[:, None] - before[..., None, :]
-    here = (r >= 0) & (r < count[..., None, :])  # [..., 2, FEW_RUNS, words]
+    r = jnp.arange(few, dtype=jnp.int32)[:, None] - before[..., None, :]
+    here = (r >= 0) & (r < count[..., None, :])  # [..., 2, few, words]
     x = jnp.broadcast_to(words[..., :2, None, :], r.shape)
     place = jnp.zeros_like(r)
     for width in (16, 8, 4, 2, 1):
@@ -705,7 +717,7 @@ def _few_runs(g: Any) -> Any:
     found = jnp.sum(jnp.where(here, 2 * (w * WORD + place + 1) + full, 0), axis=-1,
                     dtype=jnp.int32)
     valid = found[..., 0, :] > 0
-    rest = jnp.zeros(lead + (n - FEW_RUNS,), jnp.int32)
+    rest = jnp.zeros(lead + (n - few,), jnp.int32)
     return Runs(
         jnp.concatenate([jnp.where(valid, found[..., 0, :] // 2 - 1, 0), rest], axis=-1),
         jnp.concatenate([jnp.where(valid, found[..., 1, :] // 2, 0), rest], axis=-1),
@@ -713,7 +725,7 @@ def _few_runs(g: Any) -> Any:
                          rest], axis=-1).astype(jnp.int8),
         total)
 
-  return fits, runs
+  return most, runs
 
 
 def _run_edges(g: Any) -> Any:

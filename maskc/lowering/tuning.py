@@ -74,6 +74,8 @@ SUB_PARTS = 4  # and equal parts it is cut into (the static path's 4 x 4 sub-rec
 PIECE_ROUND = 128  # ambiguous tiles decided by pieces per round: each round cuts its tiles'
 # lines only, so few tiles make few lines
 FEW_RUNS = 8  # runs per tile line listed without a sort where no line has more
+MANY_RUNS = 64  # and, where some line has more, in a second try from the same bit words:
+# block selection (a query block's top-k, a key block many query blocks chose) fits it
 BIT_LINES = (128, 1024)  # tiles a line has for its runs read from bit words (4 to 32 words)
 STATIC_PART_TILES = 1 << 20  # the most tiles of an operand-free part lowered to a constant
 # grid: bounds the constant the traced program carries
