@@ -230,7 +230,8 @@ class _Context:
       else:
         lo, hi = (min(max(v, 0), n - 1) for v in iv)
         sel.append(slice(lo, hi + 1))
-    if arr is not None and arr.dtype == bool:  # its type's bounds, with no pass over it
+    if arr is not None and arr.dtype == bool and len(shape) == 3:  # pairwise: its type's bounds,
+      # with no pass over it (a per-token one's values, over the indices read, are cheap)
       return 0, 1
     key = (name, tuple((s.start, s.stop) if isinstance(s, slice) else s.tobytes() for s in sel))
     if key not in self.extremes:
