@@ -46,7 +46,8 @@ def run_starts(a: np.ndarray) -> np.ndarray:
     return np.zeros(0, np.int64)
   flat = a.reshape(-1)
   flags = flat[1:] != flat[:-1]
-  if np.count_nonzero(flags) == flags.size:  # every token its own run (entry times, positions)
+  if flags.size and flags[0] and flags[-1] and np.count_nonzero(flags) == flags.size:
+    # every token its own run (entry times, positions)
     return np.arange(flat.size, dtype=np.int64)
   changed = _set_flags(flags) + 1  # across row ends too: a superset
   row_starts = np.arange(rows, dtype=np.int64) * length
