@@ -183,3 +183,22 @@ def test_explain_says_why_an_unordered_tree_is_generic():
   explained = maskc.explain("tree(tin, tout)", 5, block_q=1, block_kv=1, operands=ops)
   assert explained.parts[0].rule == "generic"
   assert "DFS preorder" in explained.parts[0].reason
+
+
+_TRACED_TREE = {}
+
+
+@settings(max_examples=15, deadline=None)
+@given(forests(n=48), st.sampled_from(["tree(tin, tout)", "causal & ~tree(tin, tout)"]))
+def test_trees_under_jit_have_the_static_tiles(parent, text):
+  """Under `jit` (fresh traced entry and exit times each call, one compilation) a tree's
+  tiles, in DFS order or not, are the static lowering's: the dense mask's, refined."""
+  import jax
+  if text not in _TRACED_TREE:
+    _TRACED_TREE[text] = jax.jit(lambda tin, tout: maskc.compile(
+        text, 48, block_q=8, block_kv=8, operands={"tin": tin, "tout": tout}).rows)
+  ops = trees.from_parents(parent)
+  rows = _TRACED_TREE[text](ops["tin"], ops["tout"])
+  traced = grid_from_runs(np, jax.tree.map(np.asarray, rows), 6)
+  dense = np.asarray(maskc.materialize(text, 48, operands=ops))
+  np.testing.assert_array_equal(np.asarray(traced).reshape(6, 6), tile_states(dense, 8, 8))
