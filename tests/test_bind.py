@@ -347,3 +347,20 @@ def test_a_read_check_remembered_for_a_shape_holds_for_others(q_len, kv_len, shi
     else:
       with pytest.raises(maskc.OperandError):
         maskc.compile(text, q_len, kv_len, q_offset=q_offset, operands={"x": x})
+
+
+@pytest.mark.parametrize("text, make", [
+    ("causal & document(seg)", lambda n: {"seg": np.sort(np.arange(n) % 3).astype(np.int32)}),
+    ("causal & document(seg)", lambda n: {"seg": np.arange(n, dtype=np.int32)}),  # a run a token
+    ("anc[q, k]", lambda n: {"anc": np.tri(n, dtype=bool)}),
+])
+@pytest.mark.parametrize("n", [1, 2, 7])
+def test_bound_masks_are_equal_whatever_was_read_from_them(text, make, n):
+  """Two masks bound to equal operands are equal, with one hash, whether or not one of them
+  has written its operands out (its tokens kept in their own dtype, or widened)."""
+  m = maskc.parse(text)
+  ops = make(n)
+  read = m.bind(n, n, operands=ops)
+  _ = read[:, :]
+  fresh = m.bind(n, n, operands=ops)
+  assert read == fresh and hash(read) == hash(fresh)

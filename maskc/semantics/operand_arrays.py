@@ -38,6 +38,9 @@ class OperandArrays(Mapping):
 
   def __init__(self, entries: Mapping[str, Any] | None = None):
     self._entries: dict[str, Any] = dict(entries or {})
+    # the values in their own dtype, kept once an entry is written out: `raw` (and what is
+    # digested from it) must not change with what was read
+    self._kept: dict[str, Any] = {}
 
   def __getitem__(self, name: str) -> Any:
     value = self._entries[name]
@@ -45,6 +48,8 @@ class OperandArrays(Mapping):
       arr = value.write()
       assert tuple(arr.shape) == tuple(value.shape) and arr.dtype == value.dtype, (
           name, arr.shape, value.shape, arr.dtype, value.dtype)
+      if value.raw is not None:
+        self._kept[name] = value.raw
       self._entries[name] = value = arr
     return value
 
@@ -71,11 +76,12 @@ class OperandArrays(Mapping):
 
   def raw(self, name: str) -> Any:
     """The array's values in their own dtype where they are kept so (a static pairwise
-    operand, bool or narrow integers), without widening them; else the array."""
+    operand, bool or narrow integers; a per-token one with about as many runs as tokens),
+    without widening them, before and after the array is written out; else the array."""
     value = self._entries[name]
     if isinstance(value, Unwritten) and value.raw is not None:
       return value.raw
-    return self[name]
+    return self._kept[name] if name in self._kept else self[name]
 
   def later(self, name: str, change: Callable[[Any], Any] | None = None,
             shape: tuple[int, ...] | None = None) -> Any:
@@ -84,9 +90,9 @@ class OperandArrays(Mapping):
     `shape`: the changed array's shape (default: this one's).
     """
     change = change or (lambda a: a)
-    if self.written(name):
+    if self.written(name) and name not in self._kept:
       return change(self[name])
-    raw = self._entries[name].raw
+    raw = self._kept[name] if name in self._kept else self._entries[name].raw
     return Unwritten(shape or self.shape(name), self.dtype(name),
                      lambda: change(self[name]), None if raw is None else change(raw))
 
