@@ -20,42 +20,63 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from maskc.language.errors import MaskValueError
 
 
-class _BoundMask(_splash.Mask):
-  """A bound maskc mask as a splash `Mask`: tiles sliced from it, hashable by value."""
+def adapters(base: Any, name: str) -> tuple[type, type]:
+  """The two adapter classes of a bound mask for a splash `Mask` class `base` (JAX's, or
+  tokamax's copy of it): one slicing tiles from the mask, hashable by value; and one that
+  also hands splash `q_sequence` and `mask_function`. `name` is the function that makes
+  them, shown in their repr."""
 
-  def __init__(self, cm: Any) -> None:
-    self.cm = cm
+  class BoundMask(base):
+    """A bound maskc mask as a splash `Mask`: tiles sliced from it, hashable by value."""
 
-  @property
-  def shape(self) -> tuple[int, ...]:
-    return tuple(self.cm.shape)
+    def __init__(self, cm: Any) -> None:
+      self.cm = cm
 
-  def __getitem__(self, idx: Any) -> np.ndarray:
-    return np.asarray(self.cm[idx])
+    @property
+    def shape(self) -> tuple[int, ...]:
+      return tuple(self.cm.shape)
 
-  def __eq__(self, other: object) -> bool:
-    if not isinstance(other, _BoundMask):
-      return NotImplemented
-    return bool(self.cm == other.cm)
+    def __getitem__(self, idx: Any) -> np.ndarray:
+      return np.asarray(self.cm[idx])
 
-  def __hash__(self) -> int:
-    return hash((_BoundMask, self.cm))
+    def __eq__(self, other: object) -> bool:
+      if not isinstance(other, BoundMask):
+        return NotImplemented
+      return bool(self.cm == other.cm)
 
-  def __repr__(self) -> str:
-    return f"as_splash_mask({self.cm!r})"
+    def __hash__(self) -> int:
+      return hash((BoundMask, self.cm))
+
+    def __repr__(self) -> str:
+      return f"{name}({self.cm!r})"
+
+  class ComputableBoundMask(BoundMask):
+    """A bound mask splash can evaluate in its kernel (`q_sequence`, `mask_function`)."""
+
+    @property
+    def q_sequence(self) -> np.ndarray:
+      return np.asarray(self.cm.q_sequence)
+
+    @property
+    def mask_function(self) -> Callable[[Any, Any], Any]:
+      fn: Callable[[Any, Any], Any] = self.cm.mask_function
+      return fn
+
+  return BoundMask, ComputableBoundMask
 
 
-class _ComputableBoundMask(_BoundMask):
-  """`_BoundMask` of a mask splash can evaluate in its kernel (`q_sequence`, `mask_function`)."""
+def adapted(cm: Any, classes: tuple[type, type], name: str) -> Any:
+  """`cm` in the adapter class of `classes` (`adapters`) that fits it; a `MaskValueError`
+  naming `name` where `cm` is no bound mask."""
+  if not all(hasattr(cm, a) for a in ("bound", "shape", "__getitem__")):
+    raise MaskValueError(f"{name} takes a bound mask, got {type(cm).__name__}",
+                         hint="Bind the mask first: `maskc.parse(text).bind(q_len, kv_len, ...)`.")
+  # A mask that reads operand arrays has no `mask_function` (the property raises).
+  bound, computable = classes
+  return computable(cm) if hasattr(cm, "mask_function") else bound(cm)
 
-  @property
-  def q_sequence(self) -> np.ndarray:
-    return np.asarray(self.cm.q_sequence)
 
-  @property
-  def mask_function(self) -> Callable[[Any, Any], Any]:
-    fn: Callable[[Any, Any], Any] = self.cm.mask_function
-    return fn
+_SPLASH = adapters(_splash.Mask, "as_splash_mask")
 
 
 def as_splash_mask(cm: Any) -> _splash.Mask:
@@ -85,8 +106,5 @@ def as_splash_mask(cm: Any) -> _splash.Mask:
   >>> m[1:3, :].astype(int).tolist()
   [[1, 1, 0, 0], [1, 1, 1, 0]]
   """
-  if not all(hasattr(cm, a) for a in ("bound", "shape", "__getitem__")):
-    raise MaskValueError(f"as_splash_mask takes a bound mask, got {type(cm).__name__}",
-                         hint="Bind the mask first: `maskc.parse(text).bind(q_len, kv_len, ...)`.")
-  # A mask that reads operand arrays has no `mask_function` (the property raises).
-  return _ComputableBoundMask(cm) if hasattr(cm, "mask_function") else _BoundMask(cm)
+  out: _splash.Mask = adapted(cm, _SPLASH, "as_splash_mask")
+  return out

@@ -53,26 +53,27 @@ from tokamax._src.ops.experimental.tpu.splash_attention import (  # type: ignore
 from maskc.compiled.blockmap import BlockMap
 from maskc.kernels import common
 from maskc.kernels.platform import platform
-from maskc.kernels.splash.jax_kernel import (
+from maskc.kernels.splash.jax_kernel import (  # the backend protocol: as JAX's splash
+  BACKWARD_ENGINE as BACKWARD_ENGINE,
+  GPU_COST as GPU_COST,
+  LANES as LANES,
   checked_inputs,
   default_blocks,
+  forward_work as forward_work,
   head_major,
+  installed as installed,
+  length_refusal as length_refusal,
   padded_map,
   plan,
+  refusal as refusal,
 )
+from maskc.kernels.splash.masks import adapted, adapters
 from maskc.kernels.splash.tokamax_info import tokamax_mask_info
 from maskc.kernels.xla import NEG_LSE
 from maskc.language.errors import MaskValueError
 
-LANES = 128
-GPU_COST = None  # a TPU kernel: not costed (on TPU, `auto` takes splash whatever the mask)
-BACKWARD_ENGINE = None
-installed = common.installed  # loading the module is what needs its packages
-# Every map is taken: one splash cannot run (batched operands beyond segment ids, key
-# tiles off 128) fails at run time, where `auto` falls back to xla.
-refusal = common.no_refusal
-length_refusal = common.any_length
-forward_work = common.tile_work
+# The backend protocol as JAX's splash declares it (`LANES`, `GPU_COST`, `refusal`, ...)
+# comes with the imports above: the two kernels take the same maps.
 # A sink logit that never wins against a real one but keeps empty rows at 0/1 = 0; it is
 # also the log-sum-exp of an empty row, which `run_with_lse` returns as is.
 _NO_SINK = NEG_LSE
@@ -332,41 +333,7 @@ _tokamax_lse.defvjp(_tokamax_lse_fwd, _tokamax_lse_bwd)
 # ----------------------------------------------------------------------------- masks
 
 
-class _BoundMask(tm.Mask):
-  """A bound maskc mask as a tokamax splash `Mask`: tiles sliced from it, hashable by value."""
-
-  def __init__(self, cm: Any) -> None:
-    self.cm = cm
-
-  @property
-  def shape(self) -> tuple[int, ...]:
-    return tuple(self.cm.shape)
-
-  def __getitem__(self, idx: Any) -> np.ndarray:
-    return np.asarray(self.cm[idx])
-
-  def __eq__(self, other: object) -> bool:
-    if not isinstance(other, _BoundMask):
-      return NotImplemented
-    return bool(self.cm == other.cm)
-
-  def __hash__(self) -> int:
-    return hash((_BoundMask, self.cm))
-
-  def __repr__(self) -> str:
-    return f"as_tokamax({self.cm!r})"
-
-
-class _ComputableBoundMask(_BoundMask):
-  """`_BoundMask` of a mask tokamax can evaluate in its kernel (`q_sequence`, `mask_function`)."""
-
-  @property
-  def q_sequence(self) -> np.ndarray:
-    return np.asarray(self.cm.q_sequence)
-
-  @property
-  def mask_function(self) -> Any:
-    return self.cm.mask_function
+_TOKAMAX = adapters(tm.Mask, "as_tokamax")
 
 
 def as_tokamax(cm: Any) -> tm.Mask:
@@ -396,17 +363,14 @@ def as_tokamax(cm: Any) -> tm.Mask:
   >>> m[1:3, :].astype(int).tolist()
   [[1, 1, 0, 0], [1, 1, 1, 0]]
   """
-  if not all(hasattr(cm, a) for a in ("bound", "shape", "__getitem__")):
-    raise MaskValueError(f"as_tokamax takes a bound mask, got {type(cm).__name__}",
-                         hint="Bind the mask first: `maskc.parse(text).bind(q_len, kv_len, ...)`.")
+  out: tm.Mask = adapted(cm, _TOKAMAX, "as_tokamax")
   if len(cm.shape) != 2:
     raise MaskValueError(
         f"tokamax's splash masks are 2-D, but this bound mask has shape {tuple(cm.shape)} (its "
         "operands have a batch axis)",
         hint="Bind one batch row's operands at a time, or use maskc's own splash_tokamax "
              "backend, which turns batched segment ids into SegmentIds.")
-  # A mask that reads operand arrays has no `mask_function` (the property raises).
-  return _ComputableBoundMask(cm) if hasattr(cm, "mask_function") else _BoundMask(cm)
+  return out
 
 
 __all__ = ["run", "run_with_lse", "make_kernel", "as_tokamax", "default_blocks"]
