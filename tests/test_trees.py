@@ -87,7 +87,8 @@ def test_bad_parents_are_refused():
 
 TEXTS = ["tree(tin, tout)", "tin[k] <= tin[q] & tin[q] < tout[k]",
          "tin[k] < tin[q] & tin[q] <= tout[k]", "causal & tree(tin, tout)",
-         "~tree(tin, tout)", "tree(tin, tout) | sink(2)"]
+         "~tree(tin, tout)", "tree(tin, tout) | sink(2)", "tree(tin, tout) ^ sliding(3)",
+         "~(tin[k] <= tin[q] & tin[q] < tout[k]) ^ causal"]
 
 
 @settings(max_examples=60, deadline=None)
