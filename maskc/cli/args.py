@@ -87,14 +87,8 @@ def params_from_items(items: Sequence[str]) -> dict[str, int]:
   {'C': 8192, 'W': 4096}
   """
   result: dict[str, int] = {}
-  for item in items:
-    name, eq, text = item.partition("=")
-    name = name.strip()
-    if not eq or not name.isidentifier():
-      raise MaskValueError(f"--param takes NAME=VALUE, got {item!r}",
-                           hint="e.g. `--param C=8192`.")
-    if name in result:
-      raise MaskValueError(f"parameter `{name}` is given twice")
+  for name, text in _named_items(items, "--param", "NAME=VALUE", "parameter",
+                                 "e.g. `--param C=8192`."):
     try:
       result[name] = int(text.strip())
     except ValueError:
@@ -102,6 +96,21 @@ def params_from_items(items: Sequence[str]) -> dict[str, int]:
                            hint="e.g. `--param C=8192`. A mask is written in the text itself: "
                                 "`local = causal & chunk(C); local | sink(4)`.") from None
   return result
+
+
+def _named_items(items: Sequence[str], flag: str, form: str, what: str,
+                 example: str) -> list[tuple[str, str]]:
+  """`NAME=TEXT` items of a repeated option as `(name, text)` pairs: each a name, none twice."""
+  out: list[tuple[str, str]] = []
+  for item in items:
+    name, eq, text = item.partition("=")
+    name = name.strip()
+    if not eq or not name.isidentifier():
+      raise MaskValueError(f"{flag} takes {form}, got {item!r}", hint=example)
+    if name in (n for n, _ in out):
+      raise MaskValueError(f"{what} `{name}` is given twice")
+    out.append((name, text))
+  return out
 
 
 def unused_params(text: str, params: Mapping[str, Any]) -> list[str]:
@@ -140,14 +149,8 @@ def operands_from_items(items: Sequence[str]) -> dict[str, np.ndarray | int]:
   {'img': array([0, 0, 1, 1]), 'kv_len': 10}
   """
   result: dict[str, np.ndarray | int] = {}
-  for item in items:
-    name, eq, text = item.partition("=")
-    name = name.strip()
-    if not eq or not name.isidentifier():
-      raise MaskValueError(f"--operand takes NAME=VALUES, got {item!r}",
-                           hint="e.g. `--operand img=0,0,1,1` or `--operand kv_len=10`.")
-    if name in result:
-      raise MaskValueError(f"operand `{name}` is given twice")
+  for name, text in _named_items(items, "--operand", "NAME=VALUES", "operand",
+                                 "e.g. `--operand img=0,0,1,1` or `--operand kv_len=10`."):
     try:
       result[name] = parse_operand_value(text)
     except MaskError as e:
